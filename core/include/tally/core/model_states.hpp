@@ -1,0 +1,52 @@
+// The model-state ledger (模型状态账): parameters, gradients, optimizer moments m and v, and fp32
+// master weights, per GPU, under ZeRO sharding.
+//
+// Bytes per parameter (seed §A1 table; Rajbhandari et al. 2020 "ZeRO", §3.1 "K = 12"):
+//                     params grads  m    v   master  total
+//   fp32 Adam            4     4    4    4     0      16
+//   mixed Adam           2     2    4    4     4      16   (bf16/fp16 + fp32 master)
+//   mixed 8-bit Adam     2     2    1    1     4      10   (Dettmers et al. 2022; block-wise
+//                                                          quantisation constants not counted)
+//   SGD                  p     p    0    0   0|4           momentum adds m = 4 (fp32)
+// ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
+#pragma once
+
+#include <string>
+
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+struct StateSetup {
+  Precision precision = Precision::bf16;
+  Optimizer optimizer = Optimizer::adam;
+  int zero_stage = 0;   // 0..3
+  int shard_degree = 1; // k: the ZeRO data-parallel group size (ignored for stage 0)
+  void validate() const;
+};
+
+// Bytes (or bytes per parameter) of each item; one struct for both so items never drift apart.
+struct StateItems {
+  double params = 0, grads = 0, m = 0, v = 0, master = 0;
+  double total() const { return params + grads + m + v + master; }
+};
+
+struct ModelStateResult {
+  StateItems per_param;        // bytes per parameter before sharding
+  StateItems bytes;            // bytes per GPU after sharding
+  StateSetup setup;
+  double n_params = 0;
+  // e.g. "bf16 mixed | adam fp32 m,v | master fp32 counted | ZeRO-2 k=8"
+  std::string convention() const;
+};
+
+// Bytes per parameter of each item (unsharded) for a precision and optimizer.
+StateItems state_bytes_per_param(Precision p, Optimizer o);
+
+// The per-GPU model-state ledger for n_params parameters. Throws InvalidInput on bad setup.
+ModelStateResult model_states(double n_params, const StateSetup& setup);
+
+// The same label with the report unit appended: "... | GB (1e9 B)".
+std::string convention_with_unit(const std::string& convention, SizeUnit u);
+
+}  // namespace tally

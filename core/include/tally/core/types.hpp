@@ -1,0 +1,73 @@
+// tally core vocabulary: units, enums and the convention label shared by every ledger.
+//
+// Units (STYLE.md habit 1): every quantity carries its unit in its name.
+//   *_bytes  bytes (double: ledgers reach 1e15 and fractional bytes per parameter, e.g. 4-bit = 0.5)
+//   *_s      seconds          *_hours  hours
+//   *_bps    bytes per second (never bits)          *_flops  floating-point operations
+// GB = 1e9 bytes and GiB = 2^30 bytes are converted only at the reporting edge (to_unit).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tally {
+
+inline constexpr double kGB = 1e9;                 // decimal gigabyte
+inline constexpr double kGiB = 1073741824.0;       // 2^30 bytes
+inline constexpr double kMB = 1e6;
+
+enum class SizeUnit { GB, GiB };
+double unit_bytes(SizeUnit u);
+inline double to_unit(double bytes, SizeUnit u) { return bytes / unit_bytes(u); }
+std::string_view to_string(SizeUnit u);
+
+// Bad user input (STYLE.md habit 6): thrown at the boundary, message names the field, the value and
+// the allowed range. The CLI maps it to exit code 2.
+class InvalidInput : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A broken invariant: a bug, not bad input. Survives NDEBUG.
+[[noreturn]] void invariant_failed(const char* expr, const char* file, int line);
+#define TALLY_INVARIANT(cond) \
+  ((cond) ? (void)0 : ::tally::invariant_failed(#cond, __FILE__, __LINE__))
+
+// Training precision of parameters and gradients. fp32: no separate master copy. bf16/fp16: 16-bit
+// parameters and gradients plus fp32 master weights (seed: 混合精度 2+2+8+4).
+enum class Precision { fp32, bf16, fp16 };
+enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
+enum class Recompute { none, selective, full };
+enum class Attention { materialized, flash };
+
+std::string_view to_string(Precision p);
+std::string_view to_string(Optimizer o);
+std::string_view to_string(Recompute r);
+std::string_view to_string(Attention a);
+
+// Parsers for the boundary (CLI, files). Return nullopt on unknown names; allowed_*() lists the names.
+std::optional<Precision> parse_precision(std::string_view s);
+std::optional<Optimizer> parse_optimizer(std::string_view s);
+std::optional<Recompute> parse_recompute(std::string_view s);
+std::optional<Attention> parse_attention(std::string_view s);
+std::optional<SizeUnit> parse_size_unit(std::string_view s);
+const std::vector<std::string>& allowed_precisions();
+const std::vector<std::string>& allowed_optimizers();
+const std::vector<std::string>& allowed_recomputes();
+const std::vector<std::string>& allowed_attentions();
+
+// Bytes of one element of a 16/32-bit training dtype.
+double dtype_bytes(Precision p);
+
+// Parses a parameter count such as "7e9", "7B", "6.74b", "175B", "350M", "1.5T", "7000000000".
+// Throws InvalidInput naming `field` on anything else or on a non-positive value.
+double parse_count(std::string_view text, std::string_view field);
+
+// Formats a byte count in the given unit with its unit name, e.g. "26.25 GB".
+std::string format_bytes(double bytes, SizeUnit u, int decimals = 2);
+
+}  // namespace tally

@@ -1,0 +1,78 @@
+#include "tally/core/model_states.hpp"
+
+#include <string>
+
+namespace tally {
+
+void StateSetup::validate() const {
+  if (zero_stage < 0 || zero_stage > 3)
+    throw InvalidInput("zero = " + std::to_string(zero_stage) + ": allowed 0, 1, 2, 3");
+  if (shard_degree < 1)
+    throw InvalidInput("shard degree k = " + std::to_string(shard_degree) + ": must be >= 1");
+}
+
+StateItems state_bytes_per_param(Precision p, Optimizer o) {
+  StateItems b;
+  b.params = b.grads = dtype_bytes(p);
+  b.master = p == Precision::fp32 ? 0.0 : 4.0;  // fp32 parameters are their own master copy
+  switch (o) {
+    case Optimizer::adam:
+    case Optimizer::adamw: b.m = b.v = 4.0; break;
+    case Optimizer::adam8bit: b.m = b.v = 1.0; break;
+    case Optimizer::sgd: b.m = b.v = 0.0; break;
+    case Optimizer::sgd_momentum: b.m = 4.0; b.v = 0.0; break;
+  }
+  return b;
+}
+
+ModelStateResult model_states(double n_params, const StateSetup& setup) {
+  if (!(n_params > 0))
+    throw InvalidInput("params = " + std::to_string(n_params) + ": must be positive");
+  setup.validate();
+  ModelStateResult r;
+  r.setup = setup;
+  r.n_params = n_params;
+  r.per_param = state_bytes_per_param(setup.precision, setup.optimizer);
+
+  const double k = setup.zero_stage == 0 ? 1.0 : double(setup.shard_degree);
+  const int s = setup.zero_stage;
+  const auto shard = [&](double per_param, bool sharded) {
+    return per_param * n_params / (sharded ? k : 1.0);
+  };
+  r.bytes.params = shard(r.per_param.params, s >= 3);
+  r.bytes.grads = shard(r.per_param.grads, s >= 2);
+  r.bytes.m = shard(r.per_param.m, s >= 1);
+  r.bytes.v = shard(r.per_param.v, s >= 1);
+  r.bytes.master = shard(r.per_param.master, s >= 1);
+  return r;
+}
+
+std::string ModelStateResult::convention() const {
+  std::string c;
+  if (setup.precision == Precision::fp32)
+    c = "fp32";
+  else
+    c = std::string(to_string(setup.precision)) + " mixed";
+  c += " | ";
+  c += to_string(setup.optimizer);
+  if (per_param.m > 0) {
+    c += per_param.m == 1.0 ? " 8-bit m" : " fp32 m";
+    if (per_param.v > 0) c += ",v";
+  } else {
+    c += " no moments";
+  }
+  c += " | master ";
+  c += per_param.master > 0 ? "fp32 counted" : "none (fp32 params are the master)";
+  c += " | ";
+  if (setup.zero_stage == 0)
+    c += "no sharding (ZeRO-0)";
+  else
+    c += "ZeRO-" + std::to_string(setup.zero_stage) + " k=" + std::to_string(setup.shard_degree);
+  return c;
+}
+
+std::string convention_with_unit(const std::string& convention, SizeUnit u) {
+  return convention + (u == SizeUnit::GB ? " | GB (1e9 B)" : " | GiB (2^30 B)");
+}
+
+}  // namespace tally

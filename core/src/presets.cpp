@@ -1,0 +1,138 @@
+#include "tally/core/presets.hpp"
+
+#include <utility>
+
+namespace tally {
+
+namespace {
+
+ModelSpec llama_like(std::string name, std::int64_t h, std::int64_t L, std::int64_t a,
+                     std::int64_t kv, std::int64_t f, std::int64_t V) {
+  return ModelSpec{.name = std::move(name), .hidden = h, .layers = L, .heads = a, .kv_heads = kv,
+                   .ffn = f, .vocab = V, .mlp = MlpKind::swiglu, .norm = NormKind::rmsnorm,
+                   .position = PositionKind::rotary};
+}
+
+std::vector<ModelSpec> build_models() {
+  std::vector<ModelSpec> v;
+  // The seed's generic 7B: h 4096, 32 layers, 32 heads, FFN h×4h ("单层最大是 FFN（h×4h）"),
+  // and the round N = 7e9 its ledgers use (112 GB = 16N). Vocabulary 32000 as in Llama-2.
+  {
+    ModelSpec m{.name = "seed-7b", .hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 32,
+                .ffn = 16384, .vocab = 32000, .mlp = MlpKind::gelu, .norm = NormKind::layernorm,
+                .position = PositionKind::rotary};
+    m.nominal_params = 7e9;
+    v.push_back(m);
+  }
+  // meta-llama/Llama-2-{7,13,70}b-hf config.json; Touvron et al. 2023, Table 1 (6.74B / 13.0B / 69.0B).
+  v.push_back(llama_like("llama-2-7b", 4096, 32, 32, 32, 11008, 32000));
+  v.push_back(llama_like("llama-2-13b", 5120, 40, 40, 40, 13824, 32000));
+  v.push_back(llama_like("llama-2-70b", 8192, 80, 64, 8, 28672, 32000));
+  // meta-llama/Meta-Llama-3-{8,70}B config.json (8.03B, 70.6B).
+  v.push_back(llama_like("llama-3-8b", 4096, 32, 32, 8, 14336, 128256));
+  v.push_back(llama_like("llama-3-70b", 8192, 80, 64, 8, 28672, 128256));
+  // mistralai/Mistral-7B-v0.1 config.json (7.24B).
+  v.push_back(llama_like("mistral-7b", 4096, 32, 32, 8, 14336, 32000));
+  // mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, 2 per token (46.7B total, 12.9B active).
+  {
+    ModelSpec m = llama_like("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000);
+    m.experts = 8;
+    m.experts_per_token = 2;
+    v.push_back(m);
+  }
+  // GPT-3 175B: Brown et al. 2020, Table 2.1 (h 12288, 96 layers, 96 heads, context 2048); GPT-2 BPE
+  // vocabulary 50257, learned positions, tied embeddings, biases, LayerNorm, 4h GeLU MLP.
+  v.push_back(ModelSpec{.name = "gpt3-175b", .hidden = 12288, .layers = 96, .heads = 96,
+                        .kv_heads = 96, .ffn = 49152, .vocab = 50257, .max_positions = 2048,
+                        .tied_embeddings = true, .linear_bias = true, .mlp = MlpKind::gelu,
+                        .norm = NormKind::layernorm, .position = PositionKind::learned});
+  // GPT-2 small (openai-community/gpt2 config.json: n_embd 768, n_layer 12, n_head 12, n_ctx 1024):
+  // 124M parameters; the engine's default ≈0.1B test model has this shape.
+  v.push_back(ModelSpec{.name = "gpt2-124m", .hidden = 768, .layers = 12, .heads = 12,
+                        .kv_heads = 12, .ffn = 3072, .vocab = 50257, .max_positions = 1024,
+                        .tied_embeddings = true, .linear_bias = true, .mlp = MlpKind::gelu,
+                        .norm = NormKind::layernorm, .position = PositionKind::learned});
+  return v;
+}
+
+const std::vector<ModelSpec>& models() {
+  static const std::vector<ModelSpec> v = build_models();
+  return v;
+}
+
+// Memory: the capacity nvidia-smi reports, in MiB (A100-40GB 40960, A100-80GB 81920,
+// H100-SXM 81559, H200-SXM 143771), so "80 GB" is 80 GiB = 85.9 GB.
+// Peak dense FLOP/s: NVIDIA A100 datasheet (fp32 19.5T, tf32 156T, bf16 312T) and H100 SXM
+// datasheet (fp32 67T, tf32 495T, bf16 989T, fp8 1979T), without sparsity; H200 SXM has H100's core.
+// Links: NVLink 3 600 GB/s and NVLink 4 900 GB/s bidirectional → 300 / 450 GB/s per direction;
+// one HDR (200 Gb/s = 25 GB/s) or NDR (400 Gb/s = 50 GB/s) InfiniBand NIC per GPU. Latencies are
+// order-of-magnitude (a few µs NVLink, ~10 µs IB); `tally bench` calibration files replace them.
+// MFU: Narayanan et al. 2021 (Megatron-LM, SC'21) sustain 52 % of A100 peak at 175B → 0.5;
+// Llama 3 (Dubey et al. 2024, Table 4) reports 38–43 % BF16 MFU on H100 → 0.4.
+constexpr double kMiB = 1048576.0;
+
+GpuSpec a100(std::string name, double mib) {
+  return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 19.5e12,
+                 .peak_tf32_flops = 156e12, .peak_bf16_flops = 312e12, .peak_fp8_flops = 0};
+}
+GpuSpec hopper(std::string name, double mib) {
+  return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 67e12,
+                 .peak_tf32_flops = 494.7e12, .peak_bf16_flops = 989.4e12,
+                 .peak_fp8_flops = 1978.9e12};
+}
+
+std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
+  const LinkSpec nvlink3{.bandwidth_bps = 300e9, .latency_s = 3e-6};
+  const LinkSpec nvlink4{.bandwidth_bps = 450e9, .latency_s = 3e-6};
+  const LinkSpec hdr{.bandwidth_bps = 25e9, .latency_s = 10e-6};
+  const LinkSpec ndr{.bandwidth_bps = 50e9, .latency_s = 10e-6};
+  auto make = [](GpuSpec g, LinkSpec intra, LinkSpec inter, double mfu) {
+    return ClusterSpec{.gpu = std::move(g), .gpus_per_node = 8, .intra_node = intra,
+                       .inter_node = inter, .mfu = mfu};
+  };
+  return {
+      {"a100-40g", make(a100("a100-40g", 40960), nvlink3, hdr, 0.5)},
+      {"a100-80g", make(a100("a100-80g", 81920), nvlink3, hdr, 0.5)},
+      {"h100-80g", make(hopper("h100-80g", 81559), nvlink4, ndr, 0.4)},
+      {"h200", make(hopper("h200", 143771), nvlink4, ndr, 0.4)},
+  };
+}
+
+const std::vector<std::pair<std::string, ClusterSpec>>& clusters() {
+  static const auto v = build_clusters();
+  return v;
+}
+
+}  // namespace
+
+std::optional<ModelSpec> model_preset(std::string_view name) {
+  for (const auto& m : models())
+    if (m.name == name) return m;
+  return std::nullopt;
+}
+
+const std::vector<std::string>& model_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& m : models()) n.push_back(m.name);
+    return n;
+  }();
+  return names;
+}
+
+std::optional<ClusterSpec> cluster_preset(std::string_view name) {
+  for (const auto& [n, c] : clusters())
+    if (n == name) return c;
+  return std::nullopt;
+}
+
+const std::vector<std::string>& cluster_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& kv : clusters()) n.push_back(kv.first);
+    return n;
+  }();
+  return names;
+}
+
+}  // namespace tally

@@ -1,0 +1,138 @@
+#include "tally/core/types.hpp"
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+namespace tally {
+
+double unit_bytes(SizeUnit u) { return u == SizeUnit::GB ? kGB : kGiB; }
+std::string_view to_string(SizeUnit u) { return u == SizeUnit::GB ? "GB" : "GiB"; }
+
+void invariant_failed(const char* expr, const char* file, int line) {
+  std::fprintf(stderr, "tally: internal invariant failed: %s (%s:%d)\n", expr, file, line);
+  std::abort();
+}
+
+namespace {
+
+template <class E, std::size_t N>
+using NameTable = std::array<std::pair<E, std::string_view>, N>;
+
+constexpr NameTable<Precision, 3> kPrecisions{{
+    {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}}};
+constexpr NameTable<Optimizer, 5> kOptimizers{{{Optimizer::adam, "adam"},
+                                               {Optimizer::adamw, "adamw"},
+                                               {Optimizer::adam8bit, "adam-8bit"},
+                                               {Optimizer::sgd, "sgd"},
+                                               {Optimizer::sgd_momentum, "sgd-momentum"}}};
+constexpr NameTable<Recompute, 3> kRecomputes{{
+    {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}}};
+constexpr NameTable<Attention, 2> kAttentions{{
+    {Attention::materialized, "materialized"}, {Attention::flash, "flash"}}};
+
+template <class E, std::size_t N>
+std::string_view name_of(const NameTable<E, N>& t, E e) {
+  for (const auto& [k, v] : t)
+    if (k == e) return v;
+  TALLY_INVARIANT(false && "enum value without a name");
+  return {};
+}
+
+template <class E, std::size_t N>
+std::optional<E> parse_name(const NameTable<E, N>& t, std::string_view s) {
+  for (const auto& [k, v] : t)
+    if (v == s) return k;
+  return std::nullopt;
+}
+
+template <class E, std::size_t N>
+std::vector<std::string> names(const NameTable<E, N>& t) {
+  std::vector<std::string> out;
+  for (const auto& kv : t) out.emplace_back(kv.second);
+  return out;
+}
+
+}  // namespace
+
+std::string_view to_string(Precision p) { return name_of(kPrecisions, p); }
+std::string_view to_string(Optimizer o) { return name_of(kOptimizers, o); }
+std::string_view to_string(Recompute r) { return name_of(kRecomputes, r); }
+std::string_view to_string(Attention a) { return name_of(kAttentions, a); }
+
+std::optional<Precision> parse_precision(std::string_view s) {
+  if (s == "mixed") return Precision::bf16;  // the seed's precision="mixed"
+  return parse_name(kPrecisions, s);
+}
+std::optional<Optimizer> parse_optimizer(std::string_view s) {
+  if (s == "adam8bit" || s == "8bit-adam") return Optimizer::adam8bit;
+  if (s == "sgd-m") return Optimizer::sgd_momentum;
+  return parse_name(kOptimizers, s);
+}
+std::optional<Recompute> parse_recompute(std::string_view s) { return parse_name(kRecomputes, s); }
+std::optional<Attention> parse_attention(std::string_view s) {
+  if (s == "materialised") return Attention::materialized;
+  return parse_name(kAttentions, s);
+}
+std::optional<SizeUnit> parse_size_unit(std::string_view s) {
+  if (s == "GB" || s == "gb") return SizeUnit::GB;
+  if (s == "GiB" || s == "gib") return SizeUnit::GiB;
+  return std::nullopt;
+}
+
+const std::vector<std::string>& allowed_precisions() {
+  static const auto v = names(kPrecisions);
+  return v;
+}
+const std::vector<std::string>& allowed_optimizers() {
+  static const auto v = names(kOptimizers);
+  return v;
+}
+const std::vector<std::string>& allowed_recomputes() {
+  static const auto v = names(kRecomputes);
+  return v;
+}
+const std::vector<std::string>& allowed_attentions() {
+  static const auto v = names(kAttentions);
+  return v;
+}
+
+double dtype_bytes(Precision p) { return p == Precision::fp32 ? 4.0 : 2.0; }
+
+double parse_count(std::string_view text, std::string_view field) {
+  auto fail = [&](const char* why) -> double {
+    throw InvalidInput(std::string(field) + " = '" + std::string(text) + "': " + why +
+                       " (expected a positive count such as 7e9, 7B, 350M, 1.5T)");
+  };
+  if (text.empty()) return fail("empty");
+  double scale = 1.0;
+  std::string_view num = text;
+  switch (text.back()) {
+    case 'K': case 'k': scale = 1e3; break;
+    case 'M': case 'm': scale = 1e6; break;
+    case 'B': case 'b': case 'G': case 'g': scale = 1e9; break;
+    case 'T': case 't': scale = 1e12; break;
+    default: break;
+  }
+  if (scale != 1.0) num.remove_suffix(1);
+  double v = 0;
+  const auto* first = num.data();
+  const auto* last = num.data() + num.size();
+  auto [ptr, ec] = std::from_chars(first, last, v);
+  if (ec != std::errc() || ptr != last || num.empty()) return fail("not a number");
+  v *= scale;
+  if (!std::isfinite(v) || v <= 0) return fail("must be positive and finite");
+  return v;
+}
+
+std::string format_bytes(double bytes, SizeUnit u, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f %s", decimals, to_unit(bytes, u),
+                std::string(to_string(u)).c_str());
+  return buf;
+}
+
+}  // namespace tally

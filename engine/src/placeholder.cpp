@@ -1,0 +1,1 @@
+namespace tally::engine { int engine_layer_linked() { return 1; } }

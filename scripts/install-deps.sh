@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every Debian package tally's build, tests and benchmarks need. Safe to run twice:
+# apt-get skips what is already installed, and the package-list refresh is skipped when every
+# package is present.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  python3-torch python3-numpy
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,129 @@
+// The seed's model_state_gb acceptance criteria ①–⑥ (seed §A1/§A5 code block, 验收标准), plus
+// property sweeps. N = 7e9 and the GB figures come from the seed's tables.
+#include "tally/core/model_states.hpp"
+
+#include <gtest/gtest.h>
+
+namespace tally {
+namespace {
+
+double gb(double bytes) { return bytes / kGB; }
+
+ModelStateResult run(double n, Precision p, Optimizer o, int stage = 0, int k = 1) {
+  return model_states(n, StateSetup{.precision = p, .optimizer = o, .zero_stage = stage,
+                                    .shard_degree = k});
+}
+
+// ① mixed Adam and fp32 Adam both 112 GB (±0.5); mixed itemized exactly 14/14/28/28/28.
+TEST(ModelStates, Seed1_MixedAndFp32AdamBoth112GB) {
+  const auto mixed = run(7e9, Precision::bf16, Optimizer::adam);
+  const auto fp32 = run(7e9, Precision::fp32, Optimizer::adam);
+  EXPECT_NEAR(gb(mixed.bytes.total()), 112.0, 0.5);
+  EXPECT_NEAR(gb(fp32.bytes.total()), 112.0, 0.5);
+  EXPECT_DOUBLE_EQ(gb(mixed.bytes.params), 14.0);
+  EXPECT_DOUBLE_EQ(gb(mixed.bytes.grads), 14.0);
+  EXPECT_DOUBLE_EQ(gb(mixed.bytes.m), 28.0);
+  EXPECT_DOUBLE_EQ(gb(mixed.bytes.v), 28.0);
+  EXPECT_DOUBLE_EQ(gb(mixed.bytes.master), 28.0);
+}
+
+// ② fp32 has master == 0: same total, different composition.
+TEST(ModelStates, Seed2_Fp32HasNoMasterCopy) {
+  const auto mixed = run(7e9, Precision::bf16, Optimizer::adam);
+  const auto fp32 = run(7e9, Precision::fp32, Optimizer::adam);
+  EXPECT_EQ(fp32.bytes.master, 0.0);
+  EXPECT_DOUBLE_EQ(fp32.bytes.total(), mixed.bytes.total());
+  EXPECT_NE(fp32.bytes.params, mixed.bytes.params);
+  EXPECT_DOUBLE_EQ(gb(fp32.bytes.params), 28.0);
+}
+
+// ③ 8-bit Adam: 70 GB, exactly 37.5 % less than 112.
+TEST(ModelStates, Seed3_EightBitAdamSaves37Point5Percent) {
+  const auto mixed = run(7e9, Precision::bf16, Optimizer::adam);
+  const auto q8 = run(7e9, Precision::bf16, Optimizer::adam8bit);
+  EXPECT_DOUBLE_EQ(gb(q8.bytes.total()), 70.0);
+  EXPECT_DOUBLE_EQ(1.0 - q8.bytes.total() / mixed.bytes.total(), 0.375);
+}
+
+// ④ k = 8: ZeRO-1/2/3 38.5 / 26.25 / 14 (±0.05); N = 13e9: DP 208, ZeRO-1 71.5, ZeRO-3 26.
+TEST(ModelStates, Seed4_ZeroStagesAtK8) {
+  EXPECT_NEAR(gb(run(7e9, Precision::bf16, Optimizer::adam, 1, 8).bytes.total()), 38.5, 0.05);
+  EXPECT_NEAR(gb(run(7e9, Precision::bf16, Optimizer::adam, 2, 8).bytes.total()), 26.25, 0.05);
+  EXPECT_NEAR(gb(run(7e9, Precision::bf16, Optimizer::adam, 3, 8).bytes.total()), 14.0, 0.05);
+  EXPECT_NEAR(gb(run(13e9, Precision::bf16, Optimizer::adam, 0, 8).bytes.total()), 208.0, 0.05);
+  EXPECT_NEAR(gb(run(13e9, Precision::bf16, Optimizer::adam, 1, 8).bytes.total()), 71.5, 0.05);
+  EXPECT_NEAR(gb(run(13e9, Precision::bf16, Optimizer::adam, 3, 8).bytes.total()), 26.0, 0.05);
+}
+
+// The seed's ZeRO table itemized (seed §A5 table): ZeRO-2 = 14 + 1.75 + 3.5 + 3.5 + 3.5.
+TEST(ModelStates, ZeroTwoItemizedAsSeedTable) {
+  const auto r = run(7e9, Precision::bf16, Optimizer::adam, 2, 8);
+  EXPECT_DOUBLE_EQ(gb(r.bytes.params), 14.0);
+  EXPECT_DOUBLE_EQ(gb(r.bytes.grads), 1.75);
+  EXPECT_DOUBLE_EQ(gb(r.bytes.m), 3.5);
+  EXPECT_DOUBLE_EQ(gb(r.bytes.v), 3.5);
+  EXPECT_DOUBLE_EQ(gb(r.bytes.master), 3.5);
+}
+
+// ⑤ sgd: m = v = 0, 8N total in mixed precision (2 + 2 + 4 master).
+TEST(ModelStates, Seed5_SgdHasNoMoments) {
+  const auto r = run(7e9, Precision::bf16, Optimizer::sgd);
+  EXPECT_EQ(r.bytes.m, 0.0);
+  EXPECT_EQ(r.bytes.v, 0.0);
+  EXPECT_DOUBLE_EQ(r.bytes.total(), 8.0 * 7e9);
+  const auto mom = run(7e9, Precision::bf16, Optimizer::sgd_momentum);
+  EXPECT_DOUBLE_EQ(mom.bytes.m, 4.0 * 7e9);
+  EXPECT_EQ(mom.bytes.v, 0.0);
+}
+
+// ⑥ the convention names precision, optimizer, master weights and sharding stage and degree.
+TEST(ModelStates, Seed6_ConventionNamesEveryChoice) {
+  const auto r = run(7e9, Precision::bf16, Optimizer::adam, 2, 8);
+  const std::string c = convention_with_unit(r.convention(), SizeUnit::GB);
+  EXPECT_NE(c.find("bf16"), std::string::npos) << c;
+  EXPECT_NE(c.find("adam"), std::string::npos) << c;
+  EXPECT_NE(c.find("master fp32 counted"), std::string::npos) << c;
+  EXPECT_NE(c.find("ZeRO-2 k=8"), std::string::npos) << c;
+  EXPECT_NE(c.find("GB (1e9 B)"), std::string::npos) << c;
+  const auto f = run(7e9, Precision::fp32, Optimizer::sgd);
+  EXPECT_NE(f.convention().find("master none"), std::string::npos) << f.convention();
+  EXPECT_NE(f.convention().find("no sharding"), std::string::npos) << f.convention();
+  EXPECT_NE(convention_with_unit(f.convention(), SizeUnit::GiB).find("GiB"), std::string::npos);
+  // Two setups with equal totals must still have different labels.
+  EXPECT_NE(run(7e9, Precision::fp32, Optimizer::adam).convention(),
+            run(7e9, Precision::bf16, Optimizer::adam).convention());
+}
+
+// Property: per-GPU state ZeRO-3 <= ZeRO-2 <= ZeRO-1 <= DP, and non-increasing in k.
+TEST(ModelStates, PropertyMonotoneInStageAndDegree) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (Optimizer o : {Optimizer::adam, Optimizer::adam8bit, Optimizer::sgd,
+                        Optimizer::sgd_momentum})
+      for (int k : {1, 2, 3, 4, 7, 8, 64, 1024}) {
+        double prev = 1e300;
+        for (int s = 0; s <= 3; ++s) {
+          const double t = run(1e9, p, o, s, k).bytes.total();
+          EXPECT_LE(t, prev * (1 + 1e-12)) << "stage " << s << " k " << k;
+          prev = t;
+          if (k > 1 && s > 0) {
+            EXPECT_LE(t, run(1e9, p, o, s, k - 1).bytes.total());
+          }
+        }
+      }
+}
+
+TEST(ModelStates, StageThreeIsSixteenNOverK) {
+  for (int k : {1, 2, 3, 8, 512})
+    EXPECT_DOUBLE_EQ(run(7e9, Precision::bf16, Optimizer::adam, 3, k).bytes.total(),
+                     16.0 * 7e9 / k);
+}
+
+TEST(ModelStates, RejectsBadInput) {
+  EXPECT_THROW(run(0, Precision::bf16, Optimizer::adam), InvalidInput);
+  EXPECT_THROW(run(-1, Precision::bf16, Optimizer::adam), InvalidInput);
+  EXPECT_THROW(run(7e9, Precision::bf16, Optimizer::adam, 4, 8), InvalidInput);
+  EXPECT_THROW(run(7e9, Precision::bf16, Optimizer::adam, 1, 0), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally
