@@ -1,0 +1,86 @@
+// The activation ledger (激活账): bytes of tensors saved for the backward pass, per GPU.
+//
+// Legend: s = sequence length, b = micro-batch size, h = hidden size, a = attention heads,
+// h_kv = key/value width (a_kv · h/a), f = FFN width, V = vocabulary, L = layers,
+// t = tensor-parallel degree, c = context-parallel degree, p = pipeline stages, m = micro-batches.
+//
+// Note [activation inventory]
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.1)
+// count, per layer with 2-byte activations and 1-byte dropout masks:
+//   attention:  QKV input 2sbh, Q and K 4sbh, softmax 2as²b, its dropout mask as²b, dropout output
+//               2as²b, V 2sbh, projection input 2sbh, projection dropout mask sbh
+//               = 11sbh + 5as²b
+//   MLP:        W1 input 2sbh, GeLU input 8sbh, W2 input 8sbh, dropout mask sbh = 19sbh
+//   LayerNorms: 2 × 2sbh = 4sbh
+//   total       sbh(34 + 5as/h)
+// tally keeps this as an inventory of named terms, generalised to GQA (K, V of width h_kv), any FFN
+// width and the SwiGLU MLP (gate, up and their product saved: 6sbf instead of GeLU's 4sbf). Every
+// parallelism or policy switches terms off or divides them:
+//   TP t:            terms inside the column/row-parallel region ÷ t (Korthikanti eq. 2:
+//                    sbh(10 + 24/t + 5as/(ht))); LayerNorm inputs, the QKV/W1 inputs and the dropout
+//                    masks after the row-parallel layers stay replicated.
+//   TP + SP:         every term ÷ t (eq. 4: sbh/t · (34 + 5as/h)).
+//   CP c:            s → s/c for every term; materialised scores hold (s/c)·s per head.
+//   selective:       drop the a·s² terms (softmax, its mask, dropout output) — recomputed (§5).
+//   full recompute:  keep only each layer's input, 2sbh (÷ t with SP).
+//   flash attention: no a·s² term; keeps the softmax log-sum-exp, 4 bytes per (a, s, b).
+//   pipeline:        the first 1F1B stage holds min(p, m) micro-batches of L/p layers; interleaved
+//                    schedules hold (1 + (p−1)/(p·m')) times that (Korthikanti §4.2.3).
+//   embeddings:      the embedding-output dropout mask sbh (first stage, ÷t with SP).
+//   output:          final norm input 2sbh, LM-head input 2sbh and fp32 logits 4sbV
+//                    (Korthikanti §4.3: 4sbh(1 + V/h)/t), on the last stage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tally/core/model.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+struct ActivationSetup {
+  std::int64_t seq = 0;          // s, full sequence length
+  std::int64_t micro_batch = 1;  // b
+  int tp = 1;                    // t
+  bool sequence_parallel = false;
+  int cp = 1;                    // c
+  int pp = 1;                    // p
+  int interleave = 1;            // virtual chunks per stage (1 = plain 1F1B)
+  int micro_batches = 1;         // m, micro-batches per step (gradient accumulation × pipeline)
+  Recompute recompute = Recompute::none;
+  Attention attention = Attention::flash;
+  bool dropout = true;           // Korthikanti keeps dropout masks; Llama-style training has none
+  double act_bytes = 2.0;        // bytes per activation element (bf16/fp16 = 2, fp32 = 4)
+  void validate(const ModelSpec& m) const;
+};
+
+struct ActivationTerm {
+  std::string name;              // e.g. "attention scores (softmax)"
+  std::string formula;           // e.g. "2·a·s²·b"
+  double bytes = 0;              // per layer per micro-batch, after parallelism and policy
+};
+
+struct ActivationResult {
+  std::vector<ActivationTerm> layer_terms;   // one layer, one micro-batch
+  double per_layer_bytes = 0;                // Σ layer_terms
+  double layers_on_stage = 0;                // L / p
+  double in_flight_micro_batches = 0;        // first 1F1B stage (× interleave factor)
+  double transformer_bytes = 0;              // per_layer × layers_on_stage × in-flight
+  double embedding_bytes = 0;                // first stage, × in-flight
+  double output_bytes = 0;                   // last stage, one micro-batch
+  double peak_stage_bytes = 0;               // max over first and last stage
+  ActivationSetup setup;
+  std::string convention() const;
+};
+
+// Per-GPU activation ledger. Throws InvalidInput on bad setup or a params-only model.
+ActivationResult activations(const ModelSpec& m, const ActivationSetup& setup);
+
+// Korthikanti's closed form per layer, for cross-checking the inventory (bytes, 2-byte activations,
+// with dropout, standard 4h GeLU MLP, a_kv = a): sbh(34 + 5as/h) with the TP / SP / recompute forms.
+double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
+                               Recompute r);
+
+}  // namespace tally

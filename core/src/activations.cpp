@@ -1,0 +1,147 @@
+#include "tally/core/activations.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace tally {
+
+namespace {
+
+void require_positive(std::int64_t v, const char* field, const char* what) {
+  if (v < 1) throw InvalidInput(std::string(field) + " = " + std::to_string(v) + ": " + what);
+}
+
+std::string i2s(std::int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+void ActivationSetup::validate(const ModelSpec& m) const {
+  if (m.params_only)
+    throw InvalidInput("activations need an architecture: give --model PRESET|config.json, not "
+                       "only --params");
+  m.validate();
+  require_positive(seq, "seq", "must be >= 1 token");
+  require_positive(micro_batch, "micro-batch", "must be >= 1");
+  require_positive(tp, "tp", "must be >= 1");
+  require_positive(cp, "cp", "must be >= 1");
+  require_positive(pp, "pp", "must be >= 1");
+  require_positive(interleave, "interleave", "must be >= 1");
+  require_positive(micro_batches, "micro-batches", "must be >= 1");
+  if (m.heads % tp != 0)
+    throw InvalidInput("tp = " + i2s(tp) + ": must divide num_attention_heads = " + i2s(m.heads));
+  if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0)
+    throw InvalidInput("tp = " + i2s(tp) + ": must divide (or be a multiple of) " +
+                       "num_key_value_heads = " + i2s(m.kv_heads));
+  if (m.ffn % tp != 0)
+    throw InvalidInput("tp = " + i2s(tp) + ": must divide intermediate_size = " + i2s(m.ffn));
+  if (seq % cp != 0)
+    throw InvalidInput("cp = " + i2s(cp) + ": must divide seq = " + i2s(seq));
+  if (m.layers % (std::int64_t(pp) * interleave) != 0)
+    throw InvalidInput("pp = " + i2s(pp) + " × interleave = " + i2s(interleave) +
+                       ": must divide num_hidden_layers = " + i2s(m.layers));
+  if (sequence_parallel && tp == 1)
+    throw InvalidInput("sp: sequence parallelism needs tp > 1");
+  if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
+}
+
+// Builds the per-layer inventory of Note [activation inventory] for one micro-batch.
+static std::vector<ActivationTerm> layer_inventory(const ModelSpec& m, const ActivationSetup& a) {
+  const double t = a.tp, sl = double(a.seq) / a.cp, s = double(a.seq), b = double(a.micro_batch);
+  const double h = double(m.hidden), hkv = double(m.kv_heads * m.head_dim());
+  const double f = double(m.ffn), heads = double(m.heads), e = a.act_bytes;
+  const double tokens = sl * b;
+  // Replicated-under-TP terms are divided by t only with sequence parallelism.
+  const double rep = a.sequence_parallel ? t : 1.0;
+  const double mask = a.dropout ? 1.0 : 0.0;
+  std::vector<ActivationTerm> v;
+  auto add = [&](std::string name, std::string formula, double bytes) {
+    if (bytes > 0) v.push_back({std::move(name), std::move(formula), bytes});
+  };
+
+  if (a.recompute == Recompute::full) {
+    add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
+    return v;
+  }
+  add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
+  add("QKV input (norm output)", "2sbh", e * tokens * h / rep);
+  add("Q", "2sbh /t", e * tokens * h / t);
+  add("K, V", "2·2sb·h_kv /t", 2 * e * tokens * hkv / t);
+  if (a.attention == Attention::materialized && a.recompute != Recompute::selective) {
+    const double scores = heads * sl * s * b / t;  // each rank holds its s/c queries × all s keys
+    add("attention scores (softmax output)", "2·a·s²·b /t", e * scores);
+    add("attention-dropout mask", "a·s²·b /t", mask * scores);
+    add("attention-dropout output", "2·a·s²·b /t", mask * e * scores);
+  }
+  if (a.attention == Attention::flash)
+    add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
+  add("attention output (projection input)", "2sbh /t", e * tokens * h / t);
+  add("projection dropout mask", "sbh", mask * tokens * h / rep);
+  add("MLP input (norm output)", "2sbh", e * tokens * h / rep);
+  if (m.mlp == MlpKind::gelu)
+    add("MLP hidden: GeLU input + W2 input", "2·2sbf /t", 2 * e * tokens * f / t);
+  else  // fused SwiGLU (Megatron bias_swiglu): gate and up outputs, and the down-projection input
+    add("MLP hidden: gate, up, down input (SwiGLU)", "3·2sbf /t", 3 * e * tokens * f / t);
+  add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+  return v;
+}
+
+ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
+  a.validate(m);
+  ActivationResult r;
+  r.setup = a;
+  r.layer_terms = layer_inventory(m, a);
+  for (const auto& term : r.layer_terms) r.per_layer_bytes += term.bytes;
+
+  const double p = a.pp, v = a.interleave;
+  r.layers_on_stage = double(m.layers) / p;
+  // Korthikanti §4.2.3: the first 1F1B stage holds p micro-batches (fewer if m < p); interleaving
+  // with v chunks multiplies that by 1 + (p−1)/(p·v).
+  double in_flight = std::min<double>(p, a.micro_batches);
+  if (a.pp > 1 && a.interleave > 1) in_flight *= 1.0 + (p - 1) / (p * v);
+  r.in_flight_micro_batches = in_flight;
+  r.transformer_bytes = r.per_layer_bytes * r.layers_on_stage * in_flight;
+
+  const double tokens = double(a.seq) / a.cp * double(a.micro_batch);
+  const double rep = a.sequence_parallel ? a.tp : 1.0;
+  const double h = double(m.hidden);
+  r.embedding_bytes = (a.dropout ? 1.0 : 0.0) * tokens * h / rep * in_flight;
+  // Korthikanti §4.3: final norm input + LM-head input (2-byte) and fp32 logits 4sbV / t.
+  r.output_bytes = 2 * a.act_bytes * tokens * h / rep + 4.0 * tokens * double(m.vocab) / a.tp;
+
+  if (a.pp == 1) {
+    r.peak_stage_bytes = r.transformer_bytes + r.embedding_bytes + r.output_bytes;
+  } else {
+    const double first = r.transformer_bytes + r.embedding_bytes;
+    const double last = r.per_layer_bytes * r.layers_on_stage + r.output_bytes;  // 1 in flight
+    r.peak_stage_bytes = std::max(first, last);
+  }
+  return r;
+}
+
+std::string ActivationResult::convention() const {
+  const auto& a = setup;
+  std::string c = "activations: Korthikanti 2022 inventory";
+  c += " | " + std::string(a.act_bytes == 2.0 ? "16-bit" : a.act_bytes == 4.0 ? "fp32" : "custom") +
+       " activations";
+  c += " | attention " + std::string(to_string(a.attention));
+  c += " | recompute " + std::string(to_string(a.recompute));
+  c += a.dropout ? " | dropout masks counted" : " | no dropout";
+  c += " | TP " + std::to_string(a.tp) + (a.sequence_parallel ? " +SP" : "");
+  c += " CP " + std::to_string(a.cp) + " PP " + std::to_string(a.pp);
+  if (a.interleave > 1) c += "×" + std::to_string(a.interleave);
+  c += " | micro-batch " + std::to_string(a.micro_batch) + " seq " + std::to_string(a.seq);
+  return c;
+}
+
+double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
+                               Recompute r) {
+  // Korthikanti et al. 2022: eq. 1 (no parallelism), eq. 2 (TP), eq. 4 (TP+SP), §5 (selective:
+  // the 5as/h term is recomputed), eq. 7-ish full recompute: 2sbh per layer.
+  const double sbh = s * b * h;
+  const double attn = r == Recompute::selective ? 0.0 : 5 * a * s / h;
+  if (r == Recompute::full) return 2 * sbh / (sp ? t : 1);
+  if (sp) return sbh / t * (34 + attn);
+  return sbh * (10 + 24.0 / t + attn / t);
+}
+
+}  // namespace tally
