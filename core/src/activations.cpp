@@ -44,8 +44,11 @@ void ActivationSetup::validate(const ModelSpec& m) const {
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
 }
 
-// Builds the per-layer inventory of Note [activation inventory] for one micro-batch.
-static std::vector<ActivationTerm> layer_inventory(const ModelSpec& m, const ActivationSetup& a) {
+// The per-layer inventory of Note [activation inventory] for one micro-batch. `add(name, formula,
+// bytes)` receives each term; the planner's hot path sums bytes and ignores the names (no
+// allocation), the report keeps them. One definition serves both.
+template <class Sink>
+static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&& add) {
   const double t = a.tp, sl = double(a.seq) / a.cp, s = double(a.seq), b = double(a.micro_batch);
   const double h = double(m.hidden), hkv = double(m.kv_heads * m.head_dim());
   const double f = double(m.ffn), heads = double(m.heads), e = a.act_bytes;
@@ -53,14 +56,10 @@ static std::vector<ActivationTerm> layer_inventory(const ModelSpec& m, const Act
   // Replicated-under-TP terms are divided by t only with sequence parallelism.
   const double rep = a.sequence_parallel ? t : 1.0;
   const double mask = a.dropout ? 1.0 : 0.0;
-  std::vector<ActivationTerm> v;
-  auto add = [&](std::string name, std::string formula, double bytes) {
-    if (bytes > 0) v.push_back({std::move(name), std::move(formula), bytes});
-  };
 
   if (a.recompute == Recompute::full) {
     add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
-    return v;
+    return;
   }
   add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
   add("QKV input (norm output)", "2sbh", e * tokens * h / rep);
@@ -82,16 +81,10 @@ static std::vector<ActivationTerm> layer_inventory(const ModelSpec& m, const Act
   else  // fused SwiGLU (Megatron bias_swiglu): gate and up outputs, and the down-projection input
     add("MLP hidden: gate, up, down input (SwiGLU)", "3·2sbf /t", 3 * e * tokens * f / t);
   add("MLP dropout mask", "sbh", mask * tokens * h / rep);
-  return v;
 }
 
-ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
-  a.validate(m);
-  ActivationResult r;
-  r.setup = a;
-  r.layer_terms = layer_inventory(m, a);
-  for (const auto& term : r.layer_terms) r.per_layer_bytes += term.bytes;
-
+// Stage totals from the per-layer bytes (shared by the report and the fast path).
+static void stage_totals(const ModelSpec& m, const ActivationSetup& a, ActivationResult& r) {
   const double p = a.pp, v = a.interleave;
   r.layers_on_stage = double(m.layers) / p;
   // Korthikanti §4.2.3: the first 1F1B stage holds p micro-batches (fewer if m < p); interleaving
@@ -115,7 +108,25 @@ ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
     const double last = r.per_layer_bytes * r.layers_on_stage + r.output_bytes;  // 1 in flight
     r.peak_stage_bytes = std::max(first, last);
   }
+}
+
+ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
+  a.validate(m);
+  ActivationResult r;
+  r.setup = a;
+  layer_inventory(m, a, [&](const char* name, const char* formula, double bytes) {
+    if (bytes > 0) r.layer_terms.push_back({name, formula, bytes});
+  });
+  for (const auto& term : r.layer_terms) r.per_layer_bytes += term.bytes;
+  stage_totals(m, a, r);
   return r;
+}
+
+double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& a) {
+  ActivationResult r;
+  layer_inventory(m, a, [&](const char*, const char*, double bytes) { r.per_layer_bytes += bytes; });
+  stage_totals(m, a, r);
+  return r.peak_stage_bytes;
 }
 
 std::string ActivationResult::convention() const {

@@ -154,6 +154,20 @@ TEST(Activations, ConventionNamesPolicy) {
     EXPECT_NE(c.find(part), std::string::npos) << c;
 }
 
+// The planner's allocation-free path gives exactly the report's figure.
+TEST(Activations, FastPathEqualsReport) {
+  const auto m = *model_preset("llama-3-8b");
+  for (int t : {1, 2, 8})
+    for (int pp : {1, 4})
+      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+        for (Attention att : {Attention::flash, Attention::materialized}) {
+          const ActivationSetup a{.seq = 4096, .micro_batch = 2, .tp = t,
+                                  .sequence_parallel = t > 1, .pp = pp, .micro_batches = 8,
+                                  .recompute = r, .attention = att};
+          EXPECT_DOUBLE_EQ(activation_peak_bytes_unchecked(m, a), activations(m, a).peak_stage_bytes);
+        }
+}
+
 TEST(Activations, RejectsBadInput) {
   const auto m = gpt_like(4096, 32, 32);
   EXPECT_THROW(activations(m, {.seq = 0}), InvalidInput);

@@ -78,6 +78,10 @@ struct ActivationResult {
 // Per-GPU activation ledger. Throws InvalidInput on bad setup or a params-only model.
 ActivationResult activations(const ModelSpec& m, const ActivationSetup& setup);
 
+// The planner's hot path: ActivationResult::peak_stage_bytes without the itemized terms (no
+// allocation). The caller must have validated the setup (ActivationSetup::validate) once.
+double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& setup);
+
 // Korthikanti's closed form per layer, for cross-checking the inventory (bytes, 2-byte activations,
 // with dropout, standard 4h GeLU MLP, a_kv = a): sbh(34 + 5as/h) with the TP / SP / recompute forms.
 double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
