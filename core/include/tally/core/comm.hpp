@@ -1,0 +1,130 @@
+// The communication ledger (通信账): bytes each rank sends per collective and per optimizer step, and
+// the α–β time of each.
+//
+// Legend: S = full tensor bytes (the buffer every rank holds before / after the collective),
+// k = ranks in the group, α = link latency per ring step (s), β = per-GPU per-direction bandwidth
+// (bytes/s). Ring algorithms (Patarasuk & Yuan 2009; NCCL):
+//   all-reduce      2S(k−1)/k bytes per rank, 2(k−1) steps   (reduce-scatter then all-gather)
+//   reduce-scatter   S(k−1)/k,                 k−1 steps
+//   all-gather       S(k−1)/k,                 k−1 steps
+//   broadcast        S (pipelined chain),      k−1 steps
+//   p2p (send/recv)  S,                        1 step
+//   time = α·steps + bytes_per_rank/β; k = 1 moves nothing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
+
+// Names: "all-reduce", "reduce-scatter", "all-gather", "broadcast", "p2p".
+std::string_view to_string(Collective c);
+std::optional<Collective> parse_collective(std::string_view s);
+const std::vector<std::string>& allowed_collectives();
+
+// Bytes each rank sends in one ring collective over k ranks on an S-byte tensor (table above).
+double collective_bytes_per_rank(Collective c, double size_bytes, int ranks);
+// Ring steps (latency terms) of one collective over k ranks.
+int collective_steps(Collective c, int ranks);
+
+struct CollectiveCost {
+  Collective collective = Collective::all_reduce;
+  double size_bytes = 0;     // S
+  int ranks = 1;             // k
+  LinkSpec link;
+  double bytes_per_rank = 0; // sent by each rank
+  int steps = 0;
+  double latency_s = 0;      // α·steps
+  double transfer_s = 0;     // bytes_per_rank/β
+  double seconds = 0;        // latency_s + transfer_s
+  // nccl-tests algorithm bandwidth S/seconds (0 when nothing moves, k = 1).
+  double algbw_bps() const;
+  // nccl-tests bus bandwidth: bus_bandwidth(collective, algbw_bps(), ranks).
+  double busbw_bps() const;
+  // e.g. "ring all-reduce, k=8, bytes per rank = 2S(k-1)/k, steps = 2(k-1), t = a*steps + bytes/B"
+  std::string convention() const;
+};
+
+// One collective under the α–β model. Throws InvalidInput on S < 0, k < 1, β <= 0 or α < 0.
+CollectiveCost collective_cost(Collective c, double size_bytes, int ranks, const LinkSpec& link);
+
+// nccl-tests (doc/PERFORMANCE.md) bus-bandwidth factor applied to algbw: all-reduce 2(n−1)/n,
+// reduce-scatter and all-gather (n−1)/n, broadcast and p2p 1. The engine's benchmark calls this.
+double bus_bandwidth(Collective c, double algbw_bps, int ranks);
+
+// The link a ring over `group_size` ranks spaced `stride` apart in the global rank order runs on:
+// intra_node iff group_size·stride <= gpus_per_node (the whole group fits in one node), else
+// inter_node (the slowest link bounds a ring). A group of 1 sends nothing: intra_node.
+LinkSpec link_for_group(const ClusterSpec& cluster, int group_size, int stride = 1);
+
+// ---- Per-step traffic ------------------------------------------------------------------------
+// Rank order (Megatron-LM default "tp-cp-dp-pp"): TP groups are adjacent ranks (stride 1), CP
+// groups stride tp, DP groups stride tp·cp, pipeline neighbours stride tp·cp·dp.
+
+struct StepTrafficSetup {
+  double params = 0;                  // N, total parameters of the model
+  double param_bytes = 2;             // bytes per parameter element (2 bf16, 4 fp32)
+  double grad_bytes = 2;              // bytes per gradient element
+  double act_bytes = 2;               // bytes per activation element
+  std::int64_t hidden = 0;            // h
+  std::int64_t layers = 0;            // L
+  std::int64_t seq_len = 0;           // s
+  std::int64_t micro_batch = 1;       // b, sequences per micro-batch
+  std::int64_t micro_batches = 1;     // m, micro-batches per optimizer step (accumulation)
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int zero_stage = 0;                 // 0..3, sharded over dp
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+  std::int64_t kv_hidden = 0;         // a_kv·d, needed when cp > 1
+  void validate() const;              // throws InvalidInput naming the field
+};
+
+enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp };
+std::string_view to_string(TrafficKind k);
+
+// One line of the per-step ledger. bytes_per_rank = calls · bytes_per_call.
+struct TrafficItem {
+  TrafficKind kind = TrafficKind::dp_grad;
+  Collective collective = Collective::all_reduce;
+  // Set when each logical operation is a pair (sequence parallel: all-gather + reduce-scatter);
+  // calls then split evenly between `collective` and `paired_with`.
+  std::optional<Collective> paired_with;
+  int group = 1;                 // ranks in the collective (p2p: the 2 neighbouring stages)
+  int stride = 1;                // spacing of the group in the global rank order
+  double calls = 0;              // collective calls per rank per optimizer step
+  double bytes_per_call = 0;     // bytes each rank sends per call
+  double bytes_per_rank = 0;     // per optimizer step
+  std::string formula;           // short derivation, e.g. "2·S(k-1)/k, S = grad_bytes·N/(tp·pp)"
+};
+
+struct StepTraffic {
+  TrafficItem dp_grad;           // DP all-reduce, or ZeRO reduce-scatter of gradients
+  TrafficItem zero_param_gather; // ZeRO all-gather of parameters (stages 1–3)
+  TrafficItem tp;
+  TrafficItem pp;
+  TrafficItem cp;
+  // Erratum 4: the seed's "ZeRO-2 halves communication" figure, S_grad(k−1)/k — the gradient
+  // reduce-scatter alone, without the parameter all-gather that must follow it.
+  double reduce_scatter_only_bytes = 0;
+  StepTrafficSetup setup;
+  double dp_total_bytes() const { return dp_grad.bytes_per_rank + zero_param_gather.bytes_per_rank; }
+  double total_bytes() const;
+  std::vector<TrafficItem> items() const;  // the five items in ledger order
+  std::string convention() const;
+};
+
+// Per-rank bytes per optimizer step of each parallel dimension. Sources in comm.cpp.
+StepTraffic step_traffic(const StepTrafficSetup& setup);
+
+// α–β time of one ledger item on a link: calls·steps·α + bytes_per_rank/β.
+double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
+
+}  // namespace tally

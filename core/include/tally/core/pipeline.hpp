@@ -1,0 +1,54 @@
+// The pipeline ledger (流水线账): the idle fraction ("bubble") of a pipeline-parallel schedule.
+//
+// Legend: P = pipeline stages, M = micro-batches per optimizer step, v = model chunks per stage
+// (interleaved 1F1B), t_f / t_b = forward / backward time of one micro-batch on one stage (all of
+// its v chunks together).
+//
+// Convention: bubble fraction = idle time / wall-clock time of a stage (seed §A3: 空闲 / 墙钟),
+// i.e. (P−1)/(M+P−1). Narayanan et al. 2021 quote idle / ideal = (P−1)/M instead; both describe
+// the same schedule.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace tally {
+
+struct PipelineSetup {
+  int stages = 1;                        // P
+  int micro_batches = 1;                 // M
+  int interleave = 1;                    // v, model chunks per stage (1 = GPipe / 1F1B)
+  double backward_forward_ratio = 2.0;   // t_b / t_f
+  std::optional<double> forward_time_s;  // t_f, per micro-batch per stage; enables the *_s fields
+  void validate() const;                 // throws InvalidInput naming the field
+};
+
+struct PipelineResult {
+  PipelineSetup setup;
+  double bubble_fraction = 0;  // idle / wall-clock, in [0, 1)
+  // Time slots of one chunk's forward+backward: ideal v·M, total v·M + P − 1.
+  double ideal_slots = 0;
+  double total_slots = 0;
+  // Only with forward_time_s: ideal M·(t_f + t_b), bubble (P−1)(t_f + t_b)/v, total their sum.
+  std::optional<double> ideal_time_s;
+  std::optional<double> bubble_time_s;
+  std::optional<double> total_time_s;
+  // e.g. "1F1B, P=8, M=16, bubble = (P-1)/(M+P-1) = idle / wall-clock"
+  std::string convention() const;
+};
+
+// GPipe / 1F1B bubble (Huang et al. 2019; Narayanan et al. 2021 eq. 1) and its interleaved form
+// (Narayanan et al. 2021 §2.2.2). For v > 1, M must be a multiple of P (as Megatron-LM requires).
+PipelineResult bubble(const PipelineSetup& setup);
+
+// Smallest M whose bubble is <= max_fraction (in (0, 1]); for v > 1 the smallest such multiple of
+// P. Decided with the same arithmetic as bubble(), so bubble(result) <= max_fraction exactly.
+int min_micro_batches_for_bubble(int stages, double max_fraction, int interleave = 1);
+
+// Discrete-event simulation of non-interleaved 1F1B (Narayanan et al. 2021 §2.2.1, PipeDream-Flush):
+// stage s runs min(P−s−1, M) warm-up forwards, then alternates one forward and one backward, then
+// drains the remaining backwards. F(s, i) waits for F(s−1, i); B(s, i) waits for B(s+1, i) (on the
+// last stage for its own F). Returns stage 0's idle fraction over the makespan.
+double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s);
+
+}  // namespace tally

@@ -1,0 +1,354 @@
+#include "tally/core/comm.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+namespace tally {
+
+namespace {
+
+constexpr std::array<std::pair<Collective, std::string_view>, 5> kCollectives{{
+    {Collective::all_reduce, "all-reduce"},
+    {Collective::reduce_scatter, "reduce-scatter"},
+    {Collective::all_gather, "all-gather"},
+    {Collective::broadcast, "broadcast"},
+    {Collective::send_recv, "p2p"}}};
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void require_int(bool ok, const char* field, std::int64_t value, const char* allowed) {
+  if (!ok) throw InvalidInput(std::string(field) + " = " + std::to_string(value) + ": " + allowed);
+}
+
+void require_real(bool ok, const char* field, double value, const char* allowed) {
+  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
+}
+
+}  // namespace
+
+std::string_view to_string(Collective c) {
+  for (const auto& [k, v] : kCollectives)
+    if (k == c) return v;
+  TALLY_INVARIANT(false && "collective without a name");
+  return {};
+}
+
+std::optional<Collective> parse_collective(std::string_view s) {
+  if (s == "allreduce") return Collective::all_reduce;
+  if (s == "reducescatter") return Collective::reduce_scatter;
+  if (s == "allgather") return Collective::all_gather;
+  if (s == "send-recv" || s == "sendrecv") return Collective::send_recv;
+  for (const auto& [k, v] : kCollectives)
+    if (v == s) return k;
+  return std::nullopt;
+}
+
+const std::vector<std::string>& allowed_collectives() {
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> out;
+    for (const auto& kv : kCollectives) out.emplace_back(kv.second);
+    return out;
+  }();
+  return v;
+}
+
+// Ring algorithms (Patarasuk & Yuan 2009; seed §A2): each of the k−1 (reduce-scatter, all-gather)
+// or 2(k−1) (all-reduce) steps moves one S/k chunk per rank.
+double collective_bytes_per_rank(Collective c, double S, int k) {
+  if (k <= 1) return 0.0;
+  const double frac = double(k - 1) / double(k);
+  switch (c) {
+    case Collective::all_reduce: return 2.0 * S * frac;
+    case Collective::reduce_scatter:
+    case Collective::all_gather: return S * frac;
+    case Collective::broadcast:
+    case Collective::send_recv: return S;
+  }
+  TALLY_INVARIANT(false && "unknown collective");
+  return 0.0;
+}
+
+int collective_steps(Collective c, int k) {
+  if (k <= 1) return 0;
+  switch (c) {
+    case Collective::all_reduce: return 2 * (k - 1);
+    case Collective::reduce_scatter:
+    case Collective::all_gather:
+    case Collective::broadcast: return k - 1;  // broadcast: chain of k−1 hops, pipelined
+    case Collective::send_recv: return 1;
+  }
+  TALLY_INVARIANT(false && "unknown collective");
+  return 0;
+}
+
+// α–β model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005): t = α·steps + bytes/β.
+CollectiveCost collective_cost(Collective c, double size_bytes, int ranks, const LinkSpec& link) {
+  require_real(std::isfinite(size_bytes) && size_bytes >= 0, "size_bytes", size_bytes,
+               "must be finite and >= 0");
+  require_int(ranks >= 1, "ranks", ranks, "must be >= 1");
+  require_real(std::isfinite(link.bandwidth_bps) && link.bandwidth_bps > 0, "link bandwidth_bps",
+               link.bandwidth_bps, "must be > 0 bytes/s");
+  require_real(std::isfinite(link.latency_s) && link.latency_s >= 0, "link latency_s",
+               link.latency_s, "must be >= 0 s");
+  CollectiveCost r;
+  r.collective = c;
+  r.size_bytes = size_bytes;
+  r.ranks = ranks;
+  r.link = link;
+  r.bytes_per_rank = collective_bytes_per_rank(c, size_bytes, ranks);
+  r.steps = collective_steps(c, ranks);
+  r.latency_s = link.latency_s * r.steps;
+  r.transfer_s = r.bytes_per_rank / link.bandwidth_bps;
+  r.seconds = r.latency_s + r.transfer_s;
+  return r;
+}
+
+double CollectiveCost::algbw_bps() const { return seconds > 0 ? size_bytes / seconds : 0.0; }
+
+double CollectiveCost::busbw_bps() const { return bus_bandwidth(collective, algbw_bps(), ranks); }
+
+std::string CollectiveCost::convention() const {
+  const char* bytes = "";
+  const char* steps_f = "";
+  switch (collective) {
+    case Collective::all_reduce: bytes = "2S(k-1)/k"; steps_f = "2(k-1)"; break;
+    case Collective::reduce_scatter:
+    case Collective::all_gather: bytes = "S(k-1)/k"; steps_f = "k-1"; break;
+    case Collective::broadcast: bytes = "S (pipelined chain)"; steps_f = "k-1"; break;
+    case Collective::send_recv: bytes = "S"; steps_f = "1"; break;
+  }
+  return std::string(collective == Collective::send_recv ? "" : "ring ") +
+         std::string(to_string(collective)) + ", k=" + std::to_string(ranks) +
+         ", bytes per rank = " + bytes + ", steps = " + steps_f +
+         ", t = alpha*steps + bytes/beta (alpha " + num(link.latency_s) + " s, beta " +
+         num(link.bandwidth_bps) + " B/s)";
+}
+
+// nccl-tests doc/PERFORMANCE.md: busbw = algbw · factor, the factor that makes busbw comparable to
+// the hardware link speed whatever the rank count.
+double bus_bandwidth(Collective c, double algbw_bps, int ranks) {
+  require_int(ranks >= 1, "ranks", ranks, "must be >= 1");
+  const double n = double(ranks);
+  switch (c) {
+    case Collective::all_reduce: return algbw_bps * 2.0 * (n - 1.0) / n;
+    case Collective::reduce_scatter:
+    case Collective::all_gather: return algbw_bps * (n - 1.0) / n;
+    case Collective::broadcast:
+    case Collective::send_recv: return algbw_bps;
+  }
+  TALLY_INVARIANT(false && "unknown collective");
+  return 0.0;
+}
+
+LinkSpec link_for_group(const ClusterSpec& cluster, int group_size, int stride) {
+  require_int(group_size >= 1, "group_size", group_size, "must be >= 1");
+  require_int(stride >= 1, "stride", stride, "must be >= 1");
+  require_int(cluster.gpus_per_node >= 1, "gpus_per_node", cluster.gpus_per_node, "must be >= 1");
+  // A group of one rank sends nothing; report the node-local link rather than a spurious IB hop.
+  if (group_size == 1) return cluster.intra_node;
+  const std::int64_t span = std::int64_t(group_size) * stride;
+  return span <= cluster.gpus_per_node ? cluster.intra_node : cluster.inter_node;
+}
+
+// ---- Per-step traffic ------------------------------------------------------------------------
+
+std::string_view to_string(TrafficKind k) {
+  switch (k) {
+    case TrafficKind::dp_grad: return "dp-grad";
+    case TrafficKind::zero_param_gather: return "zero-param-gather";
+    case TrafficKind::tp: return "tp";
+    case TrafficKind::pp: return "pp";
+    case TrafficKind::cp: return "cp";
+  }
+  TALLY_INVARIANT(false && "unknown traffic kind");
+  return {};
+}
+
+void StepTrafficSetup::validate() const {
+  require_real(std::isfinite(params) && params > 0, "params", params, "must be > 0");
+  require_real(param_bytes > 0, "param_bytes", param_bytes, "must be > 0 (2 bf16, 4 fp32)");
+  require_real(grad_bytes > 0, "grad_bytes", grad_bytes, "must be > 0 (2 bf16, 4 fp32)");
+  require_real(act_bytes > 0, "act_bytes", act_bytes, "must be > 0 (2 bf16, 4 fp32)");
+  require_int(dp >= 1, "dp", dp, "must be >= 1");
+  require_int(tp >= 1, "tp", tp, "must be >= 1");
+  require_int(pp >= 1, "pp", pp, "must be >= 1");
+  require_int(cp >= 1, "cp", cp, "must be >= 1");
+  require_int(zero_stage >= 0 && zero_stage <= 3, "zero", zero_stage, "allowed 0, 1, 2, 3");
+  require_int(micro_batch >= 1, "micro_batch", micro_batch, "must be >= 1");
+  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
+  const bool needs_shape = tp > 1 || pp > 1 || cp > 1;
+  const char* why = "must be > 0 when tp, pp or cp > 1";
+  require_int(!needs_shape || hidden > 0, "hidden", hidden, why);
+  require_int(!needs_shape || layers > 0, "layers", layers, why);
+  require_int(!needs_shape || seq_len > 0, "seq_len", seq_len, why);
+  require_int(pp == 1 || layers >= pp, "layers", layers, "must be >= pp (one layer per stage)");
+  require_int(cp == 1 || kv_hidden > 0, "kv_hidden", kv_hidden,
+              "must be > 0 when cp > 1 (kv_heads x head_dim)");
+}
+
+// Rules and sources (DESIGN.md §1, errata 2 and 4):
+//  DP/ZeRO (Rajbhandari et al. 2020 "ZeRO" §7; seed §A2): S_grad = grad_bytes·N/(tp·pp), the model
+//   shard a data-parallel rank holds; the group is dp·cp ranks (context-parallel ranks hold the same
+//   weights, so Megatron-LM reduces gradients over dp×cp). ZeRO-0: one all-reduce 2S(k−1)/k per step
+//   (gradients accumulate locally under no-sync). ZeRO-1: reduce-scatter S(k−1)/k + all-gather of the
+//   updated parameters S_param(k−1)/k, once per step. ZeRO-2: the same, but gradients are sharded,
+//   so they cannot accumulate unsharded: one reduce-scatter per micro-batch. ZeRO-3: parameters
+//   all-gathered for each micro-batch's forward and again for its backward, gradients reduce-
+//   scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1.
+//  TP (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4): per layer per micro-batch 2 all-reduces
+//   forward (attention out-projection, MLP W2) and 2 backward (their conjugates f) of
+//   S_act = b·(s/cp)·h·act_bytes; full recompute replays the forward 2. Sequence parallel turns each
+//   all-reduce into all-gather + reduce-scatter: same bytes, twice the calls. (Megatron also
+//   re-all-gathers the SP input in backward for the weight gradient, overlapped; not counted here.)
+//  PP (Narayanan et al. 2021 §2.2): per micro-batch an interior stage sends one activation forward
+//   and one gradient backward, b·s·h·act_bytes/(tp if SP)/cp each.
+//  CP (ring attention, Liu et al. 2023; Megatron-LM context parallel): per layer per micro-batch the
+//   c ranks pass their K and V blocks around the ring, c−1 sends of 2·b·(s/c)·(kv_hidden/tp)·
+//   act_bytes forward; backward sends K,V again and dK,dV (2(c−1) sends); full recompute replays
+//   the forward ring.
+StepTraffic step_traffic(const StepTrafficSetup& st) {
+  st.validate();
+  StepTraffic r;
+  r.setup = st;
+  const double m = double(st.micro_batches);
+  const double b = double(st.micro_batch);
+  const double h = double(st.hidden);
+  const double s_local = double(st.seq_len) / st.cp;  // sequence a CP rank holds
+  const double layers_stage = std::ceil(double(st.layers) / st.pp);  // busiest stage
+  const bool full = st.recompute == Recompute::full;
+
+  // DP / ZeRO.
+  const int k = st.dp * st.cp;
+  const double s_grad = st.grad_bytes * st.params / (double(st.tp) * st.pp);
+  const double s_param = st.param_bytes * st.params / (double(st.tp) * st.pp);
+  auto& g = r.dp_grad;
+  g.kind = TrafficKind::dp_grad;
+  g.group = k;
+  g.stride = st.tp;
+  auto& z = r.zero_param_gather;
+  z.kind = TrafficKind::zero_param_gather;
+  z.collective = Collective::all_gather;
+  z.group = k;
+  z.stride = st.tp;
+  r.reduce_scatter_only_bytes = collective_bytes_per_rank(Collective::reduce_scatter, s_grad, k);
+  if (k > 1) {
+    if (st.zero_stage == 0) {
+      g.collective = Collective::all_reduce;
+      g.calls = 1;
+      g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*N/(tp*pp)";
+    } else {
+      g.collective = Collective::reduce_scatter;
+      g.calls = st.zero_stage == 1 ? 1 : m;
+      g.formula = st.zero_stage == 1
+                      ? "reduce-scatter S(k-1)/k once per step, S = grad_bytes*N/(tp*pp)"
+                      : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*N/(tp*pp)";
+      z.calls = st.zero_stage == 3 ? 2 * m : 1;
+      z.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_param, k);
+      z.formula = st.zero_stage == 3
+                      ? "all-gather S(k-1)/k for forward and backward of each micro-batch, "
+                        "S = param_bytes*N/(tp*pp)"
+                      : "all-gather of updated params S(k-1)/k once per step, "
+                        "S = param_bytes*N/(tp*pp)";
+    }
+    g.bytes_per_call = collective_bytes_per_rank(g.collective, s_grad, k);
+  }
+
+  // TP.
+  auto& t = r.tp;
+  t.kind = TrafficKind::tp;
+  t.group = st.tp;
+  t.stride = 1;
+  if (st.tp > 1) {
+    const double s_act = b * s_local * h * st.act_bytes;
+    const double ar_calls = (full ? 6.0 : 4.0) * layers_stage * m;
+    if (st.sequence_parallel) {
+      t.collective = Collective::all_gather;
+      t.paired_with = Collective::reduce_scatter;
+      t.calls = 2 * ar_calls;
+      t.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_act, st.tp);
+      t.formula = std::string(full ? "6" : "4") +
+                  " (all-gather + reduce-scatter) pairs x S(t-1)/t each per layer per micro-batch,"
+                  " S = b*(s/cp)*h*act_bytes";
+    } else {
+      t.collective = Collective::all_reduce;
+      t.calls = ar_calls;
+      t.bytes_per_call = collective_bytes_per_rank(Collective::all_reduce, s_act, st.tp);
+      t.formula = std::string(full ? "6" : "4") +
+                  " all-reduces x 2S(t-1)/t per layer per micro-batch, S = b*(s/cp)*h*act_bytes";
+    }
+  }
+
+  // PP.
+  auto& p = r.pp;
+  p.kind = TrafficKind::pp;
+  p.collective = Collective::send_recv;
+  p.group = 2;
+  p.stride = st.tp * st.cp * st.dp;
+  if (st.pp > 1) {
+    p.calls = 2 * m;
+    p.bytes_per_call =
+        b * s_local * h * st.act_bytes / (st.sequence_parallel ? double(st.tp) : 1.0);
+    p.formula = std::string("2 sends (activation fwd, gradient bwd) per micro-batch of b*(s/cp)*h*"
+                            "act_bytes") + (st.sequence_parallel ? "/tp" : "");
+  }
+
+  // CP.
+  auto& c = r.cp;
+  c.kind = TrafficKind::cp;
+  c.collective = Collective::send_recv;
+  c.group = st.cp;
+  c.stride = st.tp;
+  if (st.cp > 1) {
+    const double sends_per_layer = (full ? 4.0 : 3.0) * (st.cp - 1);
+    c.calls = sends_per_layer * layers_stage * m;
+    c.bytes_per_call = 2.0 * b * s_local * (double(st.kv_hidden) / st.tp) * st.act_bytes;
+    c.formula = std::string(full ? "4" : "3") +
+                "(c-1) ring sends per layer per micro-batch (fwd K,V; bwd K,V + dK,dV" +
+                (full ? "; recompute fwd" : "") + ") of 2*b*(s/c)*(kv_hidden/tp)*act_bytes";
+  }
+
+  for (TrafficItem* it : {&g, &z, &t, &p, &c}) it->bytes_per_rank = it->calls * it->bytes_per_call;
+  return r;
+}
+
+double StepTraffic::total_bytes() const {
+  return dp_grad.bytes_per_rank + zero_param_gather.bytes_per_rank + tp.bytes_per_rank +
+         pp.bytes_per_rank + cp.bytes_per_rank;
+}
+
+std::vector<TrafficItem> StepTraffic::items() const {
+  return {dp_grad, zero_param_gather, tp, pp, cp};
+}
+
+std::string StepTraffic::convention() const {
+  const auto& st = setup;
+  std::string c = "bytes sent per rank per optimizer step, ring collectives | DP k=dp*cp=" +
+                  std::to_string(st.dp * st.cp) + " ";
+  c += st.zero_stage == 0 ? std::string("all-reduce")
+                          : "ZeRO-" + std::to_string(st.zero_stage) +
+                                " reduce-scatter grads + all-gather params";
+  c += " | TP t=" + std::to_string(st.tp) + (st.sequence_parallel ? " SP" : "") +
+       ", recompute " + std::string(to_string(st.recompute)) + " | PP p=" +
+       std::to_string(st.pp) + " | CP c=" + std::to_string(st.cp) + " | m=" +
+       std::to_string(st.micro_batches) + " micro-batches of b=" +
+       std::to_string(st.micro_batch) + " | grad " + num(st.grad_bytes) + " B, param " +
+       num(st.param_bytes) + " B, act " + num(st.act_bytes) + " B per element";
+  return c;
+}
+
+double traffic_seconds(const TrafficItem& item, const LinkSpec& link) {
+  require_real(link.bandwidth_bps > 0, "link bandwidth_bps", link.bandwidth_bps,
+               "must be > 0 bytes/s");
+  require_real(link.latency_s >= 0, "link latency_s", link.latency_s, "must be >= 0 s");
+  const int steps = collective_steps(item.collective, item.group);
+  return item.calls * steps * link.latency_s + item.bytes_per_rank / link.bandwidth_bps;
+}
+
+}  // namespace tally

@@ -1,0 +1,100 @@
+#include "tally/core/compute.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace tally {
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void require(bool ok, const char* field, double value, const char* allowed) {
+  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
+}
+
+struct TokenFlops {
+  double model = 0;     // forward + backward
+  double hardware = 0;  // + recompute
+};
+
+// Sources in compute.hpp: 6N + 12·L·h·s; full recompute +2N + 4·L·h·s, selective +4·L·h·s.
+TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
+  require(seq >= 1, "seq_len", double(seq), "must be >= 1");
+  const double N = compute_params(m);
+  const double attn_fwd =
+      m.params_only ? 0.0 : 4.0 * double(m.layers) * double(m.hidden) * double(seq);
+  TokenFlops f;
+  f.model = 6.0 * N + 3.0 * attn_fwd;
+  f.hardware = f.model;
+  if (r == Recompute::full) f.hardware += 2.0 * N + attn_fwd;
+  if (r == Recompute::selective) f.hardware += attn_fwd;
+  return f;
+}
+
+}  // namespace
+
+double compute_params(const ModelSpec& m) {
+  const ParamCount c = count_params(m);  // validates m
+  if (m.params_only || !m.nominal_params) return c.active();
+  return c.active() * (*m.nominal_params / c.total());
+}
+
+double flops_per_token(const ModelSpec& m, std::int64_t seq, Recompute r) {
+  return token_flops(m, seq, r).hardware;
+}
+
+double lm_head_flops_per_token(const ModelSpec& m) {
+  if (m.params_only) return 0.0;
+  return 6.0 * double(m.vocab) * double(m.hidden);
+}
+
+void ComputeSetup::validate() const {
+  model.validate();
+  require(seq_len >= 1, "seq_len", double(seq_len), "must be >= 1");
+  require(global_batch >= 1, "global_batch", double(global_batch), "must be >= 1 sequences");
+  require(gpus >= 1, "gpus", gpus, "must be >= 1");
+  require(std::isfinite(peak_flops) && peak_flops > 0, "peak_flops", peak_flops,
+          "must be > 0 FLOP/s");
+  require(utilisation > 0 && utilisation <= 1, "utilisation", utilisation, "must be in (0, 1]");
+}
+
+ComputeResult step_compute(const ComputeSetup& setup) {
+  setup.validate();
+  ComputeResult r;
+  r.setup = setup;
+  const TokenFlops f = token_flops(setup.model, setup.seq_len, setup.recompute);
+  r.params_per_token = compute_params(setup.model);
+  r.tokens_per_step = double(setup.global_batch) * double(setup.seq_len);
+  r.model_flops_per_token = f.model;
+  r.hardware_flops_per_token = f.hardware;
+  r.model_flops = f.model * r.tokens_per_step;
+  r.hardware_flops = f.hardware * r.tokens_per_step;
+  const double rate = double(setup.gpus) * setup.peak_flops;
+  r.seconds = r.hardware_flops / (rate * setup.utilisation);
+  r.mfu = r.model_flops / (r.seconds * rate);
+  r.tokens_per_s = r.tokens_per_step / r.seconds;
+  return r;
+}
+
+std::string ComputeResult::convention() const {
+  const auto& s = setup;
+  std::string c = "FLOPs per token = 6N";
+  if (!s.model.params_only) c += " + 12*L*h*s (attention unmasked)";
+  c += ", N = " + num(params_per_token) + (s.model.is_moe() ? " active" : "") + " params";
+  c += " | recompute " + std::string(to_string(s.recompute));
+  if (s.recompute == Recompute::full) c += " (+2N + 4*L*h*s hardware FLOPs)";
+  if (s.recompute == Recompute::selective && !s.model.params_only)
+    c += " (+4*L*h*s hardware FLOPs)";
+  c += " | time = hardware FLOPs / (G=" + std::to_string(s.gpus) + " x peak " +
+       num(s.peak_flops) + " FLOP/s x utilisation " + num(s.utilisation) +
+       ") | MFU on model FLOPs (no recompute)";
+  return c;
+}
+
+}  // namespace tally

@@ -1,0 +1,162 @@
+#include "tally/core/pipeline.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void require_int(bool ok, const char* field, long long value, const std::string& allowed) {
+  if (!ok) throw InvalidInput(std::string(field) + " = " + std::to_string(value) + ": " + allowed);
+}
+
+void require_real(bool ok, const char* field, double value, const char* allowed) {
+  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
+}
+
+// (P−1)/(v·M + P−1): the one expression bubble() and min_micro_batches_for_bubble() share.
+double bubble_fraction_of(int P, std::int64_t M, int v) {
+  const double idle = double(P - 1);
+  return idle / (double(v) * double(M) + idle);
+}
+
+}  // namespace
+
+void PipelineSetup::validate() const {
+  require_int(stages >= 1, "stages", stages, "must be >= 1");
+  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
+  require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
+  require_int(interleave == 1 || micro_batches % stages == 0, "micro_batches", micro_batches,
+              "must be a multiple of stages = " + std::to_string(stages) +
+                  " for the interleaved schedule (interleave = " + std::to_string(interleave) +
+                  ")");
+  require_real(std::isfinite(backward_forward_ratio) && backward_forward_ratio >= 0,
+               "backward_forward_ratio", backward_forward_ratio, "must be >= 0");
+  if (forward_time_s)
+    require_real(std::isfinite(*forward_time_s) && *forward_time_s >= 0, "forward_time_s",
+                 *forward_time_s, "must be >= 0 s");
+}
+
+// Huang et al. 2019 (GPipe) and Narayanan et al. 2021 eq. 1: P−1 idle slots out of M+P−1 per stage;
+// interleaving v chunks shrinks each slot v-fold (Narayanan et al. 2021 §2.2.2):
+// bubble time (P−1)(t_f + t_b)/v against ideal M(t_f + t_b).
+PipelineResult bubble(const PipelineSetup& setup) {
+  setup.validate();
+  PipelineResult r;
+  r.setup = setup;
+  const int P = setup.stages, M = setup.micro_batches, v = setup.interleave;
+  r.bubble_fraction = bubble_fraction_of(P, M, v);
+  r.ideal_slots = double(v) * M;
+  r.total_slots = r.ideal_slots + (P - 1);
+  if (setup.forward_time_s) {
+    const double tf = *setup.forward_time_s;
+    const double per_mb = tf * (1.0 + setup.backward_forward_ratio);
+    r.ideal_time_s = M * per_mb;
+    r.bubble_time_s = (P - 1) * per_mb / v;
+    r.total_time_s = *r.ideal_time_s + *r.bubble_time_s;
+  }
+  return r;
+}
+
+std::string PipelineResult::convention() const {
+  const auto& s = setup;
+  std::string c = s.interleave == 1 ? "1F1B/GPipe" : "interleaved 1F1B";
+  c += ", P=" + std::to_string(s.stages) + ", M=" + std::to_string(s.micro_batches);
+  if (s.interleave > 1) c += ", v=" + std::to_string(s.interleave);
+  c += s.interleave == 1 ? ", bubble = (P-1)/(M+P-1)" : ", bubble = (P-1)/(v*M+P-1)";
+  c += " = idle / wall-clock";
+  if (s.forward_time_s)
+    c += ", t_b = " + num(s.backward_forward_ratio) + " t_f, t_f = " + num(*s.forward_time_s) +
+         " s";
+  return c;
+}
+
+// (P−1)/(v·M + P−1) <= f  ⇔  v·M >= (P−1)(1−f)/f. The closed form gives a first guess; the
+// answer is then settled with bubble_fraction_of() itself so the boundary (e.g. M = 63 at P = 8,
+// f = 0.1, where the bubble is exactly 7/70) never depends on rounding in the guess.
+int min_micro_batches_for_bubble(int stages, double max_fraction, int interleave) {
+  require_int(stages >= 1, "stages", stages, "must be >= 1");
+  require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
+  require_real(max_fraction > 0 && max_fraction <= 1, "max_fraction", max_fraction,
+               "must be in (0, 1]");
+  if (stages == 1) return 1;
+  const int step = interleave == 1 ? 1 : stages;  // interleaving needs M % P == 0
+  const double guess = double(stages - 1) * (1.0 - max_fraction) / max_fraction / interleave;
+  require_real(guess < 1e9, "max_fraction", max_fraction,
+               "too small: needs more than 1e9 micro-batches");
+  const auto ok = [&](std::int64_t M) {
+    return bubble_fraction_of(stages, M, interleave) <= max_fraction;
+  };
+  std::int64_t M = std::max<std::int64_t>(step, std::int64_t(std::ceil(guess / step)) * step);
+  while (M > step && ok(M - step)) M -= step;
+  while (!ok(M)) M += step;
+  return int(M);
+}
+
+// Note [1F1B simulation]: no resource is shared between stages, so an operation's start time is
+// max(its stage's previous finish, its dependency's finish) whatever order we settle the stages in.
+// We sweep the stages repeatedly, advancing each as far as its dependencies allow.
+double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s) {
+  require_int(stages >= 1, "stages", stages, "must be >= 1");
+  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
+  require_real(std::isfinite(forward_s) && forward_s > 0, "forward_s", forward_s, "must be > 0 s");
+  require_real(std::isfinite(backward_s) && backward_s > 0, "backward_s", backward_s,
+               "must be > 0 s");
+  const int P = stages, M = micro_batches;
+  struct Op { bool backward; int mb; };
+  std::vector<std::vector<Op>> order(P);
+  for (int s = 0; s < P; ++s) {
+    const int warm = std::min(P - s - 1, M);
+    for (int i = 0; i < warm; ++i) order[s].push_back({false, i});
+    for (int i = 0; i < M - warm; ++i) {
+      order[s].push_back({false, warm + i});
+      order[s].push_back({true, i});
+    }
+    for (int i = M - warm; i < M; ++i) order[s].push_back({true, i});
+  }
+  constexpr double kPending = -1.0;
+  std::vector<std::vector<double>> fwd_done(P, std::vector<double>(M, kPending));
+  std::vector<std::vector<double>> bwd_done(P, std::vector<double>(M, kPending));
+  std::vector<std::size_t> next(P, 0);
+  std::vector<double> free_at(P, 0.0);
+  std::size_t remaining = std::size_t(2) * P * M;
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int s = 0; s < P; ++s) {
+      while (next[s] < order[s].size()) {
+        const Op op = order[s][next[s]];
+        double ready = 0.0;
+        if (!op.backward)
+          ready = s == 0 ? 0.0 : fwd_done[s - 1][op.mb];
+        else
+          ready = s == P - 1 ? fwd_done[s][op.mb] : bwd_done[s + 1][op.mb];
+        if (ready == kPending) break;
+        const double start = std::max(ready, free_at[s]);
+        free_at[s] = start + (op.backward ? backward_s : forward_s);
+        (op.backward ? bwd_done : fwd_done)[s][op.mb] = free_at[s];
+        ++next[s];
+        --remaining;
+        progressed = true;
+      }
+    }
+    TALLY_INVARIANT(progressed);  // a 1F1B order never deadlocks
+  }
+  const double makespan = *std::max_element(free_at.begin(), free_at.end());
+  const double busy = M * (forward_s + backward_s);
+  return 1.0 - busy / makespan;
+}
+
+}  // namespace tally
