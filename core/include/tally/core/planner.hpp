@@ -1,0 +1,163 @@
+// The planner: search every parallel layout of a training run with the core ledgers, keep the
+// feasible ones, rank them by step time.
+//
+// Legend: G = GPUs, dp·tp·pp·cp = G, B = global batch (sequences per optimizer step),
+// b = micro-batch, m = B/(dp·b) micro-batches per step (gradient accumulation; with a pipeline these
+// are its micro-batches), v = interleaved pipeline chunks, s = sequence length.
+//
+// Note [planner order]
+// The seed's order (方案 1): hard constraints first — divisibility, topology, memory — then speed.
+//   divisibility: tp | heads, tp | kv_heads (or kv_heads | tp), tp | ffn; pp·v | layers; cp | s;
+//                 dp | B; interleaving needs m % pp == 0 (Megatron-LM's schedule).
+//   topology:     tp <= GPUs per node (TP traffic must stay on NVLink).
+//   memory:       model states + activations + buffers <= capacity · (1 − headroom).
+// Then cost (Note [planner time model] in planner.cpp) and rank: step time, then lower memory,
+// then fewer parallel dimensions.
+//
+// Note [planner pruning]
+// Two cuts, both exact (tests compare against the exhaustive search):
+//   1. Per-GPU activation memory is non-decreasing in b at fixed everything else (b·min(p, m) =
+//      min(p·b, B/dp)), so the micro-batch loop stops at the first b that does not fit.
+//   2. Step time >= compute time, which depends only on the recompute policy; a subtree whose
+//      compute time already exceeds the N-th best step time cannot enter the top N.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/model.hpp"
+#include "tally/core/model_states.hpp"
+#include "tally/core/reliability.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+struct PlanRequest {
+  ModelSpec model;
+  ClusterSpec cluster;
+  int gpus = 8;                          // G
+  std::int64_t global_batch = 256;       // B, sequences per optimizer step
+  std::int64_t seq = 2048;               // s
+  Precision precision = Precision::bf16;
+  Optimizer optimizer = Optimizer::adam;
+  double headroom = 0.2;                 // the seed's "peak > 80 % of capacity is a failure"
+  bool dropout = true;                   // count dropout masks (Korthikanti's convention)
+  // DP/ZeRO communication: false = on the critical path (the seed's accounting: step = compute +
+  // communication); true = gradient reduction overlapped with backward (Note [planner time model]).
+  bool overlap_dp = false;
+  // Reliability inputs (the report's reliability section).
+  double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
+  std::optional<double> run_hours;       // for expected failures (--days / --tokens)
+  std::optional<double> checkpoint_bytes;  // default: params + m + v + master (no gradients)
+  void validate() const;                 // throws InvalidInput naming the field
+};
+
+// Which dimensions the search may use; defaults search everything.
+struct SearchSpace {
+  int max_tp = 0;                        // 0 = GPUs per node
+  int max_pp = 0;                        // 0 = layers
+  int max_cp = 0;                        // 0 = unlimited (cp | s)
+  int max_interleave = 8;
+  std::int64_t max_micro_batch = 0;      // 0 = B/dp
+  std::vector<int> zero_stages = {0, 1, 2, 3};
+  std::vector<Recompute> recomputes = {Recompute::none, Recompute::selective, Recompute::full};
+  std::vector<Attention> attentions = {Attention::flash};
+  bool allow_sp = true;
+  bool prune = true;                     // Note [planner pruning]; false = exhaustive
+  int top = 5;                           // best plans kept
+  int near_misses = 5;                   // closest infeasible layouts kept
+};
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
+  bool sp = false;
+  int zero = 0;
+  std::int64_t micro_batch = 1;
+  std::int64_t grad_accum = 1;           // m
+  Recompute recompute = Recompute::none;
+  Attention attention = Attention::flash;
+  int dimensions() const;                // parallel/feature dimensions in use (simplicity)
+  std::string describe() const;          // "DP 8 × TP 1 × PP 1 × CP 1, ZeRO-2, b 4 × m 8, ..."
+};
+
+enum class Wall { memory, compute, communication, bubble };
+std::string_view to_string(Wall w);
+
+struct PlanEval {
+  Layout layout;
+  // memory, bytes per GPU
+  StateItems states;
+  double activation_bytes = 0;
+  double buffer_bytes = 0;
+  double total_bytes = 0;
+  double usable_bytes = 0;               // capacity · (1 − headroom)
+  bool fits = false;
+  // time, seconds per optimizer step
+  double compute_s = 0;                  // hardware FLOPs / (G·peak·u)
+  double tp_s = 0, cp_s = 0, pp_s = 0;   // exposed (on the critical path)
+  double dp_s = 0;                       // DP/ZeRO traffic time before overlap
+  double dp_exposed_s = 0;
+  double bubble_fraction = 0;
+  double bubble_s = 0;
+  double step_s = 0;
+  double comm_bytes_per_gpu = 0;         // all traffic a GPU sends per step
+  double tokens_per_s = 0;
+  double mfu = 0;                        // model FLOPs / (step·G·peak)
+  double efficiency = 0;                 // E: one GPU's time for B over G·step (same efficiency u)
+  Wall wall = Wall::compute;             // the tightest wall
+};
+
+struct RejectionCounts {
+  std::uint64_t tp_divisibility = 0, topology = 0, pp_divisibility = 0, cp_divisibility = 0,
+                batch_divisibility = 0, interleave = 0, memory = 0;
+};
+
+struct PlanResult {
+  PlanRequest request;
+  std::vector<PlanEval> best;            // ranked, at most SearchSpace::top
+  std::vector<PlanEval> near_misses;     // infeasible, smallest memory overshoot first
+  RejectionCounts rejected;
+  std::uint64_t evaluated = 0;           // layouts costed in full
+  std::uint64_t pruned = 0;              // layouts skipped by Note [planner pruning]
+  ReliabilityReport reliability;
+  std::string convention;                // precision, optimizer, headroom, time-model label
+  bool feasible() const { return !best.empty(); }
+};
+
+// Searches the space. Bad input throws InvalidInput; "nothing fits" is a result (best empty) and
+// near_misses say which wall each closest layout hits. A request for which no layout passes the
+// divisibility and topology rules throws InvalidInput explaining which rule excluded what.
+PlanResult plan(const PlanRequest& request, const SearchSpace& space = {});
+
+// Costs one given layout (checks its divisibility and topology; throws InvalidInput if broken).
+PlanEval evaluate_layout(const PlanRequest& request, const Layout& layout);
+
+// `tally compare`: the seed's decision (方案 3) made computable. Each alternative changes one thing
+// of a base plan while holding the global batch, and is costed with the same ledgers.
+enum class Alternative {
+  double_micro_batch,    // A: b × 2, accumulation ÷ 2
+  recompute_double_seq,  // B: full recompute, s × 2
+  double_gpus,           // C: G × 2 across nodes (dp × 2), accumulation ÷ 2 (or b ÷ 2)
+};
+std::string_view to_string(Alternative a);
+std::optional<Alternative> parse_alternative(std::string_view s);
+
+struct Comparison {
+  std::string name;            // "base" or the alternative's name
+  std::string change;          // what changed, in words
+  PlanRequest request;
+  Layout layout;
+  std::optional<PlanEval> eval;  // empty when the change breaks a shape rule
+  std::string invalid_reason;    // why, when eval is empty
+  // Time shares of the step (sum to 1 with compute): the walls of the seed's decision tree.
+  double comm_share() const;
+  double bubble_share() const;
+};
+
+std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, const Layout& base,
+                                             const std::vector<Alternative>& alternatives);
+
+}  // namespace tally

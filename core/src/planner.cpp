@@ -1,0 +1,435 @@
+#include "tally/core/planner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "tally/core/activations.hpp"
+#include "tally/core/comm.hpp"
+#include "tally/core/compute.hpp"
+#include "tally/core/pipeline.hpp"
+
+namespace tally {
+
+// Note [planner time model]
+// Per optimizer step, per GPU (every assumption here is printed with the plan):
+//   compute   t_c = hardware FLOPs (compute.hpp, with recompute) / (G · peak · u), u = the GPU
+//             type's utilisation (ClusterSpec::mfu or a calibration file), one number per type.
+//   TP, CP    on the critical path: Megatron's TP all-reduces block the next matmul; CP's ring is
+//             counted exposed (conservative: ring attention can overlap it).
+//   PP        point-to-point sends per micro-batch, exposed. The last stage also runs the LM head
+//             (6·V·h FLOPs per token, compute.hpp), so the slowest stage computes
+//             t_c · (1 + (P−1)·F_head/F) and bounds the pipeline.
+//   bubble    pipeline wall = (t_c + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
+//   DP/ZeRO   by default on the critical path, as the seed accounts it (compute + communication).
+//             With overlap_dp: a gradient reduction done once per step overlaps the last
+//             micro-batch's backward (≈ 2/3 of its compute, bucketed as DDP does), one done per
+//             micro-batch (ZeRO-2/3) overlaps every backward; ZeRO-1/2's parameter all-gather after
+//             the optimizer step stays exposed; ZeRO-3's per-layer gathers are prefetched and
+//             overlap the whole compute.
+//   step      pipeline wall + exposed DP time. E = t_ideal / step with t_ideal = model FLOPs /
+//             (G · peak · u): the step one GPU at the same utilisation would take for B, over G.
+// Buffers: DDP-style gradient buckets 2 × 25 MB (PyTorch DDP's default bucket) for ZeRO 0–2; two
+// layers of gathered parameters for ZeRO-3 (current + prefetched).
+
+namespace {
+
+constexpr double kBucketBytes = 25e6;  // PyTorch DDP bucket_cap_mb default
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> lo, hi;
+  for (std::int64_t d = 1; d * d <= n; ++d)
+    if (n % d == 0) {
+      lo.push_back(d);
+      if (d != n / d) hi.push_back(n / d);
+    }
+  lo.insert(lo.end(), hi.rbegin(), hi.rend());
+  return lo;
+}
+
+// Invariants of one request, computed once.
+struct Prepared {
+  const PlanRequest* req = nullptr;
+  double n_state = 0;          // N of the state ledger
+  double peak = 0, util = 0;
+  double model_flops = 0;      // per step
+  double hw_flops[3] = {0, 0, 0};  // per step, by Recompute
+  double head_flops = 0;       // per step, LM head only
+  double tokens = 0;
+  double usable = 0;
+  double param_bytes = 0, act_bytes = 0;
+};
+
+Prepared prepare(const PlanRequest& r) {
+  Prepared p;
+  p.req = &r;
+  p.n_state = state_params(r.model);
+  p.peak = r.cluster.gpu.peak_flops(r.precision);
+  p.util = r.cluster.mfu;
+  p.tokens = double(r.global_batch) * double(r.seq);
+  p.model_flops = flops_per_token(r.model, r.seq, Recompute::none) * p.tokens;
+  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+    p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
+  p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
+  p.usable = r.cluster.gpu.memory_bytes * (1.0 - r.headroom);
+  p.param_bytes = dtype_bytes(r.precision);
+  p.act_bytes = dtype_bytes(r.precision);
+  return p;
+}
+
+double compute_seconds(const Prepared& P, Recompute rc) {
+  return P.hw_flops[int(rc)] / (double(P.req->gpus) * P.peak * P.util);
+}
+
+// Memory of a layout; returns total bytes and fills the memory fields of `e`.
+void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
+  const PlanRequest& r = *P.req;
+  const double n_gpu = P.n_state / (double(L.tp) * L.pp);
+  e.states = model_states(n_gpu, StateSetup{.precision = r.precision, .optimizer = r.optimizer,
+                                            .zero_stage = L.zero, .shard_degree = L.dp * L.cp})
+                 .bytes;
+  e.activation_bytes = activation_peak_bytes_unchecked(
+      r.model, ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
+                               .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
+                               .interleave = L.interleave, .micro_batches = int(L.grad_accum),
+                               .recompute = L.recompute, .attention = L.attention,
+                               .dropout = r.dropout, .act_bytes = P.act_bytes});
+  e.buffer_bytes = L.zero == 3 ? 2.0 * n_gpu / double(r.model.layers) * L.pp * P.param_bytes
+                               : 2.0 * kBucketBytes;
+  e.total_bytes = e.states.total() + e.activation_bytes + e.buffer_bytes;
+  e.usable_bytes = P.usable;
+  e.fits = e.total_bytes <= P.usable;
+}
+
+void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
+  const PlanRequest& r = *P.req;
+  const ClusterSpec& c = r.cluster;
+  const auto traffic = step_traffic(StepTrafficSetup{
+      .params = P.n_state, .param_bytes = P.param_bytes, .grad_bytes = P.param_bytes,
+      .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
+      .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
+      .tp = L.tp, .pp = L.pp, .cp = L.cp, .zero_stage = L.zero, .sequence_parallel = L.sp,
+      .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim()});
+  e.comm_bytes_per_gpu = traffic.total_bytes();
+  e.compute_s = compute_seconds(P, L.recompute);
+  e.tp_s = traffic_seconds(traffic.tp, link_for_group(c, L.tp, 1));
+  e.cp_s = traffic_seconds(traffic.cp, link_for_group(c, L.cp, L.tp));
+  e.pp_s = traffic_seconds(traffic.pp, link_for_group(c, 2, L.tp * L.cp * L.dp));
+  const LinkSpec dp_link = link_for_group(c, L.dp * L.cp, L.tp);
+  const double grad_s = traffic_seconds(traffic.dp_grad, dp_link);
+  const double gather_s = traffic_seconds(traffic.zero_param_gather, dp_link);
+  e.dp_s = grad_s + gather_s;
+
+  e.bubble_fraction = bubble(PipelineSetup{.stages = L.pp, .micro_batches = int(L.grad_accum),
+                                           .interleave = L.interleave})
+                          .bubble_fraction;
+  const double imbalance =
+      1.0 + (L.pp - 1) * P.head_flops / P.hw_flops[int(L.recompute)];  // last stage's extra share
+  const double busy = e.compute_s * imbalance + e.tp_s + e.cp_s + e.pp_s;
+  const double pipe = busy / (1.0 - e.bubble_fraction);
+  e.bubble_s = pipe - busy;
+  if (!r.overlap_dp) {
+    e.dp_exposed_s = e.dp_s;
+  } else {
+    const double backward_s = (2.0 / 3.0) * e.compute_s;
+    const double window_s =
+        traffic.dp_grad.calls > 1 ? backward_s : backward_s / double(L.grad_accum);
+    e.dp_exposed_s = std::max(0.0, grad_s - window_s) +
+                     (L.zero == 3 ? std::max(0.0, gather_s - e.compute_s) : gather_s);
+  }
+  e.step_s = pipe + e.dp_exposed_s;
+
+  const double G = r.gpus;
+  e.tokens_per_s = P.tokens / e.step_s;
+  e.mfu = P.model_flops / (e.step_s * G * P.peak);
+  e.efficiency = P.model_flops / (G * P.peak * P.util) / e.step_s;
+
+  // The tightest wall: the resource closest to its budget (all four are fractions of one budget).
+  const double shares[4] = {e.total_bytes / e.usable_bytes, e.compute_s / e.step_s,
+                            (e.tp_s + e.cp_s + e.pp_s + e.dp_exposed_s) / e.step_s,
+                            e.bubble_s / e.step_s};
+  e.wall = e.fits ? Wall(std::max_element(shares, shares + 4) - shares) : Wall::memory;
+}
+
+PlanEval cost(const Prepared& P, const Layout& L) {
+  PlanEval e;
+  e.layout = L;
+  cost_memory(P, L, e);
+  cost_time(P, L, e);
+  return e;
+}
+
+auto layout_key(const Layout& l) {
+  return std::make_tuple(l.dp, l.tp, l.pp, l.cp, l.interleave, l.sp, l.zero, l.micro_batch,
+                         int(l.recompute), int(l.attention));
+}
+
+// Total order: step time, then memory, then simplicity, then the layout itself (deterministic, so
+// the pruned and exhaustive searches return the same list).
+bool better(const PlanEval& a, const PlanEval& b) {
+  if (a.step_s != b.step_s) return a.step_s < b.step_s;
+  if (a.total_bytes != b.total_bytes) return a.total_bytes < b.total_bytes;
+  if (a.layout.dimensions() != b.layout.dimensions())
+    return a.layout.dimensions() < b.layout.dimensions();
+  return layout_key(a.layout) < layout_key(b.layout);
+}
+
+bool closer_miss(const PlanEval& a, const PlanEval& b) {
+  if (a.total_bytes != b.total_bytes) return a.total_bytes < b.total_bytes;
+  return better(a, b);
+}
+
+// Keeps the `cap` smallest under `less`, sorted.
+template <class Less>
+void keep_top(std::vector<PlanEval>& v, const PlanEval& e, std::size_t cap, Less less) {
+  if (cap == 0) return;
+  if (v.size() == cap && !less(e, v.back())) return;
+  v.insert(std::upper_bound(v.begin(), v.end(), e, less), e);
+  if (v.size() > cap) v.pop_back();
+}
+
+bool tp_divides(const ModelSpec& m, int tp) {
+  return m.heads % tp == 0 && m.ffn % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0);
+}
+
+}  // namespace
+
+int Layout::dimensions() const {
+  return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (interleave > 1) + sp + (zero > 0) +
+         (recompute != Recompute::none) + (grad_accum > 1);
+}
+
+std::string Layout::describe() const {
+  std::string s = "DP " + std::to_string(dp) + " × TP " + std::to_string(tp) + (sp ? "+SP" : "") +
+                  " × PP " + std::to_string(pp);
+  if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
+  s += " × CP " + std::to_string(cp) + ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
+       std::to_string(micro_batch) + " × accum " + std::to_string(grad_accum) + ", recompute " +
+       std::string(to_string(recompute)) + ", " + std::string(to_string(attention)) + " attention";
+  return s;
+}
+
+std::string_view to_string(Wall w) {
+  switch (w) {
+    case Wall::memory: return "memory";
+    case Wall::compute: return "compute";
+    case Wall::communication: return "communication";
+    case Wall::bubble: return "bubble";
+  }
+  return "?";
+}
+
+void PlanRequest::validate() const {
+  if (model.params_only)
+    throw InvalidInput("--model: the planner needs an architecture (a preset or config.json), "
+                       "not only --params");
+  model.validate();
+  cluster.validate();
+  if (gpus < 1 || gpus > (1 << 24))
+    throw InvalidInput("--gpus = " + std::to_string(gpus) + ": must be in [1, 16777216]");
+  if (global_batch < 1)
+    throw InvalidInput("--global-batch = " + std::to_string(global_batch) + ": must be >= 1");
+  if (seq < 1) throw InvalidInput("--seq = " + std::to_string(seq) + ": must be >= 1");
+  if (!(headroom >= 0 && headroom < 1))
+    throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");
+  if (!(restart_hours >= 0)) throw InvalidInput("restart time must be >= 0");
+}
+
+PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
+  r.validate();
+  const ModelSpec& m = r.model;
+  auto bad = [](const std::string& msg) { throw InvalidInput(msg); };
+  if (std::int64_t(L.dp) * L.tp * L.pp * L.cp != r.gpus)
+    bad("dp·tp·pp·cp = " + std::to_string(std::int64_t(L.dp) * L.tp * L.pp * L.cp) +
+        " must equal --gpus = " + std::to_string(r.gpus));
+  if (L.tp > r.cluster.gpus_per_node)
+    bad("tp = " + std::to_string(L.tp) + ": must stay within a node (gpus per node = " +
+        std::to_string(r.cluster.gpus_per_node) + ")");
+  if (L.micro_batch < 1 || L.grad_accum < 1 ||
+      std::int64_t(L.dp) * L.micro_batch * L.grad_accum != r.global_batch)
+    bad("dp × micro-batch × accum = " +
+        std::to_string(std::int64_t(L.dp) * L.micro_batch * L.grad_accum) +
+        " must equal --global-batch = " + std::to_string(r.global_batch));
+  if (L.zero < 0 || L.zero > 3) bad("zero = " + std::to_string(L.zero) + ": allowed 0..3");
+  ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
+                  .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp, .interleave = L.interleave,
+                  .micro_batches = int(L.grad_accum)}
+      .validate(m);
+  if (L.interleave > 1 && L.grad_accum % L.pp != 0)
+    bad("interleave = " + std::to_string(L.interleave) + " needs accum (" +
+        std::to_string(L.grad_accum) + ") divisible by pp = " + std::to_string(L.pp));
+  const Prepared P = prepare(r);
+  return cost(P, L);
+}
+
+PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
+  r.validate();
+  const Prepared P = prepare(r);
+  const ModelSpec& m = r.model;
+  PlanResult res;
+  res.request = r;
+  auto& rej = res.rejected;
+  const int max_tp = space.max_tp > 0 ? space.max_tp : r.cluster.gpus_per_node;
+  const std::size_t top = std::size_t(std::max(space.top, 1));
+  std::uint64_t shape_ok = 0;
+
+  for (std::int64_t tp : divisors(r.gpus)) {
+    if (tp > max_tp) { ++rej.topology; continue; }
+    if (!tp_divides(m, int(tp))) { ++rej.tp_divisibility; continue; }
+    for (std::int64_t pp : divisors(r.gpus / tp)) {
+      if (space.max_pp > 0 && pp > space.max_pp) continue;
+      if (m.layers % pp != 0) { ++rej.pp_divisibility; continue; }
+      for (std::int64_t cp : divisors(r.gpus / tp / pp)) {
+        if (space.max_cp > 0 && cp > space.max_cp) continue;
+        if (r.seq % cp != 0) { ++rej.cp_divisibility; continue; }
+        const std::int64_t dp = r.gpus / tp / pp / cp;
+        if (r.global_batch % dp != 0) { ++rej.batch_divisibility; continue; }
+        const std::int64_t per_dp = r.global_batch / dp;
+        std::vector<std::int64_t> micro;
+        for (std::int64_t b : divisors(per_dp))
+          if (space.max_micro_batch == 0 || b <= space.max_micro_batch) micro.push_back(b);
+        std::vector<std::int64_t> chunks{1};
+        if (pp > 1)
+          for (std::int64_t v : divisors(m.layers / pp))
+            if (v > 1 && v <= space.max_interleave) chunks.push_back(v);
+        for (std::int64_t v : chunks)
+          for (bool sp : {false, true}) {
+            if (sp && (tp == 1 || !space.allow_sp)) continue;
+            for (int zero : space.zero_stages) {
+              if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
+              for (Recompute rc : space.recomputes) {
+                const double lower_bound_s = compute_seconds(P, rc);
+                for (Attention att : space.attentions) {
+                  if (space.prune && res.best.size() == top &&
+                      lower_bound_s > res.best.back().step_s) {
+                    res.pruned += micro.size();
+                    continue;
+                  }
+                  for (std::int64_t b : micro) {
+                    const std::int64_t accum = per_dp / b;
+                    if (v > 1 && accum % pp != 0) { ++rej.interleave; continue; }
+                    ++shape_ok;
+                    const Layout L{.dp = int(dp), .tp = int(tp), .pp = int(pp), .cp = int(cp),
+                                   .interleave = int(v), .sp = sp, .zero = zero,
+                                   .micro_batch = b, .grad_accum = accum, .recompute = rc,
+                                   .attention = att};
+                    const PlanEval e = cost(P, L);
+                    ++res.evaluated;
+                    if (!e.fits) {
+                      ++rej.memory;
+                      keep_top(res.near_misses, e, std::size_t(space.near_misses), closer_miss);
+                      if (space.prune) break;  // Note [planner pruning] cut 1
+                      continue;
+                    }
+                    keep_top(res.best, e, top, better);
+                  }
+                }
+              }
+            }
+          }
+      }
+    }
+  }
+  if (shape_ok == 0) {
+    const auto n = [](std::uint64_t v) { return std::to_string(v); };
+    throw InvalidInput(
+        "no layout of --gpus = " + std::to_string(r.gpus) + " passes the shape rules (rejected: " +
+        n(rej.topology) + " TP beyond a node of " + std::to_string(r.cluster.gpus_per_node) +
+        ", " + n(rej.tp_divisibility) + " TP not dividing heads " + std::to_string(m.heads) +
+        "/kv " + std::to_string(m.kv_heads) + "/ffn " + std::to_string(m.ffn) + ", " +
+        n(rej.pp_divisibility) + " PP not dividing layers " + std::to_string(m.layers) + ", " +
+        n(rej.cp_divisibility) + " CP not dividing --seq " + std::to_string(r.seq) + ", " +
+        n(rej.batch_divisibility) + " DP not dividing --global-batch " +
+        std::to_string(r.global_batch) + ")");
+  }
+
+  const StateItems pp = state_bytes_per_param(r.precision, r.optimizer);
+  const double ckpt = r.checkpoint_bytes.value_or((pp.params + pp.m + pp.v + pp.master) * P.n_state);
+  res.reliability = reliability(ReliabilitySetup{
+      .gpus = double(r.gpus), .failure_rate_per_hour = r.cluster.failure_rate_per_hour,
+      .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps,
+      .restart_hours = r.restart_hours, .run_hours = r.run_hours});
+  res.convention = std::string(to_string(r.precision)) + (r.precision == Precision::fp32 ? "" : " mixed") +
+                   " | " + std::string(to_string(r.optimizer)) + " | usable memory " +
+                   std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
+                   " % of capacity | activations: Korthikanti 2022 inventory" +
+                   (r.dropout ? " with dropout masks" : " without dropout") +
+                   " | time: hardware FLOPs at u = " + std::to_string(r.cluster.mfu).substr(0, 4) +
+                   " of peak, TP/CP/PP exposed, DP/ZeRO " +
+                   (r.overlap_dp ? "overlapped with backward" : "exposed (no overlap)");
+  return res;
+}
+
+std::string_view to_string(Alternative a) {
+  switch (a) {
+    case Alternative::double_micro_batch: return "double-micro-batch";
+    case Alternative::recompute_double_seq: return "recompute-double-seq";
+    case Alternative::double_gpus: return "double-gpus";
+  }
+  return "?";
+}
+
+std::optional<Alternative> parse_alternative(std::string_view s) {
+  for (Alternative a : {Alternative::double_micro_batch, Alternative::recompute_double_seq,
+                        Alternative::double_gpus})
+    if (to_string(a) == s) return a;
+  return std::nullopt;
+}
+
+double Comparison::comm_share() const {
+  if (!eval) return 0;
+  return (eval->tp_s + eval->cp_s + eval->pp_s + eval->dp_exposed_s) / eval->step_s;
+}
+double Comparison::bubble_share() const { return eval ? eval->bubble_s / eval->step_s : 0; }
+
+std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, const Layout& base,
+                                             const std::vector<Alternative>& alternatives) {
+  std::vector<Comparison> out;
+  auto add = [&](std::string name, std::string change, PlanRequest req, Layout l) {
+    Comparison c{.name = std::move(name), .change = std::move(change), .request = req, .layout = l};
+    try {
+      c.eval = evaluate_layout(req, l);
+    } catch (const InvalidInput& e) {
+      c.invalid_reason = e.what();
+    }
+    out.push_back(std::move(c));
+  };
+  add("base", base.describe(), base_request, base);
+  for (Alternative a : alternatives) {
+    PlanRequest req = base_request;
+    Layout l = base;
+    std::string change;
+    switch (a) {
+      case Alternative::double_micro_batch:
+        l.micro_batch *= 2;
+        l.grad_accum /= 2;
+        change = "micro-batch " + std::to_string(base.micro_batch) + " → " +
+                 std::to_string(l.micro_batch) + ", accumulation " +
+                 std::to_string(base.grad_accum) + " → " + std::to_string(l.grad_accum);
+        break;
+      case Alternative::recompute_double_seq:
+        l.recompute = Recompute::full;
+        req.seq *= 2;
+        change = "full recompute, sequence " + std::to_string(base_request.seq) + " → " +
+                 std::to_string(req.seq);
+        break;
+      case Alternative::double_gpus:
+        req.gpus *= 2;
+        l.dp *= 2;
+        if (l.grad_accum % 2 == 0)
+          l.grad_accum /= 2;
+        else
+          l.micro_batch /= 2;
+        change = "GPUs " + std::to_string(base_request.gpus) + " → " + std::to_string(req.gpus) +
+                 " (DP " + std::to_string(base.dp) + " → " + std::to_string(l.dp) +
+                 "), global batch held by accumulation " + std::to_string(base.grad_accum) +
+                 " → " + std::to_string(l.grad_accum);
+        break;
+    }
+    add(std::string(to_string(a)), change, req, l);
+  }
+  return out;
+}
+
+}  // namespace tally

@@ -1,0 +1,193 @@
+// The planner: the seed's four worked plans (方案 1–4) as tests, exactness of the pruning, and
+// bad input.
+#include "tally/core/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include "tally/core/presets.hpp"
+
+namespace tally {
+namespace {
+
+PlanRequest seed_request(int gpus = 8, std::int64_t seq = 2048, std::int64_t batch = 256) {
+  return PlanRequest{.model = *model_preset("seed-7b"), .cluster = *cluster_preset("a100-80g"),
+                     .gpus = gpus, .global_batch = batch, .seq = seq};
+}
+
+// Seed 方案 1: 7B on one node of 8 × 80 GB, B = 256, T = 2048 → no TP, no PP, DP 8 with ZeRO-1
+// or ZeRO-2; the state ledger is 26.25 GB/GPU for ZeRO-2 and 38.5 for ZeRO-1.
+TEST(Planner, SeedPlan1_DataParallelWithZero1Or2) {
+  const auto r = plan(seed_request());
+  ASSERT_TRUE(r.feasible());
+  const Layout& best = r.best.front().layout;
+  EXPECT_EQ(best.dp, 8);
+  EXPECT_EQ(best.tp, 1);
+  EXPECT_EQ(best.pp, 1);
+  EXPECT_EQ(best.cp, 1);
+  EXPECT_TRUE(best.zero == 1 || best.zero == 2) << best.describe();
+  auto state_gb = [&](int zero) {
+    return evaluate_layout(seed_request(), Layout{.dp = 8, .zero = zero, .micro_batch = 4,
+                                                  .grad_accum = 8})
+               .states.total() / kGB;
+  };
+  EXPECT_NEAR(state_gb(2), 26.25, 1e-9);
+  EXPECT_NEAR(state_gb(1), 38.5, 1e-9);
+}
+
+// The seed's exact choice (ZeRO-2, b = 4, K = 8, no recompute): under Korthikanti's convention its
+// activations are ≈37.8 GB (36.5 GB of layers + logits), not the seed's ≈9 GB (DESIGN.md erratum 3),
+// and the plan still fits 80 GiB with 20 % headroom (≈64 GB of 68.7 GB usable).
+TEST(Planner, SeedPlan1_ExactChoiceUnderTallysConvention) {
+  const auto e = evaluate_layout(seed_request(), Layout{.dp = 8, .zero = 2, .micro_batch = 4,
+                                                        .grad_accum = 8});
+  EXPECT_NEAR(e.activation_bytes / kGB, 37.8, 0.1);
+  EXPECT_GT(e.activation_bytes / kGB, 4 * 9.0);
+  EXPECT_TRUE(e.fits);
+  EXPECT_NEAR(e.total_bytes / kGB, 64.1, 0.1);
+  EXPECT_NEAR(e.usable_bytes / kGB, 0.8 * 80 * kGiB / kGB, 1e-9);
+}
+
+// Seed 方案 2: T from 4096 to 32768 with flash attention: every chosen plan fits, and as T grows
+// the plan adds sequence/context parallelism or recompute.
+TEST(Planner, SeedPlan2_LongSequencesAddSequenceSplitting) {
+  double last_tokens_per_gpu_split = 1;
+  for (std::int64_t T : {4096, 8192, 16384, 32768}) {
+    const auto r = plan(seed_request(8, T));
+    ASSERT_TRUE(r.feasible()) << "T = " << T;
+    const auto& e = r.best.front();
+    EXPECT_TRUE(e.fits);
+    EXPECT_LE(e.total_bytes, e.usable_bytes);
+    EXPECT_EQ(e.layout.attention, Attention::flash);
+    const Layout& l = e.layout;
+    const double split = double(l.cp) * (l.sp ? l.tp : 1) * (l.recompute == Recompute::none ? 1 : 2);
+    EXPECT_GE(split, last_tokens_per_gpu_split) << "T = " << T << ": " << l.describe();
+    last_tokens_per_gpu_split = split;
+  }
+  EXPECT_GT(last_tokens_per_gpu_split, 1);  // at T = 32768 something splits the sequence
+}
+
+// Seed 方案 4: 8192 GPUs, λ = 3e-6/h, 112 GB of state at 2 GB/s → MTBF ≈41 h, save ≈56 s,
+// interval ≈1.1 h (Young 1.13, Daly 1.11 — DESIGN.md erratum 1, not the seed's 24 h), overhead
+// ≈3 %, ≈18 failures in 30 days (17.7).
+TEST(Planner, SeedPlan4_ReliabilityAt8192Gpus) {
+  auto req = seed_request(8192, 2048, 8192);
+  req.checkpoint_bytes = 112e9;  // the seed counts 16N; tally's default excludes gradients (14N)
+  req.run_hours = 30 * 24;
+  const auto r = plan(req);
+  ASSERT_TRUE(r.feasible());
+  EXPECT_NEAR(r.reliability.mtbf_hours, 40.7, 0.1);
+  EXPECT_NEAR(r.reliability.save_seconds, 56, 1e-9);
+  EXPECT_NEAR(r.reliability.recommended_interval_hours, 1.11, 0.01);
+  EXPECT_NEAR(r.reliability.overhead_at_recommended, 0.031, 0.002);
+  EXPECT_NEAR(*r.reliability.expected_failures, 17.7, 0.1);
+  // Default checkpoint: params + m + v + master = 14N for mixed Adam.
+  req.checkpoint_bytes.reset();
+  EXPECT_NEAR(plan(req).reliability.save_seconds, 14 * 7e9 / 2e9, 1e-9);
+}
+
+// Note [planner pruning]: the pruned search returns exactly the exhaustive search's best list.
+TEST(Planner, PruningNeverDropsTheBest) {
+  struct Case { const char* model; const char* gpu; int gpus; std::int64_t batch, seq; };
+  for (const Case& c : {Case{"seed-7b", "a100-80g", 8, 256, 2048},
+                        Case{"seed-7b", "a100-40g", 16, 64, 8192},
+                        Case{"llama-3-8b", "h100-80g", 32, 128, 4096},
+                        Case{"mixtral-8x7b", "h100-80g", 64, 256, 4096},
+                        Case{"llama-2-70b", "a100-80g", 64, 128, 4096},
+                        Case{"gpt2-124m", "a100-40g", 4, 32, 1024}}) {
+    PlanRequest req{.model = *model_preset(c.model), .cluster = *cluster_preset(c.gpu),
+                    .gpus = c.gpus, .global_batch = c.batch, .seq = c.seq};
+    SearchSpace pruned{.top = 8}, full{.prune = false, .top = 8};
+    const auto a = plan(req, pruned), b = plan(req, full);
+    ASSERT_EQ(a.best.size(), b.best.size()) << c.model;
+    for (std::size_t i = 0; i < a.best.size(); ++i) {
+      EXPECT_EQ(a.best[i].layout.describe(), b.best[i].layout.describe()) << c.model << " #" << i;
+      EXPECT_EQ(a.best[i].step_s, b.best[i].step_s);
+    }
+    EXPECT_LE(a.evaluated, b.evaluated);
+  }
+}
+
+TEST(Planner, PlansAreSortedAndSane) {
+  const auto r = plan(PlanRequest{.model = *model_preset("llama-3-70b"),
+                                  .cluster = *cluster_preset("h100-80g"), .gpus = 64,
+                                  .global_batch = 512, .seq = 8192},
+                      SearchSpace{.top = 10});
+  ASSERT_TRUE(r.feasible());
+  for (std::size_t i = 0; i < r.best.size(); ++i) {
+    const auto& e = r.best[i];
+    if (i > 0) EXPECT_GE(e.step_s, r.best[i - 1].step_s);
+    EXPECT_TRUE(e.fits);
+    EXPECT_GT(e.efficiency, 0);
+    EXPECT_LE(e.efficiency, 1.0 + 1e-12);
+    EXPECT_LE(e.mfu, r.request.cluster.mfu + 1e-12);
+    EXPECT_GE(e.bubble_fraction, 0);
+    EXPECT_LT(e.bubble_fraction, 1);
+    EXPECT_EQ(e.layout.dp * e.layout.tp * e.layout.pp * e.layout.cp, 64);
+    EXPECT_EQ(e.layout.dp * e.layout.micro_batch * e.layout.grad_accum, 512);
+    EXPECT_LE(e.layout.tp, 8);  // TP stays within a node
+  }
+}
+
+// Infeasible is a result: a 70B model on one 80 GB GPU fits nowhere, and the closest layouts say
+// they hit the memory wall.
+TEST(Planner, NothingFitsIsAResultWithNearMisses) {
+  const auto r = plan(PlanRequest{.model = *model_preset("llama-2-70b"),
+                                  .cluster = *cluster_preset("a100-80g"), .gpus = 1,
+                                  .global_batch = 8, .seq = 4096});
+  EXPECT_FALSE(r.feasible());
+  ASSERT_FALSE(r.near_misses.empty());
+  for (const auto& e : r.near_misses) {
+    EXPECT_FALSE(e.fits);
+    EXPECT_EQ(e.wall, Wall::memory);
+    EXPECT_GT(e.total_bytes, e.usable_bytes);
+  }
+  EXPECT_GT(r.rejected.memory, 0u);
+}
+
+// Seed 方案 3 from the seed's plan 1 choice: A (double micro-batch) hits the memory wall; B (full
+// recompute + 2T) fits and costs compute; C (double GPUs across nodes) lowers E and raises the
+// communication share (the only option that brings in a new bottleneck, as the seed says).
+TEST(Planner, SeedPlan3_CompareThreeOptions) {
+  const Layout base{.dp = 8, .zero = 2, .micro_batch = 4, .grad_accum = 8};
+  const auto c = compare_alternatives(seed_request(), base,
+                                      {Alternative::double_micro_batch,
+                                       Alternative::recompute_double_seq, Alternative::double_gpus});
+  ASSERT_EQ(c.size(), 4u);
+  for (const auto& x : c) ASSERT_TRUE(x.eval.has_value()) << x.name << ": " << x.invalid_reason;
+  const auto &b = *c[0].eval, &A = *c[1].eval, &B = *c[2].eval, &C = *c[3].eval;
+  EXPECT_TRUE(b.fits);
+  EXPECT_FALSE(A.fits);
+  EXPECT_EQ(A.wall, Wall::memory);
+  EXPECT_NEAR(A.activation_bytes / b.activation_bytes, 2.0, 0.01);
+  EXPECT_TRUE(B.fits);
+  EXPECT_LT(B.activation_bytes, b.activation_bytes);
+  EXPECT_GT(B.step_s, 2 * b.step_s);  // twice the tokens plus the recomputed forward
+  EXPECT_EQ(B.wall, Wall::compute);
+  EXPECT_EQ(c[3].request.gpus, 16);
+  EXPECT_LT(C.efficiency, b.efficiency);
+  EXPECT_GT(c[3].comm_share(), c[0].comm_share());
+  EXPECT_LT(C.step_s, b.step_s);
+}
+
+TEST(Planner, BadInputIsRejected) {
+  auto req = seed_request();
+  req.gpus = 0;
+  EXPECT_THROW(plan(req), InvalidInput);
+  req = seed_request();
+  req.global_batch = 0;
+  EXPECT_THROW(plan(req), InvalidInput);
+  // 7 GPUs: 7 divides neither 32 heads, 32 layers, T = 2048 nor B = 256 — no layout exists.
+  EXPECT_THROW(plan(seed_request(7)), InvalidInput);
+  req = seed_request();
+  req.model = model_from_params(7e9);
+  EXPECT_THROW(plan(req), InvalidInput);
+  // A given layout that breaks a rule is rejected with the rule named.
+  EXPECT_THROW(evaluate_layout(seed_request(), Layout{.dp = 4, .micro_batch = 4, .grad_accum = 8}),
+               InvalidInput);
+  EXPECT_THROW(evaluate_layout(seed_request(16), Layout{.dp = 1, .tp = 16, .micro_batch = 1,
+                                                        .grad_accum = 256}),
+               InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally
