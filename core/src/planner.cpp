@@ -234,6 +234,8 @@ void PlanRequest::validate() const {
   if (!(headroom >= 0 && headroom < 1))
     throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");
   if (!(restart_hours >= 0)) throw InvalidInput("restart time must be >= 0");
+  if (run_hours && !(*run_hours > 0)) throw InvalidInput("--days must be > 0");
+  if (run_tokens && !(*run_tokens > 0)) throw InvalidInput("--tokens must be > 0");
 }
 
 PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
@@ -346,10 +348,13 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
 
   const StateItems pp = state_bytes_per_param(r.precision, r.optimizer);
   const double ckpt = r.checkpoint_bytes.value_or((pp.params + pp.m + pp.v + pp.master) * P.n_state);
+  std::optional<double> run_hours = r.run_hours;
+  if (!run_hours && r.run_tokens && !res.best.empty())
+    run_hours = *r.run_tokens / res.best.front().tokens_per_s / 3600.0;
   res.reliability = reliability(ReliabilitySetup{
       .gpus = double(r.gpus), .failure_rate_per_hour = r.cluster.failure_rate_per_hour,
       .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps,
-      .restart_hours = r.restart_hours, .run_hours = r.run_hours});
+      .restart_hours = r.restart_hours, .run_hours = run_hours});
   res.convention = std::string(to_string(r.precision)) + (r.precision == Precision::fp32 ? "" : " mixed") +
                    " | " + std::string(to_string(r.optimizer)) + " | usable memory " +
                    std::to_string(int(std::lround(100 * (1 - r.headroom)))) +

@@ -169,6 +169,38 @@ TEST(Planner, SeedPlan3_CompareThreeOptions) {
   EXPECT_LT(C.step_s, b.step_s);
 }
 
+// Reasons: the seed's plan 1 says why TP, PP and a lower ZeRO stage are not used.
+TEST(Planner, ReasonsFlipOneDimension) {
+  const auto r = plan(seed_request());
+  const auto reasons = explain_plan(r.request, r.best.front());
+  bool saw_tp = false, saw_zero = false;
+  for (const auto& x : reasons) {
+    if (x.dimension == "TP") {
+      saw_tp = true;
+      EXPECT_FALSE(x.used);
+      ASSERT_TRUE(x.eval.has_value()) << x.invalid_reason;
+      EXPECT_EQ(x.eval->layout.tp, 2);
+      EXPECT_GE(x.eval->step_s, r.best.front().step_s);  // the chosen plan is at least as fast
+    }
+    if (x.dimension == "ZeRO") {
+      saw_zero = true;
+      EXPECT_TRUE(x.used);
+      ASSERT_TRUE(x.eval.has_value());
+      if (r.best.front().layout.zero == 1) EXPECT_FALSE(x.eval->fits);  // ZeRO-0: 112 GB of states
+    }
+  }
+  EXPECT_TRUE(saw_tp && saw_zero);
+}
+
+TEST(Planner, TokenBudgetGivesRunLength) {
+  auto req = seed_request();
+  req.run_tokens = 1e12;
+  const auto r = plan(req);
+  ASSERT_TRUE(r.reliability.expected_failures.has_value());
+  const double hours = 1e12 / r.best.front().tokens_per_s / 3600;
+  EXPECT_NEAR(*r.reliability.expected_failures, hours / r.reliability.mtbf_hours, 1e-9);
+}
+
 TEST(Planner, BadInputIsRejected) {
   auto req = seed_request();
   req.gpus = 0;

@@ -50,7 +50,8 @@ struct PlanRequest {
   bool overlap_dp = false;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
-  std::optional<double> run_hours;       // for expected failures (--days / --tokens)
+  std::optional<double> run_hours;       // for expected failures (--days)
+  std::optional<double> run_tokens;      // or a token budget, run at the best plan's tokens/s
   std::optional<double> checkpoint_bytes;  // default: params + m + v + master (no gradients)
   void validate() const;                 // throws InvalidInput naming the field
 };
@@ -134,6 +135,17 @@ PlanResult plan(const PlanRequest& request, const SearchSpace& space = {});
 
 // Costs one given layout (checks its divisibility and topology; throws InvalidInput if broken).
 PlanEval evaluate_layout(const PlanRequest& request, const Layout& layout);
+
+// Why each dimension of a plan is or is not used: the plan with that one dimension changed,
+// costed with the same ledgers (e.g. "ZeRO-0 instead: needs 121.4 GB of 68.7 GB usable").
+struct Reason {
+  std::string dimension;         // "TP", "PP", "CP", "SP", "ZeRO", "recompute", "micro-batch"
+  bool used = false;
+  std::string variant;           // the changed layout, described
+  std::optional<PlanEval> eval;  // empty when the variant breaks a shape rule
+  std::string invalid_reason;
+};
+std::vector<Reason> explain_plan(const PlanRequest& request, const PlanEval& chosen);
 
 // `tally compare`: the seed's decision (方案 3) made computable. Each alternative changes one thing
 // of a base plan while holding the global batch, and is costed with the same ledgers.

@@ -1,0 +1,87 @@
+// Reasons for a plan (the seed's 理由): each dimension flipped once, costed with the same ledgers.
+#include <string>
+
+#include "tally/core/planner.hpp"
+
+namespace tally {
+
+namespace {
+
+// Moves a factor of 2 between DP and another dimension, holding the global batch with the
+// accumulation count. Returns false when the move is impossible (odd counts).
+bool move_from_dp(Layout& l, int& dim, bool grow) {
+  if (grow) {
+    if (l.dp % 2 != 0) return false;
+    l.dp /= 2;
+    dim *= 2;
+    l.grad_accum *= 2;
+  } else {
+    if (dim % 2 != 0 || l.grad_accum % 2 != 0) return false;
+    dim /= 2;
+    l.dp *= 2;
+    l.grad_accum /= 2;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<Reason> explain_plan(const PlanRequest& r, const PlanEval& chosen) {
+  const Layout& c = chosen.layout;
+  std::vector<Reason> out;
+  auto add = [&](const char* dim, bool used, const Layout& v, bool possible, PlanRequest req) {
+    Reason reason{.dimension = dim, .used = used, .variant = v.describe()};
+    if (!possible) {
+      reason.invalid_reason = "no such layout (an odd count cannot be halved or doubled)";
+    } else {
+      try {
+        reason.eval = evaluate_layout(req, v);
+      } catch (const InvalidInput& e) {
+        reason.invalid_reason = e.what();
+      }
+    }
+    out.push_back(std::move(reason));
+  };
+  {
+    Layout v = c;
+    const bool ok = move_from_dp(v, v.tp, c.tp == 1);
+    if (v.tp == 1) v.sp = false;
+    add("TP", c.tp > 1, v, ok, r);
+  }
+  {
+    Layout v = c;
+    const bool ok = move_from_dp(v, v.pp, c.pp == 1);
+    if (v.pp == 1) v.interleave = 1;
+    add("PP", c.pp > 1, v, ok, r);
+  }
+  {
+    Layout v = c;
+    const bool ok = move_from_dp(v, v.cp, c.cp == 1);
+    add("CP", c.cp > 1, v, ok, r);
+  }
+  if (c.tp > 1) {
+    Layout v = c;
+    v.sp = !c.sp;
+    add("SP", c.sp, v, true, r);
+  }
+  {
+    Layout v = c;
+    v.zero = c.zero > 0 ? c.zero - 1 : 1;
+    add("ZeRO", c.zero > 0, v, c.dp * c.cp > 1, r);
+  }
+  {
+    Layout v = c;
+    v.recompute = c.recompute == Recompute::none ? Recompute::selective : Recompute::none;
+    add("recompute", c.recompute != Recompute::none, v, true, r);
+  }
+  {
+    Layout v = c;
+    const bool ok = c.grad_accum % 2 == 0;
+    v.micro_batch *= 2;
+    v.grad_accum /= 2;
+    add("micro-batch", c.micro_batch > 1, v, ok, r);
+  }
+  return out;
+}
+
+}  // namespace tally
