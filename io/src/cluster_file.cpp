@@ -1,0 +1,135 @@
+#include "tally/io/cluster_file.hpp"
+
+#include <optional>
+#include <string>
+
+#include "json_reader.hpp"
+#include "tally/core/presets.hpp"
+#include "tally/core/types.hpp"
+#include "tally/io/files.hpp"
+
+namespace tally::io {
+
+namespace {
+
+using detail::ObjectReader;
+using detail::Range;
+
+// Units of the file's fields (names carry them; see the header).
+constexpr double kGiBBytes = 1073741824.0;  // memory_gib
+constexpr double kGBBytes = 1e9;            // memory_gb, *_gbps (GB/s, bytes!)
+constexpr double kTflops = 1e12;            // *_tflops
+constexpr double kUs = 1e-6;                // *_us
+
+// Bounds that reject typos and unit mix-ups while admitting any real or near-future system.
+constexpr Range kMemoryGib{0, 65536, true};       // up to 64 TiB per GPU
+constexpr Range kMemoryGb{0, 70368.744177664, true};  // the same in GB
+constexpr Range kPositiveTflops{0, 1e6, true};    // up to 1 EFLOP/s per GPU
+constexpr Range kTflops0{0, 1e6};
+constexpr Range kBandwidthGbps{0, 1e5, true};     // up to 100 TB/s
+constexpr Range kLatencyUs{0, 1e6};               // up to 1 s
+constexpr Range kFailureRate{0, 1};               // per GPU-hour
+constexpr Range kCheckpointGbps{0, 1e6, true};
+constexpr Range kMfu{0, 1, true};
+constexpr std::int64_t kMaxGpusPerNode = 1024;
+constexpr std::size_t kMaxNameChars = 64;
+
+const char* const kNoPresetHint = "required when no \"preset\" is given";
+
+// A field that is required without a preset and optional (keeps the preset's value) with one.
+std::optional<double> get(const ObjectReader& r, std::string_view key, Range range, bool required) {
+  if (required && !r.has(key))
+    detail::fail_missing(r.source(), r.field(key),
+                         std::string(kNoPresetHint) + ", a number in " + range.str());
+  return r.opt_number(key, range);
+}
+
+void read_gpu(const ObjectReader& g, bool required, GpuSpec& gpu) {
+  g.allow_only({"name", "memory_gib", "memory_gb", "peak_bf16_tflops", "peak_tf32_tflops",
+                "peak_fp32_tflops", "peak_fp8_tflops"});
+  if (const auto name = g.opt_string("name", kMaxNameChars)) gpu.name = *name;
+  if (g.has("memory_gib") && g.has("memory_gb"))
+    detail::fail(g.source(), g.field("memory_gb"), detail::show(*g.find("memory_gb")),
+                 "give either memory_gib or memory_gb, not both");
+  if (g.has("memory_gb")) {
+    gpu.memory_bytes = g.number("memory_gb", kMemoryGb) * kGBBytes;
+  } else if (const auto gib = get(g, "memory_gib", kMemoryGib, required)) {
+    gpu.memory_bytes = *gib * kGiBBytes;
+  }
+  if (const auto v = get(g, "peak_bf16_tflops", kPositiveTflops, required))
+    gpu.peak_bf16_flops = *v * kTflops;
+  if (const auto v = get(g, "peak_tf32_tflops", kPositiveTflops, required))
+    gpu.peak_tf32_flops = *v * kTflops;
+  if (const auto v = g.opt_number("peak_fp32_tflops", kTflops0)) gpu.peak_fp32_flops = *v * kTflops;
+  if (const auto v = g.opt_number("peak_fp8_tflops", kTflops0)) gpu.peak_fp8_flops = *v * kTflops;
+}
+
+void read_link(const ObjectReader& r, std::string_view key, bool required, LinkSpec& link) {
+  const auto obj = r.opt_object(key);
+  if (!obj) {
+    if (required)
+      detail::fail_missing(r.source(), key,
+                           std::string(kNoPresetHint) + ", {\"bandwidth_gbps\": GB/s, "
+                           "\"latency_us\": microseconds}");
+    return;
+  }
+  obj->allow_only({"bandwidth_gbps", "latency_us"});
+  if (const auto v = get(*obj, "bandwidth_gbps", kBandwidthGbps, required))
+    link.bandwidth_bps = *v * kGBBytes;
+  if (const auto v = get(*obj, "latency_us", kLatencyUs, required)) link.latency_s = *v * kUs;
+}
+
+ClusterSpec parse(std::string_view text, std::string_view source) {
+  const detail::json root = detail::parse_object(text, source);
+  const ObjectReader r(root, source);
+  r.allow_only({"preset", "comment", "gpu", "gpus_per_node", "intra_node", "inter_node",
+                "failure_rate_per_gpu_hour", "checkpoint_write_gbps", "mfu"});
+  (void)r.opt_string("comment", 4096);  // free text for humans; checked only for type
+
+  ClusterSpec c;
+  c.gpu.name = "custom";
+  const auto preset = r.opt_string("preset", kMaxNameChars);
+  if (preset) {
+    const auto base = cluster_preset(*preset);
+    if (!base) {
+      std::string list;
+      for (const auto& n : cluster_preset_names()) list += (list.empty() ? "" : ", ") + n;
+      detail::fail(source, "preset", detail::show(detail::json(*preset)), "one of " + list);
+    }
+    c = *base;
+  }
+  const bool required = !preset;
+
+  const auto gpu = r.opt_object("gpu");
+  if (gpu)
+    read_gpu(*gpu, required, c.gpu);
+  else if (required)
+    detail::fail_missing(source, "gpu", std::string(kNoPresetHint) + ", an object {...}");
+  if (const auto n = r.opt_integer("gpus_per_node", 1, kMaxGpusPerNode)) c.gpus_per_node = int(*n);
+  read_link(r, "intra_node", required, c.intra_node);
+  read_link(r, "inter_node", required, c.inter_node);
+  if (const auto v = r.opt_number("failure_rate_per_gpu_hour", kFailureRate))
+    c.failure_rate_per_hour = *v;
+  if (const auto v = r.opt_number("checkpoint_write_gbps", kCheckpointGbps))
+    c.checkpoint_write_bps = *v * kGBBytes;
+  if (const auto v = r.opt_number("mfu", kMfu)) c.mfu = *v;
+
+  try {
+    c.validate();
+  } catch (const InvalidInput& e) {
+    detail::rethrow_with_source(source, e);
+  }
+  return c;
+}
+
+}  // namespace
+
+ClusterSpec parse_cluster(std::string_view json_text, std::string_view source_name) {
+  return detail::guarded(source_name, [&] { return parse(json_text, source_name); });
+}
+
+ClusterSpec load_cluster(const std::filesystem::path& path) {
+  return parse_cluster(read_text_file(path), path.string());
+}
+
+}  // namespace tally::io

@@ -1,1 +1,0 @@
-namespace tally::io { int io_layer_linked() { return 1; } }

@@ -1,0 +1,171 @@
+// Calibration JSON: exact round trip, application over a cluster, and hostile input.
+#include "tally/io/calibration.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "io_test_util.hpp"
+#include "tally/core/presets.hpp"
+
+namespace tally::io {
+namespace {
+
+using test::data_path;
+using test::expect_invalid;
+using test::fixture;
+using test::replaced;
+
+const char* const kSrc = "test/calibration.json";
+Calibration parse(const std::string& text) { return parse_calibration(text, kSrc); }
+
+Calibration sample() {
+  Calibration c;
+  c.source = "tally bench allreduce, 2 nodes x 8 ranks, gloo";
+  c.intra_node = LinkSpec{.bandwidth_bps = 2.345678901234e11, .latency_s = 3.1e-6};
+  c.inter_node = LinkSpec{.bandwidth_bps = 4.8e10, .latency_s = 1.0 / 3.0 * 1e-5};
+  c.mfu = 0.4321;
+  c.points = {{"allreduce", 16, 1048576, 0.000123456789, 7.61e9},
+              {"reduce_scatter", 8, 0, 0, 0},
+              {"all_gather", 1, 1e12, 12.5, 1.0 / 7.0 * 1e10}};
+  return c;
+}
+
+void expect_equal(const Calibration& a, const Calibration& b) {
+  EXPECT_EQ(a.source, b.source);
+  ASSERT_EQ(a.intra_node.has_value(), b.intra_node.has_value());
+  if (a.intra_node) {
+    EXPECT_EQ(a.intra_node->bandwidth_bps, b.intra_node->bandwidth_bps);  // exact: shortest
+    EXPECT_EQ(a.intra_node->latency_s, b.intra_node->latency_s);          // round-trip digits
+  }
+  ASSERT_EQ(a.inter_node.has_value(), b.inter_node.has_value());
+  if (a.inter_node) {
+    EXPECT_EQ(a.inter_node->bandwidth_bps, b.inter_node->bandwidth_bps);
+    EXPECT_EQ(a.inter_node->latency_s, b.inter_node->latency_s);
+  }
+  EXPECT_EQ(a.mfu, b.mfu);
+  ASSERT_EQ(a.points.size(), b.points.size());
+  for (std::size_t i = 0; i < a.points.size(); ++i) {
+    EXPECT_EQ(a.points[i].collective, b.points[i].collective);
+    EXPECT_EQ(a.points[i].ranks, b.points[i].ranks);
+    EXPECT_EQ(a.points[i].size_bytes, b.points[i].size_bytes);
+    EXPECT_EQ(a.points[i].seconds_median, b.points[i].seconds_median);
+    EXPECT_EQ(a.points[i].busbw_bps, b.points[i].busbw_bps);
+  }
+}
+
+TEST(Calibration, RoundTripIsExact) {
+  const Calibration c = sample();
+  const std::string text = calibration_to_json(c);
+  expect_equal(parse(text), c);
+  EXPECT_EQ(calibration_to_json(parse(text)), text);  // and stable
+  for (const char* key : {"\"alpha_s\"", "\"beta_bytes_per_s\"", "\"busbw_bytes_per_s\"",
+                          "\"seconds_median\"", "\"size_bytes\"", "\"tally-calibration\""})
+    EXPECT_NE(text.find(key), std::string::npos) << key;
+}
+
+TEST(Calibration, RoundTripEmpty) {
+  Calibration c;
+  c.source = "nothing measured";
+  expect_equal(parse(calibration_to_json(c)), c);
+}
+
+TEST(Calibration, RoundTripThroughFile) {
+  const auto path = test::temp_file("calibration_round_trip.json", calibration_to_json(sample()));
+  expect_equal(load_calibration(path), sample());
+}
+
+TEST(Calibration, FixtureLoads) {
+  const Calibration c = load_calibration(data_path("calibration.json"));
+  ASSERT_TRUE(c.intra_node.has_value());
+  EXPECT_EQ(c.intra_node->latency_s, 2.5e-5);
+  EXPECT_EQ(c.intra_node->bandwidth_bps, 3.2e9);
+  EXPECT_FALSE(c.inter_node.has_value());
+  EXPECT_EQ(c.mfu, 0.42);
+  ASSERT_EQ(c.points.size(), 2u);
+  EXPECT_EQ(c.points[1].size_bytes, 67108864.0);
+}
+
+TEST(Calibration, SourceDefaultsToFileName) {
+  EXPECT_EQ(parse("{}").source, kSrc);
+}
+
+TEST(Calibration, ApplyOverridesOnlyWhatWasMeasured) {
+  const ClusterSpec base = *cluster_preset("a100-80g");
+  const ClusterSpec c = apply_calibration(base, load_calibration(data_path("calibration.json")));
+  EXPECT_EQ(c.intra_node.bandwidth_bps, 3.2e9);
+  EXPECT_EQ(c.intra_node.latency_s, 2.5e-5);
+  EXPECT_EQ(c.inter_node.bandwidth_bps, base.inter_node.bandwidth_bps);
+  EXPECT_EQ(c.inter_node.latency_s, base.inter_node.latency_s);
+  EXPECT_EQ(c.mfu, 0.42);
+  EXPECT_EQ(c.gpu.memory_bytes, base.gpu.memory_bytes);
+}
+
+TEST(Calibration, ApplyRejectsInvalidResult) {
+  Calibration c;
+  c.source = "hand-made";
+  c.mfu = 2.0;  // never produced by the reader, but a caller could build it
+  expect_invalid([&] { apply_calibration(*cluster_preset("a100-80g"), c); }, {"hand-made", "mfu"});
+}
+
+// ---- hostile input ----------------------------------------------------------------------------------
+
+TEST(CalibrationBad, WriterRefusesWhatCannotBeRead) {
+  Calibration c = sample();
+  c.points[0].seconds_median = std::numeric_limits<double>::quiet_NaN();
+  expect_invalid([&] { calibration_to_json(c); }, {"calibration_to_json", "points[0].seconds_median = nan", "finite"});
+  c = sample();
+  c.intra_node->bandwidth_bps = 0;
+  expect_invalid([&] { calibration_to_json(c); }, {"intra_node.beta_bytes_per_s = 0"});
+  c = sample();
+  c.points[2].collective = "All Reduce";
+  expect_invalid([&] { calibration_to_json(c); }, {"points[2].collective"});
+}
+
+TEST(CalibrationBad, FormatAndVersion) {
+  const auto text = fixture("calibration.json");
+  expect_invalid([&] { parse(replaced(text, "\"tally-calibration\"", "\"nccl-tests\"")); },
+                 {kSrc, "format = \"nccl-tests\"", "tally-calibration"});
+  expect_invalid([&] { parse(replaced(text, "\"version\": 1", "\"version\": 2")); },
+                 {kSrc, "version = 2", "[1, 1]"});
+}
+
+TEST(CalibrationBad, UnknownKeys) {
+  const auto text = fixture("calibration.json");
+  expect_invalid([&] { parse(replaced(text, "\"mfu\"", "\"mfu_\"")); }, {kSrc, "unknown key \"mfu_\""});
+  expect_invalid([&] { parse(replaced(text, "\"alpha_s\"", "\"alpha_us\"")); },
+                 {kSrc, "unknown key \"alpha_us\" in intra_node"});
+  expect_invalid([&] { parse(replaced(text, "\"busbw_bytes_per_s\"", "\"busbw_gbps\"")); },
+                 {kSrc, "unknown key \"busbw_gbps\" in points[0]"});
+}
+
+TEST(CalibrationBad, WrongTypesAndRanges) {
+  const auto text = fixture("calibration.json");
+  expect_invalid([&] { parse(replaced(text, "\"ranks\": 4", "\"ranks\": \"4\"")); },
+                 {kSrc, "points[0].ranks = \"4\"", "a string"});
+  expect_invalid([&] { parse(replaced(text, "\"ranks\": 4", "\"ranks\": 0")); },
+                 {kSrc, "points[0].ranks = 0", "[1, 1048576]"});
+  expect_invalid([&] { parse(replaced(text, "\"seconds_median\": 0.00055", "\"seconds_median\": -1")); },
+                 {kSrc, "points[0].seconds_median = -1", "[0, 1000000]"});
+  expect_invalid([&] { parse(replaced(text, "\"beta_bytes_per_s\": 3.2e+09", "\"beta_bytes_per_s\": 0")); },
+                 {kSrc, "intra_node.beta_bytes_per_s = 0", "(0, "});
+  expect_invalid([&] { parse(replaced(text, "\"alpha_s\": 2.5e-05", "\"alpha_s\": true")); },
+                 {kSrc, "intra_node.alpha_s = true", "a boolean"});
+  expect_invalid([&] { parse(replaced(text, "\"collective\": \"allreduce\"", "\"collective\": 7")); },
+                 {kSrc, "points[0].collective = 7"});
+  expect_invalid([&] { parse(R"({"points": {"collective": "allreduce"}})"); },
+                 {kSrc, "points", "array"});
+  expect_invalid([&] { parse(R"({"points": [42]})"); }, {kSrc, "points[0] = 42", "object"});
+  expect_invalid([&] { parse(R"({"intra_node": {"alpha_s": 1e-6}})"); },
+                 {kSrc, "intra_node.beta_bytes_per_s missing"});
+}
+
+TEST(CalibrationBad, NotJsonNotObject) {
+  expect_invalid([] { parse("{\"points\": [}"); }, {kSrc, "not valid JSON"});
+  expect_invalid([] { parse("\"calibration\""); }, {kSrc, "must be a JSON object"});
+}
+
+}  // namespace
+}  // namespace tally::io
