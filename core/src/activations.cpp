@@ -20,27 +20,27 @@ void ActivationSetup::validate(const ModelSpec& m) const {
     throw InvalidInput("activations need an architecture: give --model PRESET|config.json, not "
                        "only --params");
   m.validate();
-  require_positive(seq, "seq", "must be >= 1 token");
-  require_positive(micro_batch, "micro-batch", "must be >= 1");
-  require_positive(tp, "tp", "must be >= 1");
-  require_positive(cp, "cp", "must be >= 1");
-  require_positive(pp, "pp", "must be >= 1");
-  require_positive(interleave, "interleave", "must be >= 1");
-  require_positive(micro_batches, "micro-batches", "must be >= 1");
+  require_positive(seq, "--seq", "must be >= 1 token");
+  require_positive(micro_batch, "--micro-batch", "must be >= 1");
+  require_positive(tp, "--tp", "must be >= 1");
+  require_positive(cp, "--cp", "must be >= 1");
+  require_positive(pp, "--pp", "must be >= 1");
+  require_positive(interleave, "--interleave", "must be >= 1");
+  require_positive(micro_batches, "--micro-batches", "must be >= 1");
   if (m.heads % tp != 0)
-    throw InvalidInput("tp = " + i2s(tp) + ": must divide num_attention_heads = " + i2s(m.heads));
+    throw InvalidInput("--tp = " + i2s(tp) + ": must divide num_attention_heads = " + i2s(m.heads));
   if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0)
-    throw InvalidInput("tp = " + i2s(tp) + ": must divide (or be a multiple of) " +
+    throw InvalidInput("--tp = " + i2s(tp) + ": must divide (or be a multiple of) " +
                        "num_key_value_heads = " + i2s(m.kv_heads));
   if (m.ffn % tp != 0)
-    throw InvalidInput("tp = " + i2s(tp) + ": must divide intermediate_size = " + i2s(m.ffn));
+    throw InvalidInput("--tp = " + i2s(tp) + ": must divide intermediate_size = " + i2s(m.ffn));
   if (seq % cp != 0)
-    throw InvalidInput("cp = " + i2s(cp) + ": must divide seq = " + i2s(seq));
+    throw InvalidInput("--cp = " + i2s(cp) + ": must divide seq = " + i2s(seq));
   if (m.layers % (std::int64_t(pp) * interleave) != 0)
-    throw InvalidInput("pp = " + i2s(pp) + " × interleave = " + i2s(interleave) +
+    throw InvalidInput("--pp = " + i2s(pp) + " × interleave = " + i2s(interleave) +
                        ": must divide num_hidden_layers = " + i2s(m.layers));
   if (sequence_parallel && tp == 1)
-    throw InvalidInput("sp: sequence parallelism needs tp > 1");
+    throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
 }
 

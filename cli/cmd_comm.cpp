@@ -1,0 +1,174 @@
+// `tally comm`: one collective under the α–β model, or the per-step traffic ledger of a layout.
+#include <fmt/core.h>
+
+#include <memory>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "tally/core/comm.hpp"
+#include "tally/core/model.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct CommOptions {
+  OutputOptions out;
+  ModelOptions model;
+  ClusterOptions cluster;
+  std::string collective;
+  double size_gb = 0, bandwidth_gbps = 0, latency_us = 0;
+  int ranks = 0;
+  int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
+  bool sp = false;
+  std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
+  std::string precision = "bf16", recompute = "none";
+};
+
+void run_collective(const CommOptions& o) {
+  if (o.size_gb <= 0 || o.ranks < 1)
+    throw InvalidInput("--collective needs --size-gb > 0 and --ranks >= 1");
+  LinkSpec link;
+  if (o.bandwidth_gbps > 0) {
+    link = LinkSpec{.bandwidth_bps = o.bandwidth_gbps * kGB, .latency_s = o.latency_us * 1e-6};
+  } else {
+    const ClusterSpec c = resolve_cluster(o.cluster);
+    link = link_for_group(c, o.ranks, 1);
+  }
+  const Collective kind = *parse_collective(o.collective);
+  const CollectiveCost r = collective_cost(kind, o.size_gb * kGB, o.ranks, link);
+  if (o.out.json) {
+    print_json({{"command", "comm"},
+                {"convention", r.convention()},
+                {"collective", std::string(to_string(kind))},
+                {"size_bytes", r.size_bytes},
+                {"ranks", r.ranks},
+                {"bandwidth_bytes_per_s", link.bandwidth_bps},
+                {"latency_s", link.latency_s},
+                {"bytes_per_rank", r.bytes_per_rank},
+                {"bytes_per_rank_gb", in_gb(r.bytes_per_rank)},
+                {"steps", r.steps},
+                {"seconds", r.seconds},
+                {"algbw_bytes_per_s", r.algbw_bps()},
+                {"busbw_bytes_per_s", r.busbw_bps()}});
+    return;
+  }
+  const SizeUnit u = o.out.size_unit();
+  fmt::print("tally comm  [{}]\n", r.convention());
+  fmt::print("  S = {} over k = {} ranks at {:g} GB/s, α = {:g} µs\n", size_str(r.size_bytes, u),
+             r.ranks, link.bandwidth_bps / kGB, link.latency_s * 1e6);
+  fmt::print("  bytes per rank {:>14}\n", size_str(r.bytes_per_rank, u, 3));
+  fmt::print("  time           {:>12.4f} s   ({} steps × α + bytes/β)\n", r.seconds, r.steps);
+  fmt::print("  algbw / busbw  {:>9.2f} / {:.2f} GB/s\n", r.algbw_bps() / kGB, r.busbw_bps() / kGB);
+}
+
+void run_step(const CommOptions& o) {
+  const ModelSpec m = *resolve_model(o.model);
+  if (m.params_only && (o.tp > 1 || o.pp > 1 || o.cp > 1))
+    throw InvalidInput("--tp/--pp/--cp traffic needs an architecture: give --model, not --params");
+  const ClusterSpec c = resolve_cluster(o.cluster);
+  const double elem = dtype_bytes(precision_from(o.precision));
+  const StepTrafficSetup setup{
+      .params = state_params(m), .param_bytes = elem, .grad_bytes = elem, .act_bytes = elem,
+      .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
+      .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
+      .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
+      .kv_hidden = m.kv_heads * m.head_dim()};
+  const StepTraffic t = step_traffic(setup);
+  const SizeUnit u = o.out.size_unit();
+  nlohmann::json items = nlohmann::json::array();
+  double total_s = 0;
+  struct Row { TrafficItem item; LinkSpec link; double seconds; };
+  std::vector<Row> rows;
+  for (const auto& it : t.items()) {
+    const LinkSpec link = link_for_group(c, it.group, it.stride);
+    const double s = it.calls > 0 ? traffic_seconds(it, link) : 0.0;
+    total_s += s;
+    rows.push_back({it, link, s});
+  }
+  if (o.out.json) {
+    for (const auto& r : rows)
+      items.push_back({{"kind", std::string(to_string(r.item.kind))},
+                       {"collective", std::string(to_string(r.item.collective))},
+                       {"group", r.item.group},
+                       {"calls", r.item.calls},
+                       {"bytes_per_call", r.item.bytes_per_call},
+                       {"bytes_per_rank", r.item.bytes_per_rank},
+                       {"gb_per_rank", in_gb(r.item.bytes_per_rank)},
+                       {"link_bandwidth_bytes_per_s", r.link.bandwidth_bps},
+                       {"seconds", r.seconds},
+                       {"formula", r.item.formula}});
+    print_json({{"command", "comm"},
+                {"model", m.name},
+                {"convention", t.convention()},
+                {"items", items},
+                {"bytes_per_rank", t.total_bytes()},
+                {"dp_total_bytes", t.dp_total_bytes()},
+                {"seed_reduce_scatter_only_bytes", t.reduce_scatter_only_bytes},
+                {"seconds_unoverlapped", total_s}});
+    return;
+  }
+  fmt::print("tally comm — {} per optimizer step  [{}]\n", m.name, t.convention());
+  fmt::print("  {:<18} {:<15} {:>5} {:>9} {:>14} {:>10} {:>10}\n", "item", "collective", "k",
+             "calls", "bytes/rank", "link GB/s", "time s");
+  for (const auto& r : rows) {
+    if (r.item.calls == 0) continue;
+    fmt::print("  {:<18} {:<15} {:>5} {:>9g} {:>14} {:>10g} {:>10.4f}\n", to_string(r.item.kind),
+               to_string(r.item.collective), r.item.group, r.item.calls,
+               size_str(r.item.bytes_per_rank, u, 3), r.link.bandwidth_bps / kGB, r.seconds);
+    fmt::print("  {:<18} {}\n", "", r.item.formula);
+  }
+  fmt::print("  {:<18} {:>46} {:>21.4f}\n", "total", size_str(t.total_bytes(), u, 3), total_s);
+  if (o.zero >= 1 && o.dp > 1)
+    fmt::print("  note: the seed's \"ZeRO-2 halves communication\" counts only the gradient "
+               "reduce-scatter ({}); the parameter all-gather after the sharded update brings "
+               "ZeRO-1/2 back to ≈2S (DESIGN.md erratum 4).\n",
+               size_str(t.reduce_scatter_only_bytes, u, 3));
+}
+
+}  // namespace
+
+void register_comm(CLI::App& app) {
+  auto o = std::make_shared<CommOptions>();
+  auto* cmd = app.add_subcommand(
+      "comm", "communication: one collective (--collective) or the per-step ledger (--model)");
+  add_output_flags(cmd, o->out);
+  add_model_flags(cmd, o->model);
+  add_cluster_flags(cmd, o->cluster);
+  cmd->add_option("--collective", o->collective, "all-reduce | reduce-scatter | all-gather | "
+                                                 "broadcast | p2p")
+      ->check(one_of(allowed_collectives()));
+  cmd->add_option("--size-gb", o->size_gb, "S: full tensor size, GB (1e9 B)")
+      ->check(CLI::Range(1e-12, 1e9));
+  cmd->add_option("--ranks", o->ranks, "k: ranks in the collective")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--bandwidth-gbps", o->bandwidth_gbps,
+                  "β: per-GPU link bandwidth, GB/s (default: the --gpu preset's link)")
+      ->check(CLI::Range(1e-9, 1e9));
+  cmd->add_option("--latency-us", o->latency_us, "α: latency per ring step, µs")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--dp", o->dp, "data-parallel degree")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--tp", o->tp, "tensor-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
+  cmd->add_option("--cp", o->cp, "context-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
+  cmd->add_flag("--sp", o->sp, "sequence parallelism");
+  cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
+  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
+  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")
+      ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
+      ->capture_default_str();
+  cmd->add_option("--recompute", o->recompute, "none | selective | full")
+      ->check(one_of(allowed_recomputes()))
+      ->capture_default_str();
+  cmd->callback([o] {
+    if (!o->collective.empty())
+      run_collective(*o);
+    else if (!o->model.model.empty() || !o->model.params.empty())
+      run_step(*o);
+    else
+      throw InvalidInput("comm: give --collective (one collective) or --model/--params (per step)");
+  });
+}
+
+}  // namespace tally::cli

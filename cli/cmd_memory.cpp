@@ -1,0 +1,181 @@
+// `tally memory`: the model-state ledger (+ activations when an architecture is given).
+#include <fmt/core.h>
+
+#include <memory>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "tally/core/activations.hpp"
+#include "tally/core/model_states.hpp"
+#include "tally/core/presets.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct MemoryOptions {
+  ModelOptions model;
+  OutputOptions out;
+  std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
+  int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1, micro_batches = 0;
+  bool sp = false, no_dropout = false;
+  std::int64_t seq = 0, micro_batch = 1;
+  std::string gpu;
+};
+
+void run_memory(const MemoryOptions& o) {
+  const ModelSpec model = *resolve_model(o.model);
+  const SizeUnit unit = o.out.size_unit();
+  const Precision precision = precision_from(o.precision);
+  // Model parallelism splits the weights first; ZeRO then shards over the data-parallel group.
+  const double n_total = state_params(model);
+  const double n_gpu = n_total / (double(o.tp) * o.pp);
+  const auto states = model_states(n_gpu, StateSetup{.precision = precision,
+                                                     .optimizer = optimizer_from(o.optimizer),
+                                                     .zero_stage = o.zero,
+                                                     .shard_degree = o.dp});
+  const std::string convention = convention_with_unit(states.convention(), unit);
+
+  std::optional<ActivationResult> act;
+  if (o.seq > 0) {
+    act = activations(model, ActivationSetup{
+                                 .seq = o.seq, .micro_batch = o.micro_batch, .tp = o.tp,
+                                 .sequence_parallel = o.sp, .cp = o.cp, .pp = o.pp,
+                                 .interleave = o.interleave,
+                                 .micro_batches = o.micro_batches > 0 ? o.micro_batches : o.pp,
+                                 .recompute = recompute_from(o.recompute),
+                                 .attention = attention_from(o.attention),
+                                 .dropout = !o.no_dropout});
+  } else if (o.tp > 1 || o.sp || o.cp > 1 || o.micro_batch != 1) {
+    throw InvalidInput("--seq is required with --tp/--sp/--cp/--micro-batch (activations need a "
+                       "sequence length)");
+  }
+  const double act_bytes = act ? act->peak_stage_bytes : 0.0;
+  const double total = states.bytes.total() + act_bytes;
+  std::optional<ClusterSpec> gpu;
+  if (!o.gpu.empty()) gpu = resolve_cluster(ClusterOptions{.gpu = o.gpu});
+
+  if (o.out.json) {
+    const auto& b = states.bytes;
+    nlohmann::json items_gb = {{"params", in_gb(b.params)}, {"grads", in_gb(b.grads)},
+                               {"m", in_gb(b.m)},           {"v", in_gb(b.v)},
+                               {"master", in_gb(b.master)}};
+    nlohmann::json j = {{"command", "memory"},
+                        {"model", model.name},
+                        {"convention", convention},
+                        {"unit_of_gb_fields", "GB = 1e9 bytes"},
+                        {"n_params", n_total},
+                        {"params_per_gpu", n_gpu},
+                        {"bytes_per_param", {{"params", states.per_param.params},
+                                             {"grads", states.per_param.grads},
+                                             {"m", states.per_param.m},
+                                             {"v", states.per_param.v},
+                                             {"master", states.per_param.master}}},
+                        {"states_gb", in_gb(b.total())},
+                        {"total_gb", in_gb(total)},
+                        {"total_bytes", total}};
+    if (act) {
+      items_gb["activations"] = in_gb(act_bytes);
+      nlohmann::json terms = nlohmann::json::array();
+      for (const auto& t : act->layer_terms)
+        terms.push_back({{"name", t.name}, {"formula", t.formula}, {"gb", in_gb(t.bytes)}});
+      j["activations"] = {{"convention", act->convention()},
+                          {"per_layer_gb", in_gb(act->per_layer_bytes)},
+                          {"layers_on_stage", act->layers_on_stage},
+                          {"in_flight_micro_batches", act->in_flight_micro_batches},
+                          {"transformer_gb", in_gb(act->transformer_bytes)},
+                          {"embedding_gb", in_gb(act->embedding_bytes)},
+                          {"output_gb", in_gb(act->output_bytes)},
+                          {"peak_stage_gb", in_gb(act->peak_stage_bytes)},
+                          {"layer_terms", terms}};
+    }
+    j["items_gb"] = items_gb;
+    if (gpu)
+      j["capacity"] = {{"gpu", gpu->gpu.name},
+                       {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
+                       {"used_fraction", total / gpu->gpu.memory_bytes},
+                       {"fits", total <= gpu->gpu.memory_bytes}};
+    print_json(j);
+    return;
+  }
+
+  fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {})\n", model.name,
+             n_total, n_gpu, o.tp, o.pp);
+  fmt::print("model states per GPU  [{}]\n", convention);
+  const auto& b = states.bytes;
+  const auto& pp = states.per_param;
+  auto row = [&](const char* name, double bytes, double per_param) {
+    fmt::print("  {:<12} {:>14}   ({} B/param before sharding)\n", name, size_str(bytes, unit),
+               per_param);
+  };
+  row("params", b.params, pp.params);
+  row("grads", b.grads, pp.grads);
+  row("m", b.m, pp.m);
+  row("v", b.v, pp.v);
+  row("master", b.master, pp.master);
+  fmt::print("  {:<12} {:>14}\n", "states", size_str(b.total(), unit));
+  if (act) {
+    fmt::print("activations per GPU   [{}]\n", act->convention());
+    for (const auto& t : act->layer_terms)
+      fmt::print("    {:<44} {:<14} {:>12} / layer\n", t.name, t.formula, size_str(t.bytes, unit, 3));
+    fmt::print("  {:<12} {:>14}   ({} / layer × {} layers × {} micro-batches in flight)\n",
+               "transformer", size_str(act->transformer_bytes, unit),
+               size_str(act->per_layer_bytes, unit, 3), act->layers_on_stage,
+               act->in_flight_micro_batches);
+    fmt::print("  {:<12} {:>14}\n", "embedding", size_str(act->embedding_bytes, unit, 3));
+    fmt::print("  {:<12} {:>14}   (final norm, LM-head input, fp32 logits)\n", "output",
+               size_str(act->output_bytes, unit, 3));
+    fmt::print("  {:<12} {:>14}   (the fuller of the first and last pipeline stage)\n",
+               "activations", size_str(act_bytes, unit));
+  }
+  fmt::print("total per GPU          {:>14}\n", size_str(total, unit));
+  if (gpu) {
+    const double frac = total / gpu->gpu.memory_bytes;
+    fmt::print("capacity {}: {} → {} ({:.1f} % used; the seed's failure line is 80 %)\n",
+               gpu->gpu.name, size_str(gpu->gpu.memory_bytes, unit),
+               frac <= 1.0 ? "fits" : "does not fit", 100 * frac);
+  }
+}
+
+}  // namespace
+
+void register_memory(CLI::App& app) {
+  auto o = std::make_shared<MemoryOptions>();
+  auto* cmd = app.add_subcommand("memory", "per-GPU memory: model states (+ activations)");
+  add_model_flags(cmd, o->model);
+  add_output_flags(cmd, o->out);
+  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16 (bf16/fp16 = mixed precision)")
+      ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
+      ->capture_default_str();
+  cmd->add_option("--optimizer", o->optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
+      ->check(one_of(allowed_optimizers()))
+      ->capture_default_str();
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->check(CLI::Range(0, 3))->capture_default_str();
+  cmd->add_option("--dp", o->dp, "data-parallel degree = ZeRO sharding degree k")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "tensor-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
+  cmd->add_option("--cp", o->cp, "context-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--sp", o->sp, "sequence parallelism (with --tp > 1)");
+  cmd->add_option("--seq", o->seq, "sequence length T (adds activations)")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24));
+  cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size b")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
+  cmd->add_option("--micro-batches", o->micro_batches,
+                  "micro-batches per step (pipeline in-flight; default = --pp)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--interleave", o->interleave, "virtual pipeline chunks per stage")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--recompute", o->recompute, "none | selective | full")
+      ->check(one_of(allowed_recomputes()))
+      ->capture_default_str();
+  cmd->add_option("--attention", o->attention, "flash | materialized")
+      ->check(one_of({"flash", "materialized", "materialised"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-dropout", o->no_dropout, "do not count dropout masks (Llama-style training)");
+  cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
+  cmd->callback([o] { run_memory(*o); });
+}
+
+}  // namespace tally::cli

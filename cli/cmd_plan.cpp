@@ -1,0 +1,198 @@
+// `tally plan` (the main job) and `tally compare`: search every layout, print the plan in the
+// seed's shape — plan, accounts (账), reasons (理由), failure criteria (失败判据), validation plan
+// (验证计划), reliability — then the alternatives.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <memory>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "plan_report.hpp"
+#include "tally/core/planner.hpp"
+#include "tally/core/presets.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct PlanOptions {
+  OutputOptions out;
+  ModelOptions model{.model = std::string(kDefaultModel)};
+  ClusterOptions cluster;
+  int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0;
+  std::int64_t global_batch = 256, seq = 2048;
+  std::string precision = "bf16", optimizer = "adam", attention = "flash";
+  double headroom = 0.2, failure_rate = -1, write_gbps = -1, restart_minutes = 8;
+  double days = 0, tokens_text = 0, checkpoint_gb = 0, utilisation = 0;
+  bool overlap_dp = false, no_dropout = false, exhaustive = false;
+  // compare
+  std::vector<std::string> alternatives;
+  int dp = 0, tp = 1, pp = 1, cp = 1, zero = 0, interleave = 1;
+  bool sp = false;
+  std::int64_t micro_batch = 1, grad_accum = 0;
+  std::string recompute = "none";
+};
+
+PlanRequest make_request(const PlanOptions& o) {
+  PlanRequest r{.model = *resolve_model(o.model), .cluster = resolve_cluster(o.cluster),
+                .gpus = o.gpus, .global_batch = o.global_batch, .seq = o.seq,
+                .precision = precision_from(o.precision), .optimizer = optimizer_from(o.optimizer),
+                .headroom = o.headroom, .dropout = !o.no_dropout, .overlap_dp = o.overlap_dp,
+                .restart_hours = o.restart_minutes / 60};
+  if (o.failure_rate >= 0) r.cluster.failure_rate_per_hour = o.failure_rate;
+  if (o.write_gbps > 0) r.cluster.checkpoint_write_bps = o.write_gbps * kGB;
+  if (o.utilisation > 0) r.cluster.mfu = o.utilisation;
+  if (o.days > 0) r.run_hours = o.days * 24;
+  if (o.tokens_text > 0) r.run_tokens = o.tokens_text;
+  if (o.checkpoint_gb > 0) r.checkpoint_bytes = o.checkpoint_gb * kGB;
+  return r;
+}
+
+void run_plan(const PlanOptions& o) {
+  const PlanRequest req = make_request(o);
+  SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
+                    .prune = !o.exhaustive, .top = o.top};
+  if (o.attention == "any") space.attentions = {Attention::flash, Attention::materialized};
+  else space.attentions = {attention_from(o.attention)};
+  const auto t0 = std::chrono::steady_clock::now();
+  const PlanResult res = plan(req, space);
+  const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (o.out.json)
+    print_json(plan_json(res, search_s));
+  else
+    print_plan(res, search_s, o.out.size_unit());
+}
+
+void run_compare(const PlanOptions& o) {
+  const PlanRequest req = make_request(o);
+  Layout base{.dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp, .interleave = o.interleave,
+              .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
+              .recompute = recompute_from(o.recompute), .attention = attention_from(o.attention)};
+  if (base.dp == 0) {
+    const std::int64_t mp = std::int64_t(o.tp) * o.pp * o.cp;
+    if (req.gpus % mp != 0)
+      throw InvalidInput("--tp × --pp × --cp = " + std::to_string(mp) + " must divide --gpus = " +
+                         std::to_string(req.gpus));
+    base.dp = int(req.gpus / mp);
+  }
+  if (o.grad_accum > 0) {
+    base.grad_accum = o.grad_accum;
+  } else {
+    const std::int64_t per = std::int64_t(base.dp) * base.micro_batch;
+    if (req.global_batch % per != 0)
+      throw InvalidInput("--global-batch = " + std::to_string(req.global_batch) +
+                         " is not a multiple of dp × --micro-batch = " + std::to_string(per));
+    base.grad_accum = req.global_batch / per;
+  }
+  std::vector<Alternative> alts;
+  for (const auto& a : o.alternatives) alts.push_back(*parse_alternative(a));
+  if (alts.empty())
+    alts = {Alternative::double_micro_batch, Alternative::recompute_double_seq,
+            Alternative::double_gpus};
+  const auto rows = compare_alternatives(req, base, alts);
+  if (o.out.json)
+    print_json(compare_json(rows));
+  else
+    print_compare(rows, o.out.size_unit());
+}
+
+void add_request_flags(CLI::App* cmd, PlanOptions& o) {
+  add_output_flags(cmd, o.out);
+  add_model_flags(cmd, o.model);
+  add_cluster_flags(cmd, o.cluster);
+  cmd->add_option("--gpus", o.gpus, "GPUs G")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  cmd->add_option("--global-batch", o.global_batch, "sequences per optimizer step B")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40))
+      ->capture_default_str();
+  cmd->add_option("--seq", o.seq, "sequence length T")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))
+      ->capture_default_str();
+  cmd->add_option("--precision", o.precision, "fp32 | bf16 | fp16")
+      ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
+      ->capture_default_str();
+  cmd->add_option("--optimizer", o.optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
+      ->check(one_of(allowed_optimizers()))
+      ->capture_default_str();
+  cmd->add_option("--headroom", o.headroom, "memory kept free: usable = capacity × (1 − headroom)")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  cmd->add_flag("--overlap-dp", o.overlap_dp,
+                "overlap DP/ZeRO gradient reduction with backward (default: on the critical path)");
+  cmd->add_flag("--no-dropout", o.no_dropout, "do not count dropout masks in activations");
+  cmd->add_option("--utilisation", o.utilisation,
+                  "achieved fraction of peak FLOP/s (default: the GPU preset's / calibration's)")
+      ->check(CLI::Range(1e-3, 1.0));
+  cmd->add_option("--failure-rate", o.failure_rate, "failures per GPU-hour λ (default 3e-6)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--write-gbps", o.write_gbps, "aggregate checkpoint write bandwidth, GB/s")
+      ->check(CLI::Range(1e-9, 1e9));
+  cmd->add_option("--restart-minutes", o.restart_minutes, "R: detect + restart + reload, minutes")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-gb", o.checkpoint_gb,
+                  "checkpoint size, GB (default: params + m + v + master, no gradients)")
+      ->check(CLI::Range(1e-9, 1e12));
+  auto* days = cmd->add_option("--days", o.days, "run length in days (expected failures)")
+                   ->check(CLI::Range(1e-6, 1e5));
+  auto* tokens = cmd->add_option("--tokens", o.tokens_text,
+                                 "token budget; run length = tokens / the best plan's tokens/s")
+                     ->check(CLI::Range(1.0, 1e18));
+  days->excludes(tokens);
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  auto* cmd = app.add_subcommand(
+      "plan", "search every parallel layout and write the plan (default: the seed's 7B on 8 × "
+              "a100-80g, global batch 256, T 2048)");
+  add_request_flags(cmd, *o);
+  cmd->add_option("--top", o->top, "alternatives listed after the best plan")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--max-tp", o->max_tp, "largest TP degree searched (default: GPUs per node)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-pp", o->max_pp, "largest PP degree searched")->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-cp", o->max_cp, "largest CP degree searched")->check(CLI::Range(1, 1024));
+  cmd->add_option("--attention", o->attention, "flash | materialized | any")
+      ->check(one_of({"flash", "materialized", "any"}))
+      ->capture_default_str();
+  cmd->add_flag("--exhaustive", o->exhaustive, "disable pruning (same answer, slower)");
+  cmd->callback([o] { run_plan(*o); });
+}
+
+void register_compare(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  o->micro_batch = 4;
+  o->zero = 2;
+  auto* cmd = app.add_subcommand(
+      "compare", "cost a base layout and named alternatives side by side, naming each one's "
+                 "tightest wall (default base: the seed's plan 1 — ZeRO-2, micro-batch 4)");
+  add_request_flags(cmd, *o);
+  cmd->add_option("--dp", o->dp, "base DP degree (default: GPUs / (TP·PP·CP))")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--tp", o->tp, "base TP degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--pp", o->pp, "base PP degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--cp", o->cp, "base CP degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
+  cmd->add_flag("--sp", o->sp, "base uses sequence parallelism");
+  cmd->add_option("--zero", o->zero, "base ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch, "base micro-batch")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20))
+      ->capture_default_str();
+  cmd->add_option("--grad-accum", o->grad_accum, "base accumulation (default: B / (dp·b))")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
+  cmd->add_option("--recompute", o->recompute, "base recompute: none | selective | full")
+      ->check(one_of(allowed_recomputes()))
+      ->capture_default_str();
+  cmd->add_option("--attention", o->attention, "base attention: flash | materialized")
+      ->check(one_of({"flash", "materialized"}))
+      ->capture_default_str();
+  cmd->add_option("--alternative", o->alternatives,
+                  "double-micro-batch | recompute-double-seq | double-gpus (repeatable; default all)")
+      ->check(one_of({"double-micro-batch", "recompute-double-seq", "double-gpus"}));
+  cmd->callback([o] { run_compare(*o); });
+}
+
+}  // namespace tally::cli

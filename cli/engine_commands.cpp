@@ -1,0 +1,87 @@
+// `tally launch` and `tally run gloo-smoke`. Bad input throws tally::InvalidInput (main prints one
+// line and exits 2); a failed run exits with the launcher's code (1 a rank failed, 124 timeout).
+#include "engine_commands.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "tally/core/types.hpp"
+#include "tally/engine/dist_env.hpp"
+#include "tally/engine/gloo_smoke.hpp"
+#include "tally/engine/launch.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+[[noreturn]] void exit_now(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::exit(code);
+}
+
+void register_launch(CLI::App& app) {
+  auto opts = std::make_shared<engine::LaunchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "launch",
+      "start N local ranks: tally launch --nproc N [--timeout S] [--master-port P] -- <command...>. "
+      "Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, "
+      "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); output is prefixed \"[rank r] \"; if a rank "
+      "fails the others are stopped");
+  cmd->add_option("--nproc", opts->nproc, "ranks to start, 1..256")->required();
+  cmd->add_option("--timeout", opts->timeout_s,
+                  "seconds before every rank is stopped and launch exits 124 (0 = no limit)")
+      ->capture_default_str();
+  cmd->add_option("--master-port", opts->master_port,
+                  "MASTER_PORT for the ranks' TCPStore rendezvous (0 = a free port)")
+      ->capture_default_str();
+  cmd->add_option("command", opts->command, "the program and its arguments, after --")
+      ->required();
+  cmd->callback([opts] {
+    const engine::LaunchResult result = engine::launch(*opts);
+    if (!result.message.empty()) std::cerr << result.message << "\n";
+    if (result.exit_code != 0) exit_now(result.exit_code);
+  });
+}
+
+void register_gloo_smoke(CLI::App& run) {
+  auto opts = std::make_shared<engine::GlooSmokeOptions>();
+  CLI::App* cmd = run.add_subcommand(
+      "gloo-smoke",
+      "each rank all-reduces rank+1 over Gloo and checks the sum is k(k+1)/2; start it with "
+      "`tally launch --nproc N -- tally run gloo-smoke` or torchrun");
+  cmd->add_option("--timeout", opts->timeout_s, "seconds for the rendezvous and the all-reduce")
+      ->capture_default_str();
+  cmd->callback([opts] {
+    if (!(opts->timeout_s > 0)) {
+      std::ostringstream os;
+      os << "--timeout = " << opts->timeout_s << ": must be > 0 s";
+      throw InvalidInput(os.str());
+    }
+    const engine::GlooSmokeResult result =
+        engine::run_gloo_smoke(engine::DistEnv::from_environment(), *opts);
+    std::cout << result.report() << std::endl;
+    if (!result.ok()) throw std::runtime_error(result.report());
+  });
+}
+
+}  // namespace
+
+void register_engine_commands(CLI::App& app) {
+  register_launch(app);
+  CLI::App* run = nullptr;
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == "run") run = sub;
+  if (run == nullptr) {
+    run = app.add_subcommand("run", "run an experiment on this rank (start ranks with `tally launch`)");
+    run->require_subcommand(1);
+  }
+  register_gloo_smoke(*run);
+}
+
+}  // namespace tally::cli

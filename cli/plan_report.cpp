@@ -1,0 +1,245 @@
+#include "plan_report.hpp"
+
+#include <fmt/core.h>
+
+#include "common.hpp"
+#include "tally/core/model_states.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+nlohmann::json eval_json(const PlanEval& e) {
+  const Layout& l = e.layout;
+  return {{"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"cp", l.cp},
+          {"sp", l.sp},
+          {"interleave", l.interleave},
+          {"zero", l.zero},
+          {"micro_batch", l.micro_batch},
+          {"grad_accum", l.grad_accum},
+          {"recompute", std::string(to_string(l.recompute))},
+          {"attention", std::string(to_string(l.attention))},
+          {"layout", l.describe()},
+          {"fits", e.fits},
+          {"per_gpu_gb", in_gb(e.total_bytes)},
+          {"usable_gb", in_gb(e.usable_bytes)},
+          {"states_gb", {{"params", in_gb(e.states.params)},
+                         {"grads", in_gb(e.states.grads)},
+                         {"m", in_gb(e.states.m)},
+                         {"v", in_gb(e.states.v)},
+                         {"master", in_gb(e.states.master)},
+                         {"total", in_gb(e.states.total())}}},
+          {"activations_gb", in_gb(e.activation_bytes)},
+          {"buffers_gb", in_gb(e.buffer_bytes)},
+          {"comm_gb_per_gpu", in_gb(e.comm_bytes_per_gpu)},
+          {"compute_seconds", e.compute_s},
+          {"tp_seconds", e.tp_s},
+          {"cp_seconds", e.cp_s},
+          {"pp_seconds", e.pp_s},
+          {"dp_seconds", e.dp_s},
+          {"dp_exposed_seconds", e.dp_exposed_s},
+          {"bubble_fraction", e.bubble_fraction},
+          {"bubble_seconds", e.bubble_s},
+          {"step_seconds", e.step_s},
+          {"tokens_per_s", e.tokens_per_s},
+          {"mfu", e.mfu},
+          {"scaling_efficiency", e.efficiency},
+          {"wall", std::string(to_string(e.wall))}};
+}
+
+std::string pct(double f) { return fmt::format("{:.1f} %", 100 * f); }
+
+std::string reason_text(const Reason& x, const PlanEval& chosen, SizeUnit u) {
+  if (!x.eval) return "not possible here: " + x.invalid_reason;
+  const PlanEval& v = *x.eval;
+  if (!v.fits)
+    return fmt::format("{}: does not fit — needs {} of {} usable", x.variant,
+                       size_str(v.total_bytes, u), size_str(v.usable_bytes, u));
+  return fmt::format("{}: step {:.3f} s ({:+.1f} %), {} per GPU", x.variant, v.step_s,
+                     100 * (v.step_s / chosen.step_s - 1), size_str(v.total_bytes, u));
+}
+
+void print_reliability(const ReliabilityReport& r) {
+  fmt::print("RELIABILITY  [{}]\n", r.convention());
+  fmt::print("  MTBF {:.4g} h; sharded checkpoint save {:.1f} s; interval {:.2f} h (Daly; Young "
+             "{:.2f} h); overhead {} of wall-clock\n",
+             r.mtbf_hours, r.save_seconds, r.recommended_interval_hours, r.young_interval_hours,
+             pct(r.overhead_at_recommended));
+  if (r.expected_failures)
+    fmt::print("  expected failures over the run ({:.0f} h): {:.1f}\n", *r.setup.run_hours,
+               *r.expected_failures);
+}
+
+}  // namespace
+
+nlohmann::json plan_json(const PlanResult& r, double search_s) {
+  nlohmann::json best = r.best.empty() ? nlohmann::json(nullptr) : eval_json(r.best.front());
+  nlohmann::json alts = nlohmann::json::array(), misses = nlohmann::json::array();
+  for (std::size_t i = 1; i < r.best.size(); ++i) alts.push_back(eval_json(r.best[i]));
+  for (const auto& e : r.near_misses) misses.push_back(eval_json(e));
+  nlohmann::json reasons = nlohmann::json::array();
+  if (!r.best.empty())
+    for (const auto& x : explain_plan(r.request, r.best.front()))
+      reasons.push_back({{"dimension", x.dimension},
+                         {"used", x.used},
+                         {"variant", x.variant},
+                         {"variant_eval", x.eval ? eval_json(*x.eval) : nlohmann::json(nullptr)},
+                         {"invalid_reason", x.invalid_reason}});
+  const auto& rel = r.reliability;
+  nlohmann::json reliability = {{"convention", rel.convention()},
+                                {"mtbf_hours", rel.mtbf_hours},
+                                {"save_seconds", rel.save_seconds},
+                                {"interval_hours", rel.recommended_interval_hours},
+                                {"young_interval_hours", rel.young_interval_hours},
+                                {"daly_interval_hours", rel.daly_interval_hours},
+                                {"overhead_fraction", rel.overhead_at_recommended},
+                                {"expected_failures", rel.expected_failures
+                                                          ? nlohmann::json(*rel.expected_failures)
+                                                          : nlohmann::json(nullptr)}};
+  const auto& q = r.request;
+  return {{"command", "plan"},
+          {"convention", r.convention},
+          {"unit_of_gb_fields", "GB = 1e9 bytes"},
+          {"request", {{"model", q.model.name},
+                       {"gpu", q.cluster.gpu.name},
+                       {"gpus", q.gpus},
+                       {"gpus_per_node", q.cluster.gpus_per_node},
+                       {"global_batch", q.global_batch},
+                       {"seq", q.seq},
+                       {"precision", std::string(to_string(q.precision))},
+                       {"optimizer", std::string(to_string(q.optimizer))},
+                       {"headroom", q.headroom}}},
+          {"feasible", r.feasible()},
+          {"best", best},
+          {"alternatives", alts},
+          {"near_misses", misses},
+          {"reasons", reasons},
+          {"reliability", reliability},
+          {"search", {{"evaluated", r.evaluated},
+                      {"pruned", r.pruned},
+                      {"seconds", search_s},
+                      {"rejected", {{"topology", r.rejected.topology},
+                                    {"tp_divisibility", r.rejected.tp_divisibility},
+                                    {"pp_divisibility", r.rejected.pp_divisibility},
+                                    {"cp_divisibility", r.rejected.cp_divisibility},
+                                    {"batch_divisibility", r.rejected.batch_divisibility},
+                                    {"interleave", r.rejected.interleave},
+                                    {"memory", r.rejected.memory}}}}}};
+}
+
+void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
+  const auto& q = r.request;
+  fmt::print("tally plan — {} on {} × {} ({} per node), global batch {} × {} tokens\n",
+             q.model.name, q.gpus, q.cluster.gpu.name, q.cluster.gpus_per_node, q.global_batch,
+             q.seq);
+  fmt::print("convention: {}\n\n", r.convention);
+  if (!r.feasible()) {
+    fmt::print("NO LAYOUT FITS. Closest layouts and the wall each hits:\n");
+    for (const auto& e : r.near_misses)
+      fmt::print("  {} — {}: needs {} of {} usable\n", e.layout.describe(), to_string(e.wall),
+                 size_str(e.total_bytes, u), size_str(e.usable_bytes, u));
+    print_reliability(r.reliability);
+    return;
+  }
+  const PlanEval& b = r.best.front();
+  const StateSetup ss{.precision = q.precision, .optimizer = q.optimizer, .zero_stage = b.layout.zero,
+                      .shard_degree = b.layout.dp * b.layout.cp};
+  const std::string state_conv =
+      convention_with_unit(model_states(1.0, ss).convention(), u);
+  fmt::print("PLAN  {}\n\n", b.layout.describe());
+  fmt::print("ACCOUNTS (per GPU)\n");
+  fmt::print("  model states  {:>12}  params {} + grads {} + m {} + v {} + master {}  [{}]\n",
+             size_str(b.states.total(), u), size_str(b.states.params, u), size_str(b.states.grads, u),
+             size_str(b.states.m, u), size_str(b.states.v, u), size_str(b.states.master, u),
+             state_conv);
+  fmt::print("  activations   {:>12}  (first pipeline stage, Korthikanti inventory)\n",
+             size_str(b.activation_bytes, u));
+  fmt::print("  buffers       {:>12}  (gradient buckets / ZeRO-3 gathered layers)\n",
+             size_str(b.buffer_bytes, u));
+  fmt::print("  total         {:>12}  of {} usable ({} headroom kept) → {} spare\n",
+             size_str(b.total_bytes, u), size_str(b.usable_bytes, u), pct(q.headroom),
+             size_str(b.usable_bytes - b.total_bytes, u));
+  fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
+             "PP {:.3f} s, DP/ZeRO {:.3f} s (of {:.3f} s)\n",
+             size_str(b.comm_bytes_per_gpu, u), b.tp_s, b.cp_s, b.pp_s, b.dp_exposed_s, b.dp_s);
+  fmt::print("  compute       {:>10.3f} s  hardware FLOPs at u = {:.2f} of peak\n", b.compute_s,
+             q.cluster.mfu);
+  fmt::print("  bubble        {:>12}  {:.3f} s\n", pct(b.bubble_fraction), b.bubble_s);
+  fmt::print("  step time     {:>10.3f} s  {:.0f} tokens/s, MFU {}, scaling efficiency E = {:.3f}, "
+             "tightest wall: {}\n\n",
+             b.step_s, b.tokens_per_s, pct(b.mfu), b.efficiency, to_string(b.wall));
+  fmt::print("REASONS (each dimension flipped once, same ledgers)\n");
+  for (const auto& x : explain_plan(q, b))
+    fmt::print("  {:<11} {:<8} instead {}\n", x.dimension, x.used ? "used;" : "not used;",
+               reason_text(x, b, u));
+  fmt::print("\nFAILURE CRITERIA\n");
+  fmt::print("  1. scaling efficiency E < 0.7 at the same global batch (predicted {:.3f})\n",
+             b.efficiency);
+  fmt::print("  2. peak memory > {} of capacity, i.e. > {} (predicted {}), or OOM\n",
+             pct(1 - q.headroom), size_str(b.usable_bytes, u), size_str(b.total_bytes, u));
+  fmt::print("  3. loss spikes or NaN in the first 100 steps (learning-rate scaling too aggressive)\n");
+  fmt::print("  4. step-time jitter > 10 % (data pipeline or communication)\n");
+  fmt::print("\nVALIDATION PLAN\n");
+  fmt::print("  1. 10 steps end to end on the full layout\n");
+  fmt::print("  2. reconcile measured peak memory with the accounts: states {} + activations {} + "
+             "buffers {}\n",
+             size_str(b.states.total(), u), size_str(b.activation_bytes, u),
+             size_str(b.buffer_bytes, u));
+  fmt::print("  3. 20-step median step time vs {:.3f} s predicted; E against one GPU at the same "
+             "global batch\n",
+             b.step_s);
+  fmt::print("  4. 500 steps: loss shape and grad-norm against a reference run\n");
+  fmt::print("  5. record GPUs, precision, T, micro-batch, accumulation, recompute and sharding\n\n");
+  print_reliability(r.reliability);
+  if (r.best.size() > 1) {
+    fmt::print("\nALTERNATIVES\n  {:>2}  {:<100} {:>10} {:>9} {:>7} {:>6}  {}\n", "#", "layout",
+               "per GPU", "step s", "MFU", "E", "wall");
+    for (std::size_t i = 1; i < r.best.size(); ++i) {
+      const auto& e = r.best[i];
+      fmt::print("  {:>2}  {:<100} {:>10} {:>9.3f} {:>7} {:>6.3f}  {}\n", i + 1,
+                 e.layout.describe(), size_str(e.total_bytes, u), e.step_s, pct(e.mfu),
+                 e.efficiency, to_string(e.wall));
+    }
+  }
+  fmt::print("\nSEARCH  {} layouts costed, {} pruned (exact bounds), {:.1f} ms\n", r.evaluated,
+             r.pruned, 1e3 * search_s);
+}
+
+nlohmann::json compare_json(const std::vector<Comparison>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : rows)
+    out.push_back({{"name", c.name},
+                   {"change", c.change},
+                   {"gpus", c.request.gpus},
+                   {"seq", c.request.seq},
+                   {"eval", c.eval ? eval_json(*c.eval) : nlohmann::json(nullptr)},
+                   {"comm_share", c.comm_share()},
+                   {"bubble_share", c.bubble_share()},
+                   {"invalid_reason", c.invalid_reason}});
+  return {{"command", "compare"}, {"unit_of_gb_fields", "GB = 1e9 bytes"}, {"options", out}};
+}
+
+void print_compare(const std::vector<Comparison>& rows, SizeUnit u) {
+  fmt::print("tally compare — one change at a time, global batch held\n");
+  fmt::print("  {:<22} {:>12} {:>6} {:>10} {:>7} {:>7} {:>7}  {:<14} {}\n", "option", "per GPU",
+             "fits", "step s", "E", "comm", "bubble", "tightest wall", "change");
+  for (const auto& c : rows) {
+    if (!c.eval) {
+      fmt::print("  {:<22} not a valid layout: {}\n", c.name, c.invalid_reason);
+      continue;
+    }
+    const auto& e = *c.eval;
+    fmt::print("  {:<22} {:>12} {:>6} {:>10.3f} {:>7.3f} {:>7} {:>7}  {:<14} {}\n", c.name,
+               size_str(e.total_bytes, u), e.fits ? "yes" : "NO", e.step_s, e.efficiency,
+               pct(c.comm_share()), pct(c.bubble_share()), to_string(e.wall), c.change);
+  }
+  if (!rows.empty() && rows.front().eval)
+    fmt::print("  activations of the base: {} per GPU under Korthikanti's convention (the seed "
+               "quotes ≈9 GB for its plan 1: DESIGN.md erratum 3)\n",
+               size_str(rows.front().eval->activation_bytes, u));
+}
+
+}  // namespace tally::cli
