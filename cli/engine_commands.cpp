@@ -28,11 +28,12 @@ namespace {
 void register_launch(CLI::App& app) {
   auto opts = std::make_shared<engine::LaunchOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "launch",
-      "start N local ranks: tally launch --nproc N [--timeout S] [--master-port P] -- <command...>. "
-      "Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, "
-      "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); output is prefixed \"[rank r] \"; if a rank "
-      "fails the others are stopped");
+      "launch", "start N local ranks of a program under torchrun's environment and supervise them");
+  cmd->footer(
+      "tally launch --nproc N [--timeout S] [--master-port P] -- <command...>\n"
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and "
+      "MASTER_PORT; its output is prefixed \"[rank r] \". If a rank fails the others are stopped "
+      "(SIGTERM, then SIGKILL) and launch exits 1 naming it; on --timeout it exits 124.");
   cmd->add_option("--nproc", opts->nproc, "ranks to start, 1..256")->required();
   cmd->add_option("--timeout", opts->timeout_s,
                   "seconds before every rank is stopped and launch exits 124 (0 = no limit)")

@@ -1,0 +1,58 @@
+// `tally launch`: start N local ranks of any program under torchrun's environment contract
+// (DESIGN.md §3) and supervise them so a multi-process run never hangs and never leaves
+// processes behind (DESIGN.md §5).
+//
+// Each rank runs in its own process group with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT set (plus the launcher's own environment). Its stdout and stderr
+// are forwarded line by line with a "[rank r] " prefix. When a rank fails (non-zero exit or a
+// signal) the others are stopped: SIGTERM to every rank's process group, SIGKILL after
+// kill_grace_s. When timeout_s passes, all ranks are stopped the same way. Whatever happens, every
+// rank's process group is SIGKILLed before launch() returns, so a rank's stray children go too.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tally::engine {
+
+inline constexpr int kMaxLaunchRanks = 256;
+
+struct LaunchOptions {
+  int nproc = 1;                          // ranks to start, [1, kMaxLaunchRanks]
+  double timeout_s = 0;                   // whole run; 0 = no limit
+  int master_port = 0;                    // 0 = a free port on 127.0.0.1
+  std::string master_addr = "127.0.0.1";
+  double kill_grace_s = 3;                // SIGTERM → SIGKILL
+  std::vector<std::string> command;       // program and arguments; the program is looked up in PATH
+  // Throws tally::InvalidInput with the flag's name, e.g. "--nproc = 0: must be in [1, 256]".
+  void validate() const;
+};
+
+enum class LaunchOutcome { ok, rank_failed, timed_out, interrupted };
+
+struct RankExit {
+  int rank = 0;
+  bool exited = false;      // true: exit_code is set; false: killed by term_signal
+  int exit_code = 0;
+  int term_signal = 0;
+  bool stopped_by_launcher = false;  // the launcher signalled it after another rank failed
+  std::string describe() const;      // "exited with status 3", "killed by signal 9 (SIGKILL)"
+};
+
+struct LaunchResult {
+  LaunchOutcome outcome = LaunchOutcome::ok;
+  int exit_code = 0;          // what `tally launch` exits with: 0, 1 (a rank failed), 124, 128+sig
+  int failed_rank = -1;       // the first rank seen failing (rank_failed)
+  int master_port = 0;        // the port the ranks were given
+  double elapsed_s = 0;
+  std::vector<RankExit> ranks;
+  std::string message;        // one line for the user; empty when outcome is ok
+};
+
+// Runs the ranks to completion. Forwarded output goes to out_fd / err_fd; the launcher's own
+// one-line verdict is in LaunchResult::message (not printed). SIGINT / SIGTERM / SIGHUP sent to the
+// launcher while it runs stop the ranks and end it with outcome interrupted. Throws InvalidInput
+// for bad options and std::runtime_error when the ranks cannot be started at all.
+LaunchResult launch(const LaunchOptions& options, int out_fd = 1, int err_fd = 2);
+
+}  // namespace tally::engine

@@ -1,0 +1,26 @@
+// at::Tensor overloads of tally::engine::Comm for engine code that already includes torch
+// (internal; never included from a public header). The tensors go to Gloo without a copy when they
+// are contiguous (the Gloo work item holds a reference to their storage, so a timed-out operation
+// can never write into freed memory); a non-contiguous tensor is reduced through a contiguous copy
+// and copied back. Tensors must live on the CPU and hold float32 or float64; anything else throws
+// tally::InvalidInput. Semantics, timeouts and counters are those of the Buffer API in comm.hpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "tally/engine/comm.hpp"
+
+namespace tally::engine {
+
+void all_reduce(Comm& comm, at::Tensor& tensor, ReduceOp op = ReduceOp::sum);
+// output: chunk_range(input.numel(), k, rank) of the reduced input.
+void reduce_scatter(Comm& comm, const at::Tensor& input, at::Tensor& output,
+                    ReduceOp op = ReduceOp::sum);
+// input: this rank's chunk_range(output.numel(), k, rank); output: all chunks, concatenated.
+void all_gather(Comm& comm, const at::Tensor& input, at::Tensor& output);
+void broadcast(Comm& comm, at::Tensor& tensor, int root_rank);
+void send(Comm& comm, const at::Tensor& tensor, int dst_rank, int tag = 0);
+void recv(Comm& comm, at::Tensor& tensor, int src_rank, int tag = 0);
+void ring_all_reduce(Comm& comm, at::Tensor& tensor, ReduceOp op = ReduceOp::sum);
+
+}  // namespace tally::engine

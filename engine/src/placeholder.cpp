@@ -1,1 +1,0 @@
-namespace tally::engine { int engine_layer_linked() { return 1; } }

@@ -1,0 +1,117 @@
+// DistEnv (torchrun's environment contract), CommOptions and chunk_range: pure checks, no ranks.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <numeric>
+#include <string>
+
+#include "tally/core/types.hpp"
+#include "tally/engine/comm.hpp"
+#include "tally/engine/dist_env.hpp"
+
+namespace tally::engine {
+namespace {
+
+class EnvVars : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set("RANK", "1");
+    set("WORLD_SIZE", "4");
+    set("LOCAL_RANK", "1");
+    set("MASTER_ADDR", "127.0.0.1");
+    set("MASTER_PORT", "29511");
+  }
+  static void set(const char* name, const char* value) { setenv(name, value, 1); }
+  static std::string error_of(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const InvalidInput& e) {
+      return e.what();
+    }
+    return "(no InvalidInput)";
+  }
+};
+
+TEST_F(EnvVars, ReadsTorchrunVariables) {
+  const DistEnv env = DistEnv::from_environment();
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.master_addr, "127.0.0.1");
+  EXPECT_EQ(env.master_port, 29511);
+}
+
+TEST_F(EnvVars, MissingVariableNamesItAndHowToSetIt) {
+  unsetenv("RANK");
+  const std::string e = error_of([] { DistEnv::from_environment(); });
+  EXPECT_NE(e.find("RANK is not set"), std::string::npos) << e;
+  EXPECT_NE(e.find("tally launch"), std::string::npos) << e;
+  unsetenv("MASTER_ADDR");
+  set("RANK", "0");
+  EXPECT_NE(error_of([] { DistEnv::from_environment(); }).find("MASTER_ADDR is not set"),
+            std::string::npos);
+}
+
+TEST_F(EnvVars, InvalidValuesNameTheValueAndTheRange) {
+  set("RANK", "one");
+  EXPECT_EQ(error_of([] { DistEnv::from_environment(); }), "RANK = 'one': not an integer");
+  set("RANK", "2x");
+  EXPECT_EQ(error_of([] { DistEnv::from_environment(); }), "RANK = '2x': not an integer");
+  set("RANK", "4");
+  EXPECT_EQ(error_of([] { DistEnv::from_environment(); }),
+            "RANK = 4 vs WORLD_SIZE = 4: RANK must be in [0, WORLD_SIZE)");
+  set("RANK", "0");
+  set("MASTER_PORT", "70000");
+  EXPECT_EQ(error_of([] { DistEnv::from_environment(); }), "MASTER_PORT = 70000: must be in [1, 65535]");
+  set("MASTER_PORT", "29500");
+  set("WORLD_SIZE", "0");
+  EXPECT_EQ(error_of([] { DistEnv::from_environment(); }), "WORLD_SIZE = 0: must be in [1, 4096]");
+}
+
+TEST(CommOptions, TimeoutMustBePositive) {
+  EXPECT_THROW((CommOptions{.timeout_s = 0}).validate(), InvalidInput);
+  EXPECT_THROW((CommOptions{.timeout_s = -1}).validate(), InvalidInput);
+  EXPECT_NO_THROW((CommOptions{.timeout_s = 0.5}).validate());
+}
+
+TEST(ChunkRange, CoversTheBufferWithSizesDifferingByAtMostOne) {
+  for (const std::int64_t n : {0, 1, 2, 7, 13, 1000003}) {
+    for (int k = 1; k <= 9; ++k) {
+      std::int64_t next = 0;
+      for (int i = 0; i < k; ++i) {
+        const ChunkRange c = chunk_range(n, k, i);
+        EXPECT_EQ(c.offset, next) << "n=" << n << " k=" << k << " i=" << i;
+        EXPECT_TRUE(c.count == n / k || c.count == n / k + 1);
+        EXPECT_EQ(c.count, n / k + (i < n % k ? 1 : 0));
+        next += c.count;
+      }
+      EXPECT_EQ(next, n) << "n=" << n << " k=" << k;
+    }
+  }
+}
+
+TEST(Buffer, ConvertsFromVectorsAndSpans) {
+  std::vector<float> f(3);
+  std::vector<double> d(5);
+  const Buffer bf = f;
+  const Buffer bd = std::span<double>(d);
+  const ConstBuffer cf = std::as_const(f);
+  EXPECT_EQ(bf.dtype, DType::f32);
+  EXPECT_EQ(bf.count, 3);
+  EXPECT_DOUBLE_EQ(bf.size_bytes(), 12.0);
+  EXPECT_EQ(bd.dtype, DType::f64);
+  EXPECT_DOUBLE_EQ(bd.size_bytes(), 40.0);
+  EXPECT_EQ(cf.data, f.data());
+}
+
+TEST(FreePort, IsAUsableTcpPort) {
+  const int port = find_free_port();
+  EXPECT_GT(port, 0);
+  EXPECT_LE(port, 65535);
+  EXPECT_TRUE(is_loopback_address("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_address("localhost"));
+  EXPECT_FALSE(is_loopback_address("10.0.0.1"));
+}
+
+}  // namespace
+}  // namespace tally::engine

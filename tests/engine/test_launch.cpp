@@ -1,0 +1,261 @@
+// `tally launch` end to end, through the real tally binary: environment contract, prefixed output,
+// failure and timeout handling with nothing left running, bad input, and `tally run gloo-smoke`
+// (plus a PyTorch peer when /usr/bin/python3 has torch).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#ifndef TALLY_BINARY
+#error "TALLY_BINARY must name the tally executable"
+#endif
+
+namespace {
+
+struct Ran {
+  int exit_code = -1;  // 128 + signal when killed
+  std::string out, err;
+  double elapsed_s = 0;
+  bool killed_at_limit = false;
+};
+
+// Runs argv with stdout / stderr captured; SIGKILLs it (its process group) after limit_s.
+Ran run_command(const std::vector<std::string>& args, double limit_s = 45) {
+  int out_pipe[2], err_pipe[2];
+  EXPECT_EQ(pipe2(out_pipe, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(err_pipe, O_CLOEXEC), 0);
+  std::vector<char*> argv;
+  std::vector<std::string> copy = args;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Ran ran;
+  std::string* sinks[2] = {&ran.out, &ran.err};
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  const auto deadline = start + std::chrono::duration<double>(limit_s);
+  int open = 2;
+  while (open > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(-pid, SIGKILL);
+      ran.killed_at_limit = true;
+      break;
+    }
+    if (poll(fds, 2, int(std::min<long long>(left.count(), 100))) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, std::size_t(n));
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) close(f.fd);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  ran.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ran;
+}
+
+std::vector<std::string> tally(std::vector<std::string> args) {
+  args.insert(args.begin(), TALLY_BINARY);
+  return args;
+}
+
+int count_of(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// True when pid is gone (or a zombie nobody will run again).
+bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
+         line[close_paren + 2] == 'Z';
+}
+
+std::filesystem::path fresh_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("tally_launch_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(Launch, SuccessSetsTorchrunEnvironmentAndPrefixesOutput) {
+  const Ran r = run_command(tally(
+      {"launch", "--nproc", "3", "--master-port", "29517", "--", "/bin/sh", "-c",
+       "echo env $RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT; "
+       "echo to-stderr $RANK >&2"}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string s = std::to_string(rank);
+    EXPECT_NE(r.out.find("[rank " + s + "] env " + s + "/3/" + s + "/3 127.0.0.1:29517\n"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.err.find("[rank " + s + "] to-stderr " + s + "\n"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(count_of(r.out, "\n"), 3) << r.out;
+}
+
+TEST(Launch, PartialLastLineIsForwardedToo) {
+  const Ran r = run_command(tally({"launch", "--nproc", "1", "--", "/bin/sh", "-c", "printf 'a\\nb'"}));
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "[rank 0] a\n[rank 0] b\n");
+}
+
+TEST(Launch, FailingRankStopsTheOthersAndIsNamed) {
+  const Ran r = run_command(tally({"launch", "--nproc", "3", "--", "/bin/sh", "-c",
+                                   "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("tally launch: rank 1 failed (exited with status 3); stopped 2 running ranks"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(r.elapsed_s, 10) << "the sleeping ranks were not stopped promptly";
+}
+
+TEST(Launch, RankKilledBySignalIsNamed) {
+  const Ran r = run_command(
+      tally({"launch", "--nproc", "2", "--", "/bin/sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi"}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("rank 0 failed (killed by signal 9 (SIGKILL))"), std::string::npos) << r.err;
+}
+
+TEST(Launch, UnknownProgramFailsWithItsName) {
+  const Ran r = run_command(tally({"launch", "--nproc", "2", "--", "/nonexistent/prog"}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cannot execute '/nonexistent/prog'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with status 127"), std::string::npos) << r.err;
+}
+
+// Rank 1 ignores SIGTERM (and so does its child), so this also exercises the SIGKILL escalation
+// after the grace period; the pid files prove no rank's child outlives the launcher.
+TEST(Launch, TimeoutStopsEveryRankAndLeavesNothingBehind) {
+  const auto dir = fresh_dir("timeout");
+  const Ran r = run_command(tally(
+      {"launch", "--nproc", "2", "--timeout", "2", "--", "/bin/sh", "-c",
+       "if [ $RANK = 1 ]; then trap '' TERM; fi; sleep 60 & echo $! > " + dir.string() +
+           "/pid_$RANK; wait"}));
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_NE(r.err.find("tally launch: timeout after 2 s (--timeout); stopped 2 running ranks"),
+            std::string::npos)
+      << r.err;
+  EXPECT_GE(r.elapsed_s, 2.0);
+  EXPECT_LT(r.elapsed_s, 10.0);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream f(dir / ("pid_" + std::to_string(rank)));
+    pid_t pid = 0;
+    ASSERT_TRUE(f >> pid) << "rank " << rank << " wrote no pid file";
+    // The launcher has exited; give init a moment to reap its adopted zombies.
+    for (int i = 0; i < 50 && !process_gone(pid); ++i) usleep(20000);
+    EXPECT_TRUE(process_gone(pid)) << "rank " << rank << "'s sleep (pid " << pid << ") survived";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Launch, BadInputIsOneLineAndExitCode2) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"launch", "--nproc", "0", "--", "true"}, "--nproc = 0: must be in [1, 256]"},
+      {{"launch", "--nproc", "257", "--", "true"}, "--nproc = 257: must be in [1, 256]"},
+      {{"launch", "--nproc", "2", "--timeout", "-1", "--", "true"},
+       "--timeout = -1: must be >= 0 s (0 = no limit)"},
+      {{"launch", "--nproc", "2", "--master-port", "70000", "--", "true"},
+       "--master-port = 70000: must be in [0, 65535] (0 = a free port)"},
+      {{"launch", "--nproc", "2"}, "command"},
+      {{"launch", "--nproc", "two", "--", "true"}, "--nproc"},
+  };
+  for (const auto& c : cases) {
+    const Ran r = run_command(tally(c.args));
+    EXPECT_EQ(r.exit_code, 2) << c.message << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_EQ(count_of(r.err, "\n"), 1) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST(RunGlooSmoke, WithoutLauncherNamesTheMissingVariable) {
+  const Ran r = run_command({"/usr/bin/env", "-u", "RANK", "-u", "WORLD_SIZE", TALLY_BINARY, "run",
+                             "gloo-smoke"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("is not set: start ranks with `tally launch` or torchrun"), std::string::npos)
+      << r.err;
+}
+
+class LaunchGlooSmoke : public ::testing::TestWithParam<int> {};
+
+TEST_P(LaunchGlooSmoke, EveryRankSumsToTriangularNumber) {
+  const int k = GetParam();
+  const Ran r = run_command(tally({"launch", "--nproc", std::to_string(k), "--timeout", "40", "--",
+                                   TALLY_BINARY, "run", "gloo-smoke", "--timeout", "20"}));
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string expected = std::to_string(k * (k + 1) / 2);
+  for (int rank = 0; rank < k; ++rank)
+    EXPECT_NE(r.out.find("[rank " + std::to_string(rank) + "] gloo-smoke: rank " +
+                         std::to_string(rank) + " of " + std::to_string(k) + ": all-reduce sum " +
+                         expected + " vs expected k(k+1)/2 = " + expected + ": ok"),
+              std::string::npos)
+        << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, LaunchGlooSmoke, ::testing::Values(2, 4),
+                         [](const auto& info) { return "k" + std::to_string(info.param); });
+
+// The contract is torchrun's, so PyTorch's own env:// rendezvous works under `tally launch`.
+TEST(Launch, PyTorchPeerUnderTorchrunContract) {
+  const char* python = "/usr/bin/python3";
+  if (access(python, X_OK) != 0) GTEST_SKIP() << "no " << python;
+  const Ran probe = run_command({python, "-c", "import torch.distributed"});
+  if (probe.exit_code != 0) GTEST_SKIP() << python << " has no torch.distributed";
+  const std::string script =
+      "import torch, torch.distributed as d\n"
+      "d.init_process_group('gloo')\n"
+      "t = torch.tensor([float(d.get_rank() + 1)])\n"
+      "d.all_reduce(t)\n"
+      "print('sum', int(t.item()), flush=True)\n"
+      "d.destroy_process_group()\n";
+  const Ran r = run_command(
+      tally({"launch", "--nproc", "2", "--timeout", "40", "--", python, "-c", script}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] sum 3\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] sum 3\n"), std::string::npos) << r.out;
+}
+
+}  // namespace
