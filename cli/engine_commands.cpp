@@ -2,6 +2,8 @@
 // line and exits 2); a failed run exits with the launcher's code (1 a rank failed, 124 timeout).
 #include "engine_commands.hpp"
 
+#include "run_registry.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -83,6 +85,12 @@ void register_engine_commands(CLI::App& app) {
     run->require_subcommand(1);
   }
   register_gloo_smoke(*run);
+  for (RunRegistrar r : run_registry()) r(*run);
+}
+
+std::vector<RunRegistrar>& run_registry() {
+  static std::vector<RunRegistrar> registry;
+  return registry;
 }
 
 }  // namespace tally::cli

@@ -1,0 +1,19 @@
+// Self-registration of `tally run <experiment>` commands: each cli/run_<name>.cpp defines
+//   static const RegisterRun reg{[](CLI::App& run) { ... run.add_subcommand("<name>", ...) ... }};
+// so adding an experiment touches no shared file. (The run_*.cpp files are linked straight into the
+// tally executable, never into a static library, so their registrars always run.)
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <vector>
+
+namespace tally::cli {
+
+using RunRegistrar = void (*)(CLI::App& run);
+std::vector<RunRegistrar>& run_registry();
+
+struct RegisterRun {
+  explicit RegisterRun(RunRegistrar f) { run_registry().push_back(f); }
+};
+
+}  // namespace tally::cli
