@@ -1,5 +1,7 @@
 #include "tally/io/checkpoint.hpp"
 
+#include "tally/core/sharding.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -186,10 +188,8 @@ FlatRange shard_range(std::int64_t numel, int world_size, int rank) {
   if (numel < 0 || world_size < 1 || rank < 0 || rank >= world_size)
     throw InvalidInput("shard_range: numel = " + str(numel) + ", world_size = " + str(world_size) +
                        ", rank = " + str(rank) + ": need numel >= 0 and 0 <= rank < world_size");
-  const std::int64_t base = numel / world_size;
-  const std::int64_t extra = numel % world_size;  // ranks [0, extra) hold base + 1
-  const std::int64_t r = rank;
-  return {.offset = r * base + std::min(r, extra), .count = base + (r < extra ? 1 : 0)};
+  const ShardSpan s = shard_span(numel, world_size, rank);
+  return {.offset = s.offset, .count = s.count};
 }
 
 std::string shard_file_name(int rank, int world_size) {

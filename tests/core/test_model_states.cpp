@@ -127,3 +127,24 @@ TEST(ModelStates, RejectsBadInput) {
 
 }  // namespace
 }  // namespace tally
+
+#include "tally/core/sharding.hpp"
+
+namespace tally {
+namespace {
+// The sharding rule covers [0, numel) exactly, in rank order, sizes differing by at most one.
+TEST(Sharding, SpansTileTheRange) {
+  for (std::int64_t n : {0, 1, 7, 8, 1000003})
+    for (int k : {1, 2, 3, 4, 8}) {
+      std::int64_t next = 0;
+      for (int r = 0; r < k; ++r) {
+        const ShardSpan s = shard_span(n, k, r);
+        EXPECT_EQ(s.offset, next);
+        EXPECT_TRUE(s.count == n / k || s.count == n / k + 1);
+        next += s.count;
+      }
+      EXPECT_EQ(next, n);
+    }
+}
+}  // namespace
+}  // namespace tally
