@@ -86,10 +86,16 @@ void register_engine_commands(CLI::App& app) {
   }
   register_gloo_smoke(*run);
   for (RunRegistrar r : run_registry()) r(*run);
+  for (CommandRegistrar r : command_registry()) r(app);
 }
 
 std::vector<RunRegistrar>& run_registry() {
   static std::vector<RunRegistrar> registry;
+  return registry;
+}
+
+std::vector<CommandRegistrar>& command_registry() {
+  static std::vector<CommandRegistrar> registry;
   return registry;
 }
 

@@ -16,4 +16,14 @@ struct RegisterRun {
   explicit RegisterRun(RunRegistrar f) { run_registry().push_back(f); }
 };
 
+// The same for top-level engine commands (e.g. `tally bench` in cli/bench_commands.cpp):
+//   static const RegisterCommand reg{[](CLI::App& app) { ... app.add_subcommand("bench", ...) ... }};
+// register_engine_commands() calls each with the root app.
+using CommandRegistrar = void (*)(CLI::App& app);
+std::vector<CommandRegistrar>& command_registry();
+
+struct RegisterCommand {
+  explicit RegisterCommand(CommandRegistrar f) { command_registry().push_back(f); }
+};
+
 }  // namespace tally::cli

@@ -1,0 +1,287 @@
+// `tally bench allreduce`: the nccl-tests-style all-reduce benchmark (engine/bench_allreduce.hpp)
+// on every rank of a job started with `tally launch --nproc N -- tally bench allreduce ...` or
+// torchrun. The runner lives in the engine; this file parses flags and holds the two reporters
+// (text table, JSON), which print on rank 0 only. Exit codes: 0 ok, 1 #wrong > 0 or the ring's
+// counted bytes differ from the core's, 2 bad input. The seed ④ checks are reported as PASS/FAIL
+// lines but do not change the exit code (they measure the machine, not tally).
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "run_registry.hpp"
+#include "tally/core/comm.hpp"
+#include "tally/core/types.hpp"
+#include "tally/engine/bench_allreduce.hpp"
+#include "tally/engine/dist_env.hpp"
+#include "tally/io/calibration.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct BenchAllReduceFlags {
+  std::vector<double> sizes_mb;
+  double min_mb = 0, max_mb = 0, factor = 4;
+  int warmup = 5, iters = 20;
+  std::string algo = "both";
+  double timeout_s = 60;
+  bool json = false;
+  std::string calibration_out;
+};
+
+engine::BenchAllReduceOptions to_options(const BenchAllReduceFlags& f) {
+  engine::BenchAllReduceOptions o;
+  if (f.min_mb > 0 || f.max_mb > 0) {
+    if (!(f.min_mb > 0) || !(f.max_mb > 0))
+      throw InvalidInput("--min-mb and --max-mb go together (with --factor, default 4)");
+    o.sizes_bytes = engine::geometric_sizes(f.min_mb * kMB, f.max_mb * kMB, f.factor);
+  } else if (!f.sizes_mb.empty()) {
+    o.sizes_bytes.clear();
+    for (double mb : f.sizes_mb) o.sizes_bytes.push_back(mb * kMB);
+  }
+  o.warmup_iters = f.warmup;
+  o.iters = f.iters;
+  if (f.algo == "gloo") o.algorithms = {engine::AllReduceAlgorithm::gloo};
+  if (f.algo == "ring") o.algorithms = {engine::AllReduceAlgorithm::ring};
+  o.timeout_s = f.timeout_s;
+  try {
+    o.validate();
+  } catch (const InvalidInput& e) {
+    throw InvalidInput(std::string("bench allreduce: ") + e.what());
+  }
+  return o;
+}
+
+// The ranks share one host when the rendezvous is on loopback or torchrun says so.
+bool single_host(const engine::DistEnv& env) {
+  if (engine::is_loopback_address(env.master_addr)) return true;
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  return local != nullptr && std::string(local) == std::to_string(env.world_size);
+}
+
+engine::AllReduceAlgorithm fit_source(const engine::BenchAllReduceResult& r) {
+  for (auto a : r.algorithms)
+    if (a == engine::AllReduceAlgorithm::gloo) return a;
+  return engine::AllReduceAlgorithm::ring;
+}
+
+// Written to a temporary name and renamed, so a reader never sees half a file.
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) throw std::runtime_error("--calibration-out: cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw std::runtime_error("--calibration-out: cannot rename to " + path);
+  }
+}
+
+double us(double s) { return s * 1e6; }
+double gbs(double bps) { return bps / kGB; }
+
+void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f, bool one_host) {
+  const int k = r.world_size;
+  fmt::print("# tally bench allreduce: k = {} ranks ({}), c10d Gloo, float32, sum; {} warm-up + {} "
+             "timed iterations per size\n",
+             k, one_host ? "1 host" : "multi-host", r.warmup_iters, r.iters);
+  fmt::print("# time_us: per iteration, the slowest rank's own time after a barrier; median, min, "
+             "max over iterations\n");
+  fmt::print("# algbw = S/time_med; busbw = bus_bandwidth(all-reduce, algbw, k) = algbw*2(k-1)/k "
+             "(core/comm.hpp, nccl-tests); GB = 1e9 B\n");
+  fmt::print("# gloo = Comm::all_reduce (Gloo's algorithm); ring = Comm::ring_all_reduce (tally's "
+             "ring over send/recv)\n#\n");
+  fmt::print("# {:>11} {:>11} {:>5} {:>11} {:>11} {:>11} {:>10} {:>10} {:>7}\n", "size_B",
+             "count_el", "algo", "med_us", "min_us", "max_us", "algbw_GB/s", "busbw_GB/s", "#wrong");
+  for (const auto& row : r.rows)
+    fmt::print("  {:>11.0f} {:>11} {:>5} {:>11.1f} {:>11.1f} {:>11.1f} {:>10.3f} {:>10.3f} {:>7}\n",
+               row.size_bytes, row.count, engine::to_string(row.algorithm), us(row.time.median_s),
+               us(row.time.min_s), us(row.time.max_s), gbs(row.algbw_bps), gbs(row.busbw_bps),
+               row.wrong);
+  fmt::print("# #wrong total: {}\n", r.total_wrong());
+  const auto ring = r.rows_of(engine::AllReduceAlgorithm::ring);
+  if (!ring.empty()) {
+    fmt::print("# ring bytes sent per rank per call == core collective_bytes_per_rank = 2S(k-1)/k "
+               "exactly, every rank, every call: {}\n",
+               r.ring_bytes_exact() ? "PASS" : "FAIL");
+    for (const auto& row : ring)
+      fmt::print("#   S = {:.0f} B: counted {:.0f} B vs core {:.0f} B{}\n", row.size_bytes,
+                 row.bytes_per_rank_counted, row.bytes_per_rank_core,
+                 row.bytes_exact ? "" : "  MISMATCH (on some rank / call)");
+  }
+  for (auto a : r.algorithms) {
+    const engine::AlphaBetaFit fit = r.fit(a);
+    if (fit.ok)
+      fmt::print("# fit {}: alpha = {:.2f} us/step, beta = {:.3f} GB/s  (t = alpha*2(k-1) + "
+                 "2S(k-1)/k/beta, relative least squares; max residual {:.0f}%{}{})\n",
+                 engine::to_string(a), us(fit.alpha_s), gbs(fit.beta_bps), 100 * fit.max_rel_error,
+                 fit.note.empty() ? "" : "; ", fit.note);
+    else
+      fmt::print("# fit {}: none ({})\n", engine::to_string(a), fit.note);
+  }
+  if (auto ratio = r.ring_over_gloo_busbw())
+    fmt::print("# ring/gloo busbw at {:.0f} B: {:.3f}\n", r.rows.back().size_bytes, *ratio);
+  for (const auto& c : r.checks())
+    fmt::print("# seed 4: {} {}\n", engine::to_string(c.state), c.line);
+  if (!f.calibration_out.empty() && r.ok())
+    fmt::print("# calibration written to {} ({}, fitted to {})\n", f.calibration_out,
+               one_host ? "intra_node" : "inter_node", engine::to_string(fit_source(r)));
+  fmt::print("# {}\n", r.ok() ? "ok" : "FAILED: wrong results or ring bytes differ from the core");
+}
+
+nlohmann::json fit_json(const engine::AlphaBetaFit& fit) {
+  return {{"ok", fit.ok},
+          {"alpha_s", fit.alpha_s},
+          {"beta_bytes_per_s", fit.beta_bps},
+          {"max_rel_error", fit.max_rel_error},
+          {"note", fit.note}};
+}
+
+void print_json_report(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f,
+                       bool one_host) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : r.rows)
+    rows.push_back({{"algorithm", std::string(engine::to_string(row.algorithm))},
+                    {"size_bytes", row.size_bytes},
+                    {"count", row.count},
+                    {"time_s_median", row.time.median_s},
+                    {"time_s_min", row.time.min_s},
+                    {"time_s_max", row.time.max_s},
+                    {"algbw_bytes_per_s", row.algbw_bps},
+                    {"busbw_bytes_per_s", row.busbw_bps},
+                    {"wrong", row.wrong},
+                    {"bytes_per_rank_core", row.bytes_per_rank_core},
+                    {"bytes_per_rank_counted", row.bytes_per_rank_counted},
+                    {"bytes_exact", row.bytes_exact}});
+  nlohmann::json fits = nlohmann::json::object();
+  for (auto a : r.algorithms) fits[std::string(engine::to_string(a))] = fit_json(r.fit(a));
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& c : r.checks())
+    checks.push_back({{"state", std::string(engine::to_string(c.state))}, {"line", c.line}});
+  const auto ratio = r.ring_over_gloo_busbw();
+  print_json({{"command", "bench allreduce"},
+              {"ranks", r.world_size},
+              {"single_host", one_host},
+              {"dtype", "float32"},
+              {"op", "sum"},
+              {"warmup_iters", r.warmup_iters},
+              {"iters", r.iters},
+              {"time_convention",
+               "per iteration the slowest rank's own time after a barrier; median/min/max over "
+               "iterations"},
+              {"busbw_convention", "bus_bandwidth(all-reduce, algbw, k) = algbw*2(k-1)/k"},
+              {"rows", rows},
+              {"total_wrong", r.total_wrong()},
+              {"ring_bytes_exact", r.ring_bytes_exact()},
+              {"fits", fits},
+              {"checks", checks},
+              {"ring_over_gloo_busbw", ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr)},
+              {"calibration_out",
+               f.calibration_out.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.calibration_out)},
+              {"ok", r.ok()}});
+}
+
+void run_bench_allreduce_command(const BenchAllReduceFlags& f) {
+  const engine::BenchAllReduceOptions options = to_options(f);
+  const engine::DistEnv env = engine::DistEnv::from_environment();
+  if (!f.calibration_out.empty()) {
+    if (env.world_size < 2)
+      throw InvalidInput("--calibration-out needs WORLD_SIZE >= 2 (k = 1 moves no bytes to fit)");
+    const auto parent = std::filesystem::absolute(f.calibration_out).parent_path();
+    if (!std::filesystem::is_directory(parent))
+      throw InvalidInput("--calibration-out = '" + f.calibration_out + "': directory " +
+                         parent.string() + " does not exist");
+  }
+  const engine::BenchAllReduceResult r = engine::run_bench_allreduce(env, options);
+  const bool one_host = single_host(env);
+  if (env.rank == 0 && !f.calibration_out.empty() && r.ok())
+    write_file(f.calibration_out,
+               io::calibration_to_json(engine::to_calibration(r, one_host, fit_source(r))));
+  if (env.rank == 0) {
+    if (f.json)
+      print_json_report(r, f, one_host);
+    else
+      print_text(r, f, one_host);
+    std::cout.flush();
+  }
+  if (!r.ok())
+    throw std::runtime_error("bench allreduce: " + std::to_string(r.total_wrong()) +
+                             " wrong elements; ring bytes " +
+                             (r.ring_bytes_exact() ? "exact" : "differ from the core's"));
+}
+
+void register_bench_allreduce(CLI::App& bench) {
+  auto f = std::make_shared<BenchAllReduceFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "allreduce",
+      "time all-reduce (Gloo's and tally's ring) over sizes on every rank, check results, fit "
+      "alpha/beta");
+  cmd->footer(
+      "Start on every rank: tally launch --nproc N -- tally bench allreduce [flags]\n"
+      "Sizes in MB = 1e6 B of float32 (the seed's MB*250000 elements), each rounded down to a "
+      "multiple of k elements so the ring's bytes are exact. Output (rank 0): size_B, count_el, "
+      "time_us median/min/max, algbw and busbw in GB/s, #wrong; --calibration-out FILE writes the "
+      "fitted alpha/beta for `tally comm|plan --calibration FILE`.");
+  auto* sizes = cmd->add_option("--sizes-mb", f->sizes_mb,
+                                "sizes S in MB (1e6 B), ascending, comma-separated (default "
+                                "1,4,16,64)")
+                    ->delimiter(',');
+  auto* min = cmd->add_option("--min-mb", f->min_mb, "sweep start, MB (nccl-tests -b)")
+                  ->check(CLI::Range(1e-6, 4e3));
+  auto* max = cmd->add_option("--max-mb", f->max_mb, "sweep end, MB (nccl-tests -e)")
+                  ->check(CLI::Range(1e-6, 4e3));
+  cmd->add_option("--factor", f->factor, "sweep factor (nccl-tests -f)")
+      ->check(CLI::Range(1.000001, 1e6))
+      ->capture_default_str();
+  sizes->excludes(min)->excludes(max);
+  cmd->add_option("--warmup", f->warmup, "warm-up iterations per size and algorithm")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
+  cmd->add_option("--iters", f->iters, "timed iterations per size and algorithm")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--algo", f->algo, "gloo | ring | both")
+      ->check(one_of({"gloo", "ring", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "seconds for the rendezvous and each collective")
+      ->check(CLI::Range(1e-3, 86400.0))
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
+  cmd->add_option("--calibration-out", f->calibration_out,
+                  "write the fitted alpha/beta and the measured points as a calibration JSON");
+  cmd->callback([f] { run_bench_allreduce_command(*f); });
+}
+
+void register_bench(CLI::App& app) {
+  CLI::App* bench = nullptr;
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == "bench") bench = sub;
+  if (bench == nullptr) {
+    bench = app.add_subcommand("bench", "benchmarks run on every rank (start ranks with `tally "
+                                        "launch`)");
+    bench->require_subcommand(1);
+  }
+  register_bench_allreduce(*bench);
+}
+
+const RegisterCommand kRegisterBench{register_bench};
+
+}  // namespace
+
+}  // namespace tally::cli
