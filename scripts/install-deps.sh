@@ -8,6 +8,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libopenblas0-pthread
   python3-torch python3-numpy
 )
 
