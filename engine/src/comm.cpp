@@ -182,18 +182,10 @@ struct Comm::Impl {
 
   // ---- operations on owned, contiguous CPU tensors (Note [owned tensors]) ----
 
-  void all_reduce(at::Tensor& t, ReduceOp op) {
-    check_usable("all-reduce", -1);
-    const double size_bytes = double(t.nbytes());
-    if (t.numel() > 0) {
-      std::vector<at::Tensor> tensors{t};
-      c10d::AllreduceOptions opts;
-      opts.timeout = timeout;
-      wait(group->allreduce(tensors, opts), "all-reduce", -1, describe("all-reduce", size_bytes));
-      if (op == ReduceOp::average) t.div_(k());
-    }
-    count(Collective::all_reduce, size_bytes);
-  }
+  void all_reduce(at::Tensor& t, ReduceOp op);  // start_all_reduce + finish
+  // Enqueues the all-reduce on Gloo's workers and counts it (Note [async collectives]).
+  PendingCollective::State start_all_reduce(const at::Tensor& t, ReduceOp op);
+  void finish(PendingCollective::State& pending);
 
   void broadcast(at::Tensor& t, int root) {
     check_peer(root, "root_rank", "broadcast");
@@ -289,6 +281,81 @@ struct Comm::Impl {
     wait(group->barrier(opts), "barrier", -1, "barrier of " + std::to_string(k()) + " ranks");
   }
 };
+
+// Note [async collectives]
+// all_reduce_async enqueues the collective on ProcessGroupGloo's worker threads and returns; Gloo
+// numbers collectives in issue order, so ranks that issue the same sequence match up however the
+// calls interleave with computation (DDP issues one per gradient bucket from autograd hooks while
+// the backward pass goes on). The tensor Gloo works on is owned by the handle (Note [owned
+// tensors]); the average's division and any copy back to the caller happen in wait(). The timeout
+// counts from wait(): a collective that has been running while the caller computed is not charged
+// for that time, and Gloo's own context timeout still bounds every transfer.
+struct PendingCollective::State {
+  Comm::Impl* impl = nullptr;
+  c10::intrusive_ptr<c10d::Work> work;  // null when there was nothing to reduce
+  at::Tensor reduced;                   // contiguous, what Gloo reduces in place
+  at::Tensor target;                    // defined: copy `reduced` back into it (non-contiguous)
+  Buffer out;                           // data set: copy `reduced` back into it (Buffer API)
+  ReduceOp op = ReduceOp::sum;
+  std::string what;                     // "all-reduce of 40 bytes over 2 ranks"
+  bool waited = false;
+};
+
+PendingCollective::State Comm::Impl::start_all_reduce(const at::Tensor& t, ReduceOp op) {
+  check_usable("all-reduce", -1);
+  const double size_bytes = double(t.nbytes());
+  PendingCollective::State s;
+  s.impl = this;
+  s.reduced = t;
+  s.op = op;
+  s.what = describe("all-reduce", size_bytes);
+  if (t.numel() > 0) {
+    std::vector<at::Tensor> tensors{t};
+    c10d::AllreduceOptions opts;
+    opts.timeout = timeout;
+    try {
+      s.work = group->allreduce(tensors, opts);
+    } catch (...) {
+      fail("all-reduce", -1, s.what, current_error());
+    }
+  }
+  count(Collective::all_reduce, size_bytes);
+  return s;
+}
+
+void Comm::Impl::all_reduce(at::Tensor& t, ReduceOp op) {
+  PendingCollective::State pending = start_all_reduce(t, op);
+  finish(pending);
+}
+
+void Comm::Impl::finish(PendingCollective::State& s) {
+  if (s.waited) return;
+  if (s.work) {
+    check_usable("all-reduce", -1);
+    wait(s.work, "all-reduce", -1, s.what);
+    s.work.reset();
+  }
+  if (s.op == ReduceOp::average && s.reduced.numel() > 0) s.reduced.div_(k());
+  if (s.target.defined()) s.target.copy_(s.reduced);
+  if (s.out.data != nullptr) copy_out(s.reduced, s.out);
+  s.waited = true;
+}
+
+PendingCollective::PendingCollective() = default;
+PendingCollective::PendingCollective(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+PendingCollective::~PendingCollective() = default;
+
+void PendingCollective::wait() {
+  if (state_) state_->impl->finish(*state_);
+}
+
+bool PendingCollective::waited() const { return !state_ || state_->waited; }
+
+bool PendingCollective::done() const {
+  return !state_ || state_->waited || !state_->work || state_->work->isCompleted();
+}
 
 namespace {
 
@@ -393,6 +460,13 @@ void Comm::all_reduce(Buffer data, ReduceOp op) {
   copy_out(t, data);
 }
 
+PendingCollective Comm::all_reduce_async(Buffer data, ReduceOp op) {
+  auto state =
+      std::make_unique<PendingCollective::State>(impl_->start_all_reduce(owned_copy(data), op));
+  state->out = data;
+  return PendingCollective(std::move(state));
+}
+
 void Comm::reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op) {
   require_same_dtype(input.dtype, output.dtype, "reduce-scatter");
   Impl& m = *impl_;
@@ -471,6 +545,14 @@ void in_place(at::Tensor& t, Fn&& fn) {
 void all_reduce(Comm& comm, at::Tensor& tensor, ReduceOp op) {
   dtype_of_tensor(tensor, "all-reduce");
   in_place(tensor, [&](at::Tensor& c) { comm.impl().all_reduce(c, op); });
+}
+
+PendingCollective all_reduce_async(Comm& comm, at::Tensor& tensor, ReduceOp op) {
+  dtype_of_tensor(tensor, "all-reduce");
+  const at::Tensor c = tensor.contiguous();
+  auto state = std::make_unique<PendingCollective::State>(comm.impl().start_all_reduce(c, op));
+  if (!c.is_same(tensor)) state->target = tensor;
+  return PendingCollective(std::move(state));
 }
 
 void reduce_scatter(Comm& comm, const at::Tensor& input, at::Tensor& output, ReduceOp op) {

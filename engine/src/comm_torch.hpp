@@ -13,6 +13,11 @@
 namespace tally::engine {
 
 void all_reduce(Comm& comm, at::Tensor& tensor, ReduceOp op = ReduceOp::sum);
+// Started, not waited (comm.hpp's PendingCollective): a contiguous tensor is reduced in place by
+// Gloo (the handle keeps it alive); a non-contiguous one through a copy written back by wait().
+// The tensor must not be read or written until wait() returns.
+[[nodiscard]] PendingCollective all_reduce_async(Comm& comm, at::Tensor& tensor,
+                                                 ReduceOp op = ReduceOp::sum);
 // output: chunk_range(input.numel(), k, rank) of the reduced input.
 void reduce_scatter(Comm& comm, const at::Tensor& input, at::Tensor& output,
                     ReduceOp op = ReduceOp::sum);

@@ -190,6 +190,39 @@ TEST(Comm, BadArgumentsAreInvalidInputNamingBothValues) {
   EXPECT_TRUE(result.all_ok()) << result.describe();
 }
 
+// Note [async collectives]: several all-reduces in flight at once, waited in any order; each is
+// counted when started and writes the caller's buffer only in wait().
+TEST(CommAsync, AllReducesInFlightCompleteInWaitWithCounters) {
+  const auto result = run_ranks(3, kSweepLimit_s, [](const DistEnv& env) {
+    Comm comm(env, {.timeout_s = kTimeout_s});
+    const int k = env.world_size, r = env.rank;
+    std::vector<float> a(1001, float(r + 1));
+    std::vector<double> b(7, double(r));
+    std::vector<float> empty;
+    PendingCollective pa = comm.all_reduce_async(a);
+    PendingCollective pb = comm.all_reduce_async(b, ReduceOp::average);
+    PendingCollective pe = comm.all_reduce_async(empty);
+    EXPECT_EQ(comm.counters()[Collective::all_reduce].calls, 3);  // counted when started
+    EXPECT_DOUBLE_EQ(comm.counters()[Collective::all_reduce].bytes_sent,
+                     collective_bytes_per_rank(Collective::all_reduce, 1001 * 4 + 7 * 8, k));
+    EXPECT_FALSE(pa.waited());
+    EXPECT_EQ(b[0], double(r)) << "written before wait()";
+    pb.wait();  // out of issue order
+    pa.wait();
+    pe.wait();
+    pa.wait();  // idempotent
+    EXPECT_TRUE(pa.waited());
+    expect_values<float>(a, [&](std::int64_t) { return float(triangular(k)); }, "async sum");
+    expect_values<double>(b, [&](std::int64_t) { return (k - 1) / 2.0; }, "async average");
+    PendingCollective none;
+    none.wait();  // a default handle has nothing to do
+    PendingCollective moved = std::move(pa);
+    moved.wait();
+    comm.barrier();  // the group is still in step
+  });
+  EXPECT_TRUE(result.all_ok()) << result.describe();
+}
+
 // DESIGN.md §5: a dead rank makes the others fail, naming it where the operation knows the peer.
 TEST(CommFailure, PeerThatExitsEarlyMakesOthersThrowWithinTimeout) {
   constexpr double timeout_s = 5;

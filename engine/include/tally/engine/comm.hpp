@@ -3,8 +3,9 @@
 //
 // Contract (as c10d's ProcessGroup): every rank calls the same operations in the same order with
 // the same element counts and dtype. Every call blocks until it completes on this rank or the
-// timeout passes; a timeout, a dead peer or a broken connection throws CommError naming the
-// operation and, where known, the peer rank. After a CommError the Comm is unusable (every later
+// timeout passes (all_reduce_async returns at once; its PendingCollective::wait() blocks
+// instead); a timeout, a dead peer or a broken connection throws CommError naming the operation
+// and, where known, the peer rank. After a CommError the Comm is unusable (every later
 // call throws CommError at once): which messages a half-finished collective left in flight is
 // unknown, so carrying on could match the wrong data.
 //
@@ -127,6 +128,32 @@ struct CommCounters {
   const CollectiveCounter& operator[](Collective c) const { return by_collective[std::size_t(c)]; }
 };
 
+// A collective started by Comm::all_reduce_async (or the at::Tensor overload): it runs on Gloo's
+// worker threads while the caller goes on (computing more gradients, say). wait() blocks until it
+// completes on this rank or the Comm's timeout passes, counted from the wait() call, and then
+// writes the result (see Note [async collectives] in comm.cpp). Failures are those of the blocking
+// call: CommError, and the Comm is unusable afterwards. Counters are updated when the collective is
+// started, so they count collectives issued. A handle must not outlive its Comm; destroying one
+// without wait() abandons the result (Gloo still finishes or fails the transfer on its own
+// memory, so the group stays consistent). Default-constructed or moved-from: wait() does nothing.
+class PendingCollective {
+ public:
+  PendingCollective();
+  PendingCollective(PendingCollective&&) noexcept;
+  PendingCollective& operator=(PendingCollective&&) noexcept;
+  ~PendingCollective();
+
+  void wait();                 // idempotent; throws CommError on failure or timeout
+  bool waited() const;         // true after a successful wait() (or when there was nothing to do)
+  bool done() const;           // without blocking: Gloo has finished it (or failed it)
+
+  struct State;  // torch-side, defined in comm.cpp
+  explicit PendingCollective(std::unique_ptr<State> state);
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 class Comm {
  public:
   // Rendezvous: rank 0 serves a c10d TCPStore on env.master_addr:env.master_port, every rank
@@ -144,6 +171,10 @@ class Comm {
 
   // In place: data becomes the element-wise sum (or average) over ranks. Gloo's algorithm.
   void all_reduce(Buffer data, ReduceOp op = ReduceOp::sum);
+  // all_reduce started without waiting: data is read now and written by the handle's wait(), so
+  // it must stay alive until then. Every rank must start its collectives in the same order (Gloo
+  // matches them by issue order), whether blocking or not.
+  [[nodiscard]] PendingCollective all_reduce_async(Buffer data, ReduceOp op = ReduceOp::sum);
   // input: the full count-element buffer on every rank; output: chunk_range(count, k, rank) of the
   // reduced result (output.count must equal that chunk's count). Gloo 1.13 has no reduce-scatter,
   // so this runs the reduce-scatter half of tally's ring over send / recv.

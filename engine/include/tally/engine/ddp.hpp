@@ -1,0 +1,79 @@
+// Data-parallel training (DDP): the torch-free half of tally's DistributedDataParallel — options,
+// the bucket plan, and the per-rank statistics experiments and tests read. The engine class itself
+// takes at::Tensor parameters and lives in engine/src/ddp_torch.hpp (internal).
+//
+// What DDP does, per rank (PyTorch's DistributedDataParallel, c10d/reducer.cpp, on Gloo):
+//   1. at construction, every parameter is broadcast from rank 0, so all replicas start equal;
+//   2. parameters are grouped into buckets of about bucket_cap_bytes, in reverse registration
+//      order (the order backward produces their gradients);
+//   3. an autograd hook on each parameter's gradient accumulator counts it ready; when a bucket's
+//      gradients are all ready, its all-reduce is started at once (buckets strictly in order), so
+//      communication overlaps the rest of the backward pass;
+//   4. before the optimizer step, finish_gradient_sync() waits for every bucket and writes the
+//      average over ranks into each parameter's .grad.
+// Inside a no_sync() scope backward passes only accumulate into .grad (gradient accumulation):
+// nothing is sent until the next backward outside it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tally::engine {
+
+inline constexpr double kMiB = 1024.0 * 1024.0;
+
+struct DdpOptions {
+  // A bucket is closed once its gradients reach this many bytes (in the gradients' dtype), so a
+  // bucket may overshoot by one tensor; 1 byte gives one parameter per bucket, a huge value one
+  // bucket. PyTorch's bucket_cap_mb = 25 means 25 MiB (bucket_cap_mb * 1024 * 1024).
+  double bucket_cap_bytes = 25 * kMiB;
+  void validate() const;  // throws InvalidInput naming the field and value
+};
+
+// Buckets in reduction order; each lists parameter indices (registration order numbering) in the
+// order they are packed. Parameters are taken last to first and a bucket closes when its bytes
+// reach cap_bytes (c10d's compute_bucket_assignment_by_size applied to the reversed parameter
+// list; PyTorch's smaller 1 MiB first bucket is not reproduced). A pure function, tested alone.
+std::vector<std::vector<std::size_t>> compute_bucket_assignment_by_size(
+    std::span<const double> param_bytes, double cap_bytes);
+
+// Per-rank counts since construction (or reset_stats()).
+//
+// Definitions (the grad-accum experiment's criterion ⑤ is stated in them):
+//   backward_passes    backward passes in which every parameter's gradient was accumulated,
+//                      counted by the hooks, inside or outside no_sync;
+//   sync_events        backward passes whose gradients were reduced: each launches every
+//                      bucket's all-reduce once. With accumulation over K micro-batches,
+//                      sync_events = optimizer steps and backward_passes = K × that;
+//   bucket_all_reduces all-reduce calls issued for gradient buckets = sync_events × buckets;
+//   gradient_bytes_sent this rank's bytes for those calls, from the Comm counters (core formula
+//                      2S(k−1)/k on S = the bytes actually on the wire, in wire_dtype);
+//   buckets_done_during_backward  bucket all-reduces already complete when the backward pass's
+//                      last gradient arrived: communication measured to overlap computation.
+struct DdpStats {
+  std::int64_t backward_passes = 0;
+  std::int64_t no_sync_backward_passes = 0;
+  std::int64_t sync_events = 0;
+  std::int64_t bucket_all_reduces = 0;
+  double gradient_bytes_sent = 0;
+  std::int64_t buckets_done_during_backward = 0;
+  double wire_bytes_per_sync = 0;  // S summed over buckets, in wire_dtype
+  std::string grad_dtype;          // "float32", "bfloat16", "float64"
+  std::string wire_dtype;          // what Gloo reduces: bfloat16 travels as float32 (Note [bf16 on Gloo])
+};
+
+// Adam on fp32 master weights (mixed precision: bf16 parameters and gradients, fp32 master copy,
+// fp32 m and v: 2 + 2 + 4 + 4 + 4 bytes per parameter, DESIGN.md's 16N). torch.optim.Adam's
+// update with amsgrad = false and weight_decay = 0.
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  void validate() const;  // throws InvalidInput naming the field and value
+};
+
+}  // namespace tally::engine
