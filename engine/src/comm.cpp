@@ -106,10 +106,8 @@ std::string_view to_string(DType d) { return d == DType::f32 ? "float32" : "floa
 
 ChunkRange chunk_range(std::int64_t count, int ranks, int index) {
   TALLY_INVARIANT(count >= 0 && ranks >= 1 && index >= 0 && index < ranks);
-  const std::int64_t base = count / ranks;
-  const std::int64_t extra = count % ranks;  // chunks [0, extra) hold base + 1
-  const std::int64_t i = index;
-  return {.offset = i * base + std::min(i, extra), .count = base + (i < extra ? 1 : 0)};
+  const ShardSpan s = shard_span(count, ranks, index);  // core's one sharding rule
+  return {.offset = s.offset, .count = s.count};
 }
 
 bool CommError::timed_out() const { return mentions_timeout(what()); }
