@@ -27,6 +27,7 @@
 
 #include "comm_torch.hpp"
 #include "ring.hpp"
+#include "tally/core/sharding.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::engine {
