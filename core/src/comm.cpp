@@ -17,20 +17,6 @@ constexpr std::array<std::pair<Collective, std::string_view>, 5> kCollectives{{
     {Collective::broadcast, "broadcast"},
     {Collective::send_recv, "p2p"}}};
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-void require_int(bool ok, const char* field, std::int64_t value, const char* allowed) {
-  if (!ok) throw InvalidInput(std::string(field) + " = " + std::to_string(value) + ": " + allowed);
-}
-
-void require_real(bool ok, const char* field, double value, const char* allowed) {
-  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
-}
-
 }  // namespace
 
 std::string_view to_string(Collective c) {
@@ -127,8 +113,8 @@ std::string CollectiveCost::convention() const {
   return std::string(collective == Collective::send_recv ? "" : "ring ") +
          std::string(to_string(collective)) + ", k=" + std::to_string(ranks) +
          ", bytes per rank = " + bytes + ", steps = " + steps_f +
-         ", t = alpha*steps + bytes/beta (alpha " + num(link.latency_s) + " s, beta " +
-         num(link.bandwidth_bps) + " B/s)";
+         ", t = alpha*steps + bytes/beta (alpha " + format_number(link.latency_s) + " s, beta " +
+         format_number(link.bandwidth_bps) + " B/s)";
 }
 
 // nccl-tests doc/PERFORMANCE.md: busbw = algbw · factor, the factor that makes busbw comparable to
@@ -338,8 +324,8 @@ std::string StepTraffic::convention() const {
        ", recompute " + std::string(to_string(st.recompute)) + " | PP p=" +
        std::to_string(st.pp) + " | CP c=" + std::to_string(st.cp) + " | m=" +
        std::to_string(st.micro_batches) + " micro-batches of b=" +
-       std::to_string(st.micro_batch) + " | grad " + num(st.grad_bytes) + " B, param " +
-       num(st.param_bytes) + " B, act " + num(st.act_bytes) + " B per element";
+       std::to_string(st.micro_batch) + " | grad " + format_number(st.grad_bytes) + " B, param " +
+       format_number(st.param_bytes) + " B, act " + format_number(st.act_bytes) + " B per element";
   return c;
 }
 

@@ -8,16 +8,6 @@ namespace tally {
 
 namespace {
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-void require(bool ok, const char* field, double value, const char* allowed) {
-  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
-}
-
 struct TokenFlops {
   double model = 0;     // forward + backward
   double hardware = 0;  // + recompute
@@ -25,7 +15,7 @@ struct TokenFlops {
 
 // Sources in compute.hpp: 6N + 12·L·h·s; full recompute +2N + 4·L·h·s, selective +4·L·h·s.
 TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
-  require(seq >= 1, "seq_len", double(seq), "must be >= 1");
+  require_real(seq >= 1, "seq_len", double(seq), "must be >= 1");
   const double N = compute_params(m);
   const double attn_fwd =
       m.params_only ? 0.0 : 4.0 * double(m.layers) * double(m.hidden) * double(seq);
@@ -56,12 +46,12 @@ double lm_head_flops_per_token(const ModelSpec& m) {
 
 void ComputeSetup::validate() const {
   model.validate();
-  require(seq_len >= 1, "seq_len", double(seq_len), "must be >= 1");
-  require(global_batch >= 1, "global_batch", double(global_batch), "must be >= 1 sequences");
-  require(gpus >= 1, "gpus", gpus, "must be >= 1");
-  require(std::isfinite(peak_flops) && peak_flops > 0, "peak_flops", peak_flops,
+  require_real(seq_len >= 1, "seq_len", double(seq_len), "must be >= 1");
+  require_real(global_batch >= 1, "global_batch", double(global_batch), "must be >= 1 sequences");
+  require_real(gpus >= 1, "gpus", gpus, "must be >= 1");
+  require_real(std::isfinite(peak_flops) && peak_flops > 0, "peak_flops", peak_flops,
           "must be > 0 FLOP/s");
-  require(utilisation > 0 && utilisation <= 1, "utilisation", utilisation, "must be in (0, 1]");
+  require_real(utilisation > 0 && utilisation <= 1, "utilisation", utilisation, "must be in (0, 1]");
 }
 
 ComputeResult step_compute(const ComputeSetup& setup) {
@@ -86,13 +76,13 @@ std::string ComputeResult::convention() const {
   const auto& s = setup;
   std::string c = "FLOPs per token = 6N";
   if (!s.model.params_only) c += " + 12*L*h*s (attention unmasked)";
-  c += ", N = " + num(params_per_token) + (s.model.is_moe() ? " active" : "") + " params";
+  c += ", N = " + format_number(params_per_token) + (s.model.is_moe() ? " active" : "") + " params";
   c += " | recompute " + std::string(to_string(s.recompute));
   if (s.recompute == Recompute::full) c += " (+2N + 4*L*h*s hardware FLOPs)";
   if (s.recompute == Recompute::selective && !s.model.params_only)
     c += " (+4*L*h*s hardware FLOPs)";
   c += " | time = hardware FLOPs / (G=" + std::to_string(s.gpus) + " x peak " +
-       num(s.peak_flops) + " FLOP/s x utilisation " + num(s.utilisation) +
+       format_number(s.peak_flops) + " FLOP/s x utilisation " + format_number(s.utilisation) +
        ") | MFU on model FLOPs (no recompute)";
   return c;
 }

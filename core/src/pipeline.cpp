@@ -13,20 +13,6 @@ namespace tally {
 
 namespace {
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-void require_int(bool ok, const char* field, long long value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(field) + " = " + std::to_string(value) + ": " + allowed);
-}
-
-void require_real(bool ok, const char* field, double value, const char* allowed) {
-  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
-}
-
 // (P−1)/(v·M + P−1): the one expression bubble() and min_micro_batches_for_bubble() share.
 double bubble_fraction_of(int P, std::int64_t M, int v) {
   const double idle = double(P - 1);
@@ -79,7 +65,7 @@ std::string PipelineResult::convention() const {
   c += s.interleave == 1 ? ", bubble = (P-1)/(M+P-1)" : ", bubble = (P-1)/(v*M+P-1)";
   c += " = idle / wall-clock";
   if (s.forward_time_s)
-    c += ", t_b = " + num(s.backward_forward_ratio) + " t_f, t_f = " + num(*s.forward_time_s) +
+    c += ", t_b = " + format_number(s.backward_forward_ratio) + " t_f, t_f = " + format_number(*s.forward_time_s) +
          " s";
   return c;
 }

@@ -13,30 +13,20 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-void require(bool ok, const char* field, double value, const char* allowed) {
-  if (!ok) throw InvalidInput(std::string(field) + " = " + num(value) + ": " + allowed);
-}
-
 void require_nonneg(double v, const char* field, const char* unit) {
-  require(std::isfinite(v) && v >= 0, field, v, unit);
+  require_real(std::isfinite(v) && v >= 0, field, v, unit);
 }
 
 // MTBF may be +infinity (λ = 0) but never <= 0 or NaN.
 void require_mtbf(double mtbf) {
-  require(mtbf > 0, "mtbf_hours", mtbf, "must be > 0 hours (infinity when the failure rate is 0)");
+  require_real(mtbf > 0, "mtbf_hours", mtbf, "must be > 0 hours (infinity when the failure rate is 0)");
 }
 
 }  // namespace
 
 // seed §A4 (1): a job of G components fails when any one does, λ_sys ≈ G·λ, MTBF ≈ 1/(G·λ).
 double mtbf_hours(double gpus, double failure_rate_per_hour) {
-  require(std::isfinite(gpus) && gpus >= 1, "gpus", gpus, "must be >= 1");
+  require_real(std::isfinite(gpus) && gpus >= 1, "gpus", gpus, "must be >= 1");
   require_nonneg(failure_rate_per_hour, "failure_rate_per_hour", "must be >= 0 per GPU-hour");
   if (failure_rate_per_hour == 0) return kInf;
   return 1.0 / (gpus * failure_rate_per_hour);
@@ -45,9 +35,9 @@ double mtbf_hours(double gpus, double failure_rate_per_hour) {
 // seed §A4 (2): t_save = state / write bandwidth (112 GB / 2 GB/s = 56 s); full: 128 × 112 GB.
 double save_seconds(double state_bytes, double write_bps, double copies) {
   require_nonneg(state_bytes, "state_bytes", "must be >= 0");
-  require(std::isfinite(write_bps) && write_bps > 0, "write_bps", write_bps,
+  require_real(std::isfinite(write_bps) && write_bps > 0, "write_bps", write_bps,
           "must be > 0 bytes/s");
-  require(std::isfinite(copies) && copies >= 1, "full_copies", copies, "must be >= 1");
+  require_real(std::isfinite(copies) && copies >= 1, "full_copies", copies, "must be >= 1");
   return copies * state_bytes / write_bps;
 }
 
@@ -74,7 +64,7 @@ double daly_interval_hours(double checkpoint_hours, double mtbf) {
 // failure (1/M per hour), on average T/2 of rework plus the restart R.
 double overhead_fraction(double interval_hours, double checkpoint_hours, double restart_hours,
                          double mtbf) {
-  require(interval_hours > 0, "interval_hours", interval_hours, "must be > 0 hours");
+  require_real(interval_hours > 0, "interval_hours", interval_hours, "must be > 0 hours");
   require_nonneg(checkpoint_hours, "checkpoint_hours", "must be >= 0 hours");
   require_nonneg(restart_hours, "restart_hours", "must be >= 0 hours");
   require_mtbf(mtbf);
@@ -90,17 +80,17 @@ double expected_failures(double run_hours, double mtbf) {
 }
 
 void ReliabilitySetup::validate() const {
-  require(std::isfinite(gpus) && gpus >= 1, "gpus", gpus, "must be >= 1");
+  require_real(std::isfinite(gpus) && gpus >= 1, "gpus", gpus, "must be >= 1");
   require_nonneg(failure_rate_per_hour, "failure_rate_per_hour", "must be >= 0 per GPU-hour");
   require_nonneg(state_bytes, "state_bytes", "must be >= 0");
-  require(std::isfinite(write_bps) && write_bps > 0, "write_bps", write_bps,
+  require_real(std::isfinite(write_bps) && write_bps > 0, "write_bps", write_bps,
           "must be > 0 bytes/s");
   require_nonneg(restart_hours, "restart_hours", "must be >= 0 hours");
   if (interval_hours)
-    require(std::isfinite(*interval_hours) && *interval_hours > 0, "interval_hours",
+    require_real(std::isfinite(*interval_hours) && *interval_hours > 0, "interval_hours",
             *interval_hours, "must be > 0 hours");
   if (run_hours) require_nonneg(*run_hours, "run_hours", "must be >= 0 hours");
-  require(std::isfinite(full_copies) && full_copies >= 1, "full_copies", full_copies,
+  require_real(std::isfinite(full_copies) && full_copies >= 1, "full_copies", full_copies,
           "must be >= 1");
 }
 
@@ -128,11 +118,11 @@ ReliabilityReport reliability(const ReliabilitySetup& setup) {
 }
 
 std::string ReliabilityReport::convention() const {
-  return "MTBF = 1/(G*lambda), G=" + num(setup.gpus) + ", lambda=" +
-         num(setup.failure_rate_per_hour) + "/GPU-hour | C = state/write_bps (sharded), " +
-         num(setup.state_bytes) + " B at " + num(setup.write_bps) + " B/s; full = " +
-         num(setup.full_copies) + " copies | interval: Daly 2006 eq. 37 (Young 1974 sqrt(2CM)"
-         " shown) | overhead = C/T + (T/2 + R)/MTBF, R=" + num(setup.restart_hours) +
+  return "MTBF = 1/(G*lambda), G=" + format_number(setup.gpus) + ", lambda=" +
+         format_number(setup.failure_rate_per_hour) + "/GPU-hour | C = state/write_bps (sharded), " +
+         format_number(setup.state_bytes) + " B at " + format_number(setup.write_bps) + " B/s; full = " +
+         format_number(setup.full_copies) + " copies | interval: Daly 2006 eq. 37 (Young 1974 sqrt(2CM)"
+         " shown) | overhead = C/T + (T/2 + R)/MTBF, R=" + format_number(setup.restart_hours) +
          " h | hours unless _s";
 }
 

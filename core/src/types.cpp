@@ -128,6 +128,24 @@ double parse_count(std::string_view text, std::string_view field) {
   return v;
 }
 
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void require_real(bool ok, std::string_view field, double value, std::string_view allowed) {
+  if (!ok)
+    throw InvalidInput(std::string(field) + " = " + format_number(value) + ": " +
+                       std::string(allowed));
+}
+
+void require_int(bool ok, std::string_view field, std::int64_t value, std::string_view allowed) {
+  if (!ok)
+    throw InvalidInput(std::string(field) + " = " + std::to_string(value) + ": " +
+                       std::string(allowed));
+}
+
 std::string format_bytes(double bytes, SizeUnit u, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f %s", decimals, to_unit(bytes, u),

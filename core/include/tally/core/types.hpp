@@ -67,6 +67,12 @@ double dtype_bytes(Precision p);
 // Throws InvalidInput naming `field` on anything else or on a non-positive value.
 double parse_count(std::string_view text, std::string_view field);
 
+// "%g" of a number, for messages.
+std::string format_number(double v);
+// Input checks shared by the ledgers: throw InvalidInput "field = value: allowed" unless ok.
+void require_real(bool ok, std::string_view field, double value, std::string_view allowed);
+void require_int(bool ok, std::string_view field, std::int64_t value, std::string_view allowed);
+
 // Formats a byte count in the given unit with its unit name, e.g. "26.25 GB".
 std::string format_bytes(double bytes, SizeUnit u, int decimals = 2);
 
