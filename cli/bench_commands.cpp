@@ -4,6 +4,8 @@
 // (text table, JSON), which print on rank 0 only. Exit codes: 0 ok, 1 #wrong > 0 or the ring's
 // counted bytes differ from the core's, 2 bad input. The seed ④ checks are reported as PASS/FAIL
 // lines but do not change the exit code (they measure the machine, not tally).
+// `tally bench ddp` (further down) times tally's data-parallel training step for comparison with
+// PyTorch's DDP (bench/ddp_peer.py).
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/bench_allreduce.hpp"
+#include "tally/engine/bench_ddp.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/io/calibration.hpp"
 
@@ -268,6 +271,172 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->callback([f] { run_bench_allreduce_command(*f); });
 }
 
+// ---- tally bench ddp -------------------------------------------------------------------------
+// Data-parallel step time of tally's DDP (engine/bench_ddp.hpp), reported on rank 0 as a table or
+// one JSON line whose keys bench/ddp_peer.py (PyTorch's DDP, same settings) prints too. Exit codes:
+// 0 ok, 1 the replicas' parameters differ after training, 2 bad input.
+
+struct BenchDdpFlags {
+  std::vector<std::int64_t> widths = engine::BenchDdpOptions{}.widths;
+  std::int64_t batch = 32;
+  double bucket_mb = 25;  // MiB, as PyTorch's bucket_cap_mb
+  double first_bucket_mb = 1;  // MiB, as PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+  int threads = 1;
+  std::int64_t seed = 1234;
+  std::string optimizer = "sgd";
+  double lr = 0.01;
+  int warmup = 3, steps = 20, data_batches = 4;
+  double timeout_s = 60;
+  bool json = false;
+};
+
+engine::BenchDdpOptions to_options(const BenchDdpFlags& f) {
+  engine::BenchDdpOptions o{
+      .widths = f.widths,
+      .batch_per_rank = f.batch,
+      .bucket_cap_bytes = f.bucket_mb * engine::kMiB,
+      .first_bucket_cap_bytes = f.first_bucket_mb * engine::kMiB,
+      .threads = f.threads,
+      .seed = f.seed,
+      .optimizer = f.optimizer == "adam" ? engine::BenchOptimizer::adam : engine::BenchOptimizer::sgd,
+      .lr = f.lr,
+      .warmup_steps = f.warmup,
+      .steps = f.steps,
+      .data_batches = f.data_batches,
+      .timeout_s = f.timeout_s};
+  try {
+    o.validate();
+  } catch (const InvalidInput& e) {
+    throw InvalidInput(std::string("bench ddp: ") + e.what());
+  }
+  return o;
+}
+
+std::string widths_str(const std::vector<std::int64_t>& w) {
+  std::string s;
+  for (std::size_t i = 0; i < w.size(); ++i) s += (i ? "," : "") + std::to_string(w[i]);
+  return s;
+}
+
+double ms(double s) { return s * 1e3; }
+
+// The keys shared with bench/ddp_peer.py (impl "pytorch" there).
+nlohmann::json bench_ddp_json(const engine::BenchDdpResult& r) {
+  const engine::BenchDdpOptions& o = r.options;
+  return {{"command", "bench ddp"},
+          {"impl", "tally"},
+          {"world_size", r.world_size},
+          {"model", "mlp"},
+          {"widths", o.widths},
+          {"parameters", r.parameters},
+          {"batch_per_rank", o.batch_per_rank},
+          {"bucket_cap_mb", o.bucket_cap_bytes / engine::kMiB},
+          {"first_bucket_mb", o.first_bucket_cap_bytes / engine::kMiB},
+          {"buckets", r.buckets},
+          {"threads", o.threads},
+          {"optimizer", std::string(engine::to_string(o.optimizer))},
+          {"lr", o.lr},
+          {"seed", o.seed},
+          {"warmup_steps", o.warmup_steps},
+          {"steps", o.steps},
+          {"data_batches", o.data_batches},
+          {"time_convention",
+           "per step the slowest rank's forward+backward+gradient sync+optimizer step+zero_grad "
+           "after a barrier; quantiles over timed steps"},
+          {"step_time_s",
+           {{"median", r.step.median_s},
+            {"p10", r.step.p10_s},
+            {"p90", r.step.p90_s},
+            {"min", r.step.min_s},
+            {"max", r.step.max_s}}},
+          {"step_times_s", r.step_times_s},
+          {"samples_per_s", r.samples_per_s},
+          {"final_loss", r.final_loss},
+          {"param_sum", r.param_sum},
+          {"param_abs_sum", r.param_abs_sum},
+          {"max_param_diff_vs_rank0", r.max_param_diff_vs_rank0},
+          {"ddp",
+           {{"sync_events", r.ddp.sync_events},
+            {"bucket_all_reduces", r.ddp.bucket_all_reduces},
+            {"buckets_done_during_backward", r.ddp.buckets_done_during_backward},
+            {"gradient_bytes_sent", r.ddp.gradient_bytes_sent},
+            {"bucket_buffer_reallocations", r.ddp.bucket_buffer_reallocations}}},
+          {"ok", r.replicas_equal()}};
+}
+
+void print_bench_ddp_text(const engine::BenchDdpResult& r) {
+  const engine::BenchDdpOptions& o = r.options;
+  fmt::print("# tally bench ddp: k = {} ranks, c10d Gloo, float32 MLP widths {} (N = {} "
+             "parameters), B = {} samples/rank, {} (lr {}), bucket {} MiB (first {} MiB; {} buckets), "
+             "{} thread(s)/rank\n",
+             r.world_size, widths_str(o.widths), r.parameters, o.batch_per_rank,
+             engine::to_string(o.optimizer), o.lr, o.bucket_cap_bytes / engine::kMiB,
+             o.first_bucket_cap_bytes / engine::kMiB, r.buckets, o.threads);
+  fmt::print("# step = forward + backward + gradient sync + optimizer step + zero_grad, after a "
+             "barrier; per step the slowest rank; {} warm-up + {} timed steps\n",
+             o.warmup_steps, o.steps);
+  fmt::print("# {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "median_ms", "p10_ms", "p90_ms",
+             "min_ms", "max_ms", "samples/s");
+  fmt::print("  {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.1f}\n", ms(r.step.median_s),
+             ms(r.step.p10_s), ms(r.step.p90_s), ms(r.step.min_s), ms(r.step.max_s),
+             r.samples_per_s);
+  fmt::print("# final_loss {:.9g}  param_sum {:.17g}  param_abs_sum {:.17g}\n", r.final_loss,
+             r.param_sum, r.param_abs_sum);
+  fmt::print("# replicas equal after training (max|p - p_rank0| = {:g}): {}\n",
+             r.max_param_diff_vs_rank0, r.replicas_equal() ? "PASS" : "FAIL");
+}
+
+void run_bench_ddp_command(const BenchDdpFlags& f) {
+  const engine::BenchDdpOptions options = to_options(f);
+  const engine::DistEnv env = engine::DistEnv::from_environment();
+  const engine::BenchDdpResult r = engine::run_bench_ddp(env, options);
+  if (env.rank == 0) {
+    if (f.json)
+      std::cout << bench_ddp_json(r).dump() << "\n";  // one line, as the peer's
+    else
+      print_bench_ddp_text(r);
+    std::cout.flush();
+  }
+  if (!r.replicas_equal())
+    throw std::runtime_error("bench ddp: replicas differ after training: max|p - p_rank0| = " +
+                             std::to_string(r.max_param_diff_vs_rank0));
+}
+
+void register_bench_ddp(CLI::App& bench) {
+  auto f = std::make_shared<BenchDdpFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "ddp", "time data-parallel training steps with tally's DDP (compare: bench/ddp_peer.py)");
+  cmd->footer(
+      "Start on every rank: tally launch --nproc N -- tally bench ddp [flags]\n"
+      "The same flags to bench/ddp_peer.py run PyTorch's DistributedDataParallel on the same "
+      "model, data and optimizer; final_loss and param_sum must agree. Output (rank 0): step "
+      "time median/p10/p90/min/max in ms (slowest rank per step), samples/s = k*B/median.");
+  cmd->add_option("--widths", f->widths, "MLP widths d_0,...,d_L (L Linear layers, ReLU between)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--batch", f->batch, "samples per rank per step")->capture_default_str();
+  cmd->add_option("--bucket-mb", f->bucket_mb, "DDP bucket size, MiB (PyTorch's bucket_cap_mb)")
+      ->capture_default_str();
+  cmd->add_option("--first-bucket-mb", f->first_bucket_mb,
+                  "first bucket (last layers' gradients) closes here, MiB (PyTorch's "
+                  "dist._DEFAULT_FIRST_BUCKET_BYTES)")
+      ->capture_default_str();
+  cmd->add_option("--threads", f->threads, "torch intra-op threads per rank")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "model init seed (data: seed + 1)")->capture_default_str();
+  cmd->add_option("--optimizer", f->optimizer, "sgd | adam")
+      ->check(one_of({"sgd", "adam"}))
+      ->capture_default_str();
+  cmd->add_option("--lr", f->lr, "learning rate")->capture_default_str();
+  cmd->add_option("--warmup", f->warmup, "untimed steps first")->capture_default_str();
+  cmd->add_option("--steps", f->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--data-batches", f->data_batches, "distinct global batches, cycled")
+      ->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "seconds for the rendezvous and each collective")
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
+  cmd->callback([f] { run_bench_ddp_command(*f); });
+}
+
 void register_bench(CLI::App& app) {
   CLI::App* bench = nullptr;
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
@@ -278,6 +447,7 @@ void register_bench(CLI::App& app) {
     bench->require_subcommand(1);
   }
   register_bench_allreduce(*bench);
+  register_bench_ddp(*bench);
 }
 
 const RegisterCommand kRegisterBench{register_bench};

@@ -59,8 +59,10 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
-  // Waits for every bucket of the last synchronized backward and writes the average over ranks
-  // into each parameter's .grad (cast back to the parameter's dtype).
+  // Waits for every bucket of the last synchronized backward and sets each parameter's .grad to
+  // the average over ranks: for float32 / float64 a view into the bucket's buffer (no copy; the
+  // buffer is reused only once nothing refers to it, Note [bucket buffers] in ddp.cpp), for
+  // bfloat16 rounded back into the existing .grad.
   void finish_gradient_sync();
 
   const std::vector<at::Tensor>& parameters() const { return params_; }
@@ -75,11 +77,15 @@ class DistributedDataParallel {
     std::int64_t numel = 0;
     std::int64_t pending = 0;        // gradients not yet ready in this backward
     PendingCollective work;
-    at::Tensor flat;                 // wire-dtype buffer Gloo reduces (owned by `work` too)
+    // [numel] wire dtype, reused across steps: each gradient is packed into it (times 1/k) by its
+    // hook, Gloo reduces it in place (the work holds it too), finish points .grad at it
+    // (Note [bucket buffers]).
+    at::Tensor flat;
     bool launched = false;
   };
 
   void on_gradient_ready(std::size_t param);   // the autograd hook
+  void pack(std::size_t param);                // .grad × 1/k into its bucket's buffer
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void end_of_backward();
@@ -91,6 +97,7 @@ class DistributedDataParallel {
   std::vector<std::vector<std::size_t>> buckets_;  // the plan
   std::vector<Bucket> state_;                      // one per plan entry
   std::vector<std::size_t> bucket_of_;             // param index → bucket index
+  std::vector<std::int64_t> offset_of_;            // param index → element offset in its bucket
   std::vector<bool> ready_;                        // param index → ready in this backward
   std::int64_t ready_count_ = 0;
   std::size_t next_bucket_ = 0;                    // first bucket not launched yet

@@ -42,6 +42,19 @@ TEST(DdpBuckets, ReverseOrderClosedAtTheCap) {
   EXPECT_THROW((AdamOptions{.beta2 = 1}.validate()), InvalidInput);
 }
 
+// PyTorch's {first, cap} bucket limits (ddp.hpp, Note [first bucket] in ddp.cpp): only the first
+// bucket in reduction order closes at the smaller limit.
+TEST(DdpBuckets, FirstBucketClosesAtItsOwnCap) {
+  const std::vector<double> bytes = {512, 64, 1024, 64, 256, 16};
+  using Plan = std::vector<std::vector<std::size_t>>;
+  EXPECT_EQ(compute_bucket_assignment_by_size(bytes, 25 * kMiB, 200), (Plan{{5, 4}, {3, 2, 1, 0}}));
+  EXPECT_EQ(compute_bucket_assignment_by_size(bytes, 300, 1), (Plan{{5}, {4, 3}, {2}, {1, 0}}));
+  EXPECT_EQ(compute_bucket_assignment_by_size(bytes, 300, 300),
+            compute_bucket_assignment_by_size(bytes, 300));
+  EXPECT_EQ(DdpOptions{}.first_bucket_cap_bytes, 1 * kMiB);  // dist._DEFAULT_FIRST_BUCKET_BYTES
+  EXPECT_THROW((DdpOptions{.first_bucket_cap_bytes = 0}.validate()), InvalidInput);
+}
+
 double max_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   double d = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -111,6 +124,62 @@ TEST_P(DdpTraining, FiveStepsEqualFullBatchTraining) {
     }
     EXPECT_DOUBLE_EQ(s.gradient_bytes_sent, 5 * per_sync);
     EXPECT_EQ(diff_vs_rank0(comm, params), 0.0) << "replicas must be identical (atol 0)";
+  });
+  EXPECT_TRUE(result.all_ok()) << result.describe();
+}
+
+// Note [bucket buffers]: after finish .grad is a view of the reduced bucket, yet a gradient the
+// caller kept is never overwritten by a later step, and gradients left in place accumulate as
+// copies would. The model is never stepped, so every synchronized backward averages to the
+// full-batch gradient g.
+TEST(DdpBucketViews, KeptGradientsNeverChangeAndAccumulationStillAdds) {
+  const auto result = harness::run_ranks(2, kLimit_s, [&](const DistEnv& env) {
+    Comm comm(env, {.timeout_s = kTimeout_s});
+    const int k = env.world_size, r = env.rank;
+    at::manual_seed(100);
+    mlp::Mlp model = mlp::make_mlp(kWidths);
+    mlp::Mlp ref = model.clone();
+    DistributedDataParallel ddp(comm, model.parameters(), {.bucket_cap_bytes = 300});
+    ASSERT_EQ(ddp.buckets().size(), 3u);  // {5, 4, 3}, {2}, {1, 0}
+    at::manual_seed(5);
+    const at::Tensor X = at::randn({kRows, kWidths.front()});
+    const at::Tensor y = at::randint(0, kWidths.back(), {kRows}, at::kLong);
+    const std::vector<at::Tensor> params = model.parameters(), ref_params = ref.parameters();
+    at::cross_entropy_loss(ref.forward(X), y).backward();
+    std::vector<at::Tensor> g, g2;  // full-batch gradient, and twice it
+    for (const auto& p : ref_params) {
+      g.push_back(p.grad().clone());
+      g2.push_back(p.grad() * 2);
+    }
+    const auto sync_step = [&] {
+      at::cross_entropy_loss(model.forward(X.slice(0, r, kRows, k)), y.slice(0, r, kRows, k))
+          .backward();
+      ddp.finish_gradient_sync();
+    };
+    const auto grads = [&] {
+      std::vector<at::Tensor> out;
+      for (const auto& p : params) out.push_back(p.grad());
+      return out;
+    };
+    sync_step();
+    EXPECT_LT(max_diff(grads(), g), 1e-6);
+    const at::Tensor held = params[0].grad(), held_copy = held.clone();  // bucket 2's buffer
+
+    mlp::zero_grad(params);  // set to none: buckets 0 and 1 are reused, bucket 2 is still held
+    sync_step();
+    EXPECT_TRUE(held.equal(held_copy)) << "a gradient the caller kept was overwritten";
+    EXPECT_LT(max_diff(grads(), g), 1e-6);
+    EXPECT_EQ(ddp.stats().bucket_buffer_reallocations, 1);
+
+    sync_step();  // no zero_grad: the averages accumulate into the .grad views, as into copies
+    EXPECT_LT(max_diff(grads(), g2), 1e-6);
+    EXPECT_EQ(ddp.stats().bucket_buffer_reallocations, 4);  // every bucket's views were alive
+
+    mlp::zero_grad(params);
+    sync_step();
+    EXPECT_LT(max_diff(grads(), g), 1e-6);
+    EXPECT_EQ(ddp.stats().bucket_buffer_reallocations, 4);
+    EXPECT_TRUE(held.equal(held_copy));
   });
   EXPECT_TRUE(result.all_ok()) << result.describe();
 }

@@ -30,15 +30,25 @@ struct DdpOptions {
   // bucket may overshoot by one tensor; 1 byte gives one parameter per bucket, a huge value one
   // bucket. PyTorch's bucket_cap_mb = 25 means 25 MiB (bucket_cap_mb * 1024 * 1024).
   double bucket_cap_bytes = 25 * kMiB;
+  // The first bucket in reduction order (the last layers' gradients, ready first) closes at
+  // min(first_bucket_cap_bytes, bucket_cap_bytes), so its all-reduce starts early in the backward
+  // pass: PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB, which its DDP applies from the
+  // second iteration on (Reducer::rebuild_buckets; see Note [first bucket] in ddp.cpp).
+  double first_bucket_cap_bytes = 1 * kMiB;
   void validate() const;  // throws InvalidInput naming the field and value
 };
 
 // Buckets in reduction order; each lists parameter indices (registration order numbering) in the
 // order they are packed. Parameters are taken last to first and a bucket closes when its bytes
-// reach cap_bytes (c10d's compute_bucket_assignment_by_size applied to the reversed parameter
-// list; PyTorch's smaller 1 MiB first bucket is not reproduced). A pure function, tested alone.
+// reach its cap: first_cap_bytes for the first bucket, cap_bytes for the others (c10d's
+// compute_bucket_assignment_by_size with bucket_size_limits {first, cap} applied to the reversed
+// parameter list, i.e. PyTorch's plan after its first-iteration rebuild when gradients arrive in
+// reverse registration order). The two-argument form uses cap_bytes for every bucket. Pure
+// functions, tested alone.
 std::vector<std::vector<std::size_t>> compute_bucket_assignment_by_size(
     std::span<const double> param_bytes, double cap_bytes);
+std::vector<std::vector<std::size_t>> compute_bucket_assignment_by_size(
+    std::span<const double> param_bytes, double cap_bytes, double first_cap_bytes);
 
 // Per-rank counts since construction (or reset_stats()).
 //
@@ -61,6 +71,10 @@ struct DdpStats {
   double gradient_bytes_sent = 0;
   std::int64_t buckets_done_during_backward = 0;
   double wire_bytes_per_sync = 0;  // S summed over buckets, in wire_dtype
+  // Bucket buffers allocated anew because the caller still held the old one's .grad views (or
+  // tensors made from them) when the next synchronized backward began; 0 when gradients are set
+  // to none between steps (Note [bucket buffers] in engine/src/ddp.cpp).
+  std::int64_t bucket_buffer_reallocations = 0;
   std::string grad_dtype;          // "float32", "bfloat16", "float64"
   std::string wire_dtype;          // what Gloo reduces: bfloat16 travels as float32 (Note [bf16 on Gloo])
 };
