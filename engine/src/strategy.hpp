@@ -149,12 +149,26 @@ class FlatAdam {
   double master_bytes() const;        // 0 when the parameters are their own master
   double m_bytes() const { return double(m_.nbytes()); }
   double v_bytes() const { return double(v_.nbytes()); }
+  // Adds m, v and master to a state ledger being measured.
+  void add_state(StateItems& s) const {
+    s.m += m_bytes();
+    s.v += v_bytes();
+    s.master += master_bytes();
+  }
 
  private:
   at::Tensor params_, master_, m_, v_;
   AdamConfig config_;
   std::int64_t steps_ = 0;
 };
+
+// What a flat-buffer strategy holds: its parameter and gradient tensors and its optimizer state.
+inline StateItems held_state(const at::Tensor& params, const at::Tensor& grads,
+                             const FlatAdam& adam) {
+  StateItems s{.params = double(params.nbytes()), .grads = double(grads.nbytes())};
+  adam.add_state(s);
+  return s;
+}
 
 // Flat copy of tensors in order, in `dtype`.
 at::Tensor flatten(const std::vector<at::Tensor>& tensors, at::ScalarType dtype);

@@ -50,13 +50,7 @@ class DataParallel final : public Strategy {
     return loss.item<double>();
   }
 
-  StateItems measure() const override {
-    return {.params = double(replica_.flat().nbytes()),
-            .grads = double(grad_.nbytes()),
-            .m = adam_.m_bytes(),
-            .v = adam_.v_bytes(),
-            .master = adam_.master_bytes()};
-  }
+  StateItems measure() const override { return held_state(replica_.flat(), grad_, adam_); }
 
   at::Tensor gather_parameters() override { return replica_.flat().to(at::kDouble); }
 

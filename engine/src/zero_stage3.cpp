@@ -110,11 +110,10 @@ class ZeroStage3 final : public Strategy {
   StateItems measure() const override {
     StateItems s;
     for (const Unit& u : units_) {
-      s.params += double(u.shard.nbytes());
-      s.grads += double(u.grad_shard.nbytes());
-      s.m += u.adam.m_bytes();
-      s.v += u.adam.v_bytes();
-      s.master += u.adam.master_bytes();
+      const StateItems unit = held_state(u.shard, u.grad_shard, u.adam);
+      s.params += unit.params;
+      s.grads += unit.grads;
+      u.adam.add_state(s);
     }
     return s;
   }
