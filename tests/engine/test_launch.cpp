@@ -15,75 +15,19 @@
 #include <string>
 #include <vector>
 
+#include "subprocess.hpp"
+
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
 namespace {
 
-struct Ran {
-  int exit_code = -1;  // 128 + signal when killed
-  std::string out, err;
-  double elapsed_s = 0;
-  bool killed_at_limit = false;
-};
+using tally::subprocess::Ran;
 
 // Runs argv with stdout / stderr captured; SIGKILLs it (its process group) after limit_s.
 Ran run_command(const std::vector<std::string>& args, double limit_s = 45) {
-  int out_pipe[2], err_pipe[2];
-  EXPECT_EQ(pipe2(out_pipe, O_CLOEXEC), 0);
-  EXPECT_EQ(pipe2(err_pipe, O_CLOEXEC), 0);
-  std::vector<char*> argv;
-  std::vector<std::string> copy = args;
-  for (auto& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const auto start = std::chrono::steady_clock::now();
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  Ran ran;
-  std::string* sinks[2] = {&ran.out, &ran.err};
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  const auto deadline = start + std::chrono::duration<double>(limit_s);
-  int open = 2;
-  while (open > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      kill(-pid, SIGKILL);
-      ran.killed_at_limit = true;
-      break;
-    }
-    if (poll(fds, 2, int(std::min<long long>(left.count(), 100))) <= 0) continue;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[4096];
-      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
-      if (n > 0) {
-        sinks[i]->append(buf, std::size_t(n));
-      } else {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  for (auto& f : fds)
-    if (f.fd >= 0) close(f.fd);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  ran.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return ran;
+  return tally::subprocess::run_command(args, limit_s);
 }
 
 std::vector<std::string> tally(std::vector<std::string> args) {
