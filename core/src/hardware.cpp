@@ -1,5 +1,6 @@
 #include "tally/core/hardware.hpp"
 
+#include <cmath>
 #include <string>
 
 namespace tally {
@@ -9,27 +10,33 @@ double GpuSpec::peak_flops(Precision p) const {
   return p == Precision::fp32 ? peak_tf32_flops : peak_bf16_flops;
 }
 
+namespace {
+
+void check(double v, HardwareBounds b, const char* field, const char* unit) {
+  require_real(std::isfinite(v) && v >= b.lo && v <= b.hi, field, v,
+               "must be in [" + format_number(b.lo) + ", " + format_number(b.hi) + "] " + unit);
+}
+
+}  // namespace
+
 void ClusterSpec::validate() const {
-  auto positive = [](double v, const char* field, const char* hint) {
-    if (!(v > 0))
-      throw InvalidInput(std::string(field) + " = " + std::to_string(v) + ": must be > 0 (" +
-                         hint + ")");
-  };
-  positive(gpu.memory_bytes, "gpu memory", "bytes of HBM per GPU");
-  positive(gpu.peak_bf16_flops, "gpu peak_bf16_flops", "FLOP/s");
-  positive(gpu.peak_tf32_flops, "gpu peak_tf32_flops", "FLOP/s");
+  check(gpu.memory_bytes, kMemoryBytesBounds, "gpu memory", "bytes of HBM per GPU");
+  check(gpu.peak_bf16_flops, kPeakFlopsBounds, "gpu peak_bf16_flops", "FLOP/s");
+  check(gpu.peak_tf32_flops, kPeakFlopsBounds, "gpu peak_tf32_flops", "FLOP/s");
+  // Optional peaks: 0 means "none" (a GPU without FP8 tensor cores).
+  if (gpu.peak_fp32_flops != 0)
+    check(gpu.peak_fp32_flops, kPeakFlopsBounds, "gpu peak_fp32_flops", "FLOP/s (or 0: none)");
+  if (gpu.peak_fp8_flops != 0)
+    check(gpu.peak_fp8_flops, kPeakFlopsBounds, "gpu peak_fp8_flops", "FLOP/s (or 0: none)");
   if (gpus_per_node < 1)
     throw InvalidInput("gpus_per_node = " + std::to_string(gpus_per_node) + ": must be >= 1");
-  positive(intra_node.bandwidth_bps, "intra-node bandwidth", "bytes/s");
-  positive(inter_node.bandwidth_bps, "inter-node bandwidth", "bytes/s");
-  if (intra_node.latency_s < 0 || inter_node.latency_s < 0)
-    throw InvalidInput("link latency must be >= 0 seconds");
-  if (failure_rate_per_hour < 0)
-    throw InvalidInput("failure rate = " + std::to_string(failure_rate_per_hour) +
-                       ": must be >= 0 per GPU-hour");
-  positive(checkpoint_write_bps, "checkpoint write bandwidth", "bytes/s");
-  if (!(mfu > 0 && mfu <= 1))
-    throw InvalidInput("mfu = " + std::to_string(mfu) + ": must be in (0, 1]");
+  check(intra_node.bandwidth_bps, kBandwidthBpsBounds, "intra-node bandwidth", "bytes/s");
+  check(inter_node.bandwidth_bps, kBandwidthBpsBounds, "inter-node bandwidth", "bytes/s");
+  check(intra_node.latency_s, kLatencySBounds, "intra-node latency", "seconds");
+  check(inter_node.latency_s, kLatencySBounds, "inter-node latency", "seconds");
+  check(failure_rate_per_hour, kFailureRateBounds, "failure rate", "per GPU-hour");
+  check(checkpoint_write_bps, kBandwidthBpsBounds, "checkpoint write bandwidth", "bytes/s");
+  check(mfu, kUtilisationBounds, "mfu", "(fraction of peak)");
 }
 
 }  // namespace tally

@@ -57,14 +57,15 @@ void check_index_checksum(const fs::path& dir) {
   if (!fs::exists(sum_path, ec))
     throw InvalidInput(sum_path.string() +
                        ": missing: a tally run writes the checksum of index.json beside it");
-  std::string recorded = io::read_text_file(sum_path, 64);
+  std::string recorded = io::read_text_file(sum_path, 64, io::Symlinks::refuse);
   if (!recorded.empty() && recorded.back() == '\n') recorded.pop_back();
   if (recorded.size() != 8 || recorded.find_first_not_of("0123456789abcdef") != std::string::npos)
     throw InvalidInput(sum_path.string() + ": content = \"" + recorded +
                        "\": must be 8 lower-case hex digits (CRC-32C of index.json)");
   if (!fs::exists(index_path, ec))
     throw InvalidInput(index_path.string() + ": missing: a checkpoint directory holds it");
-  const std::string actual = index_text_checksum(io::read_text_file(index_path));
+  const std::string actual = index_text_checksum(
+      io::read_text_file(index_path, io::kMaxJsonFileBytes, io::Symlinks::refuse));
   if (actual != recorded)
     throw InvalidInput(index_path.string() + ": crc32c = " + actual + ": " + kIndexChecksumName +
                        " records " + recorded + " (index.json was edited or is corrupt)");

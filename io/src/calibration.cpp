@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "json_reader.hpp"
+#include "tally/core/hardware.hpp"
 #include "tally/core/types.hpp"
 #include "tally/io/files.hpp"
 
@@ -19,9 +20,10 @@ using detail::Range;
 constexpr std::string_view kFormat = "tally-calibration";
 constexpr std::int64_t kVersion = 1;
 
-constexpr Range kAlphaS{0, 1};                 // per-step latency: up to 1 s
-constexpr Range kBetaBps{0, 1e15, true};       // up to 1 PB/s
-constexpr Range kMfu{0, 1, true};
+// core's HardwareBounds, the one place the physical bounds are defined.
+constexpr Range kAlphaS{kLatencySBounds.lo, kLatencySBounds.hi};            // per-step latency
+constexpr Range kBetaBps{kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi};   // 1 MB/s .. 1 PB/s
+constexpr Range kMfu{kUtilisationBounds.lo, kUtilisationBounds.hi};
 constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;
 constexpr Range kSizeBytes{0, 1e15};
 constexpr Range kSeconds{0, 1e6};

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -448,14 +447,12 @@ CheckpointIndex parse_index(std::string_view text, std::string_view source) {
 }
 
 void write_index(const fs::path& dir, const CheckpointIndex& index) {
-  const std::string text = index_to_json(index);
-  const std::span<const std::byte> piece = std::as_bytes(std::span(text));
-  write_file_atomically(dir / kIndexName, std::span(&piece, 1));
+  write_text_atomically(dir / kIndexName, index_to_json(index));
 }
 
 CheckpointIndex read_index(const fs::path& dir) {
   const std::string source = index_source(dir);
-  return parse_index(read_text_file(dir / kIndexName), source);
+  return parse_index(read_text_file(dir / kIndexName, kMaxJsonFileBytes, Symlinks::refuse), source);
 }
 
 // ---- shards against the layout ------------------------------------------------------------------
@@ -498,37 +495,31 @@ void check_shard_header(const SafetensorsHeader& h, const CheckpointIndex& x, in
                            " is not a group of index.json: a shard holds exactly its groups");
 }
 
-// The file's size and CRC-32C, read in 1 MiB blocks.
-WrittenFile checksum_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidInput(path.string() + ": cannot open for reading");
-  WrittenFile out;
-  std::vector<char> buf(std::size_t{1} << 20);
-  while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
-    const auto n = std::size_t(in.gcount());
-    out.crc32c = crc32c_update(out.crc32c, std::as_bytes(std::span(buf.data(), n)));
-    out.size_bytes += n;
-  }
-  if (in.bad()) throw InvalidInput(path.string() + ": read error");
-  return out;
-}
+// Note [no links in checkpoints]. Every file of a checkpoint is a regular file inside its
+// directory: index.json and the shards are opened with Symlinks::refuse (lstat, then O_NOFOLLOW), so
+// a link planted in a checkpoint can neither make tally read a file elsewhere nor reveal anything
+// about one (its size, its type) in an error message; recovery promotes only real directories.
+// Shard names are checked to be exactly shard_file_name(r, k), so no name leaves the directory.
+constexpr SafetensorsLimits kShardRead{.links = Symlinks::refuse};
 
-// The shard of `rank`: present, a regular file, of the recorded size; returns its path.
+// The shard of `rank`: present, a regular file (not a link), of the recorded size; returns its path.
 fs::path checked_shard_path(const fs::path& dir, const CheckpointIndex& x, int rank) {
   const ShardFile& f = x.files[std::size_t(rank)];
   const fs::path path = dir / f.name;
   std::error_code ec;
-  const auto st = fs::status(path, ec);
+  const auto st = fs::symlink_status(path, ec);
+  if (fs::is_symlink(st))
+    throw InvalidInput(path.string() +
+                       ": is a symbolic link: must be a regular file (links are refused here)");
   if (!fs::exists(st))
     throw InvalidInput(path.string() + ": missing: index.json lists it as the shard of rank " +
                        str(rank));
   if (!fs::is_regular_file(st)) throw InvalidInput(path.string() + ": not a regular file");
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw InvalidInput(path.string() + ": cannot read: " + ec.message());
-  if (size != f.size_bytes)
-    throw InvalidInput(path.string() + ": size = " + std::to_string(size) +
+  const ReadOnlyFile file(path, path.string(), Symlinks::refuse);
+  if (file.size_bytes() != f.size_bytes)
+    throw InvalidInput(path.string() + ": size = " + std::to_string(file.size_bytes()) +
                        " bytes: index.json records " + std::to_string(f.size_bytes) +
-                       (size < f.size_bytes ? " (truncated)" : ""));
+                       (file.size_bytes() < f.size_bytes ? " (truncated)" : ""));
   return path;
 }
 
@@ -651,7 +642,7 @@ CheckpointIndex verify_checkpoint(const fs::path& dir) {
   for (int r = 0; r < x.world_size; ++r) {
     const fs::path path = checked_shard_path(dir, x, r);
     const ShardFile& f = x.files[std::size_t(r)];
-    const WrittenFile actual = checksum_file(path);
+    const WrittenFile actual = checksum_file(path, Symlinks::refuse);
     if (actual.size_bytes != f.size_bytes)
       throw InvalidInput(path.string() + ": size = " + std::to_string(actual.size_bytes) +
                          " bytes while reading: index.json records " +
@@ -659,7 +650,7 @@ CheckpointIndex verify_checkpoint(const fs::path& dir) {
     if (actual.crc32c != f.crc32c)
       throw InvalidInput(path.string() + ": crc32c = " + crc32c_hex(actual.crc32c) +
                          ": index.json records " + crc32c_hex(f.crc32c) + " (the file is corrupt)");
-    check_shard_header(read_safetensors_header(path), x, r);
+    check_shard_header(read_safetensors_header(path, kShardRead), x, r);
   }
   return x;
 }
@@ -675,19 +666,38 @@ std::vector<std::byte> load_flat_range(const fs::path& dir, const CheckpointInde
     fail(source, "range of group " + quote(group),
          "[" + str(offset) + ", " + str(offset) + " + " + str(count) + ")",
          "must lie inside [0, numel = " + str(g->numel) + ")");
+  // Check every shard the range needs (present, a regular file of the recorded size, a header that
+  // matches the layout) before allocating: the index alone may claim any size, the files on disk
+  // bound what can be read.
   const std::size_t esize = element_size_bytes(g->dtype);
-  std::vector<std::byte> out(std::size_t(count) * esize);
+  struct Piece {
+    SafetensorsHeader header;
+    std::int64_t lo, hi;  // elements of the flat space this shard provides
+    std::int64_t shard_offset;
+  };
+  std::vector<Piece> pieces;
   for (int r = 0; r < index.world_size; ++r) {
     const FlatRange& s = g->shards[std::size_t(r)];
     const std::int64_t lo = std::max(offset, s.offset);
     const std::int64_t hi = std::min(offset + count, s.end());
     if (lo >= hi) continue;
-    const SafetensorsHeader h = read_safetensors_header(checked_shard_path(dir, index, r));
+    SafetensorsHeader h = read_safetensors_header(checked_shard_path(dir, index, r), kShardRead);
     check_shard_header(h, index, r);
-    read_tensor_bytes(
-        h, *h.find(g->name), std::uint64_t(lo - s.offset) * esize,
-        std::span(out).subspan(std::size_t(lo - offset) * esize, std::size_t(hi - lo) * esize));
+    pieces.push_back({std::move(h), lo, hi, s.offset});
   }
+  std::vector<std::byte> out;
+  try {
+    out.resize(std::size_t(count) * esize);
+  } catch (const std::bad_alloc&) {
+    throw InvalidInput(source + ": group " + quote(group) + ": cannot allocate " +
+                       std::to_string(std::uint64_t(count) * esize) + " bytes to load " +
+                       str(count) + " elements");
+  }
+  for (const Piece& p : pieces)
+    read_tensor_bytes(p.header, *p.header.find(g->name),
+                      std::uint64_t(p.lo - p.shard_offset) * esize,
+                      std::span(out).subspan(std::size_t(p.lo - offset) * esize,
+                                             std::size_t(p.hi - p.lo) * esize));
   return out;
 }
 
@@ -728,6 +738,12 @@ RecoveryReport recover_checkpoint(const fs::path& dir_in) {
     if (name.starts_with(stem + ".tmp-") || name.starts_with(stem + ".old-"))
       siblings.push_back(it->path());
   }
+  // Only a real directory, as commit_checkpoint stages one, may be promoted (Note [no links in
+  // checkpoints]): a link named like a staging directory is removed (the link, not its target).
+  const auto is_real_directory = [](const fs::path& p) {
+    std::error_code e;
+    return fs::is_directory(fs::symlink_status(p, e)) && !e;
+  };
   if (ec) throw std::system_error(ec, parent.string() + ": list directory");
   std::sort(siblings.begin(), siblings.end());
 
@@ -735,6 +751,7 @@ RecoveryReport recover_checkpoint(const fs::path& dir_in) {
   if (!fs::exists(fs::symlink_status(dir, ec))) {
     std::int64_t best_step = -1;
     for (const fs::path& p : siblings) {
+      if (!is_real_directory(p)) continue;
       try {
         const CheckpointIndex x = verify_checkpoint(p);
         if (x.step > best_step) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "json_reader.hpp"
+#include "tally/core/hardware.hpp"
 #include "tally/core/presets.hpp"
 #include "tally/core/types.hpp"
 #include "tally/io/files.hpp"
@@ -21,16 +22,17 @@ constexpr double kGBBytes = 1e9;            // memory_gb, *_gbps (GB/s, bytes!)
 constexpr double kTflops = 1e12;            // *_tflops
 constexpr double kUs = 1e-6;                // *_us
 
-// Bounds that reject typos and unit mix-ups while admitting any real or near-future system.
-constexpr Range kMemoryGib{0, 65536, true};       // up to 64 TiB per GPU
-constexpr Range kMemoryGb{0, 70368.744177664, true};  // the same in GB
-constexpr Range kPositiveTflops{0, 1e6, true};    // up to 1 EFLOP/s per GPU
-constexpr Range kTflops0{0, 1e6};
-constexpr Range kBandwidthGbps{0, 1e5, true};     // up to 100 TB/s
-constexpr Range kLatencyUs{0, 1e6};               // up to 1 s
-constexpr Range kFailureRate{0, 1};               // per GPU-hour
-constexpr Range kCheckpointGbps{0, 1e6, true};
-constexpr Range kMfu{0, 1, true};
+// Bounds that reject typos and unit mix-ups while admitting any real or near-future system: core's
+// HardwareBounds (the one place they are defined) in the file's units.
+constexpr Range kMemoryGib{kMemoryBytesBounds.lo / kGiBBytes, 65536};  // up to 64 TiB per GPU
+constexpr Range kMemoryGb{kMemoryBytesBounds.lo / kGBBytes, 70368.744177664};  // the same in GB
+constexpr Range kPositiveTflops{kPeakFlopsBounds.lo / kTflops, kPeakFlopsBounds.hi / kTflops};
+constexpr Range kTflops0{0, kPeakFlopsBounds.hi / kTflops};  // 0 = none
+constexpr Range kBandwidthGbps{kBandwidthBpsBounds.lo / kGBBytes, 1e5};  // 1 MB/s .. 100 TB/s
+constexpr Range kLatencyUs{kLatencySBounds.lo / kUs, kLatencySBounds.hi / kUs};
+constexpr Range kFailureRate{kFailureRateBounds.lo, kFailureRateBounds.hi};  // per GPU-hour
+constexpr Range kCheckpointGbps{kBandwidthBpsBounds.lo / kGBBytes, 1e6};
+constexpr Range kMfu{kUtilisationBounds.lo, kUtilisationBounds.hi};
 constexpr std::int64_t kMaxGpusPerNode = 1024;
 constexpr std::size_t kMaxNameChars = 64;
 

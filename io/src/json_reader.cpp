@@ -86,10 +86,18 @@ std::string size_text(std::size_t bytes) {
 
 }  // namespace
 
-json parse_object(std::string_view text, std::string_view source) {
-  if (text.size() > kMaxJsonFileBytes)
-    fail(source, "size", std::to_string(text.size()) + " bytes",
-         "must be at most " + size_text(kMaxJsonFileBytes));
+json parse_object(std::string_view text, std::string_view source_name, const ParseLimits& limits) {
+  const std::string source(source_name);
+  const std::string what = limits.what.empty() ? "" : std::string(limits.what) + " ";
+  const std::string not_json =
+      source + ": " + (limits.what.empty() ? "" : std::string(limits.what) + " is ") +
+      "not valid JSON: ";
+  if (text.size() > limits.max_bytes)
+    fail(source, what + "size", std::to_string(text.size()) + " bytes",
+         "must be at most " + size_text(limits.max_bytes));
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    throw InvalidInput(not_json + "byte " + std::to_string(nul) +
+                       " is 0x00 (NUL): JSON text holds no NUL bytes");
 
   // Track the keys of each open object to reject duplicates, and the depth to bound nesting.
   std::vector<std::set<std::string>> open_objects;
@@ -97,9 +105,9 @@ json parse_object(std::string_view text, std::string_view source) {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
-        if (depth >= kMaxJsonDepth)
-          fail(source, "nesting depth", std::to_string(depth + 1),
-               "must be at most " + std::to_string(kMaxJsonDepth));
+        if (depth >= limits.max_depth)
+          fail(source, what + "nesting depth", std::to_string(depth + 1),
+               "must be at most " + std::to_string(limits.max_depth));
         if (event == json::parse_event_t::object_start) open_objects.emplace_back();
         break;
       case json::parse_event_t::object_end:
@@ -108,7 +116,10 @@ json parse_object(std::string_view text, std::string_view source) {
       case json::parse_event_t::key:
         if (!open_objects.empty() && parsed.is_string() &&
             !open_objects.back().insert(parsed.get_ref<const std::string&>()).second)
-          throw InvalidInput(std::string(source) + ": key " + show(parsed) +
+          throw InvalidInput(source + ": " + what + "key " + show(parsed) +
+                             (open_objects.size() == 1 && !limits.top_key_is.empty()
+                                  ? " (" + std::string(limits.top_key_is) + ")"
+                                  : std::string()) +
                              " appears twice in one object: each key may appear once");
         break;
       default:
@@ -119,20 +130,25 @@ json parse_object(std::string_view text, std::string_view source) {
 
   json root;
   try {
+    // strict parse: only JSON whitespace may follow the value.
     root = json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true,
                        /*ignore_comments=*/false);
   } catch (const json::exception& e) {
-    throw InvalidInput(std::string(source) + ": not valid JSON: " + strip_exception_id(e.what()));
+    throw InvalidInput(not_json + strip_exception_id(e.what()));
   }
   if (!root.is_object())
-    throw InvalidInput(std::string(source) + ": top level is " + kind_of(root) +
-                       ": must be a JSON object {...}");
+    throw InvalidInput(source + ": " + (limits.what.empty() ? "top level" : std::string(limits.what)) +
+                       " is " + kind_of(root) + ": must be a JSON object {...}");
   return root;
+}
+
+std::string integer_range(std::int64_t lo, std::int64_t hi) {
+  return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
 }
 
 std::int64_t to_integer(const json& v, std::string_view source, std::string_view field,
                         std::int64_t lo, std::int64_t hi) {
-  const std::string allowed = "must be an integer in " + Range{double(lo), double(hi)}.str();
+  const std::string allowed = "must be an integer in " + integer_range(lo, hi);
   if (v.is_number_unsigned()) {
     const auto u = v.get<std::uint64_t>();
     if (u > static_cast<std::uint64_t>(hi) || static_cast<std::int64_t>(u) < lo)
@@ -146,10 +162,15 @@ std::int64_t to_integer(const json& v, std::string_view source, std::string_view
   }
   if (v.is_number_float()) {
     // 4096.0 is accepted as 4096; 4096.5 and 1e12 are not.
+    // [-2^63, 2^63) is exactly the doubles that convert to int64 without undefined behaviour;
+    // double(INT64_MAX) rounds up to 2^63, so it must not be the bound.
     const double d = v.get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || d < double(lo) || d > double(hi))
+    constexpr double kTwo63 = 9223372036854775808.0;
+    if (!std::isfinite(d) || d != std::floor(d) || !(d >= -kTwo63 && d < kTwo63))
       fail(source, field, show(v), allowed);
-    return static_cast<std::int64_t>(d);
+    const auto i = static_cast<std::int64_t>(d);
+    if (i < lo || i > hi) fail(source, field, show(v), allowed);
+    return i;
   }
   fail(source, field, show(v), allowed + ", not " + kind_of(v));
 }
@@ -176,8 +197,7 @@ const json* ObjectReader::find(std::string_view key) const {
 std::int64_t ObjectReader::integer(std::string_view key, std::int64_t lo, std::int64_t hi) const {
   const json* v = find(key);
   if (!v)
-    fail_missing(source_, field(key),
-                 "required, an integer in " + Range{double(lo), double(hi)}.str());
+    fail_missing(source_, field(key), "required, an integer in " + integer_range(lo, hi));
   return to_integer(*v, source_, field(key), lo, hi);
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "tally/core/types.hpp"
+#include "tally/io/files.hpp"
 
 namespace tally::io::detail {
 
@@ -41,9 +42,19 @@ std::string printable(std::string_view s);
 [[noreturn]] void fail_missing(std::string_view source, std::string_view field,
                                std::string_view allowed);
 
-// Parses `text` as a JSON object: size limit kMaxJsonFileBytes, depth limit kMaxJsonDepth, a key
-// repeated within one object is an error (the last one would otherwise win silently).
-json parse_object(std::string_view text, std::string_view source);
+// How parse_object bounds and names what it parses.
+struct ParseLimits {
+  std::size_t max_bytes = kMaxJsonFileBytes;
+  int max_depth = kMaxJsonDepth;
+  std::string_view what;         // "" for a whole file; "header" for a safetensors header
+  std::string_view top_key_is;   // what a top-level key names, for messages ("a tensor name")
+};
+
+// Parses exactly `text` as one JSON object (the only JSON parse in tally): a NUL byte anywhere or
+// anything but JSON whitespace after the object is an error (nlohmann's lexer would stop at a NUL
+// and ignore the rest); size and depth are bounded; a key repeated within one object is an error
+// (the last one would otherwise win silently).
+json parse_object(std::string_view text, std::string_view source, const ParseLimits& limits = {});
 
 // Runs f and turns any nlohmann exception that slipped past the checks into InvalidInput, so the only
 // exception a reader lets out is InvalidInput (and std::bad_alloc).
@@ -86,7 +97,11 @@ class ObjectReader {
   std::string prefix_;
 };
 
-// Checked conversions of one value called `field`.
+// "[lo, hi]" with exact integers (a double would print 2^62 as 4.61169e+18).
+std::string integer_range(std::int64_t lo, std::int64_t hi);
+
+// Checked conversions of one value called `field`. Integers are range-checked exactly: a float such
+// as 9223372036854775808.0 (2^63) is out of range, never converted with undefined behaviour.
 std::int64_t to_integer(const json& v, std::string_view source, std::string_view field,
                         std::int64_t lo, std::int64_t hi);
 double to_number(const json& v, std::string_view source, std::string_view field, Range r);

@@ -1,9 +1,5 @@
 #include "tally/io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -69,76 +65,6 @@ std::string tensor_label(std::string_view name) {
   return "tensor " + show(json(std::string(name)));
 }
 
-// ---- POSIX file helpers -------------------------------------------------------------------------
-
-[[noreturn]] void throw_errno(const std::string& what) {
-  throw std::system_error(errno, std::generic_category(), what);
-}
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { close_quietly(); }
-  int get() const { return fd_; }
-  void close_quietly() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  // close(2) can report a delayed write error: check it for files we wrote.
-  void close_checked(const std::string& what) {
-    const int fd = std::exchange(fd_, -1);
-    if (fd >= 0 && ::close(fd) != 0) throw_errno(what + ": close");
-  }
-
- private:
-  int fd_;
-};
-
-void write_all(int fd, std::span<const std::byte> bytes, const std::string& what) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::write(fd, bytes.data(), std::min<std::size_t>(bytes.size(), 1u << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw_errno(what + ": write");
-    bytes = bytes.subspan(static_cast<std::size_t>(n));
-  }
-}
-
-// Reads exactly out.size() bytes at `offset`; false when the file ends first.
-bool pread_all(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& source) {
-  while (!out.empty()) {
-    const ssize_t n = ::pread(fd, out.data(), std::min<std::size_t>(out.size(), 1u << 30),
-                              static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw InvalidInput(source + ": read error: " + std::strerror(errno));
-    if (n == 0) return false;
-    out = out.subspan(static_cast<std::size_t>(n));
-    offset += static_cast<std::uint64_t>(n);
-  }
-  return true;
-}
-
-// Opens a regular file for reading; returns the descriptor and the file's size.
-std::pair<int, std::uint64_t> open_regular(const std::filesystem::path& path,
-                                           const std::string& source) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(st))
-    throw InvalidInput(source + ": cannot read: " + (ec ? ec.message() : "no such file"));
-  if (!std::filesystem::is_regular_file(st))
-    throw InvalidInput(source + ": cannot read: not a regular file");
-  // O_NONBLOCK: should the path have been swapped for a FIFO since the check, open must not hang.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw InvalidInput(source + ": cannot open for reading: " + std::strerror(errno));
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    throw InvalidInput(source + ": cannot read: not a regular file");
-  }
-  return {fd, static_cast<std::uint64_t>(sb.st_size)};
-}
-
 std::uint64_t load_le64(const std::byte* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | std::to_integer<std::uint64_t>(p[i]);
@@ -188,47 +114,22 @@ void check_file_limit(std::uint64_t file_bytes, const std::string& source,
                        std::to_string(limits.max_file_bytes) + " bytes");
 }
 
-// Parses the JSON text. Depth: root object → tensor object → shape array; anything deeper is an
-// error raised as soon as it opens. A key repeated within one object is an error (a duplicated
-// tensor name would otherwise silently keep the last entry).
+// Parses the header text. The format pads the header with spaces (0x20) only: any other byte after
+// the object (a newline, a NUL, "{...}") is an error. Depth: root object → tensor object → shape
+// array; anything deeper is an error raised as soon as it opens. A key repeated within one object
+// is an error (a duplicated tensor name would otherwise silently keep the last entry).
 json parse_header_json(std::string_view text, const std::string& source) {
-  constexpr int kMaxDepth = 3;
-  std::vector<std::set<std::string>> open_objects;
-  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth >= kMaxDepth)
-          throw InvalidInput(source + ": header nesting depth = " + std::to_string(depth + 1) +
-                             ": must be at most " + std::to_string(kMaxDepth));
-        if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get_ref<const std::string&>()).second)
-          throw InvalidInput(source + ": header key " + show(parsed) +
-                             (open_objects.size() == 1 ? " (a tensor name)" : "") +
-                             " appears twice in one object: each key may appear once");
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    json root = json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true);
-    if (!root.is_object()) throw InvalidInput(source + ": header is not a JSON object");
-    return root;
-  } catch (const json::exception& e) {
-    std::string_view what = e.what();
-    if (const auto end = what.find("] ");
-        !what.empty() && what.front() == '[' && end != std::string_view::npos)
-      what.remove_prefix(end + 2);
-    throw InvalidInput(source + ": header is not valid JSON: " + detail::printable(what));
-  }
+  const std::size_t end = text.find_last_not_of(' ');
+  if (end != std::string_view::npos && text[end] != '}' && text.find('\0') == std::string_view::npos)
+    throw InvalidInput(source + ": header is not valid JSON: it ends with byte " +
+                       std::to_string(end) + " = " + detail::printable(std::string(1, text[end])) +
+                       ": must be one JSON object {...} padded with spaces (0x20) only");
+  const std::string_view object = end == std::string_view::npos ? text : text.substr(0, end + 1);
+  return detail::parse_object(object, source,
+                              {.max_bytes = object.size(),
+                               .max_depth = 3,
+                               .what = "header",
+                               .top_key_is = "a tensor name"});
 }
 
 std::uint64_t offset_value(const json& v, const std::string& where) {
@@ -364,19 +265,22 @@ SafetensorsHeader parse_header(std::string_view text, std::uint64_t file_bytes,
   return h;
 }
 
-// Reads and validates the header from an open descriptor.
-SafetensorsHeader read_header_fd(int fd, std::uint64_t file_bytes, const std::string& source,
-                                 const SafetensorsLimits& limits) {
+// Reads and validates the header of an open file.
+SafetensorsHeader read_header(const ReadOnlyFile& file, const SafetensorsLimits& limits) {
+  const std::string& source = file.source();
+  const std::uint64_t file_bytes = file.size_bytes();
   check_file_size(file_bytes, source);
   std::array<std::byte, 9> first{};
   const std::size_t first_bytes = std::min<std::uint64_t>(9, file_bytes);
-  if (!pread_all(fd, std::span(first.data(), first_bytes), 0, source))
+  if (!file.read_at(std::span(first.data(), first_bytes), 0))
     throw InvalidInput(source + ": file shrank while reading");
   const std::uint64_t n = checked_header_length(first.data(), file_bytes, source, limits);
   std::string text(static_cast<std::size_t>(n), '\0');
-  if (!pread_all(fd, std::as_writable_bytes(std::span(text)), 8, source))
+  if (!file.read_at(std::as_writable_bytes(std::span(text)), 8))
     throw InvalidInput(source + ": file shrank while reading");
-  return parse_header(text, file_bytes, source, limits);
+  SafetensorsHeader h = parse_header(text, file_bytes, source, limits);
+  h.links = limits.links;
+  return h;
 }
 
 void check_writable_string(const std::string& s, const std::string& what) {
@@ -420,91 +324,6 @@ std::optional<std::int64_t> shape_elements(std::span<const std::int64_t> shape) 
     n *= d;
   }
   return n;
-}
-
-// ---- CRC-32C ------------------------------------------------------------------------------------
-
-// Slicing-by-8 (Intel, Kounavis & Berry 2005): table[k][b] is the CRC of byte b followed by k zero
-// bytes, so eight input bytes are folded per step with eight table look-ups.
-namespace {
-struct Crc32cTables {
-  std::uint32_t t[8][256];
-  Crc32cTables() {
-    constexpr std::uint32_t kPolyReflected = 0x82F63B78u;
-    for (std::uint32_t b = 0; b < 256; ++b) {
-      std::uint32_t c = b;
-      for (int i = 0; i < 8; ++i) c = (c >> 1) ^ ((c & 1u) ? kPolyReflected : 0u);
-      t[0][b] = c;
-    }
-    for (int k = 1; k < 8; ++k)
-      for (std::uint32_t b = 0; b < 256; ++b)
-        t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xff];
-  }
-};
-const Crc32cTables& crc_tables() {
-  static const Crc32cTables tables;
-  return tables;
-}
-}  // namespace
-
-std::uint32_t crc32c_update(std::uint32_t crc, std::span<const std::byte> bytes) {
-  const auto& t = crc_tables().t;
-  std::uint32_t c = ~crc;
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  std::size_t n = bytes.size();
-  while (n >= 8) {
-    const std::uint32_t lo = c ^ (std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 |
-                                  std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24);
-    const std::uint32_t hi = std::uint32_t(p[4]) | std::uint32_t(p[5]) << 8 |
-                             std::uint32_t(p[6]) << 16 | std::uint32_t(p[7]) << 24;
-    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xff];
-  return ~c;
-}
-
-std::string crc32c_hex(std::uint32_t crc) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", crc);
-  return buf;
-}
-
-// ---- durable writes -----------------------------------------------------------------------------
-
-void sync_directory(const std::filesystem::path& dir) {
-  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
-  Fd fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) throw_errno(d.string() + ": open directory");
-  if (::fsync(fd.get()) != 0) throw_errno(d.string() + ": fsync directory");
-}
-
-WrittenFile write_file_atomically(const std::filesystem::path& path,
-                                  std::span<const std::span<const std::byte>> pieces) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp." + std::to_string(::getpid());
-  const std::string what = tmp.string();
-  WrittenFile written;
-  try {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) throw_errno(what + ": create");
-    for (const auto piece : pieces) {
-      write_all(fd.get(), piece, what);
-      written.crc32c = crc32c_update(written.crc32c, piece);
-      written.size_bytes += piece.size();
-    }
-    if (::fsync(fd.get()) != 0) throw_errno(what + ": fsync");
-    fd.close_checked(what);
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw_errno(what + ": rename to " + path.string());
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  sync_directory(path.parent_path());
-  return written;
 }
 
 // ---- writing ------------------------------------------------------------------------------------
@@ -598,29 +417,26 @@ std::span<const std::byte> SafetensorsFile::bytes(std::string_view name) const {
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path,
                                           const SafetensorsLimits& limits) {
-  const std::string source = path.string();
-  const auto [raw_fd, file_bytes] = open_regular(path, source);
-  Fd fd(raw_fd);
-  SafetensorsHeader h = read_header_fd(fd.get(), file_bytes, source, limits);
+  const ReadOnlyFile file(path, path.string(), limits.links);
+  SafetensorsHeader h = read_header(file, limits);
   h.path = path;
   return h;
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path,
                                  const SafetensorsLimits& limits) {
-  const std::string source = path.string();
-  const auto [raw_fd, file_bytes] = open_regular(path, source);
-  Fd fd(raw_fd);
-  check_file_size(file_bytes, source);
-  check_file_limit(file_bytes, source, limits);
+  const ReadOnlyFile file(path, path.string(), limits.links);
+  const std::string& source = file.source();
+  check_file_size(file.size_bytes(), source);
+  check_file_limit(file.size_bytes(), source, limits);
   SafetensorsFile f;
-  f.header = read_header_fd(fd.get(), file_bytes, source, limits);
+  f.header = read_header(file, limits);
   f.header.path = path;
-  f.data.resize(static_cast<std::size_t>(file_bytes - f.header.data_begin_bytes));
-  if (!pread_all(fd.get(), f.data, f.header.data_begin_bytes, source))
+  f.data.resize(static_cast<std::size_t>(file.size_bytes() - f.header.data_begin_bytes));
+  if (!file.read_at(f.data, f.header.data_begin_bytes))
     throw InvalidInput(source + ": file shrank while reading");
   std::byte extra{};
-  if (pread_all(fd.get(), std::span(&extra, 1), file_bytes, source))
+  if (file.read_at(std::span(&extra, 1), file.size_bytes()))
     throw InvalidInput(source + ": file grew while reading");
   return f;
 }
@@ -646,17 +462,21 @@ void read_tensor_bytes(const SafetensorsHeader& header, const TensorInfo& t,
                        std::uint64_t offset_bytes, std::span<std::byte> out) {
   const std::string where = header.source + ": " + tensor_label(t.name);
   if (offset_bytes > t.size_bytes() || out.size() > t.size_bytes() - offset_bytes)
-    throw InvalidInput(where + ": bytes [" + std::to_string(offset_bytes) + ", " +
-                       std::to_string(offset_bytes + out.size()) + ") lie outside its " +
-                       std::to_string(t.size_bytes()) + " bytes");
-  const auto [raw_fd, file_bytes] = open_regular(header.path, header.source);
-  Fd fd(raw_fd);
-  if (file_bytes != header.file_bytes)
-    throw InvalidInput(header.source + ": file size = " + std::to_string(file_bytes) +
+  {
+    // The end is printed exactly: offset + size may not fit in 64 bits.
+    const std::uint64_t size = out.size();
+    const std::string end = offset_bytes <= std::numeric_limits<std::uint64_t>::max() - size
+                                ? std::to_string(offset_bytes + size)
+                                : std::to_string(offset_bytes) + " + " + std::to_string(size);
+    throw InvalidInput(where + ": bytes [" + std::to_string(offset_bytes) + ", " + end +
+                       ") lie outside its " + std::to_string(t.size_bytes()) + " bytes");
+  }
+  const ReadOnlyFile file(header.path, header.source, header.links);
+  if (file.size_bytes() != header.file_bytes)
+    throw InvalidInput(header.source + ": file size = " + std::to_string(file.size_bytes()) +
                        " bytes: changed since its header was read (" +
                        std::to_string(header.file_bytes) + " bytes)");
-  if (!pread_all(fd.get(), out, header.data_begin_bytes + t.begin_bytes + offset_bytes,
-                 header.source))
+  if (!file.read_at(out, header.data_begin_bytes + t.begin_bytes + offset_bytes))
     throw InvalidInput(header.source + ": file shrank while reading");
 }
 

@@ -150,7 +150,7 @@ TEST(CalibrationBad, WrongTypesAndRanges) {
   expect_invalid([&] { parse(replaced(text, "\"seconds_median\": 0.00055", "\"seconds_median\": -1")); },
                  {kSrc, "points[0].seconds_median = -1", "[0, 1000000]"});
   expect_invalid([&] { parse(replaced(text, "\"beta_bytes_per_s\": 3.2e+09", "\"beta_bytes_per_s\": 0")); },
-                 {kSrc, "intra_node.beta_bytes_per_s = 0", "(0, "});
+                 {kSrc, "intra_node.beta_bytes_per_s = 0", "[1000000, "});
   expect_invalid([&] { parse(replaced(text, "\"alpha_s\": 2.5e-05", "\"alpha_s\": true")); },
                  {kSrc, "intra_node.alpha_s = true", "a boolean"});
   expect_invalid([&] { parse(replaced(text, "\"collective\": \"allreduce\"", "\"collective\": 7")); },

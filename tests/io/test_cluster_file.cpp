@@ -93,7 +93,7 @@ TEST(ClusterFileBad, MissingWithoutPreset) {
 TEST(ClusterFileBad, WrongTypes) {
   const auto text = fixture("cluster-custom.json");
   expect_invalid([&] { parse(replaced(text, "\"mfu\": 0.5", "\"mfu\": \"0.5\"")); },
-                 {kSrc, "mfu = \"0.5\"", "(0, 1]", "a string"});
+                 {kSrc, "mfu = \"0.5\"", "[0.001, 1]", "a string"});
   expect_invalid([&] { parse(replaced(text, "\"gpus_per_node\": 8", "\"gpus_per_node\": true")); },
                  {kSrc, "gpus_per_node = true", "a boolean"});
   expect_invalid([&] { parse(replaced(text, "\"gpus_per_node\": 8", "\"gpus_per_node\": 8.5")); },
@@ -106,10 +106,10 @@ TEST(ClusterFileBad, WrongTypes) {
 TEST(ClusterFileBad, OutOfRange) {
   const auto text = fixture("cluster-custom.json");
   expect_invalid([&] { parse(replaced(text, "\"mfu\": 0.5", "\"mfu\": 50")); },
-                 {kSrc, "mfu = 50", "(0, 1]"});
+                 {kSrc, "mfu = 50", "[0.001, 1]"});
   expect_invalid([&] { parse(replaced(text, "\"mfu\": 0.5", "\"mfu\": 0")); }, {kSrc, "mfu = 0"});
   expect_invalid([&] { parse(replaced(text, "\"bandwidth_gbps\": 300", "\"bandwidth_gbps\": -300")); },
-                 {kSrc, "intra_node.bandwidth_gbps = -300", "(0, 100000]"});
+                 {kSrc, "intra_node.bandwidth_gbps = -300", "[0.001, 100000]"});
   // 300e9 "GB/s" is someone who wrote bytes/s: rejected, not silently 3e20 bytes/s.
   expect_invalid([&] { parse(replaced(text, "\"bandwidth_gbps\": 300", "\"bandwidth_gbps\": 3e11")); },
                  {kSrc, "intra_node.bandwidth_gbps"});

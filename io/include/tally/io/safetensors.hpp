@@ -2,8 +2,9 @@
 // written and read exactly as the reference implementation does. Byte layout:
 //
 //   [0, 8)        N, the header length in bytes: unsigned 64-bit little-endian
-//   [8, 8+N)      the header: UTF-8 JSON object, starting with '{', padded with spaces so N % 8 ==
-//   0 [8+N, end)    the data section: every tensor's bytes, row-major, little-endian, no gaps
+//   [8, 8+N)      the header: UTF-8 JSON object, starting with '{', padded with spaces (0x20, and
+//                 nothing else: no NUL, no newline) so that N % 8 == 0
+//   [8+N, end)    the data section: every tensor's bytes, row-major, little-endian, no gaps
 //
 //   header = {"__metadata__": {"key": "value", ...},                       optional, strings only
 //             "<tensor name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]},
@@ -29,6 +30,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tally/io/files.hpp"
 
 namespace tally::io {
 
@@ -62,34 +65,6 @@ std::string allowed_tensor_dtypes();  // "BOOL, U8, I8, ..." for messages
 inline constexpr std::int64_t kMaxTensorElements = std::int64_t{1} << 62;
 std::optional<std::int64_t> shape_elements(std::span<const std::int64_t> shape);
 
-// ---- checksums ----------------------------------------------------------------------------------
-
-// CRC-32C (Castagnoli; polynomial 0x1EDC6F41, reflected 0x82F63B78; initial value and final XOR
-// 0xFFFFFFFF; RFC 3720 §B.4), the checksum of iSCSI, ext4 metadata and Google's storage APIs.
-// crc32c("123456789") == 0xE3069283. crc32c_update continues a running checksum: starting from 0,
-// crc32c_update(crc32c_update(0, a), b) == crc32c(a ++ b).
-std::uint32_t crc32c_update(std::uint32_t crc, std::span<const std::byte> bytes);
-inline std::uint32_t crc32c(std::span<const std::byte> bytes) { return crc32c_update(0, bytes); }
-std::string crc32c_hex(std::uint32_t crc);  // 8 lower-case hex digits, "e3069283"
-
-// ---- durable, atomic file writes ----------------------------------------------------------------
-
-// What was written: the file's size and the CRC-32C of all its bytes.
-struct WrittenFile {
-  std::uint64_t size_bytes = 0;
-  std::uint32_t crc32c = 0;
-};
-
-// Writes the concatenation of `pieces` to `<path>.tmp.<pid>`, fsyncs it, renames it over `path` and
-// fsyncs the directory, so `path` holds either its previous content or all the new bytes, even
-// after a crash or power loss. Throws std::system_error naming the path on an I/O failure (the
-// temporary file is removed; `path` is untouched).
-WrittenFile write_file_atomically(const std::filesystem::path& path,
-                                  std::span<const std::span<const std::byte>> pieces);
-// fsync of a directory, making the renames and creations inside it durable. Throws
-// std::system_error.
-void sync_directory(const std::filesystem::path& dir);
-
 // ---- writing ------------------------------------------------------------------------------------
 
 // One tensor to write: `size_bytes` bytes at `data` (may be null when size_bytes == 0), row-major,
@@ -117,6 +92,7 @@ struct SafetensorsLimits {
   std::uint64_t max_header_bytes = std::uint64_t{100} << 20;  // 100 MiB, the reference's limit
   std::uint64_t max_file_bytes = std::uint64_t{64} << 30;     // 64 GiB: whole-file reads only
   std::size_t max_dims = 64;                                  // rank of one tensor
+  Symlinks links = Symlinks::follow;  // checkpoint shards: Symlinks::refuse
 };
 
 // One tensor's entry in the header.
@@ -138,6 +114,7 @@ struct SafetensorsHeader {
   std::uint64_t header_bytes = 0;               // N
   std::uint64_t data_begin_bytes = 0;           // 8 + N: file offset of the data section
   std::uint64_t file_bytes = 0;                 // 8 + N + data section
+  Symlinks links = Symlinks::follow;            // how it was opened; later reads do the same
   const TensorInfo* find(std::string_view name) const;  // nullptr when absent
 };
 
