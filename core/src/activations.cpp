@@ -144,15 +144,4 @@ std::string ActivationResult::convention() const {
   return c;
 }
 
-double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
-                               Recompute r) {
-  // Korthikanti et al. 2022: eq. 1 (no parallelism), eq. 2 (TP), eq. 4 (TP+SP), §5 (selective:
-  // the 5as/h term is recomputed), eq. 7-ish full recompute: 2sbh per layer.
-  const double sbh = s * b * h;
-  const double attn = r == Recompute::selective ? 0.0 : 5 * a * s / h;
-  if (r == Recompute::full) return 2 * sbh / (sp ? t : 1);
-  if (sp) return sbh / t * (34 + attn);
-  return sbh * (10 + 24.0 / t + attn / t);
-}
-
 }  // namespace tally

@@ -35,7 +35,6 @@ namespace tally {
 
 namespace {
 
-constexpr double kBucketBytes = 25e6;  // PyTorch DDP bucket_cap_mb default
 
 std::vector<std::int64_t> divisors(std::int64_t n) {
   std::vector<std::int64_t> lo, hi;
@@ -96,7 +95,7 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .recompute = L.recompute, .attention = L.attention,
                                .dropout = r.dropout, .act_bytes = P.act_bytes});
   e.buffer_bytes = L.zero == 3 ? 2.0 * n_gpu / double(r.model.layers) * L.pp * P.param_bytes
-                               : 2.0 * kBucketBytes;
+                               : 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
   e.total_bytes = e.states.total() + e.activation_bytes + e.buffer_bytes;
   e.usable_bytes = P.usable;
   e.fits = e.total_bytes <= P.usable;

@@ -69,7 +69,6 @@ const std::vector<ModelSpec>& models() {
 // order-of-magnitude (a few µs NVLink, ~10 µs IB); `tally bench` calibration files replace them.
 // MFU: Narayanan et al. 2021 (Megatron-LM, SC'21) sustain 52 % of A100 peak at 175B → 0.5;
 // Llama 3 (Dubey et al. 2024, Table 4) reports 38–43 % BF16 MFU on H100 → 0.4.
-constexpr double kMiB = 1048576.0;
 
 GpuSpec a100(std::string name, double mib) {
   return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 19.5e12,

@@ -32,17 +32,14 @@ TEST(Reliability, SeedA4_SaveTimes) {
   EXPECT_NEAR(save_seconds(112e9, 2e9, 128) / 3600, 2.0, 0.01);
 }
 
-// Erratum 1, f = 0.5/h (MTBF 2 h): the seed's E(T) = 4fT + 55.8/T gives T* = √(13.95/f) ≈ 5.3 h;
-// with consistent units tally's optimum is Young's √(2·C·MTBF) ≈ 15 min.
+// Erratum 1, f = 0.5/h (MTBF 2 h): the seed's E(T) = 4fT + 55.8/T has its minimum at
+// T* = √(55.8 / 4f) = √(13.95/f) ≈ 5.3 h (seed §A4 (3)); with consistent units tally's optimum is
+// Young's √(2·C·MTBF) = √(2 × 56/3600 h × 2 h) = 0.2494 h ≈ 15 min (Young 1974).
 TEST(Reliability, Erratum1_SeedFormulaVersusYoungAtMtbfTwoHours) {
   const double f = 0.5;
-  const auto seed_E = [&](double T) { return 4 * f * T + 55.8 / T; };  // minutes per hour
-  const double seed_T = std::sqrt(13.95 / f);
-  EXPECT_NEAR(seed_T, 5.3, 0.05);
-  EXPECT_LT(seed_E(seed_T), seed_E(seed_T * 0.9));  // it is the minimum of the seed's E
-  EXPECT_LT(seed_E(seed_T), seed_E(seed_T * 1.1));
+  const double seed_T = 5.28;  // the seed's √(13.95/0.5) = 5.28 h
   const double young = young_interval_hours(kSaveHours, 1 / f);
-  EXPECT_NEAR(young, 0.249, 0.005);
+  EXPECT_NEAR(young, 0.2494, 0.0005);
   EXPECT_NEAR(young * 60, 15.0, 0.3);
   // At its own optimum tally loses less than at the seed's 5.3 h.
   EXPECT_LT(overhead_fraction(young, kSaveHours, kRestartHours, 1 / f),

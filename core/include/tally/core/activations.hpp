@@ -82,9 +82,4 @@ ActivationResult activations(const ModelSpec& m, const ActivationSetup& setup);
 // allocation). The caller must have validated the setup (ActivationSetup::validate) once.
 double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& setup);
 
-// Korthikanti's closed form per layer, for cross-checking the inventory (bytes, 2-byte activations,
-// with dropout, standard 4h GeLU MLP, a_kv = a): sbh(34 + 5as/h) with the TP / SP / recompute forms.
-double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
-                               Recompute r);
-
 }  // namespace tally

@@ -23,6 +23,13 @@
 
 namespace tally {
 
+// PyTorch DistributedDataParallel's gradient buckets (torch.nn.parallel.DistributedDataParallel,
+// bucket_cap_mb = 25, meaning 25 MiB: bucket_cap_mb * 1024 * 1024; the first bucket is
+// dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB). The planner's buffer allowance and the engine's DDP
+// both use these.
+inline constexpr double kDdpBucketBytes = 25 * kMiB;
+inline constexpr double kDdpFirstBucketBytes = 1 * kMiB;
+
 enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
 
 // Names: "all-reduce", "reduce-scatter", "all-gather", "broadcast", "p2p".

@@ -19,6 +19,7 @@ namespace tally {
 inline constexpr double kGB = 1e9;                 // decimal gigabyte
 inline constexpr double kGiB = 1073741824.0;       // 2^30 bytes
 inline constexpr double kMB = 1e6;
+inline constexpr double kMiB = 1048576.0;          // 2^20 bytes
 
 enum class SizeUnit { GB, GiB };
 double unit_bytes(SizeUnit u);

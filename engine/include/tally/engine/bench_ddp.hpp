@@ -51,8 +51,8 @@ struct BenchDdpOptions {
   // all-reduce are of the same order, so both compute and communication count.
   std::vector<std::int64_t> widths = {512, 1024, 1024, 1024, 16};
   std::int64_t batch_per_rank = 32;        // B
-  double bucket_cap_bytes = 25 * kMiB;     // PyTorch's bucket_cap_mb = 25
-  double first_bucket_cap_bytes = 1 * kMiB;  // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+  double bucket_cap_bytes = kDdpBucketBytes;  // PyTorch's bucket_cap_mb = 25
+  double first_bucket_cap_bytes = kDdpFirstBucketBytes;  // dist._DEFAULT_FIRST_BUCKET_BYTES
   int threads = 1;                         // torch intra-op threads per rank
   std::int64_t seed = 1234;                // model init; the data uses seed + 1
   BenchOptimizer optimizer = BenchOptimizer::sgd;

@@ -21,20 +21,22 @@
 #include <string>
 #include <vector>
 
+#include "tally/core/comm.hpp"
+
 namespace tally::engine {
 
-inline constexpr double kMiB = 1024.0 * 1024.0;
+using ::tally::kMiB;  // engine::kMiB, as callers spell it
 
 struct DdpOptions {
   // A bucket is closed once its gradients reach this many bytes (in the gradients' dtype), so a
   // bucket may overshoot by one tensor; 1 byte gives one parameter per bucket, a huge value one
   // bucket. PyTorch's bucket_cap_mb = 25 means 25 MiB (bucket_cap_mb * 1024 * 1024).
-  double bucket_cap_bytes = 25 * kMiB;
+  double bucket_cap_bytes = kDdpBucketBytes;
   // The first bucket in reduction order (the last layers' gradients, ready first) closes at
   // min(first_bucket_cap_bytes, bucket_cap_bytes), so its all-reduce starts early in the backward
   // pass: PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB, which its DDP applies from the
   // second iteration on (Reducer::rebuild_buckets; see Note [first bucket] in ddp.cpp).
-  double first_bucket_cap_bytes = 1 * kMiB;
+  double first_bucket_cap_bytes = kDdpFirstBucketBytes;
   void validate() const;  // throws InvalidInput naming the field and value
 };
 

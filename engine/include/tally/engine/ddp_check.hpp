@@ -22,7 +22,7 @@ namespace tally::engine {
 
 struct DdpCheckOptions {
   double timeout_s = 60;                // rendezvous and every collective
-  double bucket_cap_bytes = 25 * kMiB;  // DDP bucket size
+  double bucket_cap_bytes = kDdpBucketBytes;  // DDP bucket size
   bool include_gradients = false;       // fill initial_parameters and averaged_gradients
   void validate() const;                // throws InvalidInput naming the flag and value
 };

@@ -28,7 +28,7 @@ struct GradAccumOptions {
   int steps = 20;                        // effective (optimizer) steps of training for ④ and ⑤
   int counted_steps = 3;                 // ③ reads the counters after this many steps
   double lr = 0.1;                       // SGD
-  double bucket_cap_bytes = 25 * kMiB;   // DDP bucket size
+  double bucket_cap_bytes = kDdpBucketBytes;  // DDP bucket size
   // Throws InvalidInput naming the flag: K in [1, 64], steps >= 10 (④ compares two disjoint
   // windows of 5), counted_steps in [1, steps], lr > 0, world size × K dividing the 64 samples.
   void validate(int world_size) const;

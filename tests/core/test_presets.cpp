@@ -1,0 +1,64 @@
+// core/presets.hpp: every preset is valid and its hardware figures are the cited ones (presets.cpp
+// names the datasheets); the default scenario resolves. Parameter counts are in test_model.cpp.
+#include "tally/core/presets.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace tally {
+namespace {
+
+TEST(Presets, NamesAreUniqueAndResolve) {
+  std::set<std::string> seen;
+  for (const auto& n : model_preset_names()) {
+    EXPECT_TRUE(seen.insert(n).second) << n;
+    ASSERT_TRUE(model_preset(n).has_value()) << n;
+    EXPECT_EQ(model_preset(n)->name, n);
+    EXPECT_NO_THROW(model_preset(n)->validate()) << n;
+  }
+  for (const auto& n : cluster_preset_names()) {
+    EXPECT_TRUE(seen.insert(n).second) << n;
+    ASSERT_TRUE(cluster_preset(n).has_value()) << n;
+    EXPECT_NO_THROW(cluster_preset(n)->validate()) << n;
+  }
+  EXPECT_FALSE(model_preset("llama-9-1t").has_value());
+  EXPECT_FALSE(cluster_preset("").has_value());
+  EXPECT_TRUE(model_preset(kDefaultModel).has_value());
+  EXPECT_TRUE(cluster_preset(kDefaultCluster).has_value());
+}
+
+// NVIDIA A100 datasheet: 312 TFLOP/s BF16, 156 TF32, 19.5 FP32 (dense); nvidia-smi 81920 MiB.
+// H100 SXM datasheet: 989.4 BF16, 494.7 TF32, 67 FP32, 1978.9 FP8 (dense); H200 shares the core
+// with 143771 MiB (nvidia-smi, recorded in tests/data/h200_memory_probe.json).
+TEST(Presets, GpuFiguresAreTheDatasheets) {
+  const auto a100 = *cluster_preset("a100-80g");
+  EXPECT_EQ(a100.gpu.peak_bf16_flops, 312e12);
+  EXPECT_EQ(a100.gpu.peak_tf32_flops, 156e12);
+  EXPECT_EQ(a100.gpu.peak_fp32_flops, 19.5e12);
+  EXPECT_EQ(a100.gpu.peak_fp8_flops, 0.0);
+  EXPECT_EQ(a100.gpu.memory_bytes, 81920 * 1048576.0);
+  EXPECT_EQ(cluster_preset("a100-40g")->gpu.memory_bytes, 40960 * 1048576.0);
+  const auto h200 = *cluster_preset("h200");
+  EXPECT_EQ(h200.gpu.peak_bf16_flops, 989.4e12);
+  EXPECT_EQ(h200.gpu.peak_fp8_flops, 1978.9e12);
+  EXPECT_EQ(h200.gpu.memory_bytes, 143771 * 1048576.0);
+  EXPECT_EQ(cluster_preset("h100-80g")->gpu.memory_bytes, 81559 * 1048576.0);
+  // Training in fp32 runs its matmuls on TF32 tensor cores.
+  EXPECT_EQ(a100.gpu.peak_flops(Precision::fp32), 156e12);
+  EXPECT_EQ(a100.gpu.peak_flops(Precision::bf16), 312e12);
+}
+
+// NVLink 3 600 GB/s and NVLink 4 900 GB/s bidirectional are 300 and 450 GB/s per direction; one HDR
+// (200 Gb/s = 25 GB/s) or NDR (400 Gb/s = 50 GB/s) NIC per GPU.
+TEST(Presets, LinksArePerDirectionBytes) {
+  EXPECT_EQ(cluster_preset("a100-80g")->intra_node.bandwidth_bps, 600e9 / 2);
+  EXPECT_EQ(cluster_preset("a100-80g")->inter_node.bandwidth_bps, 200e9 / 8);
+  EXPECT_EQ(cluster_preset("h100-80g")->intra_node.bandwidth_bps, 900e9 / 2);
+  EXPECT_EQ(cluster_preset("h100-80g")->inter_node.bandwidth_bps, 400e9 / 8);
+  for (const auto& n : cluster_preset_names()) EXPECT_EQ(cluster_preset(n)->gpus_per_node, 8) << n;
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,86 @@
+// core/types.hpp: units, enum names at the boundary, count parsing and byte formatting.
+#include "tally/core/types.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace tally {
+namespace {
+
+// GB is decimal (1e9 bytes, SI), GiB binary (2^30 bytes, IEC 80000-13).
+TEST(Types, UnitsAreSiAndIec) {
+  EXPECT_EQ(kGB, 1e9);
+  EXPECT_EQ(kGiB, 1073741824.0);
+  EXPECT_EQ(kMiB, 1048576.0);
+  EXPECT_EQ(unit_bytes(SizeUnit::GB), 1e9);
+  EXPECT_EQ(unit_bytes(SizeUnit::GiB), 1073741824.0);
+  EXPECT_EQ(to_unit(80 * 1073741824.0, SizeUnit::GB), 85.89934592);  // "80 GB" cards hold 80 GiB
+  EXPECT_EQ(format_bytes(26.25e9, SizeUnit::GB), "26.25 GB");
+  EXPECT_EQ(format_bytes(80 * 1073741824.0, SizeUnit::GiB, 1), "80.0 GiB");
+  EXPECT_EQ(parse_size_unit("GiB"), SizeUnit::GiB);
+  EXPECT_FALSE(parse_size_unit("gb?").has_value());
+}
+
+// Every enum name parses back to itself, and only the listed names parse.
+TEST(Types, EnumNamesRoundTrip) {
+  for (const auto& n : allowed_precisions()) EXPECT_EQ(to_string(*parse_precision(n)), n);
+  for (const auto& n : allowed_optimizers()) EXPECT_EQ(to_string(*parse_optimizer(n)), n);
+  for (const auto& n : allowed_recomputes()) EXPECT_EQ(to_string(*parse_recompute(n)), n);
+  for (const auto& n : allowed_attentions()) EXPECT_EQ(to_string(*parse_attention(n)), n);
+  EXPECT_EQ(allowed_precisions().size(), 3u);  // fp32, bf16, fp16
+  EXPECT_FALSE(parse_precision("fp8").has_value());
+  EXPECT_FALSE(parse_optimizer("").has_value());
+  EXPECT_FALSE(parse_recompute("Full ").has_value());
+}
+
+// Mixed precision keeps 16-bit parameters and gradients (seed: 2 + 2 + 8 + 4 bytes per parameter).
+TEST(Types, DtypeBytes) {
+  EXPECT_EQ(dtype_bytes(Precision::fp32), 4.0);
+  EXPECT_EQ(dtype_bytes(Precision::bf16), 2.0);
+  EXPECT_EQ(dtype_bytes(Precision::fp16), 2.0);
+}
+
+TEST(Types, ParseCountAcceptsTheSpellingsPeopleUse) {
+  EXPECT_EQ(parse_count("7e9", "--params"), 7e9);
+  EXPECT_EQ(parse_count("7B", "--params"), 7e9);
+  EXPECT_EQ(parse_count("6.74b", "--params"), 6.74e9);
+  EXPECT_EQ(parse_count("175B", "--params"), 175e9);
+  EXPECT_EQ(parse_count("350M", "--params"), 350e6);
+  EXPECT_EQ(parse_count("1.5T", "--params"), 1.5e12);
+  EXPECT_EQ(parse_count("124k", "--params"), 124e3);
+  EXPECT_EQ(parse_count("7000000000", "--params"), 7e9);
+}
+
+TEST(Types, ParseCountRejectsWithOneLineNamingTheField) {
+  for (const char* bad : {"", "B", "7X", "-7B", "0", "nan", "inf", "1e999", "7 B", "0x10"}) {
+    SCOPED_TRACE(bad);
+    try {
+      parse_count(bad, "--params");
+      ADD_FAILURE() << "accepted";
+    } catch (const InvalidInput& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("--params = '", 0), 0u) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(Types, InputChecksNameFieldValueAndRange) {
+  try {
+    require_real(false, "mfu", 2.5, "must be in [0.001, 1]");
+    ADD_FAILURE();
+  } catch (const InvalidInput& e) {
+    EXPECT_STREQ(e.what(), "mfu = 2.5: must be in [0.001, 1]");
+  }
+  try {
+    require_int(false, "tp", -3, "must be >= 1");
+    ADD_FAILURE();
+  } catch (const InvalidInput& e) {
+    EXPECT_STREQ(e.what(), "tp = -3: must be >= 1");
+  }
+  EXPECT_NO_THROW(require_real(true, "x", 0, ""));
+}
+
+}  // namespace
+}  // namespace tally
