@@ -337,4 +337,8 @@ double traffic_seconds(const TrafficItem& item, const LinkSpec& link) {
   return item.calls * steps * link.latency_s + item.bytes_per_rank / link.bandwidth_bps;
 }
 
+double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster) {
+  return traffic_seconds(item, link_for_group(cluster, item.group, item.stride));
+}
+
 }  // namespace tally

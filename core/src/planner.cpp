@@ -112,12 +112,11 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim()});
   e.comm_bytes_per_gpu = traffic.total_bytes();
   e.compute_s = compute_seconds(P, L.recompute);
-  e.tp_s = traffic_seconds(traffic.tp, link_for_group(c, L.tp, 1));
-  e.cp_s = traffic_seconds(traffic.cp, link_for_group(c, L.cp, L.tp));
-  e.pp_s = traffic_seconds(traffic.pp, link_for_group(c, 2, L.tp * L.cp * L.dp));
-  const LinkSpec dp_link = link_for_group(c, L.dp * L.cp, L.tp);
-  const double grad_s = traffic_seconds(traffic.dp_grad, dp_link);
-  const double gather_s = traffic_seconds(traffic.zero_param_gather, dp_link);
+  e.tp_s = traffic_seconds(traffic.tp, c);
+  e.cp_s = traffic_seconds(traffic.cp, c);
+  e.pp_s = traffic_seconds(traffic.pp, c);
+  const double grad_s = traffic_seconds(traffic.dp_grad, c);
+  const double gather_s = traffic_seconds(traffic.zero_param_gather, c);
   e.dp_s = grad_s + gather_s;
 
   e.bubble_fraction = bubble(PipelineSetup{.stages = L.pp, .micro_batches = int(L.grad_accum),
@@ -359,7 +358,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
                    " % of capacity | activations: Korthikanti 2022 inventory" +
                    (r.dropout ? " with dropout masks" : " without dropout") +
-                   " | time: hardware FLOPs at u = " + std::to_string(r.cluster.mfu).substr(0, 4) +
+                   " | time: hardware FLOPs at u = " + format_number(r.cluster.mfu) +
                    " of peak, TP/CP/PP exposed, DP/ZeRO " +
                    (r.overlap_dp ? "overlapped with backward" : "exposed (no overlap)");
   return res;

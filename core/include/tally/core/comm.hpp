@@ -133,5 +133,8 @@ StepTraffic step_traffic(const StepTrafficSetup& setup);
 
 // α–β time of one ledger item on a link: calls·steps·α + bytes_per_rank/β.
 double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
+// The same on the link its group spans in `cluster` (link_for_group(cluster, item.group,
+// item.stride)): the item carries its group and stride, so no caller re-derives them.
+double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster);
 
 }  // namespace tally
