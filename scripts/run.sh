@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+bash scripts/build.sh tally   # only what the main job needs; tests and benchmarks come with scripts/test.sh
 exec ./build/cli/tally plan "$@"

@@ -134,6 +134,77 @@ std::string format_number(double v) {
   return buf;
 }
 
+namespace {
+
+// The number in front of a unit: finite, > 0, spaces allowed before the unit. Returns the value and
+// the unit text, or nullopt.
+std::optional<std::pair<double, std::string_view>> split_quantity(std::string_view text) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(first, last, v);
+  if (ec != std::errc() || ptr == first) return std::nullopt;
+  std::string_view unit(ptr, std::size_t(last - ptr));
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  return std::pair{v, unit};
+}
+
+// "K" 1e3 … "T" 1e12, "Ki" 2^10 … "Ti" 2^40, "" 1; nullopt for anything else.
+std::optional<double> prefix_scale(std::string_view p) {
+  static constexpr std::pair<std::string_view, double> kPrefixes[] = {
+      {"", 1.0},          {"K", 1e3},          {"k", 1e3},          {"M", 1e6},
+      {"G", 1e9},         {"T", 1e12},         {"Ki", 1024.0},      {"Mi", 1048576.0},
+      {"Gi", 1073741824.0}, {"Ti", 1099511627776.0}};
+  for (const auto& [name, scale] : kPrefixes)
+    if (p == name) return scale;
+  return std::nullopt;
+}
+
+[[noreturn]] void bad_quantity(std::string_view text, std::string_view field,
+                               std::string_view allowed) {
+  throw InvalidInput(std::string(field) + " = '" + std::string(text) + "': " + std::string(allowed));
+}
+
+}  // namespace
+
+double parse_bytes(std::string_view text, std::string_view field) {
+  constexpr std::string_view kAllowed =
+      "must be a positive size with its unit: B, KB, MB, GB, TB (1e3…1e12 bytes) or KiB, MiB, "
+      "GiB, TiB (2^10…2^40 bytes), e.g. 14GB or 512MiB";
+  const auto q = split_quantity(text);
+  if (!q || q->second.empty() || q->second.back() != 'B') bad_quantity(text, field, kAllowed);
+  const auto scale = prefix_scale(q->second.substr(0, q->second.size() - 1));
+  const double v = q->first * (scale ? *scale : 0.0);
+  if (!scale || !std::isfinite(v) || !(v > 0)) bad_quantity(text, field, kAllowed);
+  return v;
+}
+
+double parse_bandwidth(std::string_view text, std::string_view field) {
+  constexpr std::string_view kAllowed =
+      "must be a positive bandwidth with its unit: bytes as B/s, MB/s, GB/s, TB/s, GiB/s; bits as "
+      "b/s, Mb/s, Gb/s, Tb/s (or Mbps, Gbps, Tbps), e.g. 50GB/s or 200Gb/s";
+  const auto q = split_quantity(text);
+  if (!q) bad_quantity(text, field, kAllowed);
+  std::string_view unit = q->second;
+  double per_unit = 0;  // bytes per unit symbol
+  if (unit.ends_with("B/s")) {
+    per_unit = 1.0;
+    unit.remove_suffix(3);
+  } else if (unit.ends_with("b/s")) {
+    per_unit = 1.0 / 8;
+    unit.remove_suffix(3);
+  } else if (unit.ends_with("bps") && unit.size() > 3) {  // "Gbps" is gigabits, never gigabytes
+    per_unit = 1.0 / 8;
+    unit.remove_suffix(3);
+  } else {
+    bad_quantity(text, field, kAllowed);
+  }
+  const auto scale = prefix_scale(unit);
+  const double v = q->first * per_unit * (scale ? *scale : 0.0);
+  if (!scale || !std::isfinite(v) || !(v > 0)) bad_quantity(text, field, kAllowed);
+  return v;
+}
+
 void require_real(bool ok, std::string_view field, double value, std::string_view allowed) {
   if (!ok)
     throw InvalidInput(std::string(field) + " = " + format_number(value) + ": " +

@@ -66,6 +66,44 @@ TEST(Types, ParseCountRejectsWithOneLineNamingTheField) {
   }
 }
 
+// Sizes: SI prefixes are powers of 1000, IEC prefixes of 1024 (IEC 80000-13).
+TEST(Types, ParseBytesTakesTheUnitWithTheValue) {
+  EXPECT_EQ(parse_bytes("14GB", "--size"), 14e9);
+  EXPECT_EQ(parse_bytes("14 GB", "--size"), 14e9);
+  EXPECT_EQ(parse_bytes("512MiB", "--size"), 512.0 * 1048576);
+  EXPECT_EQ(parse_bytes("1.5TB", "--size"), 1.5e12);
+  EXPECT_EQ(parse_bytes("2GiB", "--size"), 2.0 * 1073741824);
+  EXPECT_EQ(parse_bytes("100B", "--size"), 100.0);
+  EXPECT_EQ(parse_bytes("4KiB", "--size"), 4096.0);
+  for (const char* bad : {"14", "14Gb", "14gb", "GB", "-1GB", "0GB", "nanGB", "1e999GB", "14 G B",
+                          "14XB", ""}) {
+    SCOPED_TRACE(bad);
+    try {
+      parse_bytes(bad, "--size");
+      ADD_FAILURE() << "accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--size = '", 0), 0u) << e.what();
+    }
+  }
+}
+
+// Networks are sold in bits per second: 200 Gb/s (HDR InfiniBand) is 25 GB/s; NVLink 3's 600 GB/s
+// bidirectional is bytes.
+TEST(Types, ParseBandwidthTellsBitsFromBytes) {
+  EXPECT_EQ(parse_bandwidth("50GB/s", "--bandwidth"), 50e9);
+  EXPECT_EQ(parse_bandwidth("200Gb/s", "--bandwidth"), 25e9);
+  EXPECT_EQ(parse_bandwidth("200Gbps", "--bandwidth"), 25e9);
+  EXPECT_EQ(parse_bandwidth("400 Gb/s", "--bandwidth"), 50e9);
+  EXPECT_EQ(parse_bandwidth("1.6Tb/s", "--bandwidth"), 200e9);
+  EXPECT_EQ(parse_bandwidth("25GiB/s", "--bandwidth"), 25.0 * 1073741824);
+  EXPECT_EQ(parse_bandwidth("100MB/s", "--bandwidth"), 1e8);
+  for (const char* bad : {"50", "50GB", "50G/s", "bps", "50gbps", "-1GB/s", "0Gb/s", "infGB/s",
+                          "50 GB / s"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(parse_bandwidth(bad, "--bandwidth"), InvalidInput);
+  }
+}
+
 TEST(Types, InputChecksNameFieldValueAndRange) {
   try {
     require_real(false, "mfu", 2.5, "must be in [0.001, 1]");

@@ -68,6 +68,17 @@ double dtype_bytes(Precision p);
 // Throws InvalidInput naming `field` on anything else or on a non-positive value.
 double parse_count(std::string_view text, std::string_view field);
 
+// Quantities typed with their unit (STYLE.md: a flag named "gbps" is read as gigabits by everyone who
+// buys networks, so the unit goes with the value). Case matters where it means something: B is a
+// byte, b a bit; K/k, M, G, T are decimal prefixes (1e3 … 1e12), Ki, Mi, Gi, Ti binary (2^10 … 2^40).
+// A space between number and unit is allowed. Throw InvalidInput naming `field`, the text and the
+// accepted forms; the value must be finite and > 0.
+//   parse_bytes:      "14GB" = 14e9, "512MiB" = 2^29, "1.5TB", "100B"          → bytes
+//   parse_bandwidth:  "50GB/s" = 5e10 B/s, "200Gb/s" = "200Gbps" = 2.5e10 B/s,
+//                     "1.6Tb/s" = 2e11 B/s, "25GiB/s"                          → bytes per second
+double parse_bytes(std::string_view text, std::string_view field);
+double parse_bandwidth(std::string_view text, std::string_view field);
+
 // "%g" of a number, for messages.
 std::string format_number(double v);
 // Input checks shared by the ledgers: throw InvalidInput "field = value: allowed" unless ok.
