@@ -129,6 +129,9 @@ double parse_count(std::string_view text, std::string_view field) {
 }
 
 std::string format_number(double v) {
+  // Whole numbers below 1e15 print exactly (a limit of 1048576 must not read 1.04858e+06).
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
+    return std::to_string(static_cast<long long>(v));
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;

@@ -9,14 +9,6 @@
 
 namespace tally::io::detail {
 
-std::string format_number(double v) {
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
-    return std::to_string(static_cast<long long>(v));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
 std::string Range::str() const {
   return (lo_open ? "(" : "[") + format_number(lo) + ", " + format_number(hi) + "]";
 }

@@ -30,8 +30,7 @@ struct Range {
   std::string str() const;  // "[1, 1048576]", "(0, 1]"
 };
 
-// A number for messages: integers without a fraction, others in shortest %g form.
-std::string format_number(double v);
+using ::tally::format_number;  // core/types.hpp: the one number formatter
 // A JSON value for messages: ASCII only, at most ~60 characters.
 std::string show(const json& v);
 // Bytes that are not printable ASCII become \xNN, so messages are safe to print or put into JSON.

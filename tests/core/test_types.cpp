@@ -104,6 +104,16 @@ TEST(Types, ParseBandwidthTellsBitsFromBytes) {
   }
 }
 
+TEST(Types, FormatNumberPrintsWholeNumbersExactly) {
+  EXPECT_EQ(format_number(1048576), "1048576");
+  EXPECT_EQ(format_number(-2), "-2");
+  EXPECT_EQ(format_number(7e9), "7000000000");
+  EXPECT_EQ(format_number(0.5), "0.5");
+  EXPECT_EQ(format_number(5e-324), "4.94066e-324");
+  EXPECT_EQ(format_number(1e15), "1e+15");
+  EXPECT_EQ(format_number(0.001), "0.001");
+}
+
 TEST(Types, InputChecksNameFieldValueAndRange) {
   try {
     require_real(false, "mfu", 2.5, "must be in [0.001, 1]");

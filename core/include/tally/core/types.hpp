@@ -79,7 +79,8 @@ double parse_count(std::string_view text, std::string_view field);
 double parse_bytes(std::string_view text, std::string_view field);
 double parse_bandwidth(std::string_view text, std::string_view field);
 
-// "%g" of a number, for messages.
+// A number for messages and labels (the one formatter): whole numbers below 1e15 exactly
+// ("1048576", "-2"), others in shortest-%g form ("0.5", "5e-324", "1e+15"), nan and inf as such.
 std::string format_number(double v);
 // Input checks shared by the ledgers: throw InvalidInput "field = value: allowed" unless ok.
 void require_real(bool ok, std::string_view field, double value, std::string_view allowed);
