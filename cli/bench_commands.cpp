@@ -16,6 +16,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,7 +36,8 @@ namespace {
 
 struct BenchAllReduceFlags {
   std::vector<double> sizes_mb;
-  double min_mb = 0, max_mb = 0, factor = 4;
+  std::optional<double> min_mb, max_mb;  // a geometric sweep when both are given
+  double factor = 4;
   int warmup = 5, iters = 20;
   std::string algo = "both";
   double timeout_s = 60;
@@ -45,10 +47,10 @@ struct BenchAllReduceFlags {
 
 engine::BenchAllReduceOptions to_options(const BenchAllReduceFlags& f) {
   engine::BenchAllReduceOptions o;
-  if (f.min_mb > 0 || f.max_mb > 0) {
-    if (!(f.min_mb > 0) || !(f.max_mb > 0))
+  if (f.min_mb || f.max_mb) {
+    if (!f.min_mb || !f.max_mb)
       throw InvalidInput("--min-mb and --max-mb go together (with --factor, default 4)");
-    o.sizes_bytes = engine::geometric_sizes(f.min_mb * kMB, f.max_mb * kMB, f.factor);
+    o.sizes_bytes = engine::geometric_sizes(*f.min_mb * kMB, *f.max_mb * kMB, f.factor);
   } else if (!f.sizes_mb.empty()) {
     o.sizes_bytes.clear();
     for (double mb : f.sizes_mb) o.sizes_bytes.push_back(mb * kMB);
@@ -244,13 +246,14 @@ void register_bench_allreduce(CLI::App& bench) {
   auto* sizes = cmd->add_option("--sizes-mb", f->sizes_mb,
                                 "sizes S in MB (1e6 B), ascending, comma-separated (default "
                                 "1,4,16,64)")
-                    ->delimiter(',');
+                    ->delimiter(',')
+                    ->check(finite_in(1e-6, 4e3));
   auto* min = cmd->add_option("--min-mb", f->min_mb, "sweep start, MB (nccl-tests -b)")
-                  ->check(CLI::Range(1e-6, 4e3));
+                  ->check(finite_in(1e-6, 4e3));
   auto* max = cmd->add_option("--max-mb", f->max_mb, "sweep end, MB (nccl-tests -e)")
-                  ->check(CLI::Range(1e-6, 4e3));
+                  ->check(finite_in(1e-6, 4e3));
   cmd->add_option("--factor", f->factor, "sweep factor (nccl-tests -f)")
-      ->check(CLI::Range(1.000001, 1e6))
+      ->check(finite_in(1.000001, 1e6))
       ->capture_default_str();
   sizes->excludes(min)->excludes(max);
   cmd->add_option("--warmup", f->warmup, "warm-up iterations per size and algorithm")
@@ -263,7 +266,7 @@ void register_bench_allreduce(CLI::App& bench) {
       ->check(one_of({"gloo", "ring", "both"}))
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds for the rendezvous and each collective")
-      ->check(CLI::Range(1e-3, 86400.0))
+      ->check(finite_in(1e-3, 86400))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
   cmd->add_option("--calibration-out", f->calibration_out,
@@ -416,22 +419,27 @@ void register_bench_ddp(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--batch", f->batch, "samples per rank per step")->capture_default_str();
   cmd->add_option("--bucket-mb", f->bucket_mb, "DDP bucket size, MiB (PyTorch's bucket_cap_mb)")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--first-bucket-mb", f->first_bucket_mb,
                   "first bucket (last layers' gradients) closes here, MiB (PyTorch's "
                   "dist._DEFAULT_FIRST_BUCKET_BYTES)")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--threads", f->threads, "torch intra-op threads per rank")->capture_default_str();
   cmd->add_option("--seed", f->seed, "model init seed (data: seed + 1)")->capture_default_str();
   cmd->add_option("--optimizer", f->optimizer, "sgd | adam")
       ->check(one_of({"sgd", "adam"}))
       ->capture_default_str();
-  cmd->add_option("--lr", f->lr, "learning rate")->capture_default_str();
+  cmd->add_option("--lr", f->lr, "learning rate")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
+      ->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--steps", f->steps, "timed steps")->capture_default_str();
   cmd->add_option("--data-batches", f->data_batches, "distinct global batches, cycled")
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds for the rendezvous and each collective")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
   cmd->callback([f] { run_bench_ddp_command(*f); });

@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -14,32 +15,34 @@ namespace {
 struct BubbleOptions {
   OutputOptions out;
   int pp = 1, micro_batches = 1, interleave = 1;
-  double ratio = 2.0, forward_ms = 0, max_bubble = 0.10;
+  double ratio = 2.0, max_bubble = 0.10;
+  std::optional<double> forward_ms;  // unset: fractions and slots only, no times
 };
 
 void run_bubble(const BubbleOptions& o) {
   PipelineSetup setup{.stages = o.pp, .micro_batches = o.micro_batches, .interleave = o.interleave,
                       .backward_forward_ratio = o.ratio};
-  if (o.forward_ms > 0) setup.forward_time_s = o.forward_ms / 1e3;
+  if (o.forward_ms) setup.forward_time_s = *o.forward_ms / 1e3;
   const PipelineResult r = bubble(setup);
   const int min_m = min_micro_batches_for_bubble(o.pp, o.max_bubble, o.interleave);
+  nlohmann::json j = {{"command", "bubble"},
+                      {"convention", r.convention()},
+                      {"pp", o.pp},
+                      {"micro_batches", o.micro_batches},
+                      {"interleave", o.interleave},
+                      {"bubble_fraction", r.bubble_fraction},
+                      {"utilisation", 1.0 - r.bubble_fraction},
+                      {"ideal_slots", r.ideal_slots},
+                      {"total_slots", r.total_slots},
+                      {"max_bubble", o.max_bubble},
+                      {"min_micro_batches_for_max_bubble", min_m}};
+  if (r.total_time_s) {
+    j["ideal_time_s"] = *r.ideal_time_s;
+    j["bubble_time_s"] = *r.bubble_time_s;
+    j["total_time_s"] = *r.total_time_s;
+  }
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    nlohmann::json j = {{"command", "bubble"},
-                        {"convention", r.convention()},
-                        {"pp", o.pp},
-                        {"micro_batches", o.micro_batches},
-                        {"interleave", o.interleave},
-                        {"bubble_fraction", r.bubble_fraction},
-                        {"utilisation", 1.0 - r.bubble_fraction},
-                        {"ideal_slots", r.ideal_slots},
-                        {"total_slots", r.total_slots},
-                        {"max_bubble", o.max_bubble},
-                        {"min_micro_batches_for_max_bubble", min_m}};
-    if (r.total_time_s) {
-      j["ideal_time_s"] = *r.ideal_time_s;
-      j["bubble_time_s"] = *r.bubble_time_s;
-      j["total_time_s"] = *r.total_time_s;
-    }
     print_json(j);
     return;
   }
@@ -66,13 +69,13 @@ void register_bubble(CLI::App& app) {
   cmd->add_option("--interleave", o->interleave, "model chunks per stage v (interleaved 1F1B)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--backward-ratio", o->ratio, "backward / forward time per micro-batch")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(finite_in(0, 100))
       ->capture_default_str();
   cmd->add_option("--forward-ms", o->forward_ms,
                   "forward time of one micro-batch on one stage, ms (adds times)")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(finite_in(0, 1e9));
   cmd->add_option("--max-bubble", o->max_bubble, "target bubble fraction for the smallest-M line")
-      ->check(CLI::Range(1e-6, 0.999999))
+      ->check(finite_in(1e-6, 0.999999))
       ->capture_default_str();
   cmd->callback([o] { run_bubble(*o); });
 }

@@ -2,10 +2,12 @@
 #include <fmt/core.h>
 
 #include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "common.hpp"
 #include "tally/core/comm.hpp"
+#include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
 
 namespace tally::cli {
@@ -16,9 +18,10 @@ struct CommOptions {
   OutputOptions out;
   ModelOptions model;
   ClusterOptions cluster;
-  std::string collective;
-  double size_gb = 0, bandwidth_gbps = 0, latency_us = 0;
-  int ranks = 0;
+  // One collective (Note [numbers on the command line]: unset = not typed).
+  std::optional<std::string> collective;
+  std::optional<double> size_gb, bandwidth_gbps, latency_us;
+  std::optional<int> ranks;
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
   bool sp = false;
   std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
@@ -26,31 +29,33 @@ struct CommOptions {
 };
 
 void run_collective(const CommOptions& o) {
-  if (o.size_gb <= 0 || o.ranks < 1)
-    throw InvalidInput("--collective needs --size-gb > 0 and --ranks >= 1");
+  if (!o.size_gb || !o.ranks) throw InvalidInput("--collective needs --size-gb and --ranks");
+  // β (and α) from the flags, else the --gpu preset's link for a ring of --ranks; --latency-us
+  // alone replaces the preset link's α.
   LinkSpec link;
-  if (o.bandwidth_gbps > 0) {
-    link = LinkSpec{.bandwidth_bps = o.bandwidth_gbps * kGB, .latency_s = o.latency_us * 1e-6};
-  } else {
-    const ClusterSpec c = resolve_cluster(o.cluster);
-    link = link_for_group(c, o.ranks, 1);
-  }
-  const Collective kind = *parse_collective(o.collective);
-  const CollectiveCost r = collective_cost(kind, o.size_gb * kGB, o.ranks, link);
+  if (o.bandwidth_gbps)
+    link = LinkSpec{.bandwidth_bps = *o.bandwidth_gbps * kGB, .latency_s = 0};
+  else
+    link = link_for_group(resolve_cluster(o.cluster), *o.ranks, 1);
+  if (o.latency_us) link.latency_s = *o.latency_us * 1e-6;
+  const Collective kind = *parse_collective(*o.collective);
+  const CollectiveCost r = collective_cost(kind, *o.size_gb * kGB, *o.ranks, link);
+  const nlohmann::json j = {{"command", "comm"},
+                            {"convention", r.convention()},
+                            {"collective", std::string(to_string(kind))},
+                            {"size_bytes", r.size_bytes},
+                            {"ranks", r.ranks},
+                            {"bandwidth_bytes_per_s", link.bandwidth_bps},
+                            {"latency_s", link.latency_s},
+                            {"bytes_per_rank", r.bytes_per_rank},
+                            {"bytes_per_rank_gb", in_gb(r.bytes_per_rank)},
+                            {"steps", r.steps},
+                            {"seconds", r.seconds},
+                            {"algbw_bytes_per_s", r.algbw_bps()},
+                            {"busbw_bytes_per_s", r.busbw_bps()}};
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    print_json({{"command", "comm"},
-                {"convention", r.convention()},
-                {"collective", std::string(to_string(kind))},
-                {"size_bytes", r.size_bytes},
-                {"ranks", r.ranks},
-                {"bandwidth_bytes_per_s", link.bandwidth_bps},
-                {"latency_s", link.latency_s},
-                {"bytes_per_rank", r.bytes_per_rank},
-                {"bytes_per_rank_gb", in_gb(r.bytes_per_rank)},
-                {"steps", r.steps},
-                {"seconds", r.seconds},
-                {"algbw_bytes_per_s", r.algbw_bps()},
-                {"busbw_bytes_per_s", r.busbw_bps()}});
+    print_json(j);
     return;
   }
   const SizeUnit u = o.out.size_unit();
@@ -86,26 +91,28 @@ void run_step(const CommOptions& o) {
     total_s += s;
     rows.push_back({it, link, s});
   }
+  for (const auto& r : rows)
+    items.push_back({{"kind", std::string(to_string(r.item.kind))},
+                     {"collective", std::string(to_string(r.item.collective))},
+                     {"group", r.item.group},
+                     {"calls", r.item.calls},
+                     {"bytes_per_call", r.item.bytes_per_call},
+                     {"bytes_per_rank", r.item.bytes_per_rank},
+                     {"gb_per_rank", in_gb(r.item.bytes_per_rank)},
+                     {"link_bandwidth_bytes_per_s", r.link.bandwidth_bps},
+                     {"seconds", r.seconds},
+                     {"formula", r.item.formula}});
+  const nlohmann::json j = {{"command", "comm"},
+                            {"model", m.name},
+                            {"convention", t.convention()},
+                            {"items", items},
+                            {"bytes_per_rank", t.total_bytes()},
+                            {"dp_total_bytes", t.dp_total_bytes()},
+                            {"seed_reduce_scatter_only_bytes", t.reduce_scatter_only_bytes},
+                            {"seconds_unoverlapped", total_s}};
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    for (const auto& r : rows)
-      items.push_back({{"kind", std::string(to_string(r.item.kind))},
-                       {"collective", std::string(to_string(r.item.collective))},
-                       {"group", r.item.group},
-                       {"calls", r.item.calls},
-                       {"bytes_per_call", r.item.bytes_per_call},
-                       {"bytes_per_rank", r.item.bytes_per_rank},
-                       {"gb_per_rank", in_gb(r.item.bytes_per_rank)},
-                       {"link_bandwidth_bytes_per_s", r.link.bandwidth_bps},
-                       {"seconds", r.seconds},
-                       {"formula", r.item.formula}});
-    print_json({{"command", "comm"},
-                {"model", m.name},
-                {"convention", t.convention()},
-                {"items", items},
-                {"bytes_per_rank", t.total_bytes()},
-                {"dp_total_bytes", t.dp_total_bytes()},
-                {"seed_reduce_scatter_only_bytes", t.reduce_scatter_only_bytes},
-                {"seconds_unoverlapped", total_s}});
+    print_json(j);
     return;
   }
   fmt::print("tally comm — {} per optimizer step  [{}]\n", m.name, t.convention());
@@ -139,13 +146,15 @@ void register_comm(CLI::App& app) {
                                                  "broadcast | p2p")
       ->check(one_of(allowed_collectives()));
   cmd->add_option("--size-gb", o->size_gb, "S: full tensor size, GB (1e9 B)")
-      ->check(CLI::Range(1e-12, 1e9));
+      ->check(finite_in(1e-12, 1e9));
   cmd->add_option("--ranks", o->ranks, "k: ranks in the collective")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--bandwidth-gbps", o->bandwidth_gbps,
                   "β: per-GPU link bandwidth, GB/s (default: the --gpu preset's link)")
-      ->check(CLI::Range(1e-9, 1e9));
-  cmd->add_option("--latency-us", o->latency_us, "α: latency per ring step, µs")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(finite_in(kBandwidthBpsBounds.lo / kGB, kBandwidthBpsBounds.hi / kGB));
+  cmd->add_option("--latency-us", o->latency_us,
+                  "α: latency per ring step, µs (default: 0 with --bandwidth-gbps, else the --gpu "
+                  "preset's link)")
+      ->check(finite_in(kLatencySBounds.lo * 1e6, kLatencySBounds.hi * 1e6));
   cmd->add_option("--dp", o->dp, "data-parallel degree")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--tp", o->tp, "tensor-parallel degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
@@ -162,9 +171,9 @@ void register_comm(CLI::App& app) {
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->callback([o] {
-    if (!o->collective.empty())
+    if (o->collective)
       run_collective(*o);
-    else if (!o->model.model.empty() || !o->model.params.empty())
+    else if (o->model.model || o->model.params)
       run_step(*o);
     else
       throw InvalidInput("comm: give --collective (one collective) or --model/--params (per step)");

@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -17,10 +18,12 @@ struct MemoryOptions {
   ModelOptions model;
   OutputOptions out;
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
-  int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1, micro_batches = 0;
+  int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
+  std::optional<int> micro_batches;  // unset: --pp in flight
   bool sp = false, no_dropout = false;
-  std::int64_t seq = 0, micro_batch = 1;
-  std::string gpu;
+  std::optional<std::int64_t> seq;   // unset: model states only, no activations
+  std::int64_t micro_batch = 1;
+  std::optional<std::string> gpu;    // unset: no capacity line
 };
 
 void run_memory(const MemoryOptions& o) {
@@ -37,12 +40,12 @@ void run_memory(const MemoryOptions& o) {
   const std::string convention = convention_with_unit(states.convention(), unit);
 
   std::optional<ActivationResult> act;
-  if (o.seq > 0) {
+  if (o.seq) {
     act = activations(model, ActivationSetup{
-                                 .seq = o.seq, .micro_batch = o.micro_batch, .tp = o.tp,
+                                 .seq = *o.seq, .micro_batch = o.micro_batch, .tp = o.tp,
                                  .sequence_parallel = o.sp, .cp = o.cp, .pp = o.pp,
                                  .interleave = o.interleave,
-                                 .micro_batches = o.micro_batches > 0 ? o.micro_batches : o.pp,
+                                 .micro_batches = o.micro_batches.value_or(o.pp),
                                  .recompute = recompute_from(o.recompute),
                                  .attention = attention_from(o.attention),
                                  .dropout = !o.no_dropout});
@@ -53,48 +56,49 @@ void run_memory(const MemoryOptions& o) {
   const double act_bytes = act ? act->peak_stage_bytes : 0.0;
   const double total = states.bytes.total() + act_bytes;
   std::optional<ClusterSpec> gpu;
-  if (!o.gpu.empty()) gpu = resolve_cluster(ClusterOptions{.gpu = o.gpu});
+  if (o.gpu) gpu = resolve_cluster(ClusterOptions{.gpu = *o.gpu});
 
+  const auto& b = states.bytes;
+  nlohmann::json items_gb = {{"params", in_gb(b.params)}, {"grads", in_gb(b.grads)},
+                             {"m", in_gb(b.m)},           {"v", in_gb(b.v)},
+                             {"master", in_gb(b.master)}};
+  nlohmann::json j = {{"command", "memory"},
+                      {"model", model.name},
+                      {"convention", convention},
+                      {"unit_of_gb_fields", "GB = 1e9 bytes"},
+                      {"n_params", n_total},
+                      {"params_per_gpu", n_gpu},
+                      {"bytes_per_param", {{"params", states.per_param.params},
+                                           {"grads", states.per_param.grads},
+                                           {"m", states.per_param.m},
+                                           {"v", states.per_param.v},
+                                           {"master", states.per_param.master}}},
+                      {"states_gb", in_gb(b.total())},
+                      {"total_gb", in_gb(total)},
+                      {"total_bytes", total}};
+  if (act) {
+    items_gb["activations"] = in_gb(act_bytes);
+    nlohmann::json terms = nlohmann::json::array();
+    for (const auto& t : act->layer_terms)
+      terms.push_back({{"name", t.name}, {"formula", t.formula}, {"gb", in_gb(t.bytes)}});
+    j["activations"] = {{"convention", act->convention()},
+                        {"per_layer_gb", in_gb(act->per_layer_bytes)},
+                        {"layers_on_stage", act->layers_on_stage},
+                        {"in_flight_micro_batches", act->in_flight_micro_batches},
+                        {"transformer_gb", in_gb(act->transformer_bytes)},
+                        {"embedding_gb", in_gb(act->embedding_bytes)},
+                        {"output_gb", in_gb(act->output_bytes)},
+                        {"peak_stage_gb", in_gb(act->peak_stage_bytes)},
+                        {"layer_terms", terms}};
+  }
+  j["items_gb"] = items_gb;
+  if (gpu)
+    j["capacity"] = {{"gpu", gpu->gpu.name},
+                     {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
+                     {"used_fraction", total / gpu->gpu.memory_bytes},
+                     {"fits", total <= gpu->gpu.memory_bytes}};
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    const auto& b = states.bytes;
-    nlohmann::json items_gb = {{"params", in_gb(b.params)}, {"grads", in_gb(b.grads)},
-                               {"m", in_gb(b.m)},           {"v", in_gb(b.v)},
-                               {"master", in_gb(b.master)}};
-    nlohmann::json j = {{"command", "memory"},
-                        {"model", model.name},
-                        {"convention", convention},
-                        {"unit_of_gb_fields", "GB = 1e9 bytes"},
-                        {"n_params", n_total},
-                        {"params_per_gpu", n_gpu},
-                        {"bytes_per_param", {{"params", states.per_param.params},
-                                             {"grads", states.per_param.grads},
-                                             {"m", states.per_param.m},
-                                             {"v", states.per_param.v},
-                                             {"master", states.per_param.master}}},
-                        {"states_gb", in_gb(b.total())},
-                        {"total_gb", in_gb(total)},
-                        {"total_bytes", total}};
-    if (act) {
-      items_gb["activations"] = in_gb(act_bytes);
-      nlohmann::json terms = nlohmann::json::array();
-      for (const auto& t : act->layer_terms)
-        terms.push_back({{"name", t.name}, {"formula", t.formula}, {"gb", in_gb(t.bytes)}});
-      j["activations"] = {{"convention", act->convention()},
-                          {"per_layer_gb", in_gb(act->per_layer_bytes)},
-                          {"layers_on_stage", act->layers_on_stage},
-                          {"in_flight_micro_batches", act->in_flight_micro_batches},
-                          {"transformer_gb", in_gb(act->transformer_bytes)},
-                          {"embedding_gb", in_gb(act->embedding_bytes)},
-                          {"output_gb", in_gb(act->output_bytes)},
-                          {"peak_stage_gb", in_gb(act->peak_stage_bytes)},
-                          {"layer_terms", terms}};
-    }
-    j["items_gb"] = items_gb;
-    if (gpu)
-      j["capacity"] = {{"gpu", gpu->gpu.name},
-                       {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
-                       {"used_fraction", total / gpu->gpu.memory_bytes},
-                       {"fits", total <= gpu->gpu.memory_bytes}};
     print_json(j);
     return;
   }
@@ -102,7 +106,6 @@ void run_memory(const MemoryOptions& o) {
   fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {})\n", model.name,
              n_total, n_gpu, o.tp, o.pp);
   fmt::print("model states per GPU  [{}]\n", convention);
-  const auto& b = states.bytes;
   const auto& pp = states.per_param;
   auto row = [&](const char* name, double bytes, double per_param) {
     fmt::print("  {:<12} {:>14}   ({} B/param before sharding)\n", name, size_str(bytes, unit),

@@ -5,10 +5,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "common.hpp"
 #include "plan_report.hpp"
+#include "tally/core/hardware.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
@@ -23,14 +25,17 @@ struct PlanOptions {
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0;
   std::int64_t global_batch = 256, seq = 2048;
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
-  double headroom = 0.2, failure_rate = -1, write_gbps = -1, restart_minutes = 8;
-  double days = 0, tokens_text = 0, checkpoint_gb = 0, utilisation = 0;
+  double headroom = 0.2, restart_minutes = 8;
+  // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
+  std::optional<double> failure_rate, write_gbps, days, tokens, checkpoint_gb, utilisation;
   bool overlap_dp = false, no_dropout = false, exhaustive = false;
   // compare
   std::vector<std::string> alternatives;
-  int dp = 0, tp = 1, pp = 1, cp = 1, zero = 0, interleave = 1;
+  std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
+  int tp = 1, pp = 1, cp = 1, zero = 0, interleave = 1;
   bool sp = false;
-  std::int64_t micro_batch = 1, grad_accum = 0;
+  std::int64_t micro_batch = 1;
+  std::optional<std::int64_t> grad_accum;  // unset: B / (dp·b)
   std::string recompute = "none";
 };
 
@@ -40,12 +45,12 @@ PlanRequest make_request(const PlanOptions& o) {
                 .precision = precision_from(o.precision), .optimizer = optimizer_from(o.optimizer),
                 .headroom = o.headroom, .dropout = !o.no_dropout, .overlap_dp = o.overlap_dp,
                 .restart_hours = o.restart_minutes / 60};
-  if (o.failure_rate >= 0) r.cluster.failure_rate_per_hour = o.failure_rate;
-  if (o.write_gbps > 0) r.cluster.checkpoint_write_bps = o.write_gbps * kGB;
-  if (o.utilisation > 0) r.cluster.mfu = o.utilisation;
-  if (o.days > 0) r.run_hours = o.days * 24;
-  if (o.tokens_text > 0) r.run_tokens = o.tokens_text;
-  if (o.checkpoint_gb > 0) r.checkpoint_bytes = o.checkpoint_gb * kGB;
+  if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
+  if (o.write_gbps) r.cluster.checkpoint_write_bps = *o.write_gbps * kGB;
+  if (o.utilisation) r.cluster.mfu = *o.utilisation;
+  if (o.days) r.run_hours = *o.days * 24;
+  if (o.tokens) r.run_tokens = *o.tokens;
+  if (o.checkpoint_gb) r.checkpoint_bytes = *o.checkpoint_gb * kGB;
   return r;
 }
 
@@ -58,26 +63,28 @@ void run_plan(const PlanOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const PlanResult res = plan(req, space);
   const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const nlohmann::json j = plan_json(res, search_s);
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json)
-    print_json(plan_json(res, search_s));
+    print_json(j);
   else
     print_plan(res, search_s, o.out.size_unit());
 }
 
 void run_compare(const PlanOptions& o) {
   const PlanRequest req = make_request(o);
-  Layout base{.dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp, .interleave = o.interleave,
-              .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
+  Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
+              .interleave = o.interleave, .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
               .recompute = recompute_from(o.recompute), .attention = attention_from(o.attention)};
-  if (base.dp == 0) {
+  if (!o.dp) {
     const std::int64_t mp = std::int64_t(o.tp) * o.pp * o.cp;
     if (req.gpus % mp != 0)
       throw InvalidInput("--tp × --pp × --cp = " + std::to_string(mp) + " must divide --gpus = " +
                          std::to_string(req.gpus));
     base.dp = int(req.gpus / mp);
   }
-  if (o.grad_accum > 0) {
-    base.grad_accum = o.grad_accum;
+  if (o.grad_accum) {
+    base.grad_accum = *o.grad_accum;
   } else {
     const std::int64_t per = std::int64_t(base.dp) * base.micro_batch;
     if (req.global_batch % per != 0)
@@ -91,8 +98,10 @@ void run_compare(const PlanOptions& o) {
     alts = {Alternative::double_micro_batch, Alternative::recompute_double_seq,
             Alternative::double_gpus};
   const auto rows = compare_alternatives(req, base, alts);
+  const nlohmann::json j = compare_json(rows);
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json)
-    print_json(compare_json(rows));
+    print_json(j);
   else
     print_compare(rows, o.out.size_unit());
 }
@@ -115,29 +124,30 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->check(one_of(allowed_optimizers()))
       ->capture_default_str();
   cmd->add_option("--headroom", o.headroom, "memory kept free: usable = capacity × (1 − headroom)")
-      ->check(CLI::Range(0.0, 0.99))
+      ->check(finite_in(0, 0.99))
       ->capture_default_str();
   cmd->add_flag("--overlap-dp", o.overlap_dp,
                 "overlap DP/ZeRO gradient reduction with backward (default: on the critical path)");
   cmd->add_flag("--no-dropout", o.no_dropout, "do not count dropout masks in activations");
   cmd->add_option("--utilisation", o.utilisation,
                   "achieved fraction of peak FLOP/s (default: the GPU preset's / calibration's)")
-      ->check(CLI::Range(1e-3, 1.0));
-  cmd->add_option("--failure-rate", o.failure_rate, "failures per GPU-hour λ (default 3e-6)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_in(kUtilisationBounds.lo, kUtilisationBounds.hi));
+  cmd->add_option("--failure-rate", o.failure_rate,
+                  "failures per GPU-hour λ (default 3e-6; 0 = no failures expected)")
+      ->check(finite_in(kFailureRateBounds.lo, kFailureRateBounds.hi));
   cmd->add_option("--write-gbps", o.write_gbps, "aggregate checkpoint write bandwidth, GB/s")
-      ->check(CLI::Range(1e-9, 1e9));
+      ->check(finite_in(kBandwidthBpsBounds.lo / kGB, kBandwidthBpsBounds.hi / kGB));
   cmd->add_option("--restart-minutes", o.restart_minutes, "R: detect + restart + reload, minutes")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_in(0, 1e6))
       ->capture_default_str();
   cmd->add_option("--checkpoint-gb", o.checkpoint_gb,
                   "checkpoint size, GB (default: params + m + v + master, no gradients)")
-      ->check(CLI::Range(1e-9, 1e12));
+      ->check(finite_in(1e-9, 1e12));
   auto* days = cmd->add_option("--days", o.days, "run length in days (expected failures)")
-                   ->check(CLI::Range(1e-6, 1e5));
-  auto* tokens = cmd->add_option("--tokens", o.tokens_text,
+                   ->check(finite_in(1e-6, 1e5));
+  auto* tokens = cmd->add_option("--tokens", o.tokens,
                                  "token budget; run length = tokens / the best plan's tokens/s")
-                     ->check(CLI::Range(1.0, 1e18));
+                     ->check(finite_in(1, 1e18));
   days->excludes(tokens);
 }
 

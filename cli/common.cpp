@@ -1,6 +1,10 @@
 #include "common.hpp"
 
+#include <fmt/core.h>
+
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -39,16 +43,16 @@ void add_model_flags(CLI::App* cmd, ModelOptions& m) {
 }
 
 std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none) {
-  if (!m.params.empty()) return model_from_params(parse_count(m.params, "--params"));
-  if (m.model.empty()) {
+  if (m.params) return model_from_params(parse_count(*m.params, "--params"));
+  if (!m.model) {
     if (allow_none) return std::nullopt;
     throw InvalidInput("--model or --params is required (presets: " + join(model_preset_names()) +
                        ")");
   }
-  if (auto preset = model_preset(m.model)) return preset;
-  const std::filesystem::path p(m.model);
+  if (auto preset = model_preset(*m.model)) return preset;
+  const std::filesystem::path p(*m.model);
   if (p.extension() == ".json" || std::filesystem::exists(p)) return io::load_hf_config(p);
-  throw InvalidInput("--model = '" + m.model + "': not a preset (" + join(model_preset_names()) +
+  throw InvalidInput("--model = '" + *m.model + "': not a preset (" + join(model_preset_names()) +
                      ") nor a config.json file");
 }
 
@@ -73,9 +77,8 @@ ClusterSpec resolve_cluster(const ClusterOptions& c) {
                          join(cluster_preset_names()) + ") nor a cluster JSON file");
     spec = io::load_cluster(p);
   }
-  if (c.gpus_per_node > 0) spec.gpus_per_node = c.gpus_per_node;
-  if (!c.calibration.empty())
-    spec = io::apply_calibration(spec, io::load_calibration(c.calibration));
+  if (c.gpus_per_node) spec.gpus_per_node = *c.gpus_per_node;
+  if (c.calibration) spec = io::apply_calibration(spec, io::load_calibration(*c.calibration));
   spec.validate();
   return spec;
 }
@@ -90,12 +93,93 @@ CLI::Validator one_of(const std::vector<std::string>& names) {
       "{" + join(names) + "}");
 }
 
+namespace {
+// 1e-09, 0.001, 1e+12: %g when that reads back as `v`, else the shortest form that does
+// (1.000001, which %g would print as 1).
+std::string bound_text(double v) {
+  const std::string g = fmt::format("{:g}", v);
+  return std::strtod(g.c_str(), nullptr) == v ? g : fmt::format("{}", v);
+}
+}  // namespace
+
+CLI::Validator finite_in(double lo, double hi, Ends ends) {
+  const std::string interval = fmt::format("{}{}, {}{}", ends == Ends::open_lo ? '(' : '[',
+                                           bound_text(lo), bound_text(hi),
+                                           ends == Ends::open_hi ? ')' : ']');
+  return CLI::Validator(
+      [lo, hi, ends, interval](std::string& s) -> std::string {
+        double v = 0;  // parsed exactly as CLI11 will parse it into the option's double
+        const bool inside = CLI::detail::lexical_cast(s, v) && std::isfinite(v) &&
+                            (ends == Ends::open_lo ? v > lo : v >= lo) &&
+                            (ends == Ends::open_hi ? v < hi : v <= hi);
+        return inside ? std::string() : "'" + s + "' must be a finite number in " + interval;
+      },
+      "in " + interval);
+}
+
+void refuse_empty_values(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& s) -> std::string {
+        return s.empty() ? "empty value: give one, or leave the flag out for its default"
+                         : std::string();
+      },
+      "");
+  // Options that take a value (a flag such as --json expects none), named (not positional).
+  for (CLI::Option* opt : app.get_options())
+    if (opt->nonpositional() && opt->get_items_expected_max() > 0) opt->check(non_empty);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    refuse_empty_values(*sub);
+}
+
 Precision precision_from(const std::string& s) { return *parse_precision(s); }
 Optimizer optimizer_from(const std::string& s) { return *parse_optimizer(s); }
 Recompute recompute_from(const std::string& s) { return *parse_recompute(s); }
 Attention attention_from(const std::string& s) { return *parse_attention(s); }
 
+CLI::Validator finite_number(const std::string& range) {
+  return CLI::Validator(
+      [range](std::string& s) -> std::string {
+        double v = 0;
+        return CLI::detail::lexical_cast(s, v) && std::isfinite(v)
+                   ? std::string()
+                   : "'" + s + "' must be a finite number (" + range + ")";
+      },
+      "finite, " + range);
+}
+
+namespace {
+// The first non-finite number in `j`, as "path = value"; empty when there is none.
+std::string first_non_finite(const nlohmann::json& j, const std::string& path) {
+  if (j.is_number_float()) {
+    const double v = j.get<double>();
+    return std::isfinite(v) ? std::string() : fmt::format("{} = {}", path, v);
+  }
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.items())
+      if (auto bad = first_non_finite(value, path.empty() ? key : path + "." + key); !bad.empty())
+        return bad;
+  } else if (j.is_array()) {
+    for (std::size_t i = 0; i < j.size(); ++i)
+      if (auto bad = first_non_finite(j[i], fmt::format("{}[{}]", path, i)); !bad.empty())
+        return bad;
+  }
+  return {};
+}
+}  // namespace
+
+void require_finite(const nlohmann::json& j) {
+  if (const std::string bad = first_non_finite(j, ""); !bad.empty())
+    throw InvalidInput(bad + ": these inputs give a figure that is not a finite number, so "
+                             "nothing is printed (check the extreme values among them)");
+}
+
 void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }
+
+bool no_failures_expected(const ReliabilityReport& r) { return std::isinf(r.mtbf_hours); }
+
+nlohmann::json unless_no_failures(const ReliabilityReport& r, double v) {
+  return no_failures_expected(r) ? nlohmann::json(nullptr) : nlohmann::json(v);
+}
 
 std::string size_str(double bytes, SizeUnit u, int decimals) {
   return format_bytes(bytes, u, decimals);

@@ -2,6 +2,7 @@
 // line and exits 2); a failed run exits with the launcher's code (1 a rank failed, 124 timeout).
 #include "engine_commands.hpp"
 
+#include "common.hpp"
 #include "run_registry.hpp"
 
 #include <cstdio>
@@ -39,6 +40,7 @@ void register_launch(CLI::App& app) {
   cmd->add_option("--nproc", opts->nproc, "ranks to start, 1..256")->required();
   cmd->add_option("--timeout", opts->timeout_s,
                   "seconds before every rank is stopped and launch exits 124 (0 = no limit)")
+      ->check(finite_number(">= 0 s; 0 = no limit"))  // the range: engine::LaunchOptions
       ->capture_default_str();
   cmd->add_option("--master-port", opts->master_port,
                   "MASTER_PORT for the ranks' TCPStore rendezvous (0 = a free port)")
@@ -59,6 +61,7 @@ void register_gloo_smoke(CLI::App& run) {
       "each rank all-reduces rank+1 over Gloo and checks the sum is k(k+1)/2; start it with "
       "`tally launch --nproc N -- tally run gloo-smoke` or torchrun");
   cmd->add_option("--timeout", opts->timeout_s, "seconds for the rendezvous and the all-reduce")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->callback([opts] {
     if (!(opts->timeout_s > 0)) {

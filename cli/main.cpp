@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
 #ifdef TALLY_HAS_ENGINE
   register_engine_commands(app);
 #endif
+  refuse_empty_values(app);  // Note [empty values] (common.hpp)
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -64,10 +64,14 @@ std::string reason_text(const Reason& x, const PlanEval& chosen, SizeUnit u) {
 
 void print_reliability(const ReliabilityReport& r) {
   fmt::print("RELIABILITY  [{}]\n", r.convention());
-  fmt::print("  MTBF {:.4g} h; sharded checkpoint save {:.1f} s; interval {:.2f} h (Daly; Young "
-             "{:.2f} h); overhead {} of wall-clock\n",
-             r.mtbf_hours, r.save_seconds, r.recommended_interval_hours, r.young_interval_hours,
-             pct(r.overhead_at_recommended));
+  if (no_failures_expected(r))  // Note [zero failure rate]
+    fmt::print("  {}; sharded checkpoint save {:.1f} s; overhead {} of wall-clock\n",
+               kNoFailuresExpected, r.save_seconds, pct(r.overhead_at_recommended));
+  else
+    fmt::print("  MTBF {:.4g} h; sharded checkpoint save {:.1f} s; interval {:.2f} h (Daly; Young "
+               "{:.2f} h); overhead {} of wall-clock\n",
+               r.mtbf_hours, r.save_seconds, r.recommended_interval_hours, r.young_interval_hours,
+               pct(r.overhead_at_recommended));
   if (r.expected_failures)
     fmt::print("  expected failures over the run ({:.0f} h): {:.1f}\n", *r.setup.run_hours,
                *r.expected_failures);
@@ -90,11 +94,15 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
                          {"invalid_reason", x.invalid_reason}});
   const auto& rel = r.reliability;
   nlohmann::json reliability = {{"convention", rel.convention()},
-                                {"mtbf_hours", rel.mtbf_hours},
+                                {"no_failures_expected", no_failures_expected(rel)},
+                                {"mtbf_hours", unless_no_failures(rel, rel.mtbf_hours)},
                                 {"save_seconds", rel.save_seconds},
-                                {"interval_hours", rel.recommended_interval_hours},
-                                {"young_interval_hours", rel.young_interval_hours},
-                                {"daly_interval_hours", rel.daly_interval_hours},
+                                {"interval_hours",
+                                 unless_no_failures(rel, rel.recommended_interval_hours)},
+                                {"young_interval_hours",
+                                 unless_no_failures(rel, rel.young_interval_hours)},
+                                {"daly_interval_hours",
+                                 unless_no_failures(rel, rel.daly_interval_hours)},
                                 {"overhead_fraction", rel.overhead_at_recommended},
                                 {"expected_failures", rel.expected_failures
                                                           ? nlohmann::json(*rel.expected_failures)

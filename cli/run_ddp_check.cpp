@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
 #include "tally/core/comm.hpp"
@@ -104,9 +105,11 @@ void register_ddp_check(CLI::App& run) {
       "the seed's ddp_check.py: DDP gradients equal the full-batch gradient, replicas stay equal; "
       "start it with `tally launch --nproc N -- tally run ddp-check`");
   cmd->add_option("--timeout", f->timeout_s, "seconds for the rendezvous and each collective")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--bucket-mib", f->bucket_mib,
                   "DDP bucket size in MiB (PyTorch's bucket_cap_mb); tiny = one parameter each")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per rank, on one line");
   cmd->add_flag("--grads", f->grads, "with --json: include the initial parameters and averaged gradients (flat)");

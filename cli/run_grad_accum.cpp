@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/grad_accum.hpp"
@@ -123,6 +124,7 @@ void register_grad_accum(CLI::App& run) {
       "all-reduce per optimizer step; start it with `tally launch --nproc N -- tally run "
       "grad-accum`");
   cmd->add_option("--timeout", o.timeout_s, "seconds for the rendezvous and each collective")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--micro-batches", o.micro_batches, "K, micro-batches per optimizer step")
       ->capture_default_str();
@@ -130,8 +132,11 @@ void register_grad_accum(CLI::App& run) {
       ->capture_default_str();
   cmd->add_option("--counted-steps", o.counted_steps, "criterion ③ reads the counters after these")
       ->capture_default_str();
-  cmd->add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "SGD learning rate")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
+      ->capture_default_str();
   cmd->add_option("--bucket-mib", f->bucket_mib, "DDP bucket size in MiB (bucket_cap_mb)")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per rank, on one line");
   cmd->callback([f] {

@@ -296,10 +296,13 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--widths", f->run.widths, "MLP widths d_0,...,d_U")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--lr", f->run.lr, "Adam learning rate")->capture_default_str();
+  cmd->add_option("--lr", f->run.lr, "Adam learning rate")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
+      ->capture_default_str();
   cmd->add_option("--seed", f->run.seed, "seed of the weights and the batch")
       ->capture_default_str();
   cmd->add_option("--timeout", f->run.timeout_s, "seconds for the rendezvous and each collective")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
       ->capture_default_str();

@@ -4,12 +4,17 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -63,8 +68,13 @@ TEST(Cli, MemoryJsonContract) {
 TEST(Cli, MemoryWithActivations) {
   const auto j = json_of(tally("memory --model seed-7b --zero 2 --dp 8 --seq 2048 "
                                "--micro-batch 4 --json"));
-  EXPECT_NEAR(j["items_gb"]["activations"].get<double>(), 37.76, 0.05);
-  EXPECT_NEAR(j["total_gb"].get<double>(), 26.25 + 37.76, 0.05);
+  // Korthikanti 2022 with flash attention (as in test_planner.cpp's derivation): L(34sbh + 4asb)
+  // + sbh (embedding dropout) + 4sbh (final norm, LM-head input) + 4sbV (fp32 logits), with
+  // h 4096, L 32, a 32, V 32000, s 2048, b 4.
+  const double sbh = 2048.0 * 4 * 4096;
+  const double act_gb = (32 * (34 * sbh + 4 * 32 * 2048.0 * 4) + 5 * sbh + 4 * 2048.0 * 4 * 32000) / 1e9;
+  EXPECT_NEAR(j["items_gb"]["activations"].get<double>(), act_gb, 1e-6);
+  EXPECT_NEAR(j["total_gb"].get<double>(), 26.25 + act_gb, 1e-6);
   EXPECT_NE(j["activations"]["convention"].get<std::string>().find("Korthikanti"),
             std::string::npos);
 }
@@ -227,5 +237,251 @@ TEST(Cli, HelpOnEveryCommand) {
     EXPECT_NE(r.out.find("--json"), std::string::npos) << c;
   }
 }
+
+// ---- Issue 8 (hardening), command line: items 8, 9 and 10 ------------------------------------
+// Every run of tally here costs a process start, which is ~1 s where tally links libtorch (the
+// engine build), so the sweeps below are tables and --help reads, not value × flag products.
+
+// Exit 2, nothing on stdout, one line on stderr naming each of `names`; returns that line.
+std::string expect_bad_input(const std::string& args, const std::vector<std::string>& names) {
+  const auto r = tally(args);
+  EXPECT_EQ(r.rc, 2) << args << "\n" << r.out << r.err;
+  EXPECT_TRUE(r.out.empty()) << args << "\n" << r.out;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
+  for (const auto& n : names) EXPECT_NE(r.err.find(n), std::string::npos) << args << "\n" << r.err;
+  return r.err;
+}
+
+// An interval as the messages print it: "[0.001, 1]", "(0, 86400]".
+const std::regex kInterval(R"([\[(][-+0-9.e]+, [-+0-9.e]+[\])])");
+
+// The engine's commands (`launch`, `run …`, `bench …`) exist: tally was built with the engine.
+bool engine_built() { return tally("--help").out.find("\n  launch ") != std::string::npos; }
+
+// Item 8: the flags the issue found reading NaN as "use the default" (exit 0, default result).
+// Each now refuses it: exit 2, one line naming the flag, the value and the allowed interval.
+const std::vector<std::pair<std::string, std::string>> kIssueFlags = {
+    {"plan", "--utilisation"},
+    {"plan", "--failure-rate"},
+    {"plan", "--write-gbps"},
+    {"plan", "--checkpoint-gb"},
+    {"plan", "--tokens"},
+    {"plan", "--days"},
+    {"comm --collective all-reduce --size-gb 1 --ranks 8 --bandwidth-gbps 50", "--latency-us"},
+    {"comm --collective all-reduce --size-gb 1 --ranks 8", "--bandwidth-gbps"},
+    {"reliability --gpus 8 --state-gb 100", "--interval-hours"},
+    {"bubble --pp 4 --micro-batches 8", "--forward-ms"},
+    {"compare", "--utilisation"},
+};
+
+void expect_refused(const std::string& command, const std::string& flag, const std::string& value) {
+  const std::string args = command + " " + flag + " " + value;
+  const std::string line = expect_bad_input(args, {flag, "'" + value + "'"});
+  EXPECT_TRUE(std::regex_search(line, kInterval)) << args << "\n" << line;
+}
+
+TEST(CliHardening, NanIsRefusedNotReadAsTheDefault) {
+  for (const auto& [command, flag] : kIssueFlags) expect_refused(command, flag, "nan");
+  // Flags that had a default rather than a sentinel took NaN too; any spelling strtod reads.
+  expect_refused("reliability --gpus 8 --state-gb 100", "--failure-rate", "NaN");
+  expect_refused("reliability --gpus 8 --state-gb 100", "--write-gbps", "-nan");
+  expect_refused("plan", "--headroom", "NAN");
+  if (engine_built()) {  // run/bench flags go through the same check
+    expect_refused("run checkpoint --dir /tmp/x", "--lr", "nan");
+    expect_refused("bench allreduce", "--sizes-mb", "nan");
+    expect_bad_input("launch --nproc 1 --timeout nan -- true", {"--timeout", "'nan'"});
+  }
+}
+
+TEST(CliHardening, InfinityAndOverflowAreRefused) {
+  const char* values[] = {"inf", "-inf", "1e999", "-1e999", "infinity"};
+  std::size_t i = 0;
+  for (const auto& [command, flag] : kIssueFlags) expect_refused(command, flag, values[i++ % 5]);
+  // Integer flags: not an integer, so refused by the parser (flag, value and range named).
+  expect_bad_input("plan --gpus nan", {"--gpus", "nan", "range"});
+  expect_bad_input("bubble --pp 1e999 --micro-batches 8", {"--pp", "1e999", "range"});
+}
+
+// Item 8, every numeric flag: each floating-point option of every command (the engine's run and
+// bench commands too when built) carries the finite-interval check, which --help shows as
+// "FLOAT:in [lo, hi]" ("FLOAT:finite, …" where the engine checks the range itself: launch
+// --timeout). CLI::Range, which lets NaN through, shows "FLOAT in [lo - hi]" instead.
+TEST(CliHardening, EveryFloatingPointFlagHasTheFiniteCheck) {
+  const std::regex entry(R"(^  ([a-z][a-z0-9-]*)\s)");
+  const std::regex float_flag(R"(^\s+(--[a-z0-9-]+) FLOAT\b)");
+  const std::regex checked(R"(FLOAT(?: \.\.\.)?:(in [\[(][^,]+, [^\])]+[\])]|finite, ))");
+  int commands = 0, floats = 0;
+  std::vector<std::string> todo = {""};
+  while (!todo.empty()) {  // every command and subcommand, from the "Subcommands:" sections
+    const std::string command = todo.back();
+    todo.pop_back();
+    std::istringstream in(tally(command + " --help").out);
+    std::string line;
+    bool listing = false;
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (line.rfind("Subcommands:", 0) == 0) {
+        listing = true;
+      } else if (line.empty()) {
+        listing = false;
+      } else if (listing && std::regex_search(line, m, entry)) {
+        todo.push_back(command.empty() ? m[1].str() : command + " " + m[1].str());
+        ++commands;
+      } else if (std::regex_search(line, m, float_flag)) {
+        ++floats;
+        EXPECT_TRUE(std::regex_search(line, checked)) << command << " " << m[1] << ":\n" << line;
+      }
+    }
+  }
+  EXPECT_GE(commands, 6);
+  EXPECT_GE(floats, 30);  // reliability 8, plan 8, compare 8, comm 3, bubble 3 without the engine
+}
+
+// Item 8: "was it given" comes from the parser. A value equal to an old sentinel is a value:
+// --forward-ms 0 adds times of 0 ms (0 once meant "not given"); --latency-us, once ignored
+// without --bandwidth-gbps, sets α on the preset's link.
+TEST(CliHardening, GivenComesFromTheParserNotASentinel) {
+  const auto b = json_of(tally("bubble --pp 4 --micro-batches 8 --forward-ms 0 --json"));
+  ASSERT_TRUE(b.contains("total_time_s")) << b.dump();
+  EXPECT_EQ(b["total_time_s"].get<double>(), 0.0);
+  EXPECT_FALSE(json_of(tally("bubble --pp 4 --micro-batches 8 --json")).contains("total_time_s"));
+
+  const auto c = json_of(tally("comm --collective all-reduce --size-gb 1 --ranks 8 "
+                               "--latency-us 250 --json"));
+  EXPECT_DOUBLE_EQ(c["latency_s"].get<double>(), 250e-6);
+
+  // compare's base: --dp and --grad-accum derived unless given (B 256 over dp 8 × b 4 → 8) ...
+  const auto base = json_of(tally("compare --json"))["options"][0]["eval"];
+  EXPECT_EQ(base["dp"], 8);
+  EXPECT_EQ(base["grad_accum"], 256 / (8 * 4));
+  // ... and used when given: dp 4 × tp 2 = 8 GPUs, grad-accum 16 → B = 4 · 4 · 16 = 256.
+  const auto given = json_of(tally("compare --dp 4 --tp 2 --grad-accum 16 --json"))["options"][0];
+  EXPECT_EQ(given["eval"]["dp"], 4);
+  EXPECT_EQ(given["eval"]["grad_accum"], 16);
+}
+
+// Item 9: an empty value is bad input (exit 2, one line naming the flag), never "not given", for
+// every flag that takes a value: a file, a preset, a count, a number or a choice.
+TEST(CliHardening, EmptyValuesAreBadInput) {
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"plan --params ''", "--params"},
+      {"plan --calibration ''", "--calibration"},
+      {"plan --model ''", "--model"},
+      {"plan --gpu ''", "--gpu"},
+      {"memory --params 7e9 --gpu ''", "--gpu"},
+      {"memory --params ''", "--params"},
+      {"comm --model seed-7b --calibration ''", "--calibration"},
+      {"comm --collective '' --size-gb 1 --ranks 8", "--collective"},
+      {"compare --dp ''", "--dp"},
+      {"reliability --gpus 8 --state-gb ''", "--state-gb"},
+      {"bubble --pp 4 --micro-batches 8 --unit ''", "--unit"},
+  };
+  if (engine_built()) {
+    cases.push_back({"run checkpoint --dir ''", "--dir"});
+    cases.push_back({"run fault-drill --work-dir ''", "--work-dir"});
+    cases.push_back({"bench allreduce --calibration-out ''", "--calibration-out"});
+  }
+  for (const auto& [args, flag] : cases) expect_bad_input(args, {flag});
+}
+
+// A number printed as inf or nan (fmt writes "inf", "-inf", "nan", "-nan"). The plan's failure
+// criteria mention "NaN" in words, which is not a figure, hence lower case only.
+bool prints_non_finite(const std::string& s) {
+  return std::regex_search(s, std::regex(R"((^|[^A-Za-z_])-?(inf|nan)([^A-Za-z_]|$))"));
+}
+
+// Item 10: λ = 0 means no failure is expected and reliability needs no checkpoint interval: said
+// in words, JSON null beside "no_failures_expected": true, never inf. A λ so small that 1/(G·λ)
+// overflows a double is the same case.
+TEST(CliHardening, ZeroFailureRateIsReportedInWords) {
+  const std::string words =
+      "no failures expected: no checkpoint interval is needed for reliability";
+  for (const char* rate : {"0", "1e-310"}) {
+    const std::string args = std::string("reliability --gpus 1 --state-gb 1e-9 --failure-rate ") +
+                             rate + " --interval-hours 2 --days 3";
+    const auto text = tally(args);
+    EXPECT_EQ(text.rc, 0) << text.err;
+    EXPECT_NE(text.out.find(words), std::string::npos) << text.out;
+    EXPECT_FALSE(prints_non_finite(text.out)) << text.out;
+
+    const auto j = json_of(tally(args + " --json"));
+    EXPECT_EQ(j["no_failures_expected"], true);
+    for (const char* k : {"mtbf_hours", "young_interval_hours", "daly_interval_hours",
+                          "recommended_interval_hours"}) {
+      ASSERT_TRUE(j.contains(k)) << k;
+      EXPECT_TRUE(j[k].is_null()) << k << " = " << j[k];
+    }
+    // No failure: no rework and no checkpoint, so nothing is lost; at a 2 h interval only the
+    // save, C/T = (1 B / 2e9 B/s) / (2 · 3600 s); over 3 days, no failure.
+    EXPECT_EQ(j["overhead_fraction"].get<double>(), 0.0);
+    EXPECT_NEAR(j["overhead_fraction_at_interval"].get<double>(), 1.0 / 2e9 / 7200, 1e-25);
+    EXPECT_EQ(j["expected_failures"].get<double>(), 0.0);
+  }
+  // With failures the flag is false and the figures are numbers: 1 / (8192 · 3e-6) h.
+  const auto f = json_of(tally("reliability --gpus 8192 --state-gb 112 --json"));
+  EXPECT_EQ(f["no_failures_expected"], false);
+  EXPECT_NEAR(f["mtbf_hours"].get<double>(), 1 / (8192 * 3e-6), 1e-9);
+
+  const auto plan = tally("plan --failure-rate 0 --days 30");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find(words), std::string::npos) << plan.out;
+  EXPECT_FALSE(prints_non_finite(plan.out)) << plan.out;
+  const auto p = json_of(tally("plan --failure-rate 0 --days 30 --json"))["reliability"];
+  EXPECT_EQ(p["no_failures_expected"], true);
+  for (const char* k : {"mtbf_hours", "interval_hours", "young_interval_hours",
+                        "daly_interval_hours"})
+    EXPECT_TRUE(p[k].is_null()) << k;
+  EXPECT_EQ(p["expected_failures"].get<double>(), 0.0);
+  EXPECT_EQ(json_of(tally("plan --json"))["reliability"]["no_failures_expected"], false);
+}
+
+// Item 10, every other output path: the floating-point flags of each ledger command set to the
+// ends of their intervals, in combinations that put every pair of flags at opposite ends at least
+// once (flag i takes its upper end in run (b, c) iff bit b of i, xor c, is set: two flags differ
+// in some bit). Every report must be printed without inf or nan; a figure that is not finite
+// stops the command (exit 2) instead, which here would be a case to handle like λ = 0.
+struct EdgeCase {
+  const char* command;
+  const char* base;
+};
+
+class CliEdges : public ::testing::TestWithParam<EdgeCase> {};
+
+TEST_P(CliEdges, NoInfOrNanAtTheEndsOfEveryInterval) {
+  const auto [command, base] = GetParam();
+  struct Bounded { std::string name, lo, hi; };
+  std::vector<Bounded> flags;
+  std::istringstream in(tally(std::string(command) + " --help").out);
+  std::string line;
+  const std::regex bounded(R"(^\s+(--[a-z0-9-]+) FLOAT:in [\[(]([^,]+), ([^\])]+)[\])])");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    // --tokens excludes --days; flags in `base` stay as given there.
+    if (std::regex_search(line, m, bounded) && m[1] != "--tokens" &&
+        std::string(base).find(m[1].str() + " ") == std::string::npos)
+      flags.push_back({m[1], m[2], m[3]});
+  }
+  int bits = 1;
+  while ((std::size_t(1) << bits) < flags.size()) ++bits;
+  for (int b = 0; b < bits; ++b)
+    for (int c = 0; c < 2; ++c) {
+      std::string args = std::string(command) + " " + base;
+      for (std::size_t i = 0; i < flags.size(); ++i)
+        args += " " + flags[i].name + " " + ((((i >> b) & 1) ^ c) ? flags[i].hi : flags[i].lo);
+      const auto r = tally(args);
+      EXPECT_EQ(r.rc, 0) << args << "\n" << r.err;
+      EXPECT_FALSE(prints_non_finite(r.out)) << args << "\n" << r.out;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ledgers, CliEdges,
+    ::testing::Values(EdgeCase{"memory", "--model seed-7b --seq 2048 --gpu h100-80g"},
+                      EdgeCase{"comm", "--collective all-reduce --size-gb 1 --ranks 8"},
+                      EdgeCase{"comm", "--model seed-7b --dp 2 --tp 2 --pp 2 --seq 2048"},
+                      EdgeCase{"bubble", "--pp 4 --micro-batches 8"},
+                      EdgeCase{"reliability", "--gpus 8 --state-gb 100 --days 1"},
+                      EdgeCase{"plan", "--days 1"},
+                      EdgeCase{"compare", ""}));
 
 }  // namespace
