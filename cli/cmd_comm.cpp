@@ -20,7 +20,7 @@ struct CommOptions {
   ClusterOptions cluster;
   // One collective (Note [numbers on the command line]: unset = not typed).
   std::optional<std::string> collective;
-  std::optional<double> size_gb, bandwidth_gbps, latency_us;
+  std::optional<double> size_bytes, bandwidth_bps, latency_us;  // bytes, bytes/s, µs
   std::optional<int> ranks;
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
   bool sp = false;
@@ -29,17 +29,17 @@ struct CommOptions {
 };
 
 void run_collective(const CommOptions& o) {
-  if (!o.size_gb || !o.ranks) throw InvalidInput("--collective needs --size-gb and --ranks");
+  if (!o.size_bytes || !o.ranks) throw InvalidInput("--collective needs --size (or --size-gb) and --ranks");
   // β (and α) from the flags, else the --gpu preset's link for a ring of --ranks; --latency-us
   // alone replaces the preset link's α.
   LinkSpec link;
-  if (o.bandwidth_gbps)
-    link = LinkSpec{.bandwidth_bps = *o.bandwidth_gbps * kGB, .latency_s = 0};
+  if (o.bandwidth_bps)
+    link = LinkSpec{.bandwidth_bps = *o.bandwidth_bps, .latency_s = 0};
   else
     link = link_for_group(resolve_cluster(o.cluster), *o.ranks, 1);
   if (o.latency_us) link.latency_s = *o.latency_us * 1e-6;
   const Collective kind = *parse_collective(*o.collective);
-  const CollectiveCost r = collective_cost(kind, *o.size_gb * kGB, *o.ranks, link);
+  const CollectiveCost r = collective_cost(kind, *o.size_bytes, *o.ranks, link);
   const nlohmann::json j = {{"command", "comm"},
                             {"convention", r.convention()},
                             {"collective", std::string(to_string(kind))},
@@ -145,14 +145,13 @@ void register_comm(CLI::App& app) {
   cmd->add_option("--collective", o->collective, "all-reduce | reduce-scatter | all-gather | "
                                                  "broadcast | p2p")
       ->check(one_of(allowed_collectives()));
-  cmd->add_option("--size-gb", o->size_gb, "S: full tensor size, GB (1e9 B)")
-      ->check(finite_in(1e-12, 1e9));
+  add_size_flag(cmd, "--size", "--size-gb", o->size_bytes, "S: full tensor size", 1e-3, 1e18);
   cmd->add_option("--ranks", o->ranks, "k: ranks in the collective")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--bandwidth-gbps", o->bandwidth_gbps,
-                  "β: per-GPU link bandwidth, GB/s (default: the --gpu preset's link)")
-      ->check(finite_in(kBandwidthBpsBounds.lo / kGB, kBandwidthBpsBounds.hi / kGB));
+  add_bandwidth_flag(cmd, "--bandwidth", "--bandwidth-gbps", o->bandwidth_bps,
+                     "β: per-GPU link bandwidth (default: the --gpu preset's link)",
+                     kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi);
   cmd->add_option("--latency-us", o->latency_us,
-                  "α: latency per ring step, µs (default: 0 with --bandwidth-gbps, else the --gpu "
+                  "α: latency per ring step, µs (default: 0 with --bandwidth, else the --gpu "
                   "preset's link)")
       ->check(finite_in(kLatencySBounds.lo * 1e6, kLatencySBounds.hi * 1e6));
   cmd->add_option("--dp", o->dp, "data-parallel degree")->check(CLI::Range(1, 1 << 24));

@@ -27,7 +27,7 @@ struct PlanOptions {
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
   double headroom = 0.2, restart_minutes = 8;
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
-  std::optional<double> failure_rate, write_gbps, days, tokens, checkpoint_gb, utilisation;
+  std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
   bool overlap_dp = false, no_dropout = false, exhaustive = false;
   // compare
   std::vector<std::string> alternatives;
@@ -46,11 +46,11 @@ PlanRequest make_request(const PlanOptions& o) {
                 .headroom = o.headroom, .dropout = !o.no_dropout, .overlap_dp = o.overlap_dp,
                 .restart_hours = o.restart_minutes / 60};
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
-  if (o.write_gbps) r.cluster.checkpoint_write_bps = *o.write_gbps * kGB;
+  if (o.write_bps) r.cluster.checkpoint_write_bps = *o.write_bps;
   if (o.utilisation) r.cluster.mfu = *o.utilisation;
   if (o.days) r.run_hours = *o.days * 24;
   if (o.tokens) r.run_tokens = *o.tokens;
-  if (o.checkpoint_gb) r.checkpoint_bytes = *o.checkpoint_gb * kGB;
+  if (o.checkpoint_bytes) r.checkpoint_bytes = *o.checkpoint_bytes;
   return r;
 }
 
@@ -135,14 +135,14 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--failure-rate", o.failure_rate,
                   "failures per GPU-hour λ (default 3e-6; 0 = no failures expected)")
       ->check(finite_in(kFailureRateBounds.lo, kFailureRateBounds.hi));
-  cmd->add_option("--write-gbps", o.write_gbps, "aggregate checkpoint write bandwidth, GB/s")
-      ->check(finite_in(kBandwidthBpsBounds.lo / kGB, kBandwidthBpsBounds.hi / kGB));
+  add_bandwidth_flag(cmd, "--write-bandwidth", "--write-gbps", o.write_bps,
+                     "aggregate checkpoint write bandwidth (default: the cluster's)",
+                     kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi);
   cmd->add_option("--restart-minutes", o.restart_minutes, "R: detect + restart + reload, minutes")
       ->check(finite_in(0, 1e6))
       ->capture_default_str();
-  cmd->add_option("--checkpoint-gb", o.checkpoint_gb,
-                  "checkpoint size, GB (default: params + m + v + master, no gradients)")
-      ->check(finite_in(1e-9, 1e12));
+  add_size_flag(cmd, "--checkpoint-size", "--checkpoint-gb", o.checkpoint_bytes,
+                "checkpoint size (default: params + m + v + master, no gradients)", 1, 1e21);
   auto* days = cmd->add_option("--days", o.days, "run length in days (expected failures)")
                    ->check(finite_in(1e-6, 1e5));
   auto* tokens = cmd->add_option("--tokens", o.tokens,

@@ -16,7 +16,9 @@ namespace {
 
 struct ReliabilityOptions {
   OutputOptions out;
-  double gpus = 0, failure_rate = 3e-6, state_gb = 0, write_gbps = 2, restart_minutes = 8;
+  double gpus = 0, failure_rate = 3e-6, restart_minutes = 8;
+  std::optional<double> state_bytes;    // required: --state-size or --state-gb
+  std::optional<double> write_bps{2e9};  // seed §A4: 2 GB/s
   double full_copies = 1;
   std::optional<double> interval_hours, days;  // unset: not evaluated
 };
@@ -54,7 +56,7 @@ void print_reliability_text(const ReliabilityOptions& o, const ReliabilityReport
                "GPU-hour)\n",
                r.mtbf_hours, o.gpus, o.failure_rate);
   fmt::print("  sharded save         {:>10.1f} s   ({:g} GB at {:g} GB/s)\n", r.save_seconds,
-             o.state_gb, o.write_gbps);
+             *o.state_bytes / kGB, *o.write_bps / kGB);
   if (o.full_copies > 1)
     fmt::print("  full save            {:>10.1f} s   ({:g} copies)\n", r.full_save_seconds,
                o.full_copies);
@@ -78,8 +80,10 @@ void print_reliability_text(const ReliabilityOptions& o, const ReliabilityReport
 }
 
 void run_reliability(const ReliabilityOptions& o) {
+  if (!o.state_bytes)
+    throw InvalidInput("--state-size is required (or --state-gb): the checkpointed state, e.g. 112GB");
   ReliabilitySetup s{.gpus = o.gpus, .failure_rate_per_hour = o.failure_rate,
-                     .state_bytes = o.state_gb * kGB, .write_bps = o.write_gbps * kGB,
+                     .state_bytes = *o.state_bytes, .write_bps = *o.write_bps,
                      .restart_hours = o.restart_minutes / 60, .full_copies = o.full_copies};
   if (o.interval_hours) s.interval_hours = *o.interval_hours;
   if (o.days) s.run_hours = *o.days * 24;
@@ -105,12 +109,11 @@ void register_reliability(CLI::App& app) {
                   "failures per GPU-hour λ (0: no failures expected, no interval needed)")
       ->check(finite_in(kFailureRateBounds.lo, kFailureRateBounds.hi))
       ->capture_default_str();
-  cmd->add_option("--state-gb", o->state_gb, "checkpointed state, GB (1e9 B)")
-      ->required()
-      ->check(finite_in(1e-9, 1e12));
-  cmd->add_option("--write-gbps", o->write_gbps, "aggregate checkpoint write bandwidth, GB/s")
-      ->check(finite_in(kBandwidthBpsBounds.lo / kGB, kBandwidthBpsBounds.hi / kGB))
-      ->capture_default_str();
+  add_size_flag(cmd, "--state-size", "--state-gb", o->state_bytes,
+                "checkpointed state (required)", 1, 1e21);
+  add_bandwidth_flag(cmd, "--write-bandwidth", "--write-gbps", o->write_bps,
+                     "aggregate checkpoint write bandwidth (default 2GB/s, the seed's)",
+                     kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi);
   cmd->add_option("--restart-minutes", o->restart_minutes,
                   "R: detect + restart + reload per failure, minutes")
       ->check(finite_in(0, 1e6))

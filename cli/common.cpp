@@ -117,6 +117,50 @@ CLI::Validator finite_in(double lo, double hi, Ends ends) {
       "in " + interval);
 }
 
+namespace {
+
+// `--NAME <value with unit>` and its alias `--ALIAS <number in GB or GB/s>` into one SI value
+// (Note [units on the command line]).
+void add_unit_flag(CLI::App* cmd, const std::string& name, const std::string& alias,
+                   std::optional<double>& target, const std::string& what, double lo, double hi,
+                   double (*parse)(std::string_view, std::string_view), const char* example,
+                   const std::string& si_unit, const std::string& alias_unit) {
+  const std::string bounds = fmt::format("[{}, {}] {}", bound_text(lo), bound_text(hi), si_unit);
+  CLI::Option* typed = cmd->add_option_function<std::string>(
+      name,
+      [&target, name, parse, lo, hi, bounds, si_unit](const std::string& text) {
+        const double v = parse(text, name);
+        if (!(v >= lo && v <= hi))
+          throw InvalidInput(fmt::format("{} = '{}' = {} {}: must be in {}", name, text,
+                                         bound_text(v), si_unit, bounds));
+        target = v;
+      },
+      fmt::format("{}, with its unit, e.g. {}", what, example));
+  typed->type_name("QUANTITY");
+  CLI::Option* old = cmd->add_option_function<double>(
+      alias, [&target](double v) { target = v * kGB; },
+      fmt::format("the same as a plain number in {} (1e9 bytes{}); alias of {}", alias_unit,
+                  si_unit == "B/s" ? " per second" : "", name));
+  old->check(finite_in(lo / kGB, hi / kGB));
+  typed->excludes(old);
+}
+
+}  // namespace
+
+void add_bandwidth_flag(CLI::App* cmd, const std::string& name, const std::string& gbps_alias,
+                        std::optional<double>& bps, const std::string& what, double lo_bps,
+                        double hi_bps) {
+  add_unit_flag(cmd, name, gbps_alias, bps, what, lo_bps, hi_bps, &parse_bandwidth,
+                "50GB/s or 200Gb/s", "B/s", "GB/s");
+}
+
+void add_size_flag(CLI::App* cmd, const std::string& name, const std::string& gb_alias,
+                   std::optional<double>& bytes, const std::string& what, double lo_bytes,
+                   double hi_bytes) {
+  add_unit_flag(cmd, name, gb_alias, bytes, what, lo_bytes, hi_bytes, &parse_bytes,
+                "14GB or 512MiB", "B", "GB");
+}
+
 void refuse_empty_values(CLI::App& app) {
   const CLI::Validator non_empty(
       [](std::string& s) -> std::string {

@@ -65,6 +65,19 @@ CLI::Validator finite_in(double lo, double hi, Ends ends = Ends::closed);
 //   --timeout: 'nan' must be a finite number (>= 0 s; 0 = no limit)
 CLI::Validator finite_number(const std::string& range);
 
+// Note [units on the command line]
+// "Gbps" means gigabits per second to everyone who buys networks, so a value carries its unit:
+// `--bandwidth 50GB/s`, `200Gb/s`, `1.6Tb/s`; `--size 14GB`, `512MiB` (core's parse_bandwidth /
+// parse_bytes: B is a byte, b a bit). The old unit-in-the-name flags (`--bandwidth-gbps 50`, which
+// always meant GB/s, and `--size-gb 14`) stay as documented aliases into the same value; giving
+// both is an error. The value lands in SI units (bytes/s, bytes) and is checked against [lo, hi].
+void add_bandwidth_flag(CLI::App* cmd, const std::string& name, const std::string& gbps_alias,
+                        std::optional<double>& bps, const std::string& what, double lo_bps,
+                        double hi_bps);
+void add_size_flag(CLI::App* cmd, const std::string& name, const std::string& gb_alias,
+                   std::optional<double>& bytes, const std::string& what, double lo_bytes,
+                   double hi_bytes);
+
 // Note [empty values]
 // `--params ""` once meant "no --params" and ran the default plan. Every flag that takes a value
 // names a file, a preset, a number or a choice, and none of them is empty, so refuse_empty_values
