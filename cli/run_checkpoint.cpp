@@ -49,6 +49,8 @@ json event_json(const CheckpointEvent& e) {
             {"consumed_samples", e.consumed_samples}, {"unix_s", e.unix_s}};
   switch (e.kind) {
     case CheckpointEvent::Kind::started:
+      j["dir"] = e.dir.string();
+      j["dir_temporary"] = e.dir_temporary;
       j["resumed"] = e.resumed;
       j["loaded_world_size"] = e.loaded_world_size;
       j["checkpoint_consumed_samples"] = e.checkpoint_consumed_samples;
@@ -83,12 +85,17 @@ void print_event_text(const CheckpointEvent& e, const Flags& f) {
     return;
   } else if (e.kind == K::started) {
     if (!e.resumed)
-      fmt::print("checkpoint: fresh start (seed {}); checkpoint directory {}\n", f.run.seed,
-                 f.dir);
+      fmt::print("checkpoint: fresh start (seed {}); checkpoint directory {}{}\n", f.run.seed,
+                 e.dir.string(),
+                 !e.dir_temporary ? ""
+                 : f.run.keep_dir ? " (temporary, kept: --keep)"
+                                  : " (temporary: removed when the run finishes, kept if it "
+                                    "fails; --keep keeps it)");
     else
       fmt::print("checkpoint: resumed from {} at step {} (consumed_samples {}), saved at world "
                  "size {}, verified and loaded in {:.3f} s\n",
-                 f.dir, e.step, e.checkpoint_consumed_samples, e.loaded_world_size, e.seconds);
+                 e.dir.string(), e.step, e.checkpoint_consumed_samples, e.loaded_world_size,
+                 e.seconds);
     if (e.resumed && e.consumed_samples != e.checkpoint_consumed_samples)
       fmt::print("  ④ consumed_samples forced to {} (the checkpoint says {}): the data stream "
                  "restarts at position {} — the next batches are not the ones the run would "
@@ -116,6 +123,9 @@ json result_json(const engine::CheckpointRunResult& r) {
             {"rank", r.rank},
             {"world_size", r.world_size},
             {"n_params", r.n_params},
+            {"dir", r.dir.string()},
+            {"dir_temporary", r.dir_temporary},
+            {"dir_removed", r.dir_removed},
             {"resumed", r.resumed},
             {"loaded_world_size", r.loaded_world_size},
             {"start_step", r.start_step},
@@ -209,6 +219,9 @@ void run(const Flags& f) {
     std::cout << result_json(r).dump() << std::endl;
   else
     print_result_text(r);
+  if (!f.json && r.rank == 0 && r.dir_temporary)
+    fmt::print("checkpoint: temporary directory {} {}\n", r.dir.parent_path().string(),
+               r.dir_removed ? "removed" : "kept");
   if (!r.ok()) {
     const auto& t = r.roundtrip;
     const std::string why =
@@ -237,7 +250,10 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       "without the data position does (④). --kill-rank/--kill-at-step/--kill-phase inject a "
       "fault (tally run fault-drill uses them).");
   auto& o = f->run;
-  cmd->add_option("--dir", f->dir, "checkpoint directory (shards + index.json)")->required();
+  cmd->add_option("--dir", f->dir,
+                  "checkpoint directory (shards + index.json); default: a fresh temporary one, "
+                  "removed when the run finishes");
+  cmd->add_flag("--keep", o.keep_dir, "keep the temporary checkpoint directory (no --dir)");
   cmd->add_option("--steps", o.steps, "train until this many optimizer steps are done")
       ->capture_default_str();
   cmd->add_option("--save-every", o.save_every, "also save every N steps (0 = only at the end)")
@@ -258,13 +274,20 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--batch", o.global_batch, "global batch (samples per step, divisible by k)")
       ->capture_default_str();
-  cmd->add_option("--dropout", o.dropout, "dropout after each hidden layer")->capture_default_str();
-  cmd->add_option("--lr", o.lr, "peak Adam learning rate")->capture_default_str();
+  cmd->add_option("--dropout", o.dropout, "dropout after each hidden layer")
+      ->check(finite_in(0, 1, Ends::open_hi))
+      ->capture_default_str();
+  cmd->add_option("--lr", o.lr, "peak Adam learning rate")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
+      ->capture_default_str();
   cmd->add_option("--warmup", o.warmup_steps, "linear warm-up steps")->capture_default_str();
   cmd->add_option("--schedule-steps", o.schedule_steps, "length of the cosine schedule, steps")
       ->capture_default_str();
-  cmd->add_option("--min-lr", o.min_lr, "learning rate at the schedule's end")->capture_default_str();
+  cmd->add_option("--min-lr", o.min_lr, "learning rate at the schedule's end (at most --lr)")
+      ->check(finite_in(0, 1e6))
+      ->capture_default_str();
   cmd->add_option("--timeout", o.timeout_s, "seconds for the rendezvous and each collective")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--kill-rank", o.fault.rank, "fault: this rank SIGKILLs itself (-1 = none)")
       ->capture_default_str();

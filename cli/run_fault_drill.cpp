@@ -35,8 +35,9 @@ json launch_json(const engine::DrillLaunch& l) {
 json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOptions& o) {
   json survivors = json::array();
   for (const auto& v : s.survivors)
-    survivors.push_back({{"rank", v.rank}, {"lost_ranks", v.lost_ranks},
-                         {"detection_s", v.detection_s}, {"error_line", v.error_line}});
+    survivors.push_back({{"rank", v.rank}, {"outcome", engine::to_string(v.outcome)},
+                         {"lost_ranks", v.lost_ranks}, {"detection_s", v.detection_s},
+                         {"exit", v.exit}, {"error_line", v.error_line}});
   return {{"name", s.name},
           {"kill_rank", o.kill_rank},
           {"kill_step", s.kill_step},
@@ -45,6 +46,7 @@ json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOption
           {"survivors", survivors},
           {"detection_s", s.detection_s},
           {"all_exited_s", s.all_exited_s},
+          {"kill_grace_s", s.kill_grace_s},
           {"launch_names_lost_rank", s.launch_names_lost_rank},
           {"checkpoint_verifies", s.checkpoint_verifies},
           {"checkpoint_step", s.checkpoint_step},
@@ -93,12 +95,30 @@ void print_scenario(const char* label, const engine::KillScenario& s,
                     const engine::FaultDrillOptions& o) {
   fmt::print("{} kill rank {} {} at step {}:\n", label, o.kill_rank, s.name, s.kill_step);
   fmt::print("    tally launch exit {}: {}\n", s.failed.exit_code, s.failed.message);
-  for (const auto& v : s.survivors)
-    fmt::print("    rank {}: CommError {:.3f} s after the kill (timeout {:g} s): {}\n", v.rank,
-               v.detection_s, o.collective_timeout_s, v.error_line);
-  fmt::print("    detection {:.3f} s (slowest survivor); every rank gone {:.3f} s after the kill: "
-             "{}\n",
-             s.detection_s, s.all_exited_s, mark(s.detection_ok(o.kill_rank, o.collective_timeout_s)));
+  for (const auto& v : s.survivors) {
+    switch (v.outcome) {
+      case engine::SurvivorOutcome::noticed:
+        fmt::print("    rank {}: CommError {:.3f} s after the kill (timeout {:g} s): {}\n", v.rank,
+                   v.detection_s, o.collective_timeout_s, v.error_line);
+        break;
+      case engine::SurvivorOutcome::stopped_by_launcher:
+        fmt::print("    rank {}: stopped by the launcher before it noticed ({}){}{}\n", v.rank,
+                   v.exit, v.error_line.empty() ? "" : ": ", v.error_line);
+        break;
+      case engine::SurvivorOutcome::exited_unreported:
+        fmt::print("    rank {}: EXITED WITHOUT REPORTING THE FAILURE ({}){}{}\n", v.rank, v.exit,
+                   v.error_line.empty() ? "" : ": ", v.error_line);
+        break;
+    }
+  }
+  const std::string detection =
+      s.detection_s >= 0 ? fmt::format("detection {:.3f} s (slowest survivor that noticed)",
+                                       s.detection_s)
+                         : std::string("no survivor noticed before the launcher stopped it");
+  fmt::print("    {}; every rank gone {:.3f} s after the kill (limit {:g} s: timeout + kill "
+             "grace): {}\n",
+             detection, s.all_exited_s, o.collective_timeout_s + s.kill_grace_s,
+             mark(s.detection_ok(o.kill_rank, o.collective_timeout_s)));
   fmt::print("    on disk: checkpoint at step {} {}{}\n", s.checkpoint_step,
              s.checkpoint_verifies ? "verifies" : "DOES NOT VERIFY",
              s.staging_left ? fmt::format("; the interrupted save's staging directory left aside "
@@ -160,8 +180,10 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
                   "(2) it dies after writing its shard of this step's save")
       ->capture_default_str();
   cmd->add_option("--timeout", o.collective_timeout_s, "each rank's collective timeout, s")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--launch-timeout", o.launch_timeout_s, "each sub-run's deadline, s")
+      ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--work-dir", f->work_dir, "use (and keep) this directory instead of a temporary one");
   cmd->add_flag("--keep", o.keep_work_dir, "keep the temporary work directory");

@@ -5,15 +5,19 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <sstream>
+#include <system_error>
 
 #include "comm_torch.hpp"
 #include "ddp_torch.hpp"
@@ -270,6 +274,55 @@ class TermSignalFlag {
   struct sigaction previous_{};
 };
 
+// ---- the default directory (Note [default checkpoint directory]) ----
+
+// Rank 0's `text` on every rank. The Comm carries numbers: the length, then one byte per double
+// (exact).
+std::string broadcast_text(Comm& comm, const std::string& text) {
+  std::vector<double> length = {double(text.size())};
+  comm.broadcast(length, 0);
+  std::vector<double> bytes(static_cast<std::size_t>(length[0]));
+  if (comm.rank() == 0)
+    for (std::size_t i = 0; i < text.size(); ++i)
+      bytes[i] = double(static_cast<unsigned char>(text[i]));
+  if (!bytes.empty()) comm.broadcast(bytes, 0);
+  std::string out;
+  for (double b : bytes) out.push_back(static_cast<char>(static_cast<unsigned char>(b)));
+  return out;
+}
+
+// Rank 0 makes the directory, every rank learns its path and checks that it sees it.
+fs::path shared_temp_directory(Comm& comm) {
+  const int r = comm.rank(), k = comm.world_size();
+  std::string made;
+  std::exception_ptr error;
+  if (r == 0) {
+    try {
+      made = make_temp_directory("tally-checkpoint").string();  // < PATH_MAX bytes
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  const fs::path dir = broadcast_text(comm, made);  // empty: rank 0 failed
+  std::error_code ec;
+  std::vector<double> seen = {!dir.empty() && fs::is_directory(dir, ec) ? 1.0 : 0.0};
+  comm.all_reduce(seen, ReduceOp::sum);
+  if (error) std::rethrow_exception(error);
+  if (dir.empty())
+    throw std::runtime_error("rank " + std::to_string(r) +
+                             ": rank 0 could not make a temporary checkpoint directory (its "
+                             "message says why): pass --dir");
+  if (seen[0] != double(k)) {
+    if (r == 0) fs::remove_all(dir, ec);
+    throw InvalidInput("rank " + std::to_string(r) + ": the temporary checkpoint directory " +
+                       dir.string() + " that rank 0 made is seen by " +
+                       std::to_string(std::int64_t(seen[0])) + " of " + std::to_string(k) +
+                       " ranks (are they on other hosts?): pass --dir on a file system every "
+                       "rank shares");
+  }
+  return dir;
+}
+
 // ---- one rank's training state ----
 
 struct Trainer {
@@ -462,6 +515,13 @@ struct Trainer {
 
 }  // namespace
 
+fs::path make_temp_directory(std::string_view prefix) {
+  std::string path = (fs::temp_directory_path() / (std::string(prefix) + "-XXXXXX")).string();
+  if (::mkdtemp(path.data()) == nullptr)
+    throw std::system_error(errno, std::generic_category(), path + ": mkdtemp");
+  return path;
+}
+
 std::vector<std::int64_t> sample_indices(std::uint64_t seed, std::int64_t dataset_samples,
                                          std::int64_t position, std::int64_t count) {
   if (dataset_samples < 1 || position < 0 || count < 0)
@@ -505,7 +565,6 @@ void CheckpointRunOptions::validate(int world_size) const {
     throw InvalidInput(flag + " = " + value + ": " + rule);
   };
   const auto i = [](std::int64_t v) { return std::to_string(v); };
-  if (dir.empty()) bad("--dir", "\"\"", "required: the checkpoint directory");
   if (steps < 1 || steps > 1'000'000) bad("--steps", i(steps), "must be in [1, 1000000]");
   if (save_every < 0) bad("--save-every", i(save_every), "must be >= 0 (0 = only after the last step)");
   if (consumed_samples_override < -1)
@@ -547,10 +606,10 @@ void CheckpointRunOptions::validate(int world_size) const {
   }
 }
 
-CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOptions& o,
+CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOptions& options,
                                    const std::function<void(const CheckpointEvent&)>& on_event) {
   env.validate();
-  o.validate(env.world_size);
+  options.validate(env.world_size);
   const int k = env.world_size, r = env.rank;
   const auto emit = [&](CheckpointEvent e) {
     e.rank = r;
@@ -558,18 +617,34 @@ CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOption
     if (on_event) on_event(e);
     return e;
   };
+  TermSignalFlag term;
+  // No directory given: a temporary one, agreed over the Comm (Note [default checkpoint
+  // directory]), which then has to come first.
+  CheckpointRunOptions o = options;
+  const bool temporary = o.dir.empty();
+  fs::path temp_root;
+  std::unique_ptr<Comm> comm_first;
+  if (temporary) {
+    comm_first = std::make_unique<Comm>(env, CommOptions{.timeout_s = o.timeout_s});
+    temp_root = shared_temp_directory(*comm_first);
+    o.dir = temp_root / "ckpt";
+  }
   // Before the Comm, so its descriptor is closed before the sockets (Note [liveness locks]).
   fs::path ranks_dir = normalized(o.dir);
   ranks_dir += ".ranks";
   RankLiveness liveness(ranks_dir, r, k);
-  TermSignalFlag term;
-  Comm comm(env, {.timeout_s = o.timeout_s});
+  const std::unique_ptr<Comm> comm_owner =
+      temporary ? std::move(comm_first)
+                : std::make_unique<Comm>(env, CommOptions{.timeout_s = o.timeout_s});
+  Comm& comm = *comm_owner;
 
   Trainer t(o, k, r);
   CheckpointRunResult res;
   res.rank = r;
   res.world_size = k;
   res.n_params = t.n_params;
+  res.dir = t.dir;
+  res.dir_temporary = temporary;
   const auto fault_here = [&](FaultPhase phase, std::int64_t s) {
     return o.fault.rank == r && o.fault.phase == phase && o.fault.step == s;
   };
@@ -601,7 +676,8 @@ CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOption
     res.start_step = t.step;
     res.start_consumed_samples = t.consumed;
     emit({.kind = CheckpointEvent::Kind::started, .step = t.step, .consumed_samples = t.consumed,
-          .resumed = res.resumed, .loaded_world_size = res.loaded_world_size,
+          .dir = t.dir, .dir_temporary = temporary, .resumed = res.resumed,
+          .loaded_world_size = res.loaded_world_size,
           .checkpoint_consumed_samples = res.checkpoint_consumed_samples, .seconds = res.load_s});
 
     // 2. Train.
@@ -664,6 +740,11 @@ CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOption
     throw CommError(e.op(), lost.empty() ? e.peer_rank() : lost.front(), message);
   }
   if (r == 0) liveness.remove_all();
+  if (r == 0 && temporary && !o.keep_dir) {  // every rank is past the final barrier
+    std::error_code ec;
+    fs::remove_all(temp_root, ec);
+    res.dir_removed = !ec;
+  }
   return res;
 }
 

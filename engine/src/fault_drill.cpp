@@ -3,7 +3,7 @@
 #include "tally/engine/fault_drill.hpp"
 
 #include <fcntl.h>
-#include <stdlib.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +122,7 @@ class Driver {
     ::close(err_fd);
     s.launch.exit_code = lr.exit_code;
     s.launch.message = lr.message;
+    s.launch.ranks = lr.ranks;
     s.events.resize(std::size_t(o_.world_size));
     s.errors.resize(std::size_t(o_.world_size));
     std::istringstream out(read_file(out_path)), err(read_file(err_path));
@@ -159,6 +160,13 @@ bool has_staging(const fs::path& dir) {
   return false;
 }
 
+// The rank ended because of the launcher's stop: killed by its SIGTERM or SIGKILL, or exited
+// reporting the SIGTERM (run_checkpoint turns SIGTERM into a flag checked between steps).
+bool ended_by_launcher_signal(const RankExit& exit, const std::string& error_line) {
+  if (!exit.exited) return exit.term_signal == SIGTERM || exit.term_signal == SIGKILL;
+  return exit.exit_code != 0 && error_line.find("stopped by SIGTERM") != std::string::npos;
+}
+
 KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path& work,
                       FaultPhase phase, std::int64_t kill_step, const Reference& ref) {
   KillScenario sc;
@@ -173,16 +181,24 @@ KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path
                   std::to_string(kill_step), "--kill-phase", sc.name});
   sc.failed = failed.launch;
 
-  // Detection: the victim's last word, each survivor's CommError.
+  // Detection: the victim's last word; each survivor's CommError, or the launcher's signal that
+  // ended it first (Note [detection criterion]).
   if (const json* e = failed.find(o.kill_rank, "fault_injected")) sc.kill_unix_s = (*e)["unix_s"];
   for (int r = 0; r < o.world_size; ++r) {
     if (r == o.kill_rank) continue;
-    SurvivorReport s{.rank = r, .detection_s = -1, .error_line = failed.error_line(r)};
+    SurvivorReport s{.rank = r, .error_line = failed.error_line(r)};
+    const RankExit exit = std::size_t(r) < failed.launch.ranks.size()
+                              ? failed.launch.ranks[std::size_t(r)]
+                              : RankExit{.rank = r};
+    s.exit = exit.describe();
     if (const json* e = failed.find(r, "comm_failure")) {
+      s.outcome = SurvivorOutcome::noticed;
       s.lost_ranks = (*e)["lost_ranks"].get<std::vector<int>>();
       s.detection_s = (*e)["unix_s"].get<double>() - sc.kill_unix_s;
+      sc.detection_s = std::max(sc.detection_s, s.detection_s);
+    } else if (exit.stopped_by_launcher && ended_by_launcher_signal(exit, s.error_line)) {
+      s.outcome = SurvivorOutcome::stopped_by_launcher;
     }
-    sc.detection_s = std::max(sc.detection_s, s.detection_s);
     sc.survivors.push_back(s);
   }
   sc.all_exited_s = sc.failed.end_unix_s - sc.kill_unix_s;
@@ -325,14 +341,34 @@ std::vector<int> processes_mentioning(const fs::path& work) {
 
 }  // namespace
 
+std::string_view to_string(SurvivorOutcome o) {
+  switch (o) {
+    case SurvivorOutcome::noticed: return "noticed";
+    case SurvivorOutcome::stopped_by_launcher: return "stopped_by_launcher";
+    case SurvivorOutcome::exited_unreported: return "exited_unreported";
+  }
+  return "?";
+}
+
+// Note [detection criterion].
 bool KillScenario::detection_ok(int kill_rank, double timeout_s) const {
   if (kill_unix_s <= 0 || failed.exit_code != 1 || !launch_names_lost_rank || survivors.empty())
     return false;
-  for (const SurvivorReport& s : survivors)
-    if (s.lost_ranks != std::vector<int>{kill_rank} || s.detection_s < 0 ||
-        s.detection_s >= timeout_s ||
-        s.error_line.find("lost rank " + std::to_string(kill_rank)) == std::string::npos)
-      return false;
+  if (!(all_exited_s >= 0 && all_exited_s < timeout_s + kill_grace_s)) return false;
+  for (const SurvivorReport& s : survivors) {
+    switch (s.outcome) {
+      case SurvivorOutcome::noticed:
+        if (s.lost_ranks != std::vector<int>{kill_rank} || s.detection_s < 0 ||
+            s.detection_s >= timeout_s ||
+            s.error_line.find("lost rank " + std::to_string(kill_rank)) == std::string::npos)
+          return false;
+        break;
+      case SurvivorOutcome::stopped_by_launcher:
+        break;
+      case SurvivorOutcome::exited_unreported:
+        return false;
+    }
+  }
   return true;
 }
 
@@ -392,10 +428,7 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
 
   bool generated = false;
   if (o.work_dir.empty()) {
-    std::string tmpl = (fs::temp_directory_path() / "tally-fault-drill-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr)
-      throw std::system_error(errno, std::generic_category(), tmpl + ": mkdtemp");
-    o.work_dir = tmpl;
+    o.work_dir = make_temp_directory("tally-fault-drill");
     generated = true;
   } else {
     fs::create_directories(o.work_dir);

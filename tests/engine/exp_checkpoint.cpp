@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,16 +47,37 @@ constexpr std::int64_t kBatch = 48;
 
 // A fresh directory under the system temp dir, removed with everything in it.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tally-ckpt-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
+  fs::path path = tally::engine::make_temp_directory("tally-ckpt");
   ~TempDir() {
     std::error_code ec;
     fs::remove_all(path, ec);
   }
 };
+
+// TMPDIR for the processes started while it lives (they inherit it); the old value comes back.
+struct ScopedTmpdir {
+  std::optional<std::string> old;
+  explicit ScopedTmpdir(const fs::path& dir) {
+    if (const char* v = std::getenv("TMPDIR")) old = v;
+    ::setenv("TMPDIR", dir.c_str(), 1);
+  }
+  ~ScopedTmpdir() {
+    if (old)
+      ::setenv("TMPDIR", old->c_str(), 1);
+    else
+      ::unsetenv("TMPDIR");
+  }
+};
+
+// The names in dir, sorted (for a message and a comparison).
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    names.push_back(it->path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 // Each rank's JSON lines, split into events (by kind) and the final result.
 struct RankOutput {
@@ -68,10 +90,12 @@ struct LaunchRun {
   std::vector<RankOutput> ranks;
 };
 
+// An empty dir: no --dir (the run's temporary directory).
 LaunchRun launch_checkpoint(int k, const fs::path& dir, std::vector<std::string> args) {
   std::vector<std::string> cmd = {TALLY_BINARY, "launch", "--nproc", std::to_string(k),
                                   "--timeout", "80", "--", TALLY_BINARY, "run", "checkpoint",
-                                  "--json", "--timeout", "30", "--dir", dir.string()};
+                                  "--json", "--timeout", "30"};
+  if (!dir.empty()) cmd.insert(cmd.end(), {"--dir", dir.string()});
   cmd.insert(cmd.end(), args.begin(), args.end());
   LaunchRun run;
   run.ran = run_command(cmd, kLimit_s);
@@ -286,6 +310,37 @@ TEST_P(Checkpoint, SavedAtOneWorldSizeLoadsAtAnother) {
   EXPECT_EQ(tally::io::verify_checkpoint(dir).world_size, k2);
 }
 
+// Without --dir (Note [default checkpoint directory]): every rank uses the one fresh temporary
+// directory rank 0 made, the run succeeds, and nothing is left behind. TMPDIR points the ranks at
+// a directory the test watches.
+TEST_P(Checkpoint, WithoutDirUsesOneTemporaryDirectoryAndLeavesNothing) {
+  const int k = GetParam();
+  TempDir tmp;
+  const ScopedTmpdir tmpdir(tmp.path);
+  const LaunchRun run = launch_checkpoint(k, {}, {"--steps", "4", "--save-every", "2"});
+  ASSERT_EQ(run.ran.exit_code, 0) << run.ran.out << run.ran.err;
+  ASSERT_EQ(run.ranks[0].events.at("started").size(), 1u) << run.ran.out;
+  const fs::path dir = run.ranks[0].events.at("started")[0]["dir"].get<std::string>();
+  // <TMPDIR>/tally-checkpoint-XXXXXX/ckpt
+  EXPECT_EQ(dir.filename(), "ckpt");
+  EXPECT_EQ(dir.parent_path().parent_path(), tmp.path);
+  EXPECT_EQ(dir.parent_path().filename().string().rfind("tally-checkpoint-", 0), 0u) << dir;
+  for (int rank = 0; rank < k; ++rank) {
+    const RankOutput& out = run.ranks[std::size_t(rank)];
+    SCOPED_TRACE("rank " + std::to_string(rank) + ": " + out.result.dump());
+    ASSERT_EQ(out.events.at("started").size(), 1u);
+    EXPECT_EQ(out.events.at("started")[0]["dir"], dir.string());
+    EXPECT_TRUE(out.events.at("started")[0]["dir_temporary"].get<bool>());
+    EXPECT_EQ(out.result["dir"], dir.string());
+    EXPECT_TRUE(out.result["dir_temporary"].get<bool>());
+    EXPECT_EQ(out.result["dir_removed"].get<bool>(), rank == 0);  // rank 0 removes it
+    EXPECT_EQ(out.result["saves"].size(), 2u);                    // steps 2 and 4, in it
+    EXPECT_TRUE(out.result["roundtrip"]["params_bit_exact"].get<bool>());
+    EXPECT_TRUE(out.result["ok"].get<bool>());
+  }
+  EXPECT_EQ(names_in(tmp.path), std::vector<std::string>{}) << "left behind in " << tmp.path;
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Checkpoint, ::testing::Values(2, 4),
                          [](const auto& info) { return "k" + std::to_string(info.param); });
 
@@ -331,6 +386,33 @@ TEST(CheckpointConsumedSamples, ForcedToZeroRestartsTheStreamCorrectResumeContin
               batch_at((4 + i) * kBatch));
     EXPECT_NE(batch_at((4 + i) * kBatch), batch_at(i * kBatch));
   }
+}
+
+// --keep: the temporary directory stays, holding a checkpoint that verifies and nothing else (the
+// liveness locks are gone); the text names it at the start and at the end.
+TEST(CheckpointTemporaryDir, KeepLeavesTheVerifiedCheckpointAndSaysWhere) {
+  TempDir tmp;
+  const ScopedTmpdir tmpdir(tmp.path);
+  const Ran r = run_command({TALLY_BINARY, "launch", "--nproc", "2", "--timeout", "80", "--",
+                             TALLY_BINARY, "run", "checkpoint", "--timeout", "30", "--steps", "3",
+                             "--keep"},
+                            kLimit_s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::vector<std::string> roots = names_in(tmp.path);
+  ASSERT_EQ(roots.size(), 1u) << r.out;
+  const fs::path root = tmp.path / roots[0];
+  EXPECT_EQ(roots[0].rfind("tally-checkpoint-", 0), 0u);
+  EXPECT_NE(r.out.find("[rank 0] checkpoint: fresh start (seed 1234); checkpoint directory " +
+                       (root / "ckpt").string() + " (temporary, kept: --keep)\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[rank 0] checkpoint: temporary directory " + root.string() + " kept\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(names_in(root), std::vector<std::string>{"ckpt"});
+  const tally::io::CheckpointIndex index = tally::io::verify_checkpoint(root / "ckpt");
+  EXPECT_EQ(index.step, 3);
+  EXPECT_EQ(index.world_size, 2);
 }
 
 TEST(CheckpointSampleStream, IsAPermutationPerEpochAndDependsOnTheSeed) {

@@ -40,6 +40,9 @@
 // Exactness: n steps, save, exit, resume for n more gives the parameters and losses of 2n steps
 // straight, bit for bit (same k, fixed data order, generator state restored).
 //
+// Directory: with no `dir`, the run uses a fresh temporary one (Note [default checkpoint
+// directory]), reported in the started event and removed when the run finishes unless `keep_dir`.
+//
 // Faults (for `tally run fault-drill`): a rank can SIGKILL itself mid-step or right after writing
 // its shard of a save. The survivors' CommError is re-thrown naming the lost rank (Note [liveness
 // locks] in engine/src/rank_liveness.hpp) after an event reports it.
@@ -69,6 +72,26 @@ namespace tally::engine {
 std::vector<std::int64_t> sample_indices(std::uint64_t seed, std::int64_t dataset_samples,
                                          std::int64_t position, std::int64_t count);
 
+// ---- a fresh temporary directory -----------------------------------------------------------------
+
+// <system temp dir>/<prefix>-XXXXXX made by mkdtemp(3): a new directory (mode 0700) that no other
+// process chose. For runs given no directory: `tally run checkpoint`'s default and `tally run
+// fault-drill`'s work directory; whoever calls it removes it. Throws std::system_error naming the
+// path when it cannot be created.
+std::filesystem::path make_temp_directory(std::string_view prefix);
+
+// Note [default checkpoint directory]
+// Without --dir, rank 0 makes a temporary directory T (make_temp_directory) and broadcasts its
+// path over the Comm, so every rank uses the same T/ckpt; each rank then checks that it sees T
+// (ranks on hosts without a shared file system would not) and all of them fail together with one
+// message if any does not. T holds everything the run writes — the checkpoint, its staging
+// directories and the liveness locks (T/ckpt.ranks) — and rank 0 removes T once every rank is done,
+// unless keep_dir. A run that fails leaves T in place (it may hold a checkpoint to --resume from;
+// the started event names it). Because T is known only after the rendezvous, here the liveness
+// lock is opened after the Comm's sockets, the reverse of Note [liveness locks]'s order: a dying
+// rank may then close its sockets before its lock, and the survivors' probe, which waits up to a
+// second for the lock to be freed, covers the gap.
+
 // ---- options ------------------------------------------------------------------------------------
 
 enum class FaultPhase {
@@ -86,7 +109,8 @@ struct FaultInjection {
 };
 
 struct CheckpointRunOptions {
-  std::filesystem::path dir;       // the checkpoint directory (required)
+  std::filesystem::path dir;       // the checkpoint directory; empty = a fresh temporary one
+  bool keep_dir = false;           // keep that temporary directory instead of removing it
   std::int64_t steps = 20;         // train until this many optimizer steps are done
   std::int64_t save_every = 0;     // also save when s % save_every == 0; 0 = only after the last
   bool resume = false;             // continue from dir's checkpoint when there is one
@@ -122,6 +146,8 @@ struct CheckpointEvent {
   std::int64_t consumed_samples = 0;  // position in the sample stream at that moment
   double unix_s = 0;                  // wall clock (CLOCK_REALTIME), for times across processes
   // started
+  std::filesystem::path dir;          // the checkpoint directory in use
+  bool dir_temporary = false;         // made for this run (Note [default checkpoint directory])
   bool resumed = false;
   int loaded_world_size = 0;          // k of the loaded checkpoint (0: fresh start)
   std::int64_t checkpoint_consumed_samples = 0;  // as saved, before any override
@@ -184,6 +210,9 @@ struct CheckpointRunResult {
   int rank = 0;
   int world_size = 1;
   std::int64_t n_params = 0;
+  std::filesystem::path dir;               // the checkpoint directory used
+  bool dir_temporary = false;              // made for this run (see the started event's)
+  bool dir_removed = false;                // … and removed at the end (rank 0; not with keep_dir)
   // the start
   bool resumed = false;
   int loaded_world_size = 0;               // 0: fresh start
