@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs every Debian package tally's build, tests and benchmarks need. Safe to run twice:
-# apt-get skips what is already installed, and the package-list refresh is skipped when every
-# package is present.
+# Installs every Debian package tally's build, tests and benchmarks need; clang-14 and
+# libclang-rt-14-dev (which holds libclang_rt.fuzzer) are for scripts/fuzz.sh's libFuzzer harnesses.
+# Safe to run twice: apt-get skips what is already installed, and the package-list refresh is
+# skipped when every package is present.
 set -euo pipefail
 
 PKGS=(
@@ -10,6 +11,7 @@ PKGS=(
   libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas0-pthread
   python3-torch python3-numpy
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -242,7 +242,9 @@ TEST(HfConfigBad, MessagesArePrintableAscii) {
 // ---- robustness: mutations of a valid file ---------------------------------------------------------
 
 // 2,000 deterministic mutations (truncation, byte flips, inserted and deleted characters) of a valid
-// config.json: each must parse to a ModelSpec that validates, or throw InvalidInput — nothing else.
+// config.json: each must parse to a ModelSpec that validates, or throw InvalidInput with a one-line
+// message — nothing else. The unmutated file still reads as the published Mixtral 8x7B shape.
+// tests/fuzz/fuzz_hf_config.cpp explores further.
 TEST(HfConfigFuzz, MutationsParseOrThrowInvalidInput) {
   const std::string base = fixture("mixtral-8x7b.json");
   std::mt19937_64 rng(20240501);  // fixed seed; mt19937_64's sequence is fixed by the standard
@@ -269,10 +271,13 @@ TEST(HfConfigFuzz, MutationsParseOrThrowInvalidInput) {
       m.validate();
       EXPECT_GT(count_params(m).total(), 0);
       ++parsed;
-    } catch (const InvalidInput&) {
+    } catch (const InvalidInput& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(!msg.empty() && msg.find('\n') == std::string::npos)
+          << "mutation " << i << ": not one line: " << msg;
       ++rejected;
     } catch (const std::exception& e) {
-      ADD_FAILURE() << "mutation " << i << " threw " << e.what();
+      ADD_FAILURE() << "mutation " << i << " threw a non-InvalidInput exception: " << e.what();
     } catch (...) {
       ADD_FAILURE() << "mutation " << i << " threw a non-std exception";
     }
@@ -280,6 +285,20 @@ TEST(HfConfigFuzz, MutationsParseOrThrowInvalidInput) {
   EXPECT_EQ(parsed + rejected, 2000);
   EXPECT_GT(parsed, 0);    // the sweep exercises both outcomes
   EXPECT_GT(rejected, 0);
+
+  // mistralai/Mixtral-8x7B-v0.1 config.json, as in HfConfig.Mixtral8x7b.
+  const ModelSpec m = parse_hf_config(base, "mutation");
+  EXPECT_EQ(m.name, "mixtral");
+  EXPECT_EQ(m.hidden, 4096);
+  EXPECT_EQ(m.layers, 32);
+  EXPECT_EQ(m.heads, 32);
+  EXPECT_EQ(m.kv_heads, 8);
+  EXPECT_EQ(m.ffn, 14336);
+  EXPECT_EQ(m.vocab, 32000);
+  EXPECT_EQ(m.experts, 8);
+  EXPECT_EQ(m.experts_per_token, 2);
+  EXPECT_EQ(m.mlp, MlpKind::swiglu);
+  EXPECT_FALSE(m.tied_embeddings);
 }
 
 }  // namespace

@@ -17,9 +17,14 @@
 namespace tally {
 namespace {
 
-nlohmann::json probe() {
-  std::ifstream f(std::string(TALLY_DATA) + "/h200_memory_probe.json");
-  return nlohmann::json::parse(f);
+// The recorded probe, read once. A reference to one object that outlives every loop: a range-for
+// over `probe()["runs"]` of a returned temporary would read freed memory (ASan: heap-use-after-free).
+const nlohmann::json& probe() {
+  static const nlohmann::json data = [] {
+    std::ifstream f(std::string(TALLY_DATA) + "/h200_memory_probe.json");
+    return nlohmann::json::parse(f);
+  }();
+  return data;
 }
 
 ModelSpec probed_model(const nlohmann::json& run) {

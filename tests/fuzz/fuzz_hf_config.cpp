@@ -1,0 +1,48 @@
+// Fuzz harness: the Hugging Face config.json reader (io/include/tally/io/hf_config.hpp).
+//
+// The input is a config.json. Checked (Note [fuzz contract] in fuzz_check.hpp): parse_hf_config (in
+// memory) and load_hf_config (the file) agree, value or message; an accepted config is JSON and a
+// ModelSpec that passes validate() and has a finite, positive parameter count. io has no
+// config.json writer, so there is no round trip to check.
+#include <cmath>
+
+#include "fuzz_check.hpp"
+#include "tally/io/hf_config.hpp"
+
+namespace tally::fuzz {
+namespace {
+
+bool same_model(const ModelSpec& a, const ModelSpec& b) {
+  return a.name == b.name && a.hidden == b.hidden && a.layers == b.layers && a.heads == b.heads &&
+         a.kv_heads == b.kv_heads && a.ffn == b.ffn && a.vocab == b.vocab &&
+         a.max_positions == b.max_positions && a.experts == b.experts &&
+         a.experts_per_token == b.experts_per_token && a.tied_embeddings == b.tied_embeddings &&
+         a.linear_bias == b.linear_bias && a.mlp == b.mlp && a.norm == b.norm &&
+         a.position == b.position && a.params_only == b.params_only &&
+         a.nominal_params.has_value() == b.nominal_params.has_value() &&
+         (!a.nominal_params || same_bits(*a.nominal_params, *b.nominal_params));
+}
+
+}  // namespace
+}  // namespace tally::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace tally::fuzz;
+  using namespace tally::io;
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const fs::path path = scratch_dir() / "config.json";
+  write_bytes(path, as_bytes(data, size));
+
+  const auto mem = attempt("parse_hf_config", [&] { return parse_hf_config(text, path.string()); });
+  const auto file = attempt("load_hf_config", [&] { return load_hf_config(path); });
+  expect_agree("parse_hf_config", mem, "load_hf_config", file, same_model);
+  if (!file.ok()) return 0;
+
+  expect_json_text("load_hf_config", text);
+  const tally::ModelSpec& m = *file.value;
+  const auto valid = attempt("ModelSpec::validate", [&] { m.validate(); });
+  FUZZ_CHECK(valid.ok(), "an accepted config.json does not validate: " + valid.error);
+  const double total = tally::count_params(m).total();
+  FUZZ_CHECK(std::isfinite(total) && total > 0, "parameter count " + std::to_string(total));
+  return 0;
+}
