@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "../support/subprocess.hpp"
+
 namespace {
 
 struct Run {
@@ -23,23 +25,13 @@ struct Run {
   std::string out, err;
 };
 
-// Runs tally with `args` (shell words), capturing stdout and stderr separately.
+// Runs tally with `args` (shell words, through /bin/sh), capturing stdout and stderr separately,
+// with a deadline (tests/support/subprocess.hpp: a hung tally fails the test instead of hanging it).
 Run tally(const std::string& args) {
-  const auto err_path = std::filesystem::temp_directory_path() /
-                        ("tally_cli_err_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = std::string(TALLY_BIN) + " " + args + " 2>" + err_path.string();
-  Run r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  std::filesystem::remove(err_path);
-  return r;
+  const auto ran =
+      tally::subprocess::run_command({"/bin/sh", "-c", std::string(TALLY_BIN) + " " + args}, 50);
+  EXPECT_FALSE(ran.killed_at_limit) << "tally " << args << ": still running after 50 s";
+  return Run{.rc = ran.exit_code, .out = ran.out, .err = ran.err};
 }
 
 nlohmann::json json_of(const Run& r) {

@@ -128,7 +128,9 @@ TEST(Planner, PlansAreSortedAndSane) {
   ASSERT_TRUE(r.feasible());
   for (std::size_t i = 0; i < r.best.size(); ++i) {
     const auto& e = r.best[i];
-    if (i > 0) EXPECT_GE(e.step_s, r.best[i - 1].step_s);
+    if (i > 0) {
+      EXPECT_GE(e.step_s, r.best[i - 1].step_s);
+    }
     EXPECT_TRUE(e.fits);
     EXPECT_GT(e.efficiency, 0);
     EXPECT_LE(e.efficiency, 1.0 + 1e-12);
@@ -199,7 +201,9 @@ TEST(Planner, ReasonsFlipOneDimension) {
       saw_zero = true;
       EXPECT_TRUE(x.used);
       ASSERT_TRUE(x.eval.has_value());
-      if (r.best.front().layout.zero == 1) EXPECT_FALSE(x.eval->fits);  // ZeRO-0: 112 GB of states
+      if (r.best.front().layout.zero == 1) {
+        EXPECT_FALSE(x.eval->fits);  // ZeRO-0: 112 GB of states
+      }
     }
   }
   EXPECT_TRUE(saw_tp && saw_zero);

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "rank_harness.hpp"
-#include "subprocess.hpp"
+#include "../support/subprocess.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/bench_allreduce.hpp"
@@ -216,10 +216,11 @@ TEST_P(bench_allreduce_ranks, CorrectCountedExactAndCalibrates) {
       EXPECT_EQ(row.bytes_per_rank_core, core);
       // The ring's own sends equal the core's formula exactly (counts divisible by k); Gloo's
       // counter is that formula, summed in double.
-      if (row.algorithm == AllReduceAlgorithm::ring)
+      if (row.algorithm == AllReduceAlgorithm::ring) {
         EXPECT_EQ(row.bytes_per_rank_counted, core);
-      else
+      } else {
         EXPECT_NEAR(row.bytes_per_rank_counted, core, 1e-12 * core);
+      }
       EXPECT_GT(row.time.median_s, 0);
       EXPECT_LE(row.time.min_s, row.time.median_s);
       EXPECT_LE(row.time.median_s, row.time.max_s);

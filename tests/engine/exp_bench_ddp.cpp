@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "subprocess.hpp"
+#include "../support/subprocess.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/bench_ddp.hpp"
 

@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "subprocess.hpp"
+#include "../support/temp_dir.hpp"
+#include "../support/subprocess.hpp"
 #include "tally/engine/checkpoint_run.hpp"
 #include "tally/io/checkpoint.hpp"
 #include "tally/io/safetensors.hpp"
@@ -45,14 +46,7 @@ constexpr std::uint64_t kSeed = 1234;
 constexpr std::int64_t kSamples = 1024;
 constexpr std::int64_t kBatch = 48;
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path = tally::engine::make_temp_directory("tally-ckpt");
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = ::tally::test::TempDir;  // tests/support/temp_dir.hpp
 
 // TMPDIR for the processes started while it lives (they inherit it); the old value comes back.
 struct ScopedTmpdir {

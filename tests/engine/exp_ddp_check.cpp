@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "subprocess.hpp"
+#include "../support/subprocess.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "subprocess.hpp"
+#include "../support/subprocess.hpp"
 #include "tally/engine/fault_drill.hpp"
 
 #ifndef TALLY_BINARY

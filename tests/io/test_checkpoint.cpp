@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "../support/temp_dir.hpp"
 #include "io_test_util.hpp"
 #include "tally/io/checkpoint.hpp"
 
@@ -19,18 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// A directory for one test, removed with its siblings (<dir>.tmp-*, <dir>.old-*) at the end.
-struct TempDir {
-  fs::path root;
-  explicit TempDir(std::string_view name)
-      : root(fs::temp_directory_path() /
-             ("tally_ckpt_" + std::to_string(::getpid()) + "_" + std::string(name))) {
-    fs::remove_all(root);
-    fs::create_directories(root);
-  }
-  ~TempDir() { fs::remove_all(root); }
-  fs::path operator/(std::string_view p) const { return root / p; }
-};
+using TempDir = ::tally::test::TempDir;  // tests/support/temp_dir.hpp
 
 // f throws InvalidInput whose message is one line and contains every piece.
 void expect_invalid(const std::function<void()>& f,
@@ -375,22 +365,47 @@ TEST_F(Corrupt, IndexOtherFields) {
   expect_field([](json& j) { j["files"].erase(2); }, {"files = 2 entries", "one per rank"});
 }
 
-// Random byte flips in index.json: each read either succeeds or throws InvalidInput, never crashes.
-TEST_F(Corrupt, RandomIndexMutationsNeverCrash) {
+// Random byte flips and truncations of index.json: each either reads as an index that round-trips
+// exactly through index_to_json, or throws InvalidInput with a one-line message — nothing else
+// escapes. The unmutated text still reads as the index that was saved.
+// tests/fuzz/fuzz_checkpoint.cpp explores further (verify and load included).
+TEST_F(Corrupt, RandomIndexMutationsReadOrFailInOneLine) {
   const std::string valid = read_text_file(index);
   std::mt19937 rng(99);
-  int accepted = 0;
+  int accepted = 0, rejected = 0;
   for (int iter = 0; iter < 2000; ++iter) {
     std::string m = valid;
     for (int k = 0; k < 1 + int(rng() % 3); ++k) m[rng() % m.size()] = char(rng() & 0xff);
     if (iter % 5 == 0) m.resize(rng() % m.size());
     try {
-      (void)parse_index(m, "fuzz");
+      const std::string text = index_to_json(parse_index(m, "fuzz"));
+      EXPECT_EQ(index_to_json(parse_index(text, "round trip")), text) << "mutation " << iter;
       ++accepted;
-    } catch (const InvalidInput&) {
+    } catch (const InvalidInput& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(!msg.empty() && msg.find('\n') == std::string::npos)
+          << "mutation " << iter << ": not one line: " << msg;
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "mutation " << iter << " threw a non-InvalidInput exception: " << e.what();
     }
   }
-  EXPECT_LT(accepted, 2000);
+  EXPECT_EQ(accepted + rejected, 2000);
+  EXPECT_GT(rejected, 0);
+
+  // The saved index: sample_index(3, 5, 10), plus one entry per shard file as it is on disk.
+  const CheckpointIndex got = parse_index(valid, "fuzz");
+  CheckpointIndex want = sample_index(3, 5, 10);
+  ASSERT_EQ(got.files.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    const fs::path shard = dir / shard_file_name(r, 3);
+    const std::string bytes = read_text_file(shard, std::size_t{1} << 20);
+    want.files.push_back({.rank = r,
+                          .name = shard_file_name(r, 3),
+                          .size_bytes = bytes.size(),
+                          .crc32c = crc32c(std::as_bytes(std::span(bytes)))});
+  }
+  EXPECT_EQ(index_to_json(got), index_to_json(want));
 }
 
 // A shard that is a valid safetensors file with a matching checksum but the wrong content.
