@@ -48,12 +48,6 @@ double unix_now() {
       .count();
 }
 
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 // "<dir>" without a trailing separator, so <dir>.ranks names a sibling.
 fs::path normalized(const fs::path& dir) {
   fs::path p = dir.lexically_normal();
@@ -386,12 +380,12 @@ struct Trainer {
     const io::LrScheduleState want = schedule_state(o, x.step);
     if (!same_schedule(want, x.lr_schedule))
       throw InvalidInput(source + ": lr_schedule (" + x.lr_schedule.name + ", lr " +
-                         num(x.lr_schedule.base_lr) + ", warm-up " +
+                         format_number(x.lr_schedule.base_lr) + ", warm-up " +
                          std::to_string(x.lr_schedule.warmup_steps) + ", " +
                          std::to_string(x.lr_schedule.total_steps) + " steps, min " +
-                         num(x.lr_schedule.min_lr) + ") vs this run's (" + want.name + ", " +
-                         num(want.base_lr) + ", " + std::to_string(want.warmup_steps) + ", " +
-                         std::to_string(want.total_steps) + ", " + num(want.min_lr) +
+                         format_number(x.lr_schedule.min_lr) + ") vs this run's (" + want.name + ", " +
+                         format_number(want.base_lr) + ", " + std::to_string(want.warmup_steps) + ", " +
+                         std::to_string(want.total_steps) + ", " + format_number(want.min_lr) +
                          "): pass the checkpoint's --lr/--warmup/--schedule-steps/--min-lr");
     const io::FlatGroup want_group =
         io::make_flat_group(kGroups[0], io::TensorDType::f32, layout, x.world_size);
@@ -583,13 +577,13 @@ void CheckpointRunOptions::validate(int world_size) const {
     bad("--batch", i(global_batch),
         "must be divisible by WORLD_SIZE = " + std::to_string(world_size) +
             " (every rank's mean then weighs the same)");
-  if (!(dropout >= 0 && dropout < 1)) bad("--dropout", num(dropout), "must be in [0, 1)");
-  if (!(lr > 0 && lr <= 1e6)) bad("--lr", num(lr), "must be in (0, 1e6]");
-  if (!(min_lr >= 0 && min_lr <= lr)) bad("--min-lr", num(min_lr), "must be in [0, --lr]");
+  if (!(dropout >= 0 && dropout < 1)) bad("--dropout", format_number(dropout), "must be in [0, 1)");
+  if (!(lr > 0 && lr <= 1e6)) bad("--lr", format_number(lr), "must be in (0, 1e6]");
+  if (!(min_lr >= 0 && min_lr <= lr)) bad("--min-lr", format_number(min_lr), "must be in [0, --lr]");
   if (warmup_steps < 1) bad("--warmup", i(warmup_steps), "must be >= 1 step");
   if (schedule_steps <= warmup_steps)
     bad("--schedule-steps", i(schedule_steps), "must be > --warmup = " + i(warmup_steps));
-  if (!(timeout_s > 0 && timeout_s <= 86400)) bad("--timeout", num(timeout_s), "must be in (0, 86400] s");
+  if (!(timeout_s > 0 && timeout_s <= 86400)) bad("--timeout", format_number(timeout_s), "must be in (0, 86400] s");
   if (fault.rank != -1) {
     if (fault.rank < 0 || fault.rank >= world_size)
       bad("--kill-rank", std::to_string(fault.rank),

@@ -59,26 +59,20 @@ namespace tally::engine {
 namespace {
 
 // A double as a person would write it ("0.5", "1e-06"), for messages.
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 }  // namespace
 
 void DdpOptions::validate() const {
   if (!(bucket_cap_bytes > 0) || !std::isfinite(bucket_cap_bytes))
-    throw InvalidInput("bucket_cap_bytes = " + num(bucket_cap_bytes) +
+    throw InvalidInput("bucket_cap_bytes = " + format_number(bucket_cap_bytes) +
                        ": must be a finite number > 0 bytes");
   if (!(first_bucket_cap_bytes > 0) || !std::isfinite(first_bucket_cap_bytes))
-    throw InvalidInput("first_bucket_cap_bytes = " + num(first_bucket_cap_bytes) +
+    throw InvalidInput("first_bucket_cap_bytes = " + format_number(first_bucket_cap_bytes) +
                        ": must be a finite number > 0 bytes");
 }
 
 void AdamOptions::validate() const {
   auto bad = [](const char* name, double v, const char* range) {
-    throw InvalidInput(std::string(name) + " = " + num(v) + ": must be " + range);
+    throw InvalidInput(std::string(name) + " = " + format_number(v) + ": must be " + range);
   };
   if (!(lr > 0) || !std::isfinite(lr)) bad("lr", lr, "finite and > 0");
   if (!(beta1 >= 0 && beta1 < 1)) bad("beta1", beta1, "in [0, 1)");

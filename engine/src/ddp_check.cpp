@@ -26,12 +26,6 @@ mlp::Mlp build() {  // the seed's build(): fixed seed → the same initial weigh
 }
 
 // A double as a person would write it ("0.5", "1e-06"), for messages.
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 double norm_of(const at::Tensor& flat) { return flat.norm().item<double>(); }
 
 std::vector<double> to_vector(const at::Tensor& flat_f64) {
@@ -43,7 +37,7 @@ std::vector<double> to_vector(const at::Tensor& flat_f64) {
 
 void DdpCheckOptions::validate() const {
   if (!(timeout_s > 0 && timeout_s <= 86400))
-    throw InvalidInput("--timeout = " + num(timeout_s) + ": must be in (0, 86400] s");
+    throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be in (0, 86400] s");
   DdpOptions{.bucket_cap_bytes = bucket_cap_bytes}.validate();
 }
 

@@ -33,12 +33,6 @@ double unix_now() {
       .count();
 }
 
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream os;
@@ -90,7 +84,7 @@ class Driver {
     SubRun s;
     s.launch.what = what;
     s.launch.command = {o_.tally_binary, "run", "checkpoint", "--json",
-                        "--timeout", num(o_.collective_timeout_s),
+                        "--timeout", format_number(o_.collective_timeout_s),
                         "--dir", dir.string(),
                         "--steps", std::to_string(steps > 0 ? steps : o_.steps),
                         "--save-every", std::to_string(o_.save_every),
@@ -414,9 +408,9 @@ void FaultDrillOptions::validate() const {
         "must be a multiple of --save-every = " + i(save_every) + " in (" + i(save_every) +
             ", --steps = " + i(steps) + "]");
   if (!(collective_timeout_s > 0 && collective_timeout_s <= 600))
-    bad("--timeout", num(collective_timeout_s), "must be in (0, 600] s");
+    bad("--timeout", format_number(collective_timeout_s), "must be in (0, 600] s");
   if (!(launch_timeout_s > 0 && launch_timeout_s <= 3600))
-    bad("--launch-timeout", num(launch_timeout_s), "must be in (0, 3600] s");
+    bad("--launch-timeout", format_number(launch_timeout_s), "must be in (0, 3600] s");
 }
 
 FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {

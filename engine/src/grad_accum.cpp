@@ -53,19 +53,13 @@ at::Tensor grads_of(DistributedDataParallel& ddp, const mlp::Mlp& model, const S
 }
 
 // A double as a person would write it ("0.5", "1e-06"), for messages.
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 
 }  // namespace
 
 void GradAccumOptions::validate(int world_size) const {
   if (!(timeout_s > 0 && timeout_s <= 86400))
-    throw InvalidInput("--timeout = " + num(timeout_s) + ": must be in (0, 86400] s");
+    throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be in (0, 86400] s");
   if (micro_batches < 1 || micro_batches > kSamples)
     throw InvalidInput("--micro-batches = " + std::to_string(micro_batches) +
                        ": must be in [1, 64]");
@@ -76,7 +70,7 @@ void GradAccumOptions::validate(int world_size) const {
     throw InvalidInput("--counted-steps = " + std::to_string(counted_steps) + ": must be in [1, " +
                        std::to_string(steps) + "] (--steps)");
   if (!(lr > 0) || !std::isfinite(lr))
-    throw InvalidInput("--lr = " + num(lr) + ": must be finite and > 0");
+    throw InvalidInput("--lr = " + format_number(lr) + ": must be finite and > 0");
   DdpOptions{.bucket_cap_bytes = bucket_cap_bytes}.validate();
   if (kSamples % (std::int64_t(world_size) * micro_batches) != 0)
     throw InvalidInput("WORLD_SIZE × --micro-batches = " + std::to_string(world_size) + " × " +

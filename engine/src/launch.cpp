@@ -43,12 +43,6 @@ using Clock = std::chrono::steady_clock;
 volatile sig_atomic_t g_launcher_signal = 0;
 void on_launcher_signal(int sig) { g_launcher_signal = sig; }
 
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 void write_all(int fd, const char* p, std::size_t n) {
   while (n > 0) {
     const ssize_t w = write(fd, p, n);
@@ -234,12 +228,12 @@ void LaunchOptions::validate() const {
     throw InvalidInput("--nproc = " + std::to_string(nproc) + ": must be in [1, " +
                        std::to_string(kMaxLaunchRanks) + "]");
   if (!std::isfinite(timeout_s) || timeout_s < 0)
-    throw InvalidInput("--timeout = " + num(timeout_s) + ": must be >= 0 s (0 = no limit)");
+    throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be >= 0 s (0 = no limit)");
   if (master_port < 0 || master_port > 65535)
     throw InvalidInput("--master-port = " + std::to_string(master_port) +
                        ": must be in [0, 65535] (0 = a free port)");
   if (!std::isfinite(kill_grace_s) || kill_grace_s < 0)
-    throw InvalidInput("kill grace = " + num(kill_grace_s) + " s: must be >= 0 s");
+    throw InvalidInput("kill grace = " + format_number(kill_grace_s) + " s: must be >= 0 s");
   if (master_addr.empty()) throw InvalidInput("master address is empty");
   if (command.empty() || command[0].empty())
     throw InvalidInput(
@@ -372,7 +366,7 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
       break;
     case LaunchOutcome::timed_out:
       result.exit_code = 124;
-      result.message = "tally launch: timeout after " + num(options.timeout_s) +
+      result.message = "tally launch: timeout after " + format_number(options.timeout_s) +
                        " s (--timeout); " + others;
       break;
     case LaunchOutcome::interrupted:

@@ -42,6 +42,7 @@
 //                      they match DP exactly (measured 0). ZeRO-3 reduces unit by unit: for k >= 3
 //                      its ring chunks, hence the order of the sums, differ (measured ≈2e-7).
 #include "tally/engine/zero.hpp"
+#include "tally/core/types.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -62,12 +63,6 @@
 namespace tally::engine {
 
 namespace {
-
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
 
 void require(bool ok, const std::string& flag, const std::string& value, const std::string& range) {
   if (!ok) throw InvalidInput(flag + " = " + value + ": " + range);
@@ -190,11 +185,11 @@ void ZeroOptions::validate() const {
   require(batch >= 1 && batch <= 1000000, "--batch", std::to_string(batch), "must be in [1, 1e6]");
   require(steps >= 1 && steps <= 100000, "--steps", std::to_string(steps),
           "must be in [1, 100000]");
-  require(lr > 0 && std::isfinite(lr), "--lr", num(lr), "must be finite and > 0");
-  require(beta1 >= 0 && beta1 < 1, "beta1", num(beta1), "must be in [0, 1)");
-  require(beta2 >= 0 && beta2 < 1, "beta2", num(beta2), "must be in [0, 1)");
-  require(eps > 0 && std::isfinite(eps), "eps", num(eps), "must be finite and > 0");
-  require(timeout_s > 0 && timeout_s <= 86400, "--timeout", num(timeout_s),
+  require(lr > 0 && std::isfinite(lr), "--lr", format_number(lr), "must be finite and > 0");
+  require(beta1 >= 0 && beta1 < 1, "beta1", format_number(beta1), "must be in [0, 1)");
+  require(beta2 >= 0 && beta2 < 1, "beta2", format_number(beta2), "must be in [0, 1)");
+  require(eps > 0 && std::isfinite(eps), "eps", format_number(eps), "must be finite and > 0");
+  require(timeout_s > 0 && timeout_s <= 86400, "--timeout", format_number(timeout_s),
           "must be in (0, 86400] s");
   require(threads >= 0 && threads <= 1024, "--threads", std::to_string(threads),
           "must be in [0, 1024] (0 = libtorch's default)");
