@@ -42,17 +42,10 @@ bool same_calibration(const Calibration& a, const Calibration& b) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tally::fuzz;
   using namespace tally::io;
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
-  const fs::path path = scratch_dir() / "calibration.json";
-  write_bytes(path, as_bytes(data, size));
-
-  const auto mem =
-      attempt("parse_calibration", [&] { return parse_calibration(text, path.string()); });
-  const auto file = attempt("load_calibration", [&] { return load_calibration(path); });
-  expect_agree("parse_calibration", mem, "load_calibration", file, same_calibration);
+  const auto file = read_json_both_ways(
+      data, size, "calibration.json", "parse_calibration", [](std::string_view t, const std::string& src) { return parse_calibration(t, src); },
+      "load_calibration", [](const fs::path& path) { return load_calibration(path); }, same_calibration);
   if (!file.ok()) return 0;
-
-  expect_json_text("load_calibration", text);
   const Calibration& c = *file.value;
   for (const auto& link : {c.intra_node, c.inter_node})
     if (link) {

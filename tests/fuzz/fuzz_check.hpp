@@ -191,6 +191,23 @@ inline std::span<const std::byte> as_bytes(const std::uint8_t* data, std::size_t
   return {reinterpret_cast<const std::byte*>(data), size};
 }
 
+// The shared start of every JSON reader's harness: the input is read from memory (`parse`) and from
+// a file named `file_name` in the scratch directory (`load`); the two must agree (promise 3) and an
+// accepted input must be JSON text (promise 5). Returns the file reader's outcome.
+template <class Parse, class Load, class Same>
+auto read_json_both_ways(const std::uint8_t* data, std::size_t size, std::string_view file_name,
+                         std::string_view parse_name, Parse&& parse, std::string_view load_name,
+                         Load&& load, Same&& same) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const std::filesystem::path path = scratch_dir() / file_name;
+  write_bytes(path, as_bytes(data, size));
+  const auto mem = attempt(parse_name, [&] { return parse(text, path.string()); });
+  const auto file = attempt(load_name, [&] { return load(path); });
+  expect_agree(parse_name, mem, load_name, file, same);
+  if (file.ok()) expect_json_text(load_name, text);
+  return file;
+}
+
 }  // namespace tally::fuzz
 
 // libFuzzer's entry point, defined once by each harness.

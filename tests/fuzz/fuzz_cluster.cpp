@@ -33,16 +33,10 @@ bool same_cluster(const ClusterSpec& a, const ClusterSpec& b) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tally::fuzz;
   using namespace tally::io;
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
-  const fs::path path = scratch_dir() / "cluster.json";
-  write_bytes(path, as_bytes(data, size));
-
-  const auto mem = attempt("parse_cluster", [&] { return parse_cluster(text, path.string()); });
-  const auto file = attempt("load_cluster", [&] { return load_cluster(path); });
-  expect_agree("parse_cluster", mem, "load_cluster", file, same_cluster);
+  const auto file = read_json_both_ways(
+      data, size, "cluster.json", "parse_cluster", [](std::string_view t, const std::string& src) { return parse_cluster(t, src); },
+      "load_cluster", [](const fs::path& path) { return load_cluster(path); }, same_cluster);
   if (!file.ok()) return 0;
-
-  expect_json_text("load_cluster", text);
   const tally::ClusterSpec& c = *file.value;
   const auto valid = attempt("ClusterSpec::validate", [&] { c.validate(); });
   FUZZ_CHECK(valid.ok(), "an accepted cluster file does not validate: " + valid.error);

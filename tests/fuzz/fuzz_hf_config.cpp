@@ -29,16 +29,10 @@ bool same_model(const ModelSpec& a, const ModelSpec& b) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tally::fuzz;
   using namespace tally::io;
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
-  const fs::path path = scratch_dir() / "config.json";
-  write_bytes(path, as_bytes(data, size));
-
-  const auto mem = attempt("parse_hf_config", [&] { return parse_hf_config(text, path.string()); });
-  const auto file = attempt("load_hf_config", [&] { return load_hf_config(path); });
-  expect_agree("parse_hf_config", mem, "load_hf_config", file, same_model);
+  const auto file = read_json_both_ways(
+      data, size, "config.json", "parse_hf_config", [](std::string_view t, const std::string& src) { return parse_hf_config(t, src); },
+      "load_hf_config", [](const fs::path& path) { return load_hf_config(path); }, same_model);
   if (!file.ok()) return 0;
-
-  expect_json_text("load_hf_config", text);
   const tally::ModelSpec& m = *file.value;
   const auto valid = attempt("ModelSpec::validate", [&] { m.validate(); });
   FUZZ_CHECK(valid.ok(), "an accepted config.json does not validate: " + valid.error);

@@ -52,6 +52,22 @@ inline void expect_invalid(const std::function<void()>& f,
     EXPECT_NE(msg.find(piece), std::string::npos) << "message: " << msg << "\nlacks: " << piece;
 }
 
+// For the random-mutation tests: runs `read` on mutation `iter`; true when it accepted the input,
+// false when it threw InvalidInput with a one-line message; any other exception fails the test.
+inline bool reads_or_fails_in_one_line(int iter, const std::function<void()>& read) {
+  try {
+    read();
+    return true;
+  } catch (const InvalidInput& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(!msg.empty() && msg.find('\n') == std::string::npos)
+        << "mutation " << iter << ": not one line: " << msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "mutation " << iter << " threw a non-InvalidInput exception: " << e.what();
+  }
+  return false;
+}
+
 // A file under the test's temporary directory holding `content`.
 inline std::filesystem::path temp_file(std::string_view name, std::string_view content) {
   const auto dir = std::filesystem::temp_directory_path() / "tally_io_tests";
