@@ -25,6 +25,7 @@ struct PlanOptions {
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0;
   std::int64_t global_batch = 256, seq = 2048;
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
+  std::optional<std::string> time_model;  // unset: operators, or utilisation if --utilisation
   double headroom = 0.2, restart_minutes = 8;
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
@@ -48,6 +49,10 @@ PlanRequest make_request(const PlanOptions& o) {
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
   if (o.write_bps) r.cluster.checkpoint_write_bps = *o.write_bps;
   if (o.utilisation) r.cluster.mfu = *o.utilisation;
+  // --utilisation names the seed's one-number model, so it selects it unless told otherwise.
+  r.time_model = o.time_model ? *parse_time_model(*o.time_model)
+                 : o.utilisation ? TimeModel::utilisation
+                                 : TimeModel::operators;
   if (o.days) r.run_hours = *o.days * 24;
   if (o.tokens) r.run_tokens = *o.tokens;
   if (o.checkpoint_bytes) r.checkpoint_bytes = *o.checkpoint_bytes;
@@ -129,8 +134,13 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_flag("--overlap-dp", o.overlap_dp,
                 "overlap DP/ZeRO gradient reduction with backward (default: on the critical path)");
   cmd->add_flag("--no-dropout", o.no_dropout, "do not count dropout masks in activations");
+  cmd->add_option("--time-model", o.time_model,
+                  "operators (each kernel on the GPU's roofline; default) | utilisation (the "
+                  "seed's hardware FLOPs / (G · peak · u))")
+      ->check(one_of({"operators", "utilisation"}));
   cmd->add_option("--utilisation", o.utilisation,
-                  "achieved fraction of peak FLOP/s (default: the GPU preset's / calibration's)")
+                  "u for --time-model utilisation, fraction of peak FLOP/s (default: the GPU "
+                  "preset's / calibration's); giving it selects that model")
       ->check(finite_in(kUtilisationBounds.lo, kUtilisationBounds.hi));
   cmd->add_option("--failure-rate", o.failure_rate,
                   "failures per GPU-hour λ (default 3e-6; 0 = no failures expected)")

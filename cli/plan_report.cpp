@@ -36,6 +36,7 @@ nlohmann::json eval_json(const PlanEval& e) {
           {"buffers_gb", in_gb(e.buffer_bytes)},
           {"comm_gb_per_gpu", in_gb(e.comm_bytes_per_gpu)},
           {"compute_seconds", e.compute_s},
+          {"optimizer_seconds", e.optimizer_s},
           {"tp_seconds", e.tp_s},
           {"cp_seconds", e.cp_s},
           {"pp_seconds", e.pp_s},
@@ -173,8 +174,13 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
   fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
              "PP {:.3f} s, DP/ZeRO {:.3f} s (of {:.3f} s)\n",
              size_str(b.comm_bytes_per_gpu, u), b.tp_s, b.cp_s, b.pp_s, b.dp_exposed_s, b.dp_s);
-  fmt::print("  compute       {:>10.3f} s  hardware FLOPs at u = {:.2f} of peak\n", b.compute_s,
-             q.cluster.mfu);
+  if (q.time_model == TimeModel::operators)
+    fmt::print("  compute       {:>10.3f} s  kernels of the busiest stage (operator model), "
+               "optimizer step {:.3f} s\n",
+               b.compute_s, b.optimizer_s);
+  else
+    fmt::print("  compute       {:>10.3f} s  hardware FLOPs at u = {:.2f} of peak\n", b.compute_s,
+               q.cluster.mfu);
   fmt::print("  bubble        {:>12}  {:.3f} s\n", pct(b.bubble_fraction), b.bubble_s);
   fmt::print("  step time     {:>10.3f} s  {:.0f} tokens/s, MFU {}, scaling efficiency E = {:.3f}, "
              "tightest wall: {}\n\n",

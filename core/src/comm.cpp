@@ -1,5 +1,6 @@
 #include "tally/core/comm.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -337,8 +338,74 @@ double traffic_seconds(const TrafficItem& item, const LinkSpec& link) {
   return item.calls * steps * link.latency_s + item.bytes_per_rank / link.bandwidth_bps;
 }
 
+// Note [NCCL collective model] (ClusterSpec::comm_model == CommModel::nccl)
+// NCCL runs a collective over a group that spans nodes as rings (one per channel) through every
+// member: the hops inside a node go over NVLink, the hops between nodes over the NICs of the
+// members at each node boundary, each channel on its own rail. So the inter-node traffic of one
+// node is one rank's worth, carried by all the rails the group's members own there, and the per-
+// rank bus bandwidth is
+//     busbw = min(B_nvlink · f_intra, q · (nics/g) · B_nic · f_inter)   (q > 1 members per node)
+//     busbw = (nics/g) · B_nic · f_inter                                 (q = 1: one per node)
+// with q = g / stride members of the group per node (rank order puts a group's members stride
+// apart), g GPUs per node and f the achieved bus-bandwidth fractions nccl-tests measures. A DGX
+// A100 node (8 HDR NICs) gives min(230, 8 · 24) = 192 GB/s, the all-reduce busbw NCCL's
+// maintainers report for it (NVIDIA/nccl#812); a group with one member per node (DP over TP 8)
+// gets one NIC, 24 GB/s. A group inside a node runs at B_nvlink · f_intra. Time per call =
+// bytes per rank / busbw (the ring's bytes, 2S(k−1)/k for all-reduce) + latency: NCCL's ring model
+// (src/graph/tuning.cc) charges 2(n−1) network steps of an all-reduce over n nodes at the network
+// latency and the other 2(k−1) − 2(n−1) steps at the NVLink latency (n−1 and k−1 − (n−1) for the
+// other collectives).
+namespace {
+
+struct GroupPath {
+  double bus_bps = 0;
+  int nodes = 1;
+  bool crosses_nodes = false;
+};
+
+GroupPath group_path(const ClusterSpec& c, int group, int stride) {
+  const int g = c.gpus_per_node;
+  GroupPath p;
+  const double intra = c.intra_node.bandwidth_bps * c.intra_bus_fraction;
+  if (group <= 1 || std::int64_t(group) * stride <= g) {
+    p.bus_bps = intra;
+    return p;
+  }
+  const int q = std::clamp(stride < g ? g / stride : 1, 1, group);  // members per node
+  const double rails = (c.nics_per_node > 0 ? c.nics_per_node : g) / double(g);
+  const double inter = q * rails * c.inter_node.bandwidth_bps * c.inter_bus_fraction;
+  p.bus_bps = q > 1 ? std::min(intra, inter) : inter;
+  p.nodes = (group + q - 1) / q;
+  p.crosses_nodes = true;
+  return p;
+}
+
+}  // namespace
+
+double collective_seconds(Collective c, double bytes_per_rank, int group, int stride,
+                          const ClusterSpec& cluster) {
+  require_int(group >= 1, "group", group, "must be >= 1");
+  require_int(stride >= 1, "stride", stride, "must be >= 1");
+  if (cluster.comm_model == CommModel::flat_ring) {
+    const LinkSpec link = link_for_group(cluster, group, stride);
+    return collective_steps(c, group) * link.latency_s + bytes_per_rank / link.bandwidth_bps;
+  }
+  const GroupPath p = group_path(cluster, group, stride);
+  const int steps = collective_steps(c, group);
+  int inter_steps = 0;
+  if (p.crosses_nodes)
+    inter_steps = c == Collective::send_recv ? 1
+                  : c == Collective::all_reduce ? 2 * (p.nodes - 1)
+                                                : p.nodes - 1;
+  inter_steps = std::min(inter_steps, steps);
+  return (steps - inter_steps) * cluster.intra_node.latency_s +
+         inter_steps * cluster.inter_node.latency_s + bytes_per_rank / p.bus_bps;
+}
+
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster) {
-  return traffic_seconds(item, link_for_group(cluster, item.group, item.stride));
+  if (item.calls <= 0) return 0.0;
+  return item.calls * collective_seconds(item.collective, item.bytes_per_call, item.group,
+                                         item.stride, cluster);
 }
 
 }  // namespace tally

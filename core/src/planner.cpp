@@ -2,35 +2,45 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 
 #include "tally/core/activations.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/compute.hpp"
+#include "tally/core/operators.hpp"
 #include "tally/core/pipeline.hpp"
+#include "tally/core/roofline.hpp"
 
 namespace tally {
 
 // Note [planner time model]
-// Per optimizer step, per GPU (every assumption here is printed with the plan):
-//   compute   t_c = hardware FLOPs (compute.hpp, with recompute) / (G · peak · u), u = the GPU
-//             type's utilisation (ClusterSpec::mfu or a calibration file), one number per type.
+// Per optimizer step, per GPU (every assumption here is printed with the plan). Two models:
+// operators (default) and the seed's utilisation model (--time-model utilisation).
+//   compute   operators: one micro-batch on a stage runs its layers' kernels (core/operators.hpp,
+//             forward + backward + recompute, each on the roofline of core/roofline.hpp) plus the
+//             embedding (first stage) or the final norm, LM head and loss (last stage); the slowest
+//             stage sets the pace. Per step: m micro-batches of it, then the optimizer's kernels on
+//             the GPU's shard of the states (bytes over HBM bandwidth).
+//             utilisation: t_c = hardware FLOPs (compute.hpp, with recompute) / (G · peak · u), u =
+//             the GPU type's utilisation (ClusterSpec::mfu or a calibration file); the last
+//             stage's LM-head share stretches it by (1 + (P−1)·F_head/F).
 //   TP, CP    on the critical path: Megatron's TP all-reduces block the next matmul; CP's ring is
 //             counted exposed (conservative: ring attention can overlap it).
-//   PP        point-to-point sends per micro-batch, exposed. The last stage also runs the LM head
-//             (6·V·h FLOPs per token, compute.hpp), so the slowest stage computes
-//             t_c · (1 + (P−1)·F_head/F) and bounds the pipeline.
-//   bubble    pipeline wall = (t_c + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
-//   DP/ZeRO   by default on the critical path, as the seed accounts it (compute + communication).
-//             With overlap_dp: a gradient reduction done once per step overlaps the last
-//             micro-batch's backward (≈ 2/3 of its compute, bucketed as DDP does), one done per
-//             micro-batch (ZeRO-2/3) overlaps every backward; ZeRO-1/2's parameter all-gather after
-//             the optimizer step stays exposed; ZeRO-3's per-layer gathers are prefetched and
-//             overlap the whole compute.
-//   step      pipeline wall + exposed DP time. E = t_ideal / step with t_ideal = model FLOPs /
-//             (G · peak · u): the step one GPU at the same utilisation would take for B, over G.
-// Buffers: DDP-style gradient buckets 2 × 25 MB (PyTorch DDP's default bucket) for ZeRO 0–2; two
+//   PP        point-to-point sends per micro-batch, exposed.
+//   bubble    pipeline wall = (stage time + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
+//   DP/ZeRO   by default on the critical path, as the seed accounts it (compute + communication) and
+//             as Megatron-LM's local DDP did (Narayanan et al. 2021). With overlap_dp (PyTorch DDP,
+//             Megatron's --overlap-grad-reduce): a gradient reduction done once per step overlaps
+//             the last micro-batch's backward, one done per micro-batch (ZeRO-2/3) overlaps every
+//             backward; ZeRO-1/2's parameter all-gather after the optimizer step stays exposed;
+//             ZeRO-3's per-layer gathers are prefetched and overlap the whole compute.
+//   step      pipeline wall + optimizer + exposed DP time. E = t_ideal / step, t_ideal = the time
+//             one GPU would take for B with the same kernels and no parallelism, over G.
+// Communication: core/comm.hpp traffic_seconds on the cluster's comm model (presets: NCCL rings
+// over NVLink and every rail, Note [NCCL collective model]).
+// Buffers: DDP-style gradient buckets 2 × 25 MiB (PyTorch DDP's default bucket) for ZeRO 0–2; two
 // layers of gathered parameters for ZeRO-3 (current + prefetched).
 
 namespace {
@@ -47,7 +57,16 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return lo;
 }
 
-// Invariants of one request, computed once.
+// One micro-batch's kernel times for one operator shape (b, t, SP, c, recompute, attention).
+struct MicroTimes {
+  double layer_s = 0;           // one transformer layer: forward + backward + recompute
+  double layer_backward_s = 0;  // its backward (and recompute) part
+  double embedding_s = 0;       // first stage
+  double output_s = 0;          // last stage
+  double output_backward_s = 0;
+};
+
+// Invariants of one request, computed once; operator times are computed once per distinct shape.
 struct Prepared {
   const PlanRequest* req = nullptr;
   double n_state = 0;          // N of the state ledger
@@ -58,6 +77,28 @@ struct Prepared {
   double tokens = 0;
   double usable = 0;
   double param_bytes = 0, act_bytes = 0;
+  double lower_bound_s[3] = {0, 0, 0};  // step time can't be below this, by Recompute
+  mutable std::map<std::tuple<std::int64_t, int, bool, int, int, int>, MicroTimes> micro;
+
+  const MicroTimes& micro_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
+                                Attention att) const {
+    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att));
+    const auto it = micro.find(key);
+    if (it != micro.end()) return it->second;
+    const PlanRequest& r = *req;
+    const OperatorSetup os{.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp,
+                           .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
+                           .dropout = r.dropout, .act_bytes = act_bytes};
+    const GpuSpec& gpu = r.cluster.gpu;
+    const OpsTime layer = time_ops(layer_ops(r.model, os), gpu, r.precision);
+    const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
+    MicroTimes t{.layer_s = layer.total_s(),
+                 .layer_backward_s = layer.backward_s + layer.recompute_s,
+                 .embedding_s = time_ops(embedding_ops(r.model, os), gpu, r.precision).total_s(),
+                 .output_s = out.total_s(),
+                 .output_backward_s = out.backward_s};
+    return micro.emplace(key, t).first->second;
+  }
 };
 
 Prepared prepare(const PlanRequest& r) {
@@ -74,6 +115,32 @@ Prepared prepare(const PlanRequest& r) {
   p.usable = r.cluster.gpu.memory_bytes * (1.0 - r.headroom);
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
+  const double G = double(r.gpus);
+  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+    if (r.time_model == TimeModel::utilisation) {
+      p.lower_bound_s[int(rc)] = p.hw_flops[int(rc)] / (G * p.peak * p.util);
+      continue;
+    }
+    // Note [planner pruning] cut 2 under the operator model: the GEMM and attention FLOPs every
+    // layout executes (the same total whatever b, t, c split them), each at no more than the
+    // GPU's best kernel fraction; the slowest GPU is at least the average one.
+    const KernelPerf& k = r.cluster.gpu.kernels;
+    const double ceiling = std::max({k.gemm_fraction, k.attention_forward_fraction,
+                                     k.attention_backward_fraction});
+    double per_sequence = 1e300;
+    for (Attention att : {Attention::flash, Attention::materialized}) {
+      const OperatorSetup os{.seq = r.seq, .micro_batch = 1, .recompute = rc, .attention = att,
+                             .causal = r.causal, .dropout = r.dropout, .act_bytes = p.act_bytes};
+      double layer_flops = 0, out_flops = 0;
+      for (const Op& op : layer_ops(r.model, os))
+        if (op.kind != OpKind::memory) layer_flops += op.flops;
+      for (const Op& op : output_ops(r.model, os))
+        if (op.kind != OpKind::memory) out_flops += op.flops;
+      per_sequence = std::min(per_sequence, layer_flops * double(r.model.layers) + out_flops);
+    }
+    p.lower_bound_s[int(rc)] =
+        per_sequence * double(r.global_batch) / (G * p.peak * ceiling);
+  }
   return p;
 }
 
@@ -101,6 +168,49 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
   e.fits = e.total_bytes <= P.usable;
 }
 
+// Compute of one layout (Note [planner time model]): seconds per step of the busiest stage, its
+// backward part (the window DP reduction can hide in) and the single-GPU ideal.
+struct StageCompute {
+  double busy_s = 0;            // m micro-batches on the slowest stage
+  double backward_mb_s = 0;     // one micro-batch's backward on that stage
+  double optimizer_s = 0;
+  double ideal_s = 0;           // one GPU, same kernels, no parallelism, for B, over G
+};
+
+StageCompute stage_compute(const Prepared& P, const Layout& L) {
+  const PlanRequest& r = *P.req;
+  StageCompute c;
+  const double m = double(L.grad_accum);
+  if (r.time_model == TimeModel::utilisation) {
+    const double t = compute_seconds(P, L.recompute);
+    const double imbalance = 1.0 + (L.pp - 1) * P.head_flops / P.hw_flops[int(L.recompute)];
+    c.busy_s = t * imbalance;
+    c.backward_mb_s = (2.0 / 3.0) * t / m;
+    c.ideal_s = P.model_flops / (double(r.gpus) * P.peak * P.util);
+    return c;
+  }
+  const MicroTimes& t = P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention);
+  const double layers = double(r.model.layers) / L.pp;
+  const double first = layers * t.layer_s + t.embedding_s;
+  const double last = layers * t.layer_s + t.output_s;
+  const double stage = L.pp == 1 ? layers * t.layer_s + t.embedding_s + t.output_s
+                                 : std::max(first, last);
+  c.busy_s = m * stage;
+  c.backward_mb_s = layers * t.layer_backward_s + (last >= first ? t.output_backward_s : 0.0);
+  const double n_gpu = P.n_state / (double(L.tp) * L.pp);
+  const double shard = L.zero >= 1 ? double(L.dp) * L.cp : 1.0;
+  c.optimizer_s = roofline_seconds(r.cluster.gpu, 0.0, 1.0,
+                                   optimizer_update_bytes(r.precision, r.optimizer) * n_gpu / shard);
+  const MicroTimes& one = P.micro_times(L.micro_batch, 1, false, 1, L.recompute, L.attention);
+  const double single =
+      double(r.global_batch) / double(L.micro_batch) *
+          (double(r.model.layers) * one.layer_s + one.embedding_s + one.output_s) +
+      roofline_seconds(r.cluster.gpu, 0.0, 1.0,
+                       optimizer_update_bytes(r.precision, r.optimizer) * P.n_state);
+  c.ideal_s = single / double(r.gpus);
+  return c;
+}
+
 void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const PlanRequest& r = *P.req;
   const ClusterSpec& c = r.cluster;
@@ -111,7 +221,9 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .zero_stage = L.zero, .sequence_parallel = L.sp,
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim()});
   e.comm_bytes_per_gpu = traffic.total_bytes();
-  e.compute_s = compute_seconds(P, L.recompute);
+  const StageCompute sc = stage_compute(P, L);
+  e.optimizer_s = sc.optimizer_s;
+  e.compute_s = sc.busy_s + sc.optimizer_s;
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
   e.pp_s = traffic_seconds(traffic.pp, c);
@@ -122,26 +234,23 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   e.bubble_fraction = bubble(PipelineSetup{.stages = L.pp, .micro_batches = int(L.grad_accum),
                                            .interleave = L.interleave})
                           .bubble_fraction;
-  const double imbalance =
-      1.0 + (L.pp - 1) * P.head_flops / P.hw_flops[int(L.recompute)];  // last stage's extra share
-  const double busy = e.compute_s * imbalance + e.tp_s + e.cp_s + e.pp_s;
+  const double busy = sc.busy_s + e.tp_s + e.cp_s + e.pp_s;
   const double pipe = busy / (1.0 - e.bubble_fraction);
   e.bubble_s = pipe - busy;
   if (!r.overlap_dp) {
     e.dp_exposed_s = e.dp_s;
   } else {
-    const double backward_s = (2.0 / 3.0) * e.compute_s;
-    const double window_s =
-        traffic.dp_grad.calls > 1 ? backward_s : backward_s / double(L.grad_accum);
+    const double window_s = traffic.dp_grad.calls > 1 ? sc.backward_mb_s * double(L.grad_accum)
+                                                      : sc.backward_mb_s;
     e.dp_exposed_s = std::max(0.0, grad_s - window_s) +
-                     (L.zero == 3 ? std::max(0.0, gather_s - e.compute_s) : gather_s);
+                     (L.zero == 3 ? std::max(0.0, gather_s - sc.busy_s) : gather_s);
   }
-  e.step_s = pipe + e.dp_exposed_s;
+  e.step_s = pipe + sc.optimizer_s + e.dp_exposed_s;
 
   const double G = r.gpus;
   e.tokens_per_s = P.tokens / e.step_s;
   e.mfu = P.model_flops / (e.step_s * G * P.peak);
-  e.efficiency = P.model_flops / (G * P.peak * P.util) / e.step_s;
+  e.efficiency = sc.ideal_s / e.step_s;
 
   // The tightest wall: the resource closest to its budget (all four are fractions of one budget).
   const double shares[4] = {e.total_bytes / e.usable_bytes, e.compute_s / e.step_s,
@@ -208,6 +317,16 @@ std::string Layout::describe() const {
   return s;
 }
 
+std::string_view to_string(TimeModel t) {
+  return t == TimeModel::operators ? "operators" : "utilisation";
+}
+
+std::optional<TimeModel> parse_time_model(std::string_view s) {
+  for (TimeModel t : {TimeModel::operators, TimeModel::utilisation})
+    if (to_string(t) == s) return t;
+  return std::nullopt;
+}
+
 std::string_view to_string(Wall w) {
   switch (w) {
     case Wall::memory: return "memory";
@@ -232,6 +351,16 @@ void PlanRequest::validate() const {
   if (!(headroom >= 0 && headroom < 1))
     throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");
   if (!(restart_hours >= 0)) throw InvalidInput("restart time must be >= 0");
+  if (time_model == TimeModel::operators) {
+    try {
+      validate_kernel_perf(cluster.gpu);
+    } catch (const InvalidInput& e) {
+      throw InvalidInput(std::string(e.what()) +
+                         " — the operator time model needs the GPU's HBM bandwidth and SM count "
+                         "(a cluster preset, or gpu.memory_bandwidth_gbps and gpu.sm_count in the "
+                         "cluster file), or use --time-model utilisation");
+    }
+  }
   if (run_hours && !(*run_hours > 0)) throw InvalidInput("--days must be > 0");
   if (run_tokens && !(*run_tokens > 0)) throw InvalidInput("--tokens must be > 0");
 }
@@ -299,7 +428,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
             for (int zero : space.zero_stages) {
               if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
               for (Recompute rc : space.recomputes) {
-                const double lower_bound_s = compute_seconds(P, rc);
+                const double lower_bound_s = P.lower_bound_s[int(rc)];
                 for (Attention att : space.attentions) {
                   if (space.prune && res.best.size() == top &&
                       lower_bound_s > res.best.back().step_s) {
@@ -358,8 +487,14 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
                    " % of capacity | activations: Korthikanti 2022 inventory" +
                    (r.dropout ? " with dropout masks" : " without dropout") +
-                   " | time: hardware FLOPs at u = " + format_number(r.cluster.mfu) +
-                   " of peak, TP/CP/PP exposed, DP/ZeRO " +
+                   " | time: " +
+                   (r.time_model == TimeModel::operators
+                        ? "operator model (kernels on the " + r.cluster.gpu.name +
+                              " roofline, " + (r.causal ? "causal" : "full") + " attention)"
+                        : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
+                   ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
+                                                                        : "flat ring") +
+                   ", TP/CP/PP exposed, DP/ZeRO " +
                    (r.overlap_dp ? "overlapped with backward" : "exposed (no overlap)");
   return res;
 }

@@ -1,6 +1,9 @@
 #include "tally/core/presets.hpp"
 
+#include <algorithm>
 #include <utility>
+
+#include "tally/core/roofline.hpp"
 
 namespace tally {
 
@@ -64,36 +67,82 @@ const std::vector<ModelSpec>& models() {
 // H100-SXM 81559, H200-SXM 143771), so "80 GB" is 80 GiB = 85.9 GB.
 // Peak dense FLOP/s: NVIDIA A100 datasheet (fp32 19.5T, tf32 156T, bf16 312T) and H100 SXM
 // datasheet (fp32 67T, tf32 495T, bf16 989T, fp8 1979T), without sparsity; H200 SXM has H100's core.
+// HBM bandwidth (datasheets): A100 40GB 1.555 TB/s, A100 80GB SXM 2.039 TB/s, H100 SXM 3.35 TB/s,
+// H200 SXM 4.8 TB/s. SMs: A100 108, H100/H200 SXM 132 (NVIDIA Ampere and Hopper whitepapers).
+//
+// Kernel efficiencies (core/roofline.hpp Note [GEMM efficiency]):
+//  - Large-GEMM throughput: the best bf16 torch.matmul over a brute-force shape search ("maximum
+//    achievable matmul FLOPS", stas00/ml-engineering compute/accelerator/README.md): A100 SXM
+//    271.2 of 312 TFLOP/s at 1024×10240×5120, H100 SXM 794.5 of 989 at 2048×2048×13312 ("H200 is the
+//    same"). gemm_fraction is set so that the model's η at that published shape equals the
+//    published ratio (tests/core/test_roofline.cpp checks it); nothing else is fitted.
+//  - Tiles: 256×128 is cuBLAS's most efficient tile (NVIDIA, "Matrix Multiplication Background
+//    User's Guide" §2.3); each halving is assumed to cost 10 % (the guide ranks smaller tiles as
+//    less efficient without a figure) and the inner-dimension half-saturation k½ = 128 elements is
+//    two 64-wide k-blocks of pipeline fill — both assumptions until `bench/gpu/` measures them.
+//  - Flash attention: FlashAttention-2 (Dao 2023, §4.1) reaches 50–73 % of A100 peak forward and
+//    lower backward; tally takes 0.6 forward and 0.45 backward of peak on A100 and, for Hopper with
+//    FlashAttention-2 kernels (no FA3), 0.35 / 0.3 (Dao 2023 Fig. 7: ≈335 of 989 TFLOP/s forward).
+//  - Streaming kernels: 0.85 of HBM bandwidth (an A100 memcopy reaches 1355 of 1555 GB/s, 87 %,
+//    PTsolvers/gpu-workshop-JuliaCon23#7).
 // Links: NVLink 3 600 GB/s and NVLink 4 900 GB/s bidirectional → 300 / 450 GB/s per direction;
-// one HDR (200 Gb/s = 25 GB/s) or NDR (400 Gb/s = 50 GB/s) InfiniBand NIC per GPU. Latencies are
-// order-of-magnitude (a few µs NVLink, ~10 µs IB); `tally bench` calibration files replace them.
-// MFU: Narayanan et al. 2021 (Megatron-LM, SC'21) sustain 52 % of A100 peak at 175B → 0.5;
-// Llama 3 (Dubey et al. 2024, Table 4) reports 38–43 % BF16 MFU on H100 → 0.4.
+// one HDR (200 Gb/s = 25 GB/s) or NDR (400 Gb/s = 50 GB/s) InfiniBand NIC per GPU (DGX A100 / H100:
+// eight compute HCAs per node, Narayanan et al. 2021 §5). Achieved NCCL bus bandwidth: A100 NVLink
+// ≈230 of 300 GB/s (NCCL maintainer, NVIDIA/nccl-tests#149); H100 NVLink ≈370 of 450 GB/s with ring
+// (NVIDIA/nccl-tests#212; NVLink SHARP all-reduce reaches ≈480, not modelled); HDR ≈24 of 25 GB/s
+// per NIC (NVIDIA/nccl-tests#119), NDR 46–48 of 50 (NVIDIA/nccl-tests#290) → 0.94.
+// Latency per ring step: NCCL's own tuning model, ring/Simple protocol (NVIDIA/nccl
+// src/graph/tuning.cc hwLat): 3.4 µs over NVLink, 14 µs over the network.
+// MFU (the legacy utilisation time model only): Narayanan et al. 2021 sustain 52 % of A100 peak at
+// 175B → 0.5; Llama 3 (Dubey et al. 2024, Table 4) reports 38–43 % BF16 MFU on H100 → 0.4.
 
-GpuSpec a100(std::string name, double mib) {
-  return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 19.5e12,
-                 .peak_tf32_flops = 156e12, .peak_bf16_flops = 312e12, .peak_fp8_flops = 0};
+// gemm_fraction such that gemm_efficiency at the published shape equals the published ratio.
+KernelPerf anchored(KernelPerf k, std::int64_t m, std::int64_t n, std::int64_t kk, double ratio) {
+  k.gemm_fraction = 1.0;
+  k.gemm_fraction = std::min(1.0, ratio / gemm_efficiency(k, m, n, kk));
+  return k;
 }
-GpuSpec hopper(std::string name, double mib) {
+
+GpuSpec a100(std::string name, double mib, double hbm_bps) {
+  return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 19.5e12,
+                 .peak_tf32_flops = 156e12, .peak_bf16_flops = 312e12, .peak_fp8_flops = 0,
+                 .memory_bps = hbm_bps,
+                 .kernels = anchored(KernelPerf{.sm_count = 108, .gemm_half_k = 128,
+                                                .half_tile_efficiency = 0.9,
+                                                .attention_forward_fraction = 0.6,
+                                                .attention_backward_fraction = 0.45,
+                                                .memory_fraction = 0.85},
+                                     1024, 10240, 5120, 271.2 / 312)};
+}
+GpuSpec hopper(std::string name, double mib, double hbm_bps) {
   return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 67e12,
                  .peak_tf32_flops = 494.7e12, .peak_bf16_flops = 989.4e12,
-                 .peak_fp8_flops = 1978.9e12};
+                 .peak_fp8_flops = 1978.9e12, .memory_bps = hbm_bps,
+                 .kernels = anchored(KernelPerf{.sm_count = 132, .gemm_half_k = 128,
+                                                .half_tile_efficiency = 0.9,
+                                                .attention_forward_fraction = 0.35,
+                                                .attention_backward_fraction = 0.3,
+                                                .memory_fraction = 0.85},
+                                     2048, 2048, 13312, 794.5 / 989.4)};
 }
 
 std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
-  const LinkSpec nvlink3{.bandwidth_bps = 300e9, .latency_s = 3e-6};
-  const LinkSpec nvlink4{.bandwidth_bps = 450e9, .latency_s = 3e-6};
-  const LinkSpec hdr{.bandwidth_bps = 25e9, .latency_s = 10e-6};
-  const LinkSpec ndr{.bandwidth_bps = 50e9, .latency_s = 10e-6};
-  auto make = [](GpuSpec g, LinkSpec intra, LinkSpec inter, double mfu) {
+  const LinkSpec nvlink3{.bandwidth_bps = 300e9, .latency_s = 3.4e-6};
+  const LinkSpec nvlink4{.bandwidth_bps = 450e9, .latency_s = 3.4e-6};
+  const LinkSpec hdr{.bandwidth_bps = 25e9, .latency_s = 14e-6};
+  const LinkSpec ndr{.bandwidth_bps = 50e9, .latency_s = 14e-6};
+  auto make = [](GpuSpec g, LinkSpec intra, LinkSpec inter, double intra_fraction,
+                 double inter_fraction, double mfu) {
     return ClusterSpec{.gpu = std::move(g), .gpus_per_node = 8, .intra_node = intra,
-                       .inter_node = inter, .mfu = mfu};
+                       .inter_node = inter, .nics_per_node = 8,
+                       .intra_bus_fraction = intra_fraction, .inter_bus_fraction = inter_fraction,
+                       .comm_model = CommModel::nccl, .mfu = mfu};
   };
   return {
-      {"a100-40g", make(a100("a100-40g", 40960), nvlink3, hdr, 0.5)},
-      {"a100-80g", make(a100("a100-80g", 81920), nvlink3, hdr, 0.5)},
-      {"h100-80g", make(hopper("h100-80g", 81559), nvlink4, ndr, 0.4)},
-      {"h200", make(hopper("h200", 143771), nvlink4, ndr, 0.4)},
+      {"a100-40g", make(a100("a100-40g", 40960, 1.555e12), nvlink3, hdr, 230.0 / 300, 24.0 / 25, 0.5)},
+      {"a100-80g", make(a100("a100-80g", 81920, 2.039e12), nvlink3, hdr, 230.0 / 300, 24.0 / 25, 0.5)},
+      {"h100-80g", make(hopper("h100-80g", 81559, 3.35e12), nvlink4, ndr, 370.0 / 450, 0.94, 0.4)},
+      {"h200", make(hopper("h200", 143771, 4.8e12), nvlink4, ndr, 370.0 / 450, 0.94, 0.4)},
   };
 }
 

@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "tally/core/presets.hpp"
+
 namespace tally {
 namespace {
 
@@ -275,6 +277,51 @@ TEST(StepTraffic, RejectsBadInput) {
   s.hidden = 0;
   EXPECT_THROW(step_traffic(s), InvalidInput);
   EXPECT_THROW(step_traffic(StepTrafficSetup{}), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// Note [NCCL collective model] against nccl-tests figures quoted by NCCL's maintainers.
+TEST(CommNccl, BusBandwidthOfWholeNodesOneRailAndNvlink) {
+  const ClusterSpec c = *cluster_preset("a100-80g");
+  const double S = 8e9;  // latency is < 0.5 % of the time
+  auto busbw = [&](int group, int stride) {
+    const double bytes = collective_bytes_per_rank(Collective::all_reduce, S, group);
+    return bytes / collective_seconds(Collective::all_reduce, bytes, group, stride, c);
+  };
+  // DGX A100, 8 × HDR per node: "we measure 192GB/s AllReduce BusBW" (NVIDIA/nccl#812).
+  EXPECT_NEAR(busbw(32, 1) / 1e9, 192, 1);
+  // One member per node (DP over TP 8) rides its own 200 Gb/s NIC: "24GB/s is the peak
+  // performance per 200G NIC" (NVIDIA/nccl-tests#119).
+  EXPECT_NEAR(busbw(16, 8) / 1e9, 24, 0.1);
+  // Inside one node: "~230GB/s" on A100 NVLink (NVIDIA/nccl-tests#149).
+  EXPECT_NEAR(busbw(8, 1) / 1e9, 230, 0.5);
+  // Two members per node (stride 4) own two rails: 48 GB/s.
+  EXPECT_NEAR(busbw(16, 4) / 1e9, 48, 0.1);
+}
+
+// The flat ring of the seed costs a node-spanning group at one NIC; NCCL's rings use all eight.
+TEST(CommNccl, FlatRingIsTheSeedsModel) {
+  ClusterSpec c = *cluster_preset("a100-80g");
+  const double bytes = collective_bytes_per_rank(Collective::all_reduce, 8e9, 32);
+  const double nccl = collective_seconds(Collective::all_reduce, bytes, 32, 1, c);
+  c.comm_model = CommModel::flat_ring;
+  const double flat = collective_seconds(Collective::all_reduce, bytes, 32, 1, c);
+  EXPECT_NEAR(flat, 62 * 14e-6 + bytes / 25e9, 1e-12);
+  EXPECT_NEAR(flat / nccl, 192.0 / 25, 0.1);
+}
+
+// NCCL's ring latency (src/graph/tuning.cc): 2(n−1) network steps of an all-reduce over n nodes at
+// the network latency, the rest at NVLink latency.
+TEST(CommNccl, LatencySplitsIntraAndInterNodeSteps) {
+  const ClusterSpec c = *cluster_preset("h100-80g");
+  const double t = collective_seconds(Collective::all_reduce, 0, 32, 1, c);  // 4 nodes of 8
+  EXPECT_NEAR(t, 6 * 14e-6 + (62 - 6) * 3.4e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_reduce, 0, 1, 1, c), 0);
 }
 
 }  // namespace

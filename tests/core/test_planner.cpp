@@ -121,9 +121,11 @@ TEST(Planner, PruningNeverDropsTheBest) {
 }
 
 TEST(Planner, PlansAreSortedAndSane) {
+ for (TimeModel tm : {TimeModel::operators, TimeModel::utilisation}) {
+  SCOPED_TRACE(std::string(to_string(tm)));
   const auto r = plan(PlanRequest{.model = *model_preset("llama-3-70b"),
                                   .cluster = *cluster_preset("h100-80g"), .gpus = 64,
-                                  .global_batch = 512, .seq = 8192},
+                                  .global_batch = 512, .seq = 8192, .time_model = tm},
                       SearchSpace{.top = 10});
   ASSERT_TRUE(r.feasible());
   for (std::size_t i = 0; i < r.best.size(); ++i) {
@@ -134,13 +136,20 @@ TEST(Planner, PlansAreSortedAndSane) {
     EXPECT_TRUE(e.fits);
     EXPECT_GT(e.efficiency, 0);
     EXPECT_LE(e.efficiency, 1.0 + 1e-12);
-    EXPECT_LE(e.mfu, r.request.cluster.mfu + 1e-12);
+    // The utilisation model runs every FLOP at u; the operator model can't beat the GPU's best
+    // kernel on the FLOPs it executes (model FLOPs count causal attention unmasked, so allow for
+    // the half of attention the kernels skip: at most 12·L·h·s/2 of 6N + 12·L·h·s, < 10 % here).
+    if (tm == TimeModel::utilisation)
+      EXPECT_LE(e.mfu, r.request.cluster.mfu + 1e-12);
+    else
+      EXPECT_LE(e.mfu, 1.1 * r.request.cluster.gpu.kernels.gemm_fraction);
     EXPECT_GE(e.bubble_fraction, 0);
     EXPECT_LT(e.bubble_fraction, 1);
     EXPECT_EQ(e.layout.dp * e.layout.tp * e.layout.pp * e.layout.cp, 64);
     EXPECT_EQ(e.layout.dp * e.layout.micro_batch * e.layout.grad_accum, 512);
     EXPECT_LE(e.layout.tp, 8);  // TP stays within a node
   }
+ }
 }
 
 // Infeasible is a result: a 70B model on one 80 GB GPU fits nowhere, and the closest layouts say
@@ -236,6 +245,49 @@ TEST(Planner, BadInputIsRejected) {
   EXPECT_THROW(evaluate_layout(seed_request(16), Layout{.dp = 1, .tp = 16, .micro_batch = 1,
                                                         .grad_accum = 256}),
                InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A GPU known only by its peaks (a custom cluster file without bandwidth or SM count) can't run
+// the operator model: one line naming what is missing and the way out, never a division by zero.
+TEST(Planner, OperatorModelNeedsTheRoofline) {
+  ClusterSpec c = *cluster_preset("a100-80g");
+  c.gpu.memory_bps = 0;
+  c.gpu.kernels.sm_count = 0;
+  PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = c, .gpus = 8};
+  try {
+    plan(r);
+    FAIL() << "planned without a roofline";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("--time-model utilisation"), std::string::npos)
+        << e.what();
+  }
+  r.time_model = TimeModel::utilisation;
+  EXPECT_TRUE(plan(r).feasible());
+}
+
+// The operator model lets the micro-batch change the speed (seed 方案 3 option A: "doubling
+// B_micro improves the GEMM sizes"), which one utilisation cannot.
+TEST(Planner, MicroBatchChangesTheStepUnderTheOperatorModel) {
+  for (TimeModel tm : {TimeModel::operators, TimeModel::utilisation}) {
+    const PlanRequest r{.model = *model_preset("llama-2-7b"),
+                        .cluster = *cluster_preset("a100-80g"), .gpus = 8, .global_batch = 256,
+                        .seq = 2048, .time_model = tm};
+    const Layout one{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 32};
+    Layout two = one;
+    two.micro_batch = 2;
+    two.grad_accum = 16;
+    const double a = evaluate_layout(r, one).step_s, b = evaluate_layout(r, two).step_s;
+    if (tm == TimeModel::operators)
+      EXPECT_LT(b, a);  // larger GEMMs run closer to the tensor-core peak
+    else
+      EXPECT_NEAR(a, b, 1e-9 * a);
+  }
 }
 
 }  // namespace

@@ -133,8 +133,14 @@ StepTraffic step_traffic(const StepTrafficSetup& setup);
 
 // α–β time of one ledger item on a link: calls·steps·α + bytes_per_rank/β.
 double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
-// The same on the link its group spans in `cluster` (link_for_group(cluster, item.group,
-// item.stride)): the item carries its group and stride, so no caller re-derives them.
+// The same on `cluster`, under its comm_model: flat_ring = the α–β time on link_for_group(cluster,
+// item.group, item.stride); nccl = Note [NCCL collective model] in comm.cpp. The item carries its
+// group and stride, so no caller re-derives them.
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster);
+
+// One call of a collective whose ring moves `bytes_per_rank` per rank, over `group` ranks spaced
+// `stride` apart, on `cluster` (same two models).
+double collective_seconds(Collective c, double bytes_per_rank, int group, int stride,
+                          const ClusterSpec& cluster);
 
 }  // namespace tally

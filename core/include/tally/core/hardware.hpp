@@ -31,6 +31,37 @@ struct LinkSpec {
   double latency_s = 0;
 };
 
+// How a cluster's collectives are costed (core/comm.hpp collective_time).
+enum class CommModel {
+  // The seed's α–β ring on the slowest link of the group: bytes per rank / one link's bandwidth.
+  flat_ring,
+  // NCCL as nccl-tests measures it: a group that spans nodes runs rings over NVLink and every NIC
+  // (rail) its members own at once, at the links' achieved bus-bandwidth fractions.
+  nccl,
+};
+
+// How close a GPU's kernels come to its peaks (the operator model, core/roofline.hpp). Each preset
+// cites where its figures come from; `tally bench gemm` / `bench/gpu/` probes measure them.
+struct KernelPerf {
+  int sm_count = 0;                 // streaming multiprocessors: the wave size of a GEMM
+  int tile_m = 256, tile_n = 128;   // output tile one SM computes in the large-GEMM kernel
+  // Achieved fraction of the tensor-core peak by a large, tile-aligned GEMM (cuBLAS, bf16).
+  double gemm_fraction = 0.8;
+  // Inner-dimension saturation: a GEMM with inner size k runs at k / (k + gemm_half_k) of
+  // gemm_fraction (prologue/epilogue and pipeline fill are amortised over k).
+  double gemm_half_k = 64;
+  // Relative efficiency of a tile half the size in one dimension (cuBLAS picks smaller tiles when
+  // the large ones leave most of a wave idle; they reuse less data per byte loaded).
+  double half_tile_efficiency = 0.9;
+  // Fused (flash) attention, achieved fraction of the tensor-core peak on the FLOPs it executes.
+  double attention_forward_fraction = 0.6;
+  double attention_backward_fraction = 0.45;
+  // Streaming (elementwise, norm, softmax) kernels: achieved fraction of memory_bps.
+  double memory_fraction = 0.85;
+  // Per-kernel fixed cost (launch and tail), seconds; 0 = hidden by asynchronous launches.
+  double kernel_overhead_s = 0;
+};
+
 struct GpuSpec {
   std::string name;
   double memory_bytes = 0;          // usable HBM capacity
@@ -38,6 +69,8 @@ struct GpuSpec {
   double peak_tf32_flops = 0;
   double peak_bf16_flops = 0;       // fp16 is the same on every preset here
   double peak_fp8_flops = 0;        // 0 when the GPU has no FP8 tensor cores
+  double memory_bps = 0;            // HBM bandwidth (datasheet), bytes/s
+  KernelPerf kernels;
   double peak_flops(Precision p) const;  // tensor-core peak for the training dtype (fp32 → tf32)
 };
 
@@ -45,7 +78,13 @@ struct ClusterSpec {
   GpuSpec gpu;
   int gpus_per_node = 8;
   LinkSpec intra_node;               // NVLink / NVSwitch
-  LinkSpec inter_node;               // InfiniBand / RoCE, per GPU
+  LinkSpec inter_node;               // InfiniBand / RoCE, one NIC (rail)
+  int nics_per_node = 0;             // rails per node; 0 = one per GPU (DGX-style)
+  // Achieved bus bandwidth of NCCL rings as a fraction of each link's bandwidth (nccl-tests busbw
+  // over the link speed); used by CommModel::nccl.
+  double intra_bus_fraction = 1.0;
+  double inter_bus_fraction = 1.0;
+  CommModel comm_model = CommModel::flat_ring;
   double failure_rate_per_hour = 3e-6;   // λ per GPU (seed: 量级参考，需核实)
   double checkpoint_write_bps = 2e9;     // aggregate sharded-save bandwidth (seed: 2 GB/s)
   // Model FLOP utilisation assumed when turning FLOPs into seconds; one number per GPU type

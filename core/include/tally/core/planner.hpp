@@ -35,6 +35,14 @@
 
 namespace tally {
 
+// How a layout's compute turns into seconds (Note [planner time model] in planner.cpp).
+enum class TimeModel {
+  operators,    // each layer's kernels on the GPU's roofline (core/operators.hpp); the default
+  utilisation,  // the seed's accounting: hardware FLOPs / (G · peak · u), one u per GPU type
+};
+std::string_view to_string(TimeModel t);
+std::optional<TimeModel> parse_time_model(std::string_view s);
+
 struct PlanRequest {
   ModelSpec model;
   ClusterSpec cluster;
@@ -48,6 +56,8 @@ struct PlanRequest {
   // DP/ZeRO communication: false = on the critical path (the seed's accounting: step = compute +
   // communication); true = gradient reduction overlapped with backward (Note [planner time model]).
   bool overlap_dp = false;
+  TimeModel time_model = TimeModel::operators;
+  bool causal = true;                    // decoder training: flash kernels skip the masked half
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
   std::optional<double> run_hours;       // for expected failures (--days)
@@ -97,7 +107,9 @@ struct PlanEval {
   double usable_bytes = 0;               // capacity · (1 − headroom)
   bool fits = false;
   // time, seconds per optimizer step
-  double compute_s = 0;                  // hardware FLOPs / (G·peak·u)
+  double compute_s = 0;                  // the busiest stage's kernels for all micro-batches +
+                                         // the optimizer step (utilisation model: FLOPs/(G·peak·u))
+  double optimizer_s = 0;                // the optimizer step's kernels (inside compute_s)
   double tp_s = 0, cp_s = 0, pp_s = 0;   // exposed (on the critical path)
   double dp_s = 0;                       // DP/ZeRO traffic time before overlap
   double dp_exposed_s = 0;
@@ -107,7 +119,8 @@ struct PlanEval {
   double comm_bytes_per_gpu = 0;         // all traffic a GPU sends per step
   double tokens_per_s = 0;
   double mfu = 0;                        // model FLOPs / (step·G·peak)
-  double efficiency = 0;                 // E: one GPU's time for B over G·step (same efficiency u)
+  double efficiency = 0;                 // E: one GPU's time for B (same kernels, no parallelism)
+                                         // over G·step
   Wall wall = Wall::compute;             // the tightest wall
 };
 

@@ -1,0 +1,100 @@
+// The operator model of a training step (计算账, by operator): each transformer layer's forward and
+// backward as a list of kernels with their shapes, FLOPs and bytes, timed on a GPU by
+// core/roofline.hpp. It replaces one end-to-end utilisation: the time of a plan comes from the
+// kernels it runs, so micro-batch, TP split and sequence length change the speed as they do on a GPU.
+//
+// Legend (one micro-batch on one tensor-parallel rank): b = micro-batch, s = sequence length,
+// c = context-parallel degree, T = b·s/c tokens, t = tensor-parallel degree, h = hidden, a = heads,
+// a_kv = key/value heads, d = h/a, h_q = a·d/t, h_kv = ⌈a_kv/t⌉·d, f = FFN width, V = vocabulary,
+// e = bytes per activation element, T_n = T/t with sequence parallelism (T otherwise): the tokens the
+// norm, dropout and residual kernels see on one rank (Korthikanti et al. 2022 §4.2.2).
+//
+// Note [operator inventory] (forward; GEMM shapes are m × n with inner k)
+//   norm 1, norm 2      memory   read + write T_n·h                        (LayerNorm / RMSNorm)
+//   qkv                 GEMM     T × (h_q + 2h_kv), k = h
+//   rotary              memory   read + write T·(h_q + h_kv)               (rotary models)
+//   attention, flash    fused    4·b·a/t·(s/c)·s·d FLOPs, × ½ when causal (the kernel skips the
+//                                masked blocks); reads q, k, v, writes o
+//   attention, materialised: scores  GEMM B = b·a/t, (s/c) × s, k = d;  softmax memory read +
+//                                write B·(s/c)·s;  dropout  read + write + 1-byte mask;
+//                                context GEMM B, (s/c) × d, k = s
+//   out-proj            GEMM     T × h, k = h_q
+//   dropout+residual    memory   read 2, write 1 of T_n·h (+ 1-byte mask with dropout), twice
+//   MLP (GeLU)          GEMM     T × f/t, k = h;  gelu memory read + write T·f/t;  GEMM T × h, k = f/t
+//   MLP (SwiGLU)        GEMM     T × 2f/t, k = h; swiglu memory read 2 + write 1 of T·f/t; down GEMM
+//   MoE                 router GEMM T × E, k = h; each expert's MLP on T·E_act/E tokens (batched)
+// Backward: each GEMM C = A·B (m × n, inner k) becomes dA = dC·Bᵀ (m × k, inner n) and
+// dB = Aᵀ·dC (k × n, inner m) — twice the forward FLOPs; a memory kernel reads its saved input and the
+// output gradient and writes the input gradient (1.5 × its forward bytes); flash attention's backward
+// executes 2.5 × its forward FLOPs (five GEMMs of the forward's two, FlashAttention-2 §3.1.2).
+// Recompute: full replays every forward kernel of the layer; selective replays the attention core
+// (Korthikanti et al. 2022 §5: scores, softmax, dropout, context — or the flash forward).
+// Output (last stage): final norm, LM head GEMM T × V/t (k = h), cross-entropy over fp32 logits
+// (three fp32 passes forward, two backward). Embedding (first stage): gather and its gradient.
+// The optimizer step reads gradients, m, v and master weights and writes m, v, master and the
+// 16-bit copy: bytes over memory bandwidth (optimizer_update_bytes).
+// FLOP conventions: executed FLOPs here (causal flash counts half); model FLOPs for MFU stay those of
+// compute.hpp (attention unmasked, as Megatron-LM and PaLM count). Summed over a GPT layer with
+// materialised attention and no recompute, the GEMM FLOPs are exactly Narayanan et al. 2021 eq. 3's
+// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)); a test checks it.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/model.hpp"
+#include "tally/core/model_states.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+enum class OpKind { gemm, attention, memory };
+enum class Pass { forward, backward, recompute };
+
+struct Op {
+  std::string_view name;             // static: "qkv", "qkv.dgrad", "softmax", ...
+  OpKind kind = OpKind::memory;
+  Pass pass = Pass::forward;
+  std::int64_t m = 0, n = 0, k = 0;  // GEMM shape (attention: query rows, key rows, head dim)
+  double batch = 1;                  // independent GEMMs of this shape
+  double flops = 0;                  // executed FLOPs, all batches
+  double bytes = 0;                  // HBM bytes read + written
+};
+
+struct OperatorSetup {
+  std::int64_t seq = 0;              // s
+  std::int64_t micro_batch = 1;      // b
+  int tp = 1;                        // t
+  bool sequence_parallel = false;
+  int cp = 1;                        // c
+  Recompute recompute = Recompute::none;
+  Attention attention = Attention::flash;
+  bool causal = true;                // decoder training: flash kernels skip the masked half
+  bool dropout = true;
+  double act_bytes = 2;              // e
+  void validate(const ModelSpec& m) const;  // throws InvalidInput naming the field
+};
+
+// One transformer layer, one micro-batch, on one rank: forward, backward and recompute kernels.
+std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s);
+// First pipeline stage's extra kernels (token embedding), one micro-batch.
+std::vector<Op> embedding_ops(const ModelSpec& m, const OperatorSetup& s);
+// Last pipeline stage's extra kernels (final norm, LM head, cross-entropy), one micro-batch.
+std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s);
+
+// Bytes the optimizer step moves per parameter it updates (read + write; see the note above).
+double optimizer_update_bytes(Precision p, Optimizer o);
+
+// Seconds of one kernel on `gpu` (core/roofline.hpp).
+double op_seconds(const Op& op, const GpuSpec& gpu, Precision p);
+
+struct OpsTime {
+  double forward_s = 0, backward_s = 0, recompute_s = 0;
+  double flops = 0;                  // executed
+  double total_s() const { return forward_s + backward_s + recompute_s; }
+};
+OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p);
+
+}  // namespace tally

@@ -1,0 +1,44 @@
+// Kernel time on one GPU: a roofline with a shape-aware GEMM efficiency (the operator model's
+// clock; core/operators.hpp lists the operators).
+//
+// Legend: m, n = GEMM output rows and columns, k = inner (reduction) size, B = independent GEMMs of
+// the same shape (batched: attention heads × sequences), SM = streaming multiprocessors,
+// Tm × Tn = output tile one SM computes, peak = tensor-core FLOP/s for the dtype, W = HBM bytes/s.
+//
+// Note [GEMM efficiency]
+// A GEMM's output is cut into ⌈m/Tm⌉·⌈n/Tn⌉ tiles per batch, spread over the SMs in waves of SM
+// tiles; the last wave may leave SMs idle (wave quantisation) and edge tiles compute padding (tile
+// quantisation) — NVIDIA, "Matrix Multiplication Background User's Guide", §§ "Tile Quantization",
+// "Wave Quantization". The useful fraction is
+//     q(Tm, Tn) = B·m·n / (⌈B·⌈m/Tm⌉·⌈n/Tn⌉ / SM⌉ · SM · Tm · Tn).
+// cuBLAS's heuristics choose among tile shapes; tally tries the kernel's large tile and its halves
+// down to 64 in each dimension, each halving costing KernelPerf::half_tile_efficiency (less reuse
+// per byte loaded), and keeps the best. The inner dimension amortises each tile's fixed costs:
+// k / (k + k½). So
+//     η(m, n, k, B) = gemm_fraction · max over tiles [q · half_tile_efficiency^halvings] · k/(k + k½)
+// and time = max(2·B·m·n·k / (peak · η), bytes / (W · memory_fraction)) + kernel overhead.
+// gemm_fraction is the large-GEMM throughput over peak from published or measured cuBLAS figures
+// (cited per preset in presets.cpp); no end-to-end utilisation enters anywhere.
+#pragma once
+
+#include <cstdint>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+// η of Note [GEMM efficiency], in (0, 1]. m, n, k >= 1, batch >= 1; throws InvalidInput otherwise.
+double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std::int64_t k,
+                       double batch = 1);
+
+// The roofline of one kernel: max(flops / flops_per_s, bytes / (W · memory_fraction)) plus the
+// GPU's per-kernel overhead. flops_per_s is the rate the kernel's FLOPs run at (peak · η for a
+// GEMM or fused attention, the fp32 CUDA-core peak for elementwise math).
+double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes);
+
+// Throws InvalidInput naming the field unless every KernelPerf figure is in range and the GPU has
+// sm_count >= 1 and memory_bps within kBandwidthBpsBounds.
+void validate_kernel_perf(const GpuSpec& gpu);
+
+}  // namespace tally

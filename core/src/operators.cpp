@@ -1,0 +1,265 @@
+#include "tally/core/operators.hpp"
+
+#include <algorithm>
+
+#include "tally/core/roofline.hpp"
+
+namespace tally {
+
+namespace {
+
+using i64 = std::int64_t;
+
+// Builds one pass's kernels and their backward (Note [operator inventory]).
+class Builder {
+ public:
+  Builder(const OperatorSetup& s, std::vector<Op>& out) : s_(s), out_(out) {}
+
+  // Forward GEMM C (m × n) = A (m × k) · B (k × n), B-batched, and its two backward GEMMs.
+  void gemm(std::string_view name, std::string_view dgrad, std::string_view wgrad, i64 m, i64 n,
+            i64 k, double batch = 1) {
+    forward_gemm(name, m, n, k, batch);
+    push(dgrad, OpKind::gemm, Pass::backward, m, k, n, batch);  // dA = dC·Bᵀ
+    push(wgrad, OpKind::gemm, Pass::backward, k, n, m, batch);  // dB = Aᵀ·dC
+  }
+  // A streaming kernel moving `bytes` forward and 1.5× that backward.
+  void memory(std::string_view name, std::string_view backward, double bytes) {
+    forward_memory(name, bytes);
+    Op b{.name = backward, .kind = OpKind::memory, .pass = Pass::backward, .bytes = 1.5 * bytes};
+    out_.push_back(b);
+  }
+  // Fused attention: FLOPs executed forward; backward 2.5×.
+  void flash(std::string_view name, std::string_view backward, i64 sq, i64 skv, i64 d,
+             double batch, double flops, double bytes) {
+    forward_flash(name, sq, skv, d, batch, flops, bytes);
+    out_.push_back(Op{.name = backward, .kind = OpKind::attention, .pass = Pass::backward, .m = sq,
+                      .n = skv, .k = d, .batch = batch, .flops = 2.5 * flops, .bytes = 2 * bytes});
+  }
+  // The forward kernels alone, for a replay (recompute) or a kernel with no gradient.
+  void forward_gemm(std::string_view name, i64 m, i64 n, i64 k, double batch = 1) {
+    push(name, OpKind::gemm, pass_, m, n, k, batch);
+  }
+  void forward_memory(std::string_view name, double bytes) {
+    out_.push_back(Op{.name = name, .kind = OpKind::memory, .pass = pass_, .bytes = bytes});
+  }
+  void forward_flash(std::string_view name, i64 sq, i64 skv, i64 d, double batch, double flops,
+                     double bytes) {
+    out_.push_back(Op{.name = name, .kind = OpKind::attention, .pass = pass_, .m = sq, .n = skv,
+                      .k = d, .batch = batch, .flops = flops, .bytes = bytes});
+  }
+  // Subsequent forward_* calls record a replay (recompute) instead of the forward.
+  void replaying(bool r) { pass_ = r ? Pass::recompute : Pass::forward; }
+
+ private:
+  void push(std::string_view name, OpKind kind, Pass pass, i64 m, i64 n, i64 k, double batch) {
+    const double e = s_.act_bytes;
+    out_.push_back(Op{.name = name, .kind = kind, .pass = pass, .m = m, .n = n, .k = k,
+                      .batch = batch,
+                      .flops = 2.0 * batch * double(m) * double(n) * double(k),
+                      .bytes = batch * e * (double(m) * k + double(k) * n + double(m) * n)});
+  }
+  const OperatorSetup& s_;
+  std::vector<Op>& out_;
+  Pass pass_ = Pass::forward;
+};
+
+struct Dims {
+  i64 T, h, hq, hkv, d, sq, s, f, heads_local;
+  double Tn;  // tokens of the norm/dropout/residual kernels on one rank (T/t with SP)
+  double e;
+};
+
+Dims dims(const ModelSpec& m, const OperatorSetup& s) {
+  Dims d{};
+  d.sq = s.seq / s.cp;
+  d.s = s.seq;
+  d.T = s.micro_batch * d.sq;
+  d.Tn = s.sequence_parallel ? double(d.T) / s.tp : double(d.T);
+  d.h = m.hidden;
+  d.d = m.head_dim();
+  d.heads_local = m.heads / s.tp;
+  d.hq = d.heads_local * d.d;
+  d.hkv = std::max<i64>(m.kv_heads / s.tp, 1) * d.d;  // a_kv < t: each rank holds one kv head
+  d.f = m.ffn / s.tp;
+  d.e = s.act_bytes;
+  return d;
+}
+
+// The attention core: forward kernels (or their replay).
+void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Builder& b,
+                    bool with_backward) {
+  const double batch = double(s.micro_batch) * double(d.heads_local);
+  const double probs = batch * double(d.sq) * double(d.s);  // score elements
+  if (s.attention == Attention::flash) {
+    const double flops = 4.0 * probs * double(d.d) * (s.causal ? 0.5 : 1.0);
+    const double bytes = d.e * double(d.T) * (2.0 * d.hq + 2.0 * d.hkv);  // q, k, v in; o out
+    if (with_backward)
+      b.flash("flash-attention", "flash-attention.backward", d.sq, d.s, d.d, batch, flops, bytes);
+    else
+      b.forward_flash("flash-attention", d.sq, d.s, d.d, batch, flops, bytes);
+    return;
+  }
+  (void)m;
+  const double softmax_bytes = 2.0 * d.e * probs;
+  const double dropout_bytes = s.dropout ? (2.0 * d.e + 1.0) * probs : 0.0;
+  if (with_backward) {
+    b.gemm("scores", "scores.dgrad", "scores.wgrad", d.sq, d.s, d.d, batch);
+    b.memory("softmax", "softmax.backward", softmax_bytes);
+    if (s.dropout) b.memory("attention-dropout", "attention-dropout.backward", dropout_bytes);
+    b.gemm("context", "context.dgrad", "context.wgrad", d.sq, d.d, d.s, batch);
+  } else {
+    b.forward_gemm("scores", d.sq, d.s, d.d, batch);
+    b.forward_memory("softmax", softmax_bytes);
+    if (s.dropout) b.forward_memory("attention-dropout", dropout_bytes);
+    b.forward_gemm("context", d.sq, d.d, d.s, batch);
+  }
+}
+
+// Every forward kernel of a layer; with_backward adds their gradients.
+void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Builder& b,
+                   bool with_backward) {
+  const double norm_bytes = 2.0 * d.e * d.Tn * double(d.h);
+  const double residual_bytes =
+      (3.0 * d.e + (s.dropout ? 1.0 : 0.0)) * d.Tn * double(d.h);
+  auto gemm = [&](std::string_view n, std::string_view dg, std::string_view wg, i64 mm, i64 nn,
+                  i64 kk, double batch = 1) {
+    if (with_backward) b.gemm(n, dg, wg, mm, nn, kk, batch);
+    else b.forward_gemm(n, mm, nn, kk, batch);
+  };
+  auto memory = [&](std::string_view n, std::string_view bw, double bytes) {
+    if (with_backward) b.memory(n, bw, bytes);
+    else b.forward_memory(n, bytes);
+  };
+  memory("norm-1", "norm-1.backward", norm_bytes);
+  gemm("qkv", "qkv.dgrad", "qkv.wgrad", d.T, d.hq + 2 * d.hkv, d.h);
+  if (m.position == PositionKind::rotary)
+    memory("rotary", "rotary.backward", 2.0 * d.e * double(d.T) * double(d.hq + d.hkv));
+  attention_core(m, s, d, b, with_backward);
+  gemm("out-proj", "out-proj.dgrad", "out-proj.wgrad", d.T, d.h, d.hq);
+  memory("dropout-residual-1", "dropout-residual-1.backward", residual_bytes);
+  memory("norm-2", "norm-2.backward", norm_bytes);
+  // MoE: tokens spread over E experts, E_act per token, batched as a grouped GEMM.
+  const double experts = double(m.experts);
+  const i64 rows = m.is_moe() ? std::max<i64>(1, (d.T * m.experts_per_token + m.experts - 1) /
+                                                     m.experts)
+                              : d.T;
+  if (m.is_moe()) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
+  const double routed = double(d.T) * double(m.experts_per_token);
+  if (m.mlp == MlpKind::swiglu) {
+    gemm("mlp-gate-up", "mlp-gate-up.dgrad", "mlp-gate-up.wgrad", rows, 2 * d.f, d.h, experts);
+    memory("swiglu", "swiglu.backward", 3.0 * d.e * routed * double(d.f));
+  } else {
+    gemm("mlp-up", "mlp-up.dgrad", "mlp-up.wgrad", rows, d.f, d.h, experts);
+    memory("gelu", "gelu.backward", 2.0 * d.e * routed * double(d.f));
+  }
+  gemm("mlp-down", "mlp-down.dgrad", "mlp-down.wgrad", rows, d.h, d.f, experts);
+  memory("dropout-residual-2", "dropout-residual-2.backward", residual_bytes);
+}
+
+}  // namespace
+
+void OperatorSetup::validate(const ModelSpec& m) const {
+  if (m.params_only)
+    throw InvalidInput("the operator model needs an architecture (a preset or config.json), "
+                       "not only --params");
+  m.validate();
+  require_int(seq >= 1, "seq", seq, "must be >= 1 token");
+  require_int(micro_batch >= 1, "micro_batch", micro_batch, "must be >= 1");
+  require_int(tp >= 1 && m.heads % tp == 0 && m.ffn % tp == 0 &&
+                  (m.kv_heads % tp == 0 || tp % m.kv_heads == 0),
+              "tp", tp, "must divide heads, ffn and kv heads (or be a multiple of kv heads)");
+  require_int(cp >= 1 && seq % cp == 0, "cp", cp, "must be >= 1 and divide seq");
+  require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
+}
+
+std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
+  s.validate(m);
+  const Dims d = dims(m, s);
+  std::vector<Op> ops;
+  ops.reserve(64);
+  Builder b(s, ops);
+  layer_forward(m, s, d, b, /*with_backward=*/true);
+  b.replaying(true);
+  if (s.recompute == Recompute::full) layer_forward(m, s, d, b, /*with_backward=*/false);
+  if (s.recompute == Recompute::selective) attention_core(m, s, d, b, /*with_backward=*/false);
+  return ops;
+}
+
+std::vector<Op> embedding_ops(const ModelSpec& m, const OperatorSetup& s) {
+  s.validate(m);
+  const Dims d = dims(m, s);
+  std::vector<Op> ops;
+  Builder b(s, ops);
+  // Gather T rows of h (read + write); learned positions add a second gather and an add.
+  const double rows = double(d.T) * double(d.h);
+  const double gathers = m.position == PositionKind::learned ? 2.0 : 1.0;
+  b.forward_memory("embedding", 2.0 * d.e * rows * gathers + (s.dropout ? 3.0 * d.e + 1 : 0) * rows);
+  // Backward: scatter-add into the fp32 gradient (read the output gradient, read-modify-write).
+  ops.push_back(Op{.name = "embedding.backward", .kind = OpKind::memory, .pass = Pass::backward,
+                   .bytes = (d.e + 8.0) * rows * gathers});
+  return ops;
+}
+
+std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s) {
+  s.validate(m);
+  const Dims d = dims(m, s);
+  std::vector<Op> ops;
+  Builder b(s, ops);
+  b.memory("final-norm", "final-norm.backward", 2.0 * d.e * d.Tn * double(d.h));
+  const i64 v = (m.vocab + s.tp - 1) / s.tp;  // vocabulary-parallel head
+  b.gemm("lm-head", "lm-head.dgrad", "lm-head.wgrad", d.T, v, d.h);
+  const double logits = double(d.T) * double(v);
+  // Cross-entropy in fp32 (Megatron's vocab-parallel loss upcasts): read the e-byte logits, then
+  // three fp32 passes (max, sum of exp, normalise) forward; two fp32 passes and an e-byte write
+  // backward.
+  ops.push_back(Op{.name = "cross-entropy", .kind = OpKind::memory, .pass = Pass::forward,
+                   .bytes = logits * (d.e + 3 * 4.0)});
+  ops.push_back(Op{.name = "cross-entropy.backward", .kind = OpKind::memory,
+                   .pass = Pass::backward, .bytes = logits * (2 * 4.0 + d.e)});
+  return ops;
+}
+
+double optimizer_update_bytes(Precision p, Optimizer o) {
+  const StateItems b = state_bytes_per_param(p, o);
+  // Read the gradient, m, v and the weights it updates (master if kept, else the parameters);
+  // write m, v and those weights, and the 16-bit parameters refreshed from the master.
+  const double weights = b.master > 0 ? b.master : b.params;
+  return b.grads + 2.0 * (b.m + b.v + weights) + (b.master > 0 ? b.params : 0.0);
+}
+
+double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
+  const KernelPerf& k = gpu.kernels;
+  switch (op.kind) {
+    case OpKind::gemm:
+      return roofline_seconds(gpu, op.flops,
+                              gpu.peak_flops(p) * gemm_efficiency(k, op.m, op.n, op.k, op.batch),
+                              op.bytes);
+    case OpKind::attention: {
+      const bool backward = op.pass == Pass::backward;
+      const double eta = backward ? k.attention_backward_fraction : k.attention_forward_fraction;
+      return roofline_seconds(gpu, op.flops, gpu.peak_flops(p) * eta, op.bytes);
+    }
+    case OpKind::memory:
+      return roofline_seconds(gpu, op.flops,
+                              gpu.peak_fp32_flops > 0 ? gpu.peak_fp32_flops : gpu.peak_tf32_flops,
+                              op.bytes);
+  }
+  TALLY_INVARIANT(false && "unknown operator kind");
+  return 0;
+}
+
+OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
+  OpsTime t;
+  for (const Op& op : ops) {
+    const double s = op_seconds(op, gpu, p);
+    t.flops += op.flops;
+    switch (op.pass) {
+      case Pass::forward: t.forward_s += s; break;
+      case Pass::backward: t.backward_s += s; break;
+      case Pass::recompute: t.recompute_s += s; break;
+    }
+  }
+  return t;
+}
+
+}  // namespace tally

@@ -1,0 +1,71 @@
+#include "tally/core/roofline.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tally {
+
+namespace {
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+// q(Tm, Tn) of Note [GEMM efficiency]: useful output over the output the occupied waves compute.
+double quantisation(double m, double n, double batch, double tm, double tn, double sms) {
+  const double tiles = batch * ceil_div(m, tm) * ceil_div(n, tn);
+  const double waves = ceil_div(tiles, sms);
+  return (batch * m * n) / (waves * sms * tm * tn);
+}
+
+}  // namespace
+
+void validate_kernel_perf(const GpuSpec& gpu) {
+  const KernelPerf& k = gpu.kernels;
+  require_int(k.sm_count >= 1 && k.sm_count <= 1'000'000, "gpu sm_count", k.sm_count,
+              "must be in [1, 1000000]");
+  require_int(k.tile_m >= 1 && k.tile_m <= 4096, "gpu tile_m", k.tile_m, "must be in [1, 4096]");
+  require_int(k.tile_n >= 1 && k.tile_n <= 4096, "gpu tile_n", k.tile_n, "must be in [1, 4096]");
+  auto fraction = [](double v, const char* field) {
+    require_real(std::isfinite(v) && v > 0 && v <= 1, field, v, "must be in (0, 1]");
+  };
+  fraction(k.gemm_fraction, "gpu gemm_fraction");
+  fraction(k.half_tile_efficiency, "gpu half_tile_efficiency");
+  fraction(k.attention_forward_fraction, "gpu attention_forward_fraction");
+  fraction(k.attention_backward_fraction, "gpu attention_backward_fraction");
+  fraction(k.memory_fraction, "gpu memory_fraction");
+  require_real(std::isfinite(k.gemm_half_k) && k.gemm_half_k >= 0 && k.gemm_half_k <= 1e6,
+               "gpu gemm_half_k", k.gemm_half_k, "must be in [0, 1000000] elements");
+  require_real(std::isfinite(k.kernel_overhead_s) && k.kernel_overhead_s >= 0 &&
+                   k.kernel_overhead_s <= 1,
+               "gpu kernel_overhead_s", k.kernel_overhead_s, "must be in [0, 1] s");
+  require_real(std::isfinite(gpu.memory_bps) && gpu.memory_bps >= kBandwidthBpsBounds.lo &&
+                   gpu.memory_bps <= kBandwidthBpsBounds.hi,
+               "gpu memory_bps", gpu.memory_bps,
+               "must be in [" + format_number(kBandwidthBpsBounds.lo) + ", " +
+                   format_number(kBandwidthBpsBounds.hi) + "] bytes/s");
+}
+
+double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std::int64_t k,
+                       double batch) {
+  require_int(m >= 1, "gemm m", m, "must be >= 1");
+  require_int(n >= 1, "gemm n", n, "must be >= 1");
+  require_int(k >= 1, "gemm k", k, "must be >= 1");
+  require_real(std::isfinite(batch) && batch >= 1, "gemm batch", batch, "must be >= 1");
+  const double sms = std::max(kp.sm_count, 1);
+  double best = 0;
+  // The kernel's tile and its halves down to 64 (or the tile itself if smaller) in each dimension.
+  for (int hm = 0; hm == 0 || (kp.tile_m >> hm) >= 64; ++hm)
+    for (int hn = 0; hn == 0 || (kp.tile_n >> hn) >= 64; ++hn) {
+      const double q = quantisation(double(m), double(n), batch, double(kp.tile_m >> hm),
+                                    double(kp.tile_n >> hn), sms);
+      best = std::max(best, q * std::pow(kp.half_tile_efficiency, hm + hn));
+    }
+  return kp.gemm_fraction * best * (double(k) / (double(k) + kp.gemm_half_k));
+}
+
+double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes) {
+  const double compute_s = flops > 0 ? flops / flops_per_s : 0.0;
+  const double memory_s = bytes / (gpu.memory_bps * gpu.kernels.memory_fraction);
+  return std::max(compute_s, memory_s) + gpu.kernels.kernel_overhead_s;
+}
+
+}  // namespace tally

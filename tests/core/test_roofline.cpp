@@ -1,0 +1,94 @@
+// The kernel clock (core/roofline.hpp) against its sources: the published large-GEMM throughputs the
+// presets are anchored to, and the tile/wave quantisation arithmetic of NVIDIA's "Matrix
+// Multiplication Background User's Guide" (A100: 108 SMs, 256×128 tiles).
+#include "tally/core/roofline.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tally/core/presets.hpp"
+
+namespace tally {
+namespace {
+
+// stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS": bf16
+// torch.matmul, best shape of a brute-force search.
+TEST(Roofline, PresetsReproduceThePublishedBestGemm) {
+  const GpuSpec a100 = cluster_preset("a100-80g")->gpu;
+  EXPECT_NEAR(gemm_efficiency(a100.kernels, 1024, 10240, 5120) * a100.peak_bf16_flops / 1e12,
+              271.2, 0.01);
+  for (const char* name : {"h100-80g", "h200"}) {
+    const GpuSpec h = cluster_preset(name)->gpu;
+    EXPECT_NEAR(gemm_efficiency(h.kernels, 2048, 2048, 13312) * h.peak_bf16_flops / 1e12, 794.5,
+                0.01)
+        << name;
+  }
+}
+
+// Only the 256×128 tile (smaller tiles made useless): M = 2304 (9 row tiles), K = 4096. N = 1536
+// is 12 column tiles, 108 tiles = one full wave of 108 SMs; N = 1664 is 13 columns, 117 tiles, so a
+// second wave runs 9 tiles on 108 SMs: useful output 2304·1664 of 216 tiles' 256·128 each.
+TEST(Roofline, WaveQuantisationFollowsTheGuide) {
+  const KernelPerf kp{.sm_count = 108, .tile_m = 256, .tile_n = 128, .gemm_fraction = 1,
+                      .gemm_half_k = 0, .half_tile_efficiency = 1e-6};
+  EXPECT_NEAR(gemm_efficiency(kp, 2304, 1536, 4096), 1.0, 1e-12);
+  EXPECT_NEAR(gemm_efficiency(kp, 2304, 1664, 4096), 2304.0 * 1664 / (216.0 * 256 * 128), 1e-12);
+  // Tile quantisation: N = 1537 pads a 13th column of tiles, computing 127 padded columns.
+  EXPECT_LT(gemm_efficiency(kp, 2304, 1537, 4096), gemm_efficiency(kp, 2304, 1536, 4096));
+  // Batches fill waves like tiles: 12 batches of a 9-tile GEMM are one wave.
+  EXPECT_NEAR(gemm_efficiency(kp, 2304, 128, 64, 12), 1.0, 1e-12);
+}
+
+// With smaller tiles allowed, a GEMM that leaves most of a wave idle picks them (at their cost).
+TEST(Roofline, SmallerTilesRescueSmallGemms) {
+  KernelPerf kp{.sm_count = 108, .tile_m = 256, .tile_n = 128, .gemm_fraction = 1,
+                .gemm_half_k = 0, .half_tile_efficiency = 0.9};
+  // 256×128 output: one 256×128 tile for 108 SMs (q = 1/108); 64×64 tiles (256 halved twice, 128
+  // once): 8 tiles at 0.9³ — the best of the six shapes tried.
+  const double eta = gemm_efficiency(kp, 256, 128, 4096);
+  EXPECT_NEAR(eta, 8.0 / 108 * std::pow(0.9, 3), 1e-12);
+}
+
+TEST(Roofline, InnerDimensionSaturates) {
+  KernelPerf kp{.sm_count = 108, .gemm_fraction = 0.8, .gemm_half_k = 128};
+  double last = 0;
+  for (std::int64_t k : {16, 64, 128, 1024, 8192}) {
+    const double eta = gemm_efficiency(kp, 8192, 8192, k);
+    EXPECT_GT(eta, last) << k;
+    last = eta;
+  }
+  // k = k½ gives half of what the same output shape reaches as k → ∞.
+  const double big_k = 1 << 20;
+  EXPECT_NEAR(gemm_efficiency(kp, 8192, 8192, 128) /
+                  gemm_efficiency(kp, 8192, 8192, std::int64_t(big_k)) * (big_k / (big_k + 128)),
+              0.5, 1e-12);
+}
+
+TEST(Roofline, MemoryBoundKernelsRunAtTheStreamingFraction) {
+  GpuSpec g = cluster_preset("a100-80g")->gpu;
+  // 1 GB read + written at 2.039 TB/s × 0.85.
+  EXPECT_NEAR(roofline_seconds(g, 0, 1, 1e9), 1e9 / (2.039e12 * 0.85), 1e-15);
+  // A kernel with FLOPs is bound by whichever roof is lower.
+  EXPECT_NEAR(roofline_seconds(g, 1e15, 1e15, 1e9), 1.0, 1e-12);
+  g.kernels.kernel_overhead_s = 5e-6;
+  EXPECT_NEAR(roofline_seconds(g, 0, 1, 0), 5e-6, 1e-18);
+}
+
+TEST(Roofline, BadShapesAndFiguresAreRejected) {
+  const KernelPerf kp{.sm_count = 108};
+  EXPECT_THROW(gemm_efficiency(kp, 0, 1, 1), InvalidInput);
+  EXPECT_THROW(gemm_efficiency(kp, 1, 1, 1, 0.5), InvalidInput);
+  GpuSpec g = cluster_preset("h100-80g")->gpu;
+  EXPECT_NO_THROW(validate_kernel_perf(g));
+  g.kernels.gemm_fraction = 1.5;
+  try {
+    validate_kernel_perf(g);
+    FAIL() << "accepted gemm_fraction 1.5";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_fraction = 1.5"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tally
