@@ -540,6 +540,18 @@ std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, co
     std::string change;
     switch (a) {
       case Alternative::double_micro_batch:
+        if (base.grad_accum < 2) {
+          // Holding the global batch needs an accumulation step to halve; never print "1 → 0".
+          Comparison c{.name = std::string(to_string(a)),
+                       .change = "micro-batch " + std::to_string(base.micro_batch) + " → " +
+                                 std::to_string(2 * base.micro_batch),
+                       .request = req, .layout = l};
+          c.invalid_reason = "doubling the micro-batch at the same global batch needs accumulation "
+                             ">= 2 (it is 1 here); at accumulation 1 it would double the global "
+                             "batch instead";
+          out.push_back(std::move(c));
+          continue;
+        }
         l.micro_batch *= 2;
         l.grad_accum /= 2;
         change = "micro-batch " + std::to_string(base.micro_batch) + " → " +

@@ -292,3 +292,23 @@ TEST(Planner, MicroBatchChangesTheStepUnderTheOperatorModel) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Issue 10 "Also": at accumulation 1 the double-micro-batch alternative can't hold the global
+// batch; it says so instead of printing "accumulation 1 → 0".
+TEST(Planner, DoubleMicroBatchNeedsAccumulation) {
+  const PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("a100-80g"),
+                      .gpus = 8, .global_batch = 16, .seq = 2048};
+  const Layout base{.dp = 8, .zero = 1, .micro_batch = 2, .grad_accum = 1};
+  const auto cmp = compare_alternatives(r, base, {Alternative::double_micro_batch});
+  ASSERT_EQ(cmp.size(), 2u);
+  EXPECT_FALSE(cmp[1].eval.has_value());
+  EXPECT_NE(cmp[1].invalid_reason.find("accumulation >= 2"), std::string::npos)
+      << cmp[1].invalid_reason;
+  EXPECT_EQ(cmp[1].change.find("→ 0"), std::string::npos) << cmp[1].change;
+}
+
+}  // namespace
+}  // namespace tally
