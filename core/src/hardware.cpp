@@ -1,5 +1,6 @@
 #include "tally/core/hardware.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -19,6 +20,12 @@ void check(double v, HardwareBounds b, const char* field, const char* unit) {
 
 }  // namespace
 
+double ClusterSpec::checkpoint_write_bps_for(int gpus) const {
+  if (checkpoint_write_bps > 0) return checkpoint_write_bps;
+  const int g = std::max(gpus_per_node, 1);
+  return checkpoint_write_bps_per_node * double((std::max(gpus, 1) + g - 1) / g);
+}
+
 void ClusterSpec::validate() const {
   check(gpu.memory_bytes, kMemoryBytesBounds, "gpu memory", "bytes of HBM per GPU");
   check(gpu.peak_bf16_flops, kPeakFlopsBounds, "gpu peak_bf16_flops", "FLOP/s");
@@ -35,7 +42,11 @@ void ClusterSpec::validate() const {
   check(intra_node.latency_s, kLatencySBounds, "intra-node latency", "seconds");
   check(inter_node.latency_s, kLatencySBounds, "inter-node latency", "seconds");
   check(failure_rate_per_hour, kFailureRateBounds, "failure rate", "per GPU-hour");
-  check(checkpoint_write_bps, kBandwidthBpsBounds, "checkpoint write bandwidth", "bytes/s");
+  if (checkpoint_write_bps != 0)
+    check(checkpoint_write_bps, kBandwidthBpsBounds, "checkpoint write bandwidth",
+          "bytes/s (or 0: per node × nodes)");
+  check(checkpoint_write_bps_per_node, kBandwidthBpsBounds, "checkpoint write bandwidth per node",
+        "bytes/s");
   check(mfu, kUtilisationBounds, "mfu", "(fraction of peak)");
 }
 

@@ -480,7 +480,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
     run_hours = *r.run_tokens / res.best.front().tokens_per_s / 3600.0;
   res.reliability = reliability(ReliabilitySetup{
       .gpus = double(r.gpus), .failure_rate_per_hour = r.cluster.failure_rate_per_hour,
-      .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps,
+      .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps_for(r.gpus),
       .restart_hours = r.restart_hours, .run_hours = run_hours});
   res.convention = std::string(to_string(r.precision)) + (r.precision == Precision::fp32 ? "" : " mixed") +
                    " | " + std::string(to_string(r.optimizer)) + " | usable memory " +

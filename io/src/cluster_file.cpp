@@ -90,7 +90,8 @@ ClusterSpec parse(std::string_view text, std::string_view source) {
   const detail::json root = detail::parse_object(text, source);
   const ObjectReader r(root, source);
   r.allow_only({"preset", "comment", "gpu", "gpus_per_node", "intra_node", "inter_node",
-                "failure_rate_per_gpu_hour", "checkpoint_write_gbps", "mfu"});
+                "failure_rate_per_gpu_hour", "checkpoint_write_gbps",
+                "checkpoint_write_gbps_per_node", "mfu"});
   (void)r.opt_string("comment", 4096);  // free text for humans; checked only for type
 
   ClusterSpec c;
@@ -119,6 +120,8 @@ ClusterSpec parse(std::string_view text, std::string_view source) {
     c.failure_rate_per_hour = *v;
   if (const auto v = r.opt_number("checkpoint_write_gbps", kCheckpointGbps))
     c.checkpoint_write_bps = *v * kGBBytes;
+  if (const auto v = r.opt_number("checkpoint_write_gbps_per_node", kCheckpointGbps))
+    c.checkpoint_write_bps_per_node = *v * kGBBytes;
   if (const auto v = r.opt_number("mfu", kMfu)) c.mfu = *v;
 
   try {

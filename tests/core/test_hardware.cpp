@@ -45,7 +45,10 @@ TEST(Hardware, SubnormalNanAndInfiniteFiguresAreRejected) {
     expect_rejected([&](ClusterSpec& c) { c.mfu = bad; }, "mfu");
     expect_rejected([&](ClusterSpec& c) { c.intra_node.bandwidth_bps = bad; }, "intra-node bandwidth");
     expect_rejected([&](ClusterSpec& c) { c.inter_node.bandwidth_bps = bad; }, "inter-node bandwidth");
-    expect_rejected([&](ClusterSpec& c) { c.checkpoint_write_bps = bad; }, "checkpoint write");
+    if (bad != 0.0)  // 0 = per node × nodes
+      expect_rejected([&](ClusterSpec& c) { c.checkpoint_write_bps = bad; }, "checkpoint write");
+    expect_rejected([&](ClusterSpec& c) { c.checkpoint_write_bps_per_node = bad; },
+                    "checkpoint write bandwidth per node");
     expect_rejected([&](ClusterSpec& c) { c.gpu.memory_bytes = bad; }, "gpu memory");
     expect_rejected([&](ClusterSpec& c) { c.gpu.peak_bf16_flops = bad; }, "peak_bf16");
   }

@@ -136,3 +136,23 @@ TEST(ClusterFileBad, NotJsonNotObjectTooLarge) {
 
 }  // namespace
 }  // namespace tally::io
+
+namespace tally::io {
+namespace {
+
+// The operator model's roofline figures and the per-node checkpoint bandwidth, in their units.
+TEST(ClusterFile, RooflineAndPerNodeCheckpointFields) {
+  const ClusterSpec c = parse_cluster(
+      R"({"preset": "a100-80g", "gpu": {"memory_bandwidth_gbps": 1555, "sm_count": 100},
+          "checkpoint_write_gbps_per_node": 2.5})",
+      "t.json");
+  EXPECT_EQ(c.gpu.memory_bps, 1555e9);  // GB/s = 1e9 bytes/s
+  EXPECT_EQ(c.gpu.kernels.sm_count, 100);
+  EXPECT_EQ(c.checkpoint_write_bps_per_node, 2.5e9);
+  EXPECT_EQ(c.checkpoint_write_bps_for(64), 8 * 2.5e9);  // 64 GPUs = 8 nodes of 8
+  test::expect_invalid([] { parse_cluster(R"({"preset": "h200", "gpu": {"sm_count": 0}})", "t"); },
+                       {"sm_count"});
+}
+
+}  // namespace
+}  // namespace tally::io

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 
+#include "tally/core/hardware.hpp"
+
 namespace tally {
 
 // 1/(G·λ) (seed §A4: λ_sys ≈ Σ λ_g ≈ Gλ). λ = 0 → +infinity.
@@ -38,7 +40,7 @@ double expected_failures(double run_hours, double mtbf_hours);
 
 struct ReliabilitySetup {
   double gpus = 0;                      // G
-  double failure_rate_per_hour = 3e-6;  // λ per GPU (seed: 量级参考，需核实)
+  double failure_rate_per_hour = kFleetFailureRatePerGpuHour;  // λ per GPU (hardware.hpp)
   double state_bytes = 0;               // total checkpointed state (sharded across ranks)
   double write_bps = 2e9;               // aggregate write bandwidth, bytes/s
   double restart_hours = 0;             // R
