@@ -1,6 +1,7 @@
 // `tally memory`: the model-state ledger (+ activations when an architecture is given).
 #include <fmt/core.h>
 
+#include <cmath>
 #include <memory>
 #include <optional>
 
@@ -20,7 +21,7 @@ struct MemoryOptions {
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
   int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
   std::optional<int> micro_batches;  // unset: --pp in flight
-  bool sp = false, no_dropout = false;
+  bool sp = false, no_dropout = false, dropout = false;
   std::optional<std::int64_t> seq;   // unset: model states only, no activations
   std::int64_t micro_batch = 1;
   std::optional<std::string> gpu;    // unset: no capacity line
@@ -48,7 +49,7 @@ void run_memory(const MemoryOptions& o) {
                                  .micro_batches = o.micro_batches.value_or(o.pp),
                                  .recompute = recompute_from(o.recompute),
                                  .attention = attention_from(o.attention),
-                                 .dropout = !o.no_dropout});
+                                 .dropout = o.dropout || (!o.no_dropout && model.dropout)});
   } else if (o.tp > 1 || o.sp || o.cp > 1 || o.micro_batch != 1) {
     throw InvalidInput("--seq is required with --tp/--sp/--cp/--micro-batch (activations need a "
                        "sequence length)");
@@ -66,7 +67,10 @@ void run_memory(const MemoryOptions& o) {
                       {"model", model.name},
                       {"convention", convention},
                       {"unit_of_gb_fields", "GB = 1e9 bytes"},
-                      {"n_params", n_total},
+                      // A count is an integer in JSON (7615616512, not 7615616512.0).
+                      {"n_params", n_total == std::floor(n_total) && n_total < 9.007199254740992e15
+                                       ? nlohmann::json(std::int64_t(n_total))
+                                       : nlohmann::json(n_total)},
                       {"params_per_gpu", n_gpu},
                       {"bytes_per_param", {{"params", states.per_param.params},
                                            {"grads", states.per_param.grads},
@@ -176,7 +180,10 @@ void register_memory(CLI::App& app) {
   cmd->add_option("--attention", o->attention, "flash | materialized")
       ->check(one_of({"flash", "materialized", "materialised"}))
       ->capture_default_str();
-  cmd->add_flag("--no-dropout", o->no_dropout, "do not count dropout masks (Llama-style training)");
+  cmd->add_flag("--no-dropout", o->no_dropout,
+                "do not count dropout masks (default: the model's config; Llama-family: none)")
+      ->excludes(cmd->add_flag("--dropout", o->dropout,
+                               "count dropout masks even if the model's config has none"));
   cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
   cmd->callback([o] { run_memory(*o); });
 }

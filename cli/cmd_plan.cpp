@@ -29,7 +29,7 @@ struct PlanOptions {
   double headroom = 0.2, restart_minutes = 8;
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
-  bool overlap_dp = false, no_dropout = false, exhaustive = false;
+  bool overlap_dp = false, no_dropout = false, dropout = false, exhaustive = false;
   // compare
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
@@ -44,8 +44,10 @@ PlanRequest make_request(const PlanOptions& o) {
   PlanRequest r{.model = *resolve_model(o.model), .cluster = resolve_cluster(o.cluster),
                 .gpus = o.gpus, .global_batch = o.global_batch, .seq = o.seq,
                 .precision = precision_from(o.precision), .optimizer = optimizer_from(o.optimizer),
-                .headroom = o.headroom, .dropout = !o.no_dropout, .overlap_dp = o.overlap_dp,
+                .headroom = o.headroom, .overlap_dp = o.overlap_dp,
                 .restart_hours = o.restart_minutes / 60};
+  if (o.no_dropout) r.dropout = false;
+  if (o.dropout) r.dropout = true;
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
   if (o.write_bps) r.cluster.checkpoint_write_bps = *o.write_bps;
   if (o.utilisation) r.cluster.mfu = *o.utilisation;
@@ -133,7 +135,10 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->capture_default_str();
   cmd->add_flag("--overlap-dp", o.overlap_dp,
                 "overlap DP/ZeRO gradient reduction with backward (default: on the critical path)");
-  cmd->add_flag("--no-dropout", o.no_dropout, "do not count dropout masks in activations");
+  cmd->add_flag("--no-dropout", o.no_dropout,
+                "no dropout masks or kernels (default: the model's config; Llama-family: none)")
+      ->excludes(cmd->add_flag("--dropout", o.dropout,
+                               "count dropout masks and kernels even if the model's config has none"));
   cmd->add_option("--time-model", o.time_model,
                   "operators (each kernel on the GPU's roofline; default) | utilisation (the "
                   "seed's hardware FLOPs / (G · peak · u))")

@@ -36,7 +36,8 @@ void ModelSpec::validate() const {
 }
 
 // Counting follows the layer definitions of the Llama / Mistral / Mixtral / GPT-3 reference code:
-//   attention: W_q h×h, W_k and W_v h×(a_kv·d), W_o h×h (+ biases when linear_bias)
+//   attention: W_q h×h, W_k and W_v h×(a_kv·d), W_o h×h (+ biases when linear_bias; q, k, v
+//              biases only when qkv_bias)
 //   mlp:       gelu 2·h·f (+ f + h biases); swiglu 3·h·f; MoE: E experts + router h×E
 //   norms:     2 per layer + 1 final, h each (×2 for LayerNorm's bias)
 ParamCount count_params(const ModelSpec& m) {
@@ -54,7 +55,8 @@ ParamCount count_params(const ModelSpec& m) {
   c.embedding = double(m.vocab) * h;
   if (m.position == PositionKind::learned) c.embedding += double(m.max_positions) * h;
 
-  const double attn = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv);
+  const double qkv_bias = m.qkv_bias && !m.linear_bias ? h + 2 * kv : 0.0;  // Qwen2
+  const double attn = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv) + qkv_bias;
   c.attention = L * attn;
 
   const double expert = m.mlp == MlpKind::swiglu ? 3 * h * f : 2 * h * f + bias * (f + h);

@@ -88,7 +88,7 @@ struct Prepared {
     const PlanRequest& r = *req;
     const OperatorSetup os{.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp,
                            .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
-                           .dropout = r.dropout, .act_bytes = act_bytes};
+                           .dropout = r.uses_dropout(), .act_bytes = act_bytes};
     const GpuSpec& gpu = r.cluster.gpu;
     const OpsTime layer = time_ops(layer_ops(r.model, os), gpu, r.precision);
     const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
@@ -130,7 +130,7 @@ Prepared prepare(const PlanRequest& r) {
     double per_sequence = 1e300;
     for (Attention att : {Attention::flash, Attention::materialized}) {
       const OperatorSetup os{.seq = r.seq, .micro_batch = 1, .recompute = rc, .attention = att,
-                             .causal = r.causal, .dropout = r.dropout, .act_bytes = p.act_bytes};
+                             .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = p.act_bytes};
       double layer_flops = 0, out_flops = 0;
       for (const Op& op : layer_ops(r.model, os))
         if (op.kind != OpKind::memory) layer_flops += op.flops;
@@ -160,7 +160,7 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
                                .interleave = L.interleave, .micro_batches = int(L.grad_accum),
                                .recompute = L.recompute, .attention = L.attention,
-                               .dropout = r.dropout, .act_bytes = P.act_bytes});
+                               .dropout = r.uses_dropout(), .act_bytes = P.act_bytes});
   e.buffer_bytes = L.zero == 3 ? 2.0 * n_gpu / double(r.model.layers) * L.pp * P.param_bytes
                                : 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
   e.total_bytes = e.states.total() + e.activation_bytes + e.buffer_bytes;
@@ -486,7 +486,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    " | " + std::string(to_string(r.optimizer)) + " | usable memory " +
                    std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
                    " % of capacity | activations: Korthikanti 2022 inventory" +
-                   (r.dropout ? " with dropout masks" : " without dropout") +
+                   (r.uses_dropout() ? " with dropout masks" : " without dropout") +
                    " | time: " +
                    (r.time_model == TimeModel::operators
                         ? "operator model (kernels on the " + r.cluster.gpu.name +

@@ -11,9 +11,10 @@ namespace {
 
 ModelSpec llama_like(std::string name, std::int64_t h, std::int64_t L, std::int64_t a,
                      std::int64_t kv, std::int64_t f, std::int64_t V) {
+  // Llama and Mistral train without dropout (their configs: attention_dropout 0).
   return ModelSpec{.name = std::move(name), .hidden = h, .layers = L, .heads = a, .kv_heads = kv,
-                   .ffn = f, .vocab = V, .mlp = MlpKind::swiglu, .norm = NormKind::rmsnorm,
-                   .position = PositionKind::rotary};
+                   .ffn = f, .vocab = V, .dropout = false, .mlp = MlpKind::swiglu,
+                   .norm = NormKind::rmsnorm, .position = PositionKind::rotary};
 }
 
 std::vector<ModelSpec> build_models() {

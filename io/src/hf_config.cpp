@@ -31,6 +31,7 @@ struct Family {
   std::string_view model_type;
   NormKind norm;
   bool linear_bias;
+  bool qkv_bias;
   PositionKind position;
   bool tied_default;
   bool gpt2_keys;                 // n_embd / n_layer / n_head / n_inner / n_positions
@@ -38,16 +39,17 @@ struct Family {
 };
 
 // Llama, Mistral, Mixtral, Qwen2: transformers' modeling_<type>.py (RMSNorm, bias-free q/k/v/o and
-// MLP, rotary). Qwen2 has q/k/v biases (3 vectors per layer) that this spec does not count. GPT-2:
+// MLP, rotary); Qwen2 adds q/k/v biases (modeling_qwen2.py: bias=True on q_proj, k_proj, v_proj).
+// GPT-2:
 // modeling_gpt2.py (Conv1D with bias, LayerNorm, wpe table, lm_head tied to wte). GPT-NeoX:
 // modeling_gpt_neox.py (biased linears, LayerNorm, rotary, untied embed_out).
 constexpr std::array<Family, 6> kFamilies{{
-    {"llama", NormKind::rmsnorm, false, PositionKind::rotary, false, false, "silu"},
-    {"mistral", NormKind::rmsnorm, false, PositionKind::rotary, false, false, "silu"},
-    {"mixtral", NormKind::rmsnorm, false, PositionKind::rotary, false, false, "silu"},
-    {"qwen2", NormKind::rmsnorm, false, PositionKind::rotary, false, false, "silu"},
-    {"gpt2", NormKind::layernorm, true, PositionKind::learned, true, true, "gelu_new"},
-    {"gpt_neox", NormKind::layernorm, true, PositionKind::rotary, false, false, "gelu"},
+    {"llama", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu"},
+    {"mistral", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu"},
+    {"mixtral", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu"},
+    {"qwen2", NormKind::rmsnorm, false, true, PositionKind::rotary, false, false, "silu"},
+    {"gpt2", NormKind::layernorm, true, false, PositionKind::learned, true, true, "gelu_new"},
+    {"gpt_neox", NormKind::layernorm, true, false, PositionKind::rotary, false, false, "gelu"},
 }};
 
 const Family& family_for(const ObjectReader& r, const std::optional<std::string>& model_type) {
@@ -121,6 +123,16 @@ void read_hf_names(const ObjectReader& r, const Family& fam, ModelSpec& m) {
   m.mlp = mlp_for(r, "hidden_act", fam.default_act);
 }
 
+// Dropout from the config: any dropout probability above 0 (GPT-2's resid/attn/embd_pdrop 0.1);
+// Llama, Mistral and Qwen configs state 0 or nothing, and train without it.
+bool trains_with_dropout(const ObjectReader& r) {
+  for (const std::string_view key :
+       {"attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
+        "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout"})
+    if (const auto p = r.opt_number(key, detail::Range{0, 1}); p && *p > 0) return true;
+  return false;
+}
+
 ModelSpec parse(std::string_view text, std::string_view source) {
   const detail::json root = detail::parse_object(text, source);
   const ObjectReader r(root, source);
@@ -131,12 +143,14 @@ ModelSpec parse(std::string_view text, std::string_view source) {
   m.name = model_type ? *model_type : std::filesystem::path(source).stem().string();
   m.norm = fam.norm;
   m.linear_bias = fam.linear_bias;
+  m.qkv_bias = fam.qkv_bias;
   m.position = fam.position;
   if (fam.gpt2_keys)
     read_gpt2_names(r, m);
   else
     read_hf_names(r, fam, m);
   m.tied_embeddings = r.opt_boolean("tie_word_embeddings").value_or(fam.tied_default);
+  m.dropout = trains_with_dropout(r);
 
   try {
     m.validate();

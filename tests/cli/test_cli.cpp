@@ -83,6 +83,7 @@ TEST(Cli, MemoryFromConfigJson) {
   const auto j = json_of(tally(std::string("memory --model ") + TALLY_TEST_DATA +
                                "/llama-2-7b.json --json"));
   EXPECT_NEAR(j["n_params"].get<double>() / 1e9, 6.74, 0.005);
+  EXPECT_TRUE(j["n_params"].is_number_integer()) << j["n_params"];  // a count, not 6.7e9 as a float
 }
 
 // Seed §A2: S = 14 GB, k = 8 → 24.5 GB per rank, 0.49 s at 50 GB/s.

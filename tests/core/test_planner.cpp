@@ -320,3 +320,25 @@ TEST(Planner, DoubleMicroBatchNeedsAccumulation) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Dropout follows the model unless the request says otherwise: Llama trains without it, so its
+// activations carry no masks; forcing it on adds Korthikanti's masks (more memory).
+TEST(Planner, DropoutFollowsTheModel) {
+  PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("a100-80g"),
+                .gpus = 8, .global_batch = 64, .seq = 4096};
+  const Layout L{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 8,
+                 .attention = Attention::materialized};
+  EXPECT_FALSE(r.uses_dropout());
+  const PlanEval without = evaluate_layout(r, L);
+  r.dropout = true;
+  const PlanEval with = evaluate_layout(r, L);
+  EXPECT_GT(with.activation_bytes, without.activation_bytes);
+  EXPECT_GT(with.step_s, without.step_s);  // dropout kernels cost time too
+  EXPECT_TRUE(PlanRequest{.model = *model_preset("gpt3-175b")}.uses_dropout());
+}
+
+}  // namespace
+}  // namespace tally

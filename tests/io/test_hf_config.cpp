@@ -303,3 +303,34 @@ TEST(HfConfigFuzz, MutationsParseOrThrowInvalidInput) {
 
 }  // namespace
 }  // namespace tally::io
+
+namespace tally::io {
+namespace {
+
+// Qwen/Qwen2-7B config.json (hidden 3584, 28 layers, 28 heads, 4 kv heads, 18944, vocab 152064,
+// untied): its safetensors hold 7,615,616,512 parameters — the count without q/k/v biases is
+// 7,615,487,488, 28 layers × (3584 + 2·512) = 129,024 short (modeling_qwen2.py: q_proj, k_proj and
+// v_proj have bias=True).
+TEST(HfConfig, Qwen2CountsItsQkvBiases) {
+  const ModelSpec m = parse(R"({"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+      "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+      "vocab_size": 152064, "tie_word_embeddings": false, "hidden_act": "silu",
+      "attention_dropout": 0.0})");
+  EXPECT_TRUE(m.qkv_bias);
+  EXPECT_EQ(std::int64_t(count_params(m).total()), 7'615'616'512);
+  EXPECT_FALSE(m.dropout);
+}
+
+// Dropout comes from the config: GPT-2's pdrops are 0.1; Llama 3 states attention_dropout 0.0;
+// Llama 2's file states none.
+TEST(HfConfig, DropoutFromTheConfig) {
+  EXPECT_TRUE(load_hf_config(data_path("gpt2.json")).dropout);
+  EXPECT_FALSE(load_hf_config(data_path("llama-3-8b.json")).dropout);
+  EXPECT_FALSE(load_hf_config(data_path("llama-2-7b.json")).dropout);
+  EXPECT_TRUE(parse(replaced(fixture("llama-3-8b.json"), "\"attention_dropout\": 0.0",
+                             "\"attention_dropout\": 0.1"))
+                  .dropout);
+}
+
+}  // namespace
+}  // namespace tally::io

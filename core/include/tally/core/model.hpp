@@ -28,6 +28,10 @@ struct ModelSpec {
   std::int64_t experts_per_token = 1;  // E_act
   bool tied_embeddings = false;
   bool linear_bias = false;          // GPT-2/3 style biases on every linear layer
+  bool qkv_bias = false;             // biases on q, k, v only (Qwen2)
+  // Trains with dropout (GPT-2/3, the seed's generic model, Korthikanti's inventory); Llama,
+  // Mistral and Qwen configs set every dropout to 0, so their activations have no masks.
+  bool dropout = true;
   MlpKind mlp = MlpKind::swiglu;
   NormKind norm = NormKind::rmsnorm;
   PositionKind position = PositionKind::rotary;

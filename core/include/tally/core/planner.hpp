@@ -52,7 +52,10 @@ struct PlanRequest {
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
   double headroom = 0.2;                 // the seed's "peak > 80 % of capacity is a failure"
-  bool dropout = true;                   // count dropout masks (Korthikanti's convention)
+  // Dropout masks and kernels: unset = the model's (ModelSpec::dropout; Llama-family configs have
+  // none, GPT and the seed's model do, as Korthikanti counts them).
+  std::optional<bool> dropout;
+  bool uses_dropout() const { return dropout.value_or(model.dropout); }
   // DP/ZeRO communication: false = on the critical path (the seed's accounting: step = compute +
   // communication); true = gradient reduction overlapped with backward (Note [planner time model]).
   bool overlap_dp = false;
