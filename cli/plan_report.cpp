@@ -123,6 +123,13 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
                        {"headroom", q.headroom}}},
           {"feasible", r.feasible()},
           {"best", best},
+          {"error_band", r.band ? nlohmann::json{{"measured_over_predicted_low", r.band->low},
+                                                 {"measured_over_predicted_median", r.band->median},
+                                                 {"measured_over_predicted_high", r.band->high},
+                                                 {"rank_spread", r.band->rank_spread},
+                                                 {"source", r.band->source}}
+                                : nlohmann::json(nullptr)},
+          {"indistinguishable_top_plans", r.indistinguishable},
           {"alternatives", alts},
           {"near_misses", misses},
           {"reasons", reasons},
@@ -183,8 +190,20 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
                q.cluster.mfu);
   fmt::print("  bubble        {:>12}  {:.3f} s\n", pct(b.bubble_fraction), b.bubble_s);
   fmt::print("  step time     {:>10.3f} s  {:.0f} tokens/s, MFU {}, scaling efficiency E = {:.3f}, "
-             "tightest wall: {}\n\n",
+             "tightest wall: {}\n",
              b.step_s, b.tokens_per_s, pct(b.mfu), b.efficiency, to_string(b.wall));
+  if (r.band) {  // Note [error band]
+    fmt::print("  expect        {:.3f}–{:.3f} s  (published runs took {:.3f}–{:.3f}× the operator "
+               "model's prediction, median {:.2f}×)\n",
+               b.step_s * r.band->low, b.step_s * r.band->high, r.band->low, r.band->high,
+               r.band->median);
+    if (r.indistinguishable > 1)
+      fmt::print("  note          the top {} plans are within {:.1f} % of each other, the model's "
+                 "spread within one published system: it can't rank them — validate them on the "
+                 "cluster\n",
+                 r.indistinguishable, 100 * r.band->rank_spread);
+  }
+  fmt::print("\n");
   fmt::print("REASONS (each dimension flipped once, same ledgers)\n");
   for (const auto& x : explain_plan(q, b))
     fmt::print("  {:<11} {:<8} instead {}\n", x.dimension, x.used ? "used;" : "not used;",

@@ -317,6 +317,13 @@ std::string Layout::describe() const {
   return s;
 }
 
+std::optional<ErrorBand> step_time_band(TimeModel t) {
+  if (t != TimeModel::operators) return std::nullopt;
+  return ErrorBand{.low = 1.005, .median = 1.09, .high = 1.232, .rank_spread = 0.145,
+                   .source = "measured / predicted step time of 28 published Megatron-LM figures "
+                             "(Korthikanti 2022 Tables 4-5, Narayanan 2021 Table 1)"};
+}
+
 std::string_view to_string(TimeModel t) {
   return t == TimeModel::operators ? "operators" : "utilisation";
 }
@@ -473,6 +480,14 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         std::to_string(r.global_batch) + ")");
   }
 
+  res.band = step_time_band(r.time_model);
+  if (!res.best.empty()) {
+    const double spread = 1.0 + (res.band ? res.band->rank_spread : 0.0);
+    res.indistinguishable = 1;
+    while (res.indistinguishable < res.best.size() &&
+           res.best[res.indistinguishable].step_s < res.best.front().step_s * spread)
+      ++res.indistinguishable;
+  }
   const StateItems pp = state_bytes_per_param(r.precision, r.optimizer);
   const double ckpt = r.checkpoint_bytes.value_or((pp.params + pp.m + pp.v + pp.master) * P.n_state);
   std::optional<double> run_hours = r.run_hours;

@@ -342,3 +342,23 @@ TEST(Planner, DropoutFollowsTheModel) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Note [error band]: the plan carries the time model's band and counts the top plans it can't
+// rank apart (within rank_spread of the best); the utilisation model has no validated band.
+TEST(Planner, TopPlansWithinTheBandAreCounted) {
+  const auto r = plan(seed_request(), SearchSpace{.top = 8});
+  ASSERT_TRUE(r.band.has_value());
+  ASSERT_GE(r.indistinguishable, 1u);
+  const double limit = r.best.front().step_s * (1 + r.band->rank_spread);
+  for (std::size_t i = 0; i < r.best.size(); ++i)
+    EXPECT_EQ(i < r.indistinguishable, r.best[i].step_s < limit) << i;
+  auto u = seed_request();
+  u.time_model = TimeModel::utilisation;
+  EXPECT_FALSE(plan(u).band.has_value());
+}
+
+}  // namespace
+}  // namespace tally
