@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "tally/core/pipeline.hpp"
+
 namespace tally {
 
 namespace {
@@ -36,7 +38,13 @@ void ActivationSetup::validate(const ModelSpec& m) const {
     throw InvalidInput("--tp = " + i2s(tp) + ": must divide intermediate_size = " + i2s(m.ffn));
   if (seq % cp != 0)
     throw InvalidInput("--cp = " + i2s(cp) + ": must divide seq = " + i2s(seq));
-  if (m.layers % (std::int64_t(pp) * interleave) != 0)
+  const bool uneven = first_stage_layers != 0 || last_stage_layers != 0;
+  if (uneven) {
+    if (interleave != 1)
+      throw InvalidInput("--interleave = " + i2s(interleave) +
+                         ": uneven pipeline stages need interleave 1");
+    (void)stage_layers(int(m.layers), pp, first_stage_layers, last_stage_layers);  // validates
+  } else if (m.layers % (std::int64_t(pp) * interleave) != 0)
     throw InvalidInput("--pp = " + i2s(pp) + " × interleave = " + i2s(interleave) +
                        ": must divide num_hidden_layers = " + i2s(m.layers));
   if (sequence_parallel && tp == 1)
@@ -103,6 +111,25 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
 
   if (a.pp == 1) {
     r.peak_stage_bytes = r.transformer_bytes + r.embedding_bytes + r.output_bytes;
+  } else if (a.first_stage_layers != 0 || a.last_stage_layers != 0) {
+    // Uneven stages (core/pipeline.hpp stage_layers, validated): stage s holds min(p − s, m)
+    // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
+    const int P = a.pp, middle = P - 2;
+    const int rest = int(m.layers) - a.first_stage_layers - a.last_stage_layers;
+    double peak = 0;
+    for (int s = 0; s < P; ++s) {
+      const int n = s == 0       ? a.first_stage_layers
+                    : s == P - 1 ? a.last_stage_layers
+                                 : rest / middle + (s > middle - rest % middle ? 1 : 0);
+      const double held = std::min<double>(P - s, a.micro_batches);
+      double bytes = r.per_layer_bytes * n * held;
+      if (s == 0) bytes += r.embedding_bytes;
+      if (s == P - 1) bytes += r.output_bytes;
+      peak = std::max(peak, bytes);
+    }
+    r.layers_on_stage = a.first_stage_layers;
+    r.transformer_bytes = r.per_layer_bytes * a.first_stage_layers * in_flight;
+    r.peak_stage_bytes = peak;
   } else {
     const double first = r.transformer_bytes + r.embedding_bytes;
     const double last = r.per_layer_bytes * r.layers_on_stage + r.output_bytes;  // 1 in flight

@@ -208,7 +208,9 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   const double b = double(st.micro_batch);
   const double h = double(st.hidden);
   const double s_local = double(st.seq_len) / st.cp;  // sequence a CP rank holds
-  const double layers_stage = std::ceil(double(st.layers) / st.pp);  // busiest stage
+  const double layers_stage = st.busiest_stage_layers > 0
+                                  ? double(st.busiest_stage_layers)
+                                  : std::ceil(double(st.layers) / st.pp);  // busiest stage
   const bool full = st.recompute == Recompute::full;
 
   // DP / ZeRO.

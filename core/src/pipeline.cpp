@@ -95,13 +95,18 @@ int min_micro_batches_for_bubble(int stages, double max_fraction, int interleave
 // Note [1F1B simulation]: no resource is shared between stages, so an operation's start time is
 // max(its stage's previous finish, its dependency's finish) whatever order we settle the stages in.
 // We sweep the stages repeatedly, advancing each as far as its dependencies allow.
-double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s) {
-  require_int(stages >= 1, "stages", stages, "must be >= 1");
+double simulate_1f1b_makespan(const std::vector<double>& forward_s,
+                              const std::vector<double>& backward_s, int micro_batches) {
+  require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
+              std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
   require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
-  require_real(std::isfinite(forward_s) && forward_s > 0, "forward_s", forward_s, "must be > 0 s");
-  require_real(std::isfinite(backward_s) && backward_s > 0, "backward_s", backward_s,
-               "must be > 0 s");
-  const int P = stages, M = micro_batches;
+  for (std::size_t s = 0; s < forward_s.size(); ++s) {
+    require_real(std::isfinite(forward_s[s]) && forward_s[s] > 0, "forward_s", forward_s[s],
+                 "must be > 0 s");
+    require_real(std::isfinite(backward_s[s]) && backward_s[s] > 0, "backward_s", backward_s[s],
+                 "must be > 0 s");
+  }
+  const int P = int(forward_s.size()), M = micro_batches;
   struct Op { bool backward; int mb; };
   std::vector<std::vector<Op>> order(P);
   for (int s = 0; s < P; ++s) {
@@ -131,7 +136,7 @@ double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, dou
           ready = s == P - 1 ? fwd_done[s][op.mb] : bwd_done[s + 1][op.mb];
         if (ready == kPending) break;
         const double start = std::max(ready, free_at[s]);
-        free_at[s] = start + (op.backward ? backward_s : forward_s);
+        free_at[s] = start + (op.backward ? backward_s[s] : forward_s[s]);
         (op.backward ? bwd_done : fwd_done)[s][op.mb] = free_at[s];
         ++next[s];
         --remaining;
@@ -140,9 +145,76 @@ double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, dou
     }
     TALLY_INVARIANT(progressed);  // a 1F1B order never deadlocks
   }
-  const double makespan = *std::max_element(free_at.begin(), free_at.end());
-  const double busy = M * (forward_s + backward_s);
-  return 1.0 - busy / makespan;
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s) {
+  require_int(stages >= 1, "stages", stages, "must be >= 1");
+  const double makespan =
+      simulate_1f1b_makespan(std::vector<double>(std::size_t(stages), forward_s),
+                             std::vector<double>(std::size_t(stages), backward_s), micro_batches);
+  return 1.0 - micro_batches * (forward_s + backward_s) / makespan;
+}
+
+// Note [uneven stages]: two things hold every stage k of a 1F1B schedule back (t = forward +
+// backward of one micro-batch, β = the backward's share of it):
+//   - it can't start before micro-batch 0's forward has passed stages 0..k−1, then runs its M
+//     forwards and backwards, and the last backward must still pass stages k−1..0:
+//     Σ_{s<k} t_s + M·t_k;
+//   - its first backward waits for micro-batch 0's round trip through stages k+1..P−1, after which
+//     it still has M backwards to run: Σ_{s≠k} t_s + (1−β)·t_k + M·β·t_k.
+// The makespan is at least the largest of these; for equal stages it is (M + P − 1)·t (Narayanan
+// et al. 2021 eq. 1). Against the discrete-event simulation above the bound is within a few per
+// cent (tests/core/test_pipeline.cpp). Interleaving v chunks shortens the fill and drain v-fold.
+double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, int interleave,
+                         double backward_share) {
+  require_int(!stage_s.empty(), "stages", 0, "must be >= 1");
+  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
+  require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
+  require_real(backward_share >= 0 && backward_share <= 1, "backward_share", backward_share,
+               "must be in [0, 1]");
+  double total = 0;
+  for (double t : stage_s) {
+    require_real(std::isfinite(t) && t >= 0, "stage seconds", t, "must be >= 0");
+    total += t;
+  }
+  const double v = interleave, M = micro_batches, beta = backward_share;
+  double before = 0, makespan = 0;
+  for (double t : stage_s) {
+    const double others = total - t;
+    makespan = std::max({makespan, before / v + M * t,
+                         others / v + (1 - beta) * t / v + M * beta * t});
+    before += t;
+  }
+  return makespan;
+}
+
+std::vector<int> stage_layers(int layers, int stages, int first, int last) {
+  require_int(stages >= 1, "pp", stages, "must be >= 1");
+  require_int(layers >= stages, "layers", layers,
+              "must be >= pp = " + std::to_string(stages) + " (one layer per stage at least)");
+  std::vector<int> out(std::size_t(stages), layers / stages);
+  if (first == 0 && last == 0) {
+    // As even as the layers allow; the extra layers on the stages from the back.
+    for (int i = 0; i < layers % stages; ++i) ++out[std::size_t(stages - 1 - i)];
+    return out;
+  }
+  require_int(stages >= 2, "pp", stages, "must be >= 2 to give the end stages their own layers");
+  const int middle = stages - 2, rest = layers - first - last;
+  if (!(first >= 1 && last >= 1 && rest >= middle && (middle > 0 || rest == 0)))
+    throw InvalidInput("--pp-layers: first stage " + std::to_string(first) + " and last stage " +
+                       std::to_string(last) + " of the model's " + std::to_string(layers) +
+                       " layers leave " + std::to_string(rest) + " for " +
+                       std::to_string(middle) +
+                       " middle stages: every stage needs >= 1 layer and the stages must hold "
+                       "all layers");
+  out.front() = first;
+  out.back() = last;
+  // The middle stages share the rest; the extra layers go to the later ones, which hold fewer
+  // micro-batches in flight.
+  for (int s = 1; s <= middle; ++s)
+    out[std::size_t(s)] = rest / middle + (s > middle - rest % middle ? 1 : 0);
+  return out;
 }
 
 }  // namespace tally

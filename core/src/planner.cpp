@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
 #include <string>
 #include <tuple>
 
@@ -78,6 +79,9 @@ struct Prepared {
   double usable = 0;
   double param_bytes = 0, act_bytes = 0;
   double lower_bound_s[3] = {0, 0, 0};  // step time can't be below this, by Recompute
+  ParamCount count;            // the model's itemized parameters (stage shares)
+  mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
+  mutable std::vector<double> stage_buffer;  // per-stage seconds, reused across layouts
   mutable std::map<std::tuple<std::int64_t, int, bool, int, int, int>, MicroTimes> micro;
 
   const MicroTimes& micro_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
@@ -113,6 +117,7 @@ Prepared prepare(const PlanRequest& r) {
     p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
   p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
   p.usable = r.cluster.gpu.memory_bytes * (1.0 - r.headroom);
+  p.count = count_params(r.model);
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
   const double G = double(r.gpus);
@@ -148,10 +153,67 @@ double compute_seconds(const Prepared& P, Recompute rc) {
   return P.hw_flops[int(rc)] / (double(P.req->gpus) * P.peak * P.util);
 }
 
+// Note [planner stages]
+// A pipeline's end stages carry more than layers: the first the embedding, the last the final
+// norm, the LM head and the loss (6·V·h FLOPs per token, a large share for big vocabularies). With
+// interleave 1 the planner picks the layer split that makes the slowest stage fastest, among the
+// even split and end stages one layer lighter (as Llama 3 puts 126 layers on 16 stages:
+// 7 + 14 × 8 + 7, Dubey et al. 2024 §3.3.2), weighing each stage by its FLOPs — a choice that
+// depends on (pp, recompute) only, so it is made once and the memory pruning stays exact. A PP
+// that doesn't divide the layers gets the most even split (extra layers on the later stages).
+// Interleaved schedules keep equal stages (Megatron-LM needs pp·v | layers).
+std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
+  const auto key = std::make_pair(pp, int(rc));
+  if (const auto it = P.splits.find(key); it != P.splits.end()) return it->second;
+  const PlanRequest& r = *P.req;
+  const int layers = int(r.model.layers);
+  const double head = P.head_flops, layer = (P.hw_flops[int(rc)] - head) / layers;
+  auto pace = [&](int first, int last) {
+    const std::vector<int> n = stage_layers(layers, pp, first, last);
+    double worst = 0;
+    for (std::size_t s = 0; s < n.size(); ++s)
+      worst = std::max(worst, n[s] * layer + (s + 1 == n.size() ? head : 0.0));
+    return worst;
+  };
+  const int even = layers / pp;
+  // The most even split, as (first, last) when the layers don't divide (0, 0 when they do).
+  std::pair<int, int> best = layers % pp == 0 ? std::make_pair(0, 0)
+                                               : std::make_pair(even, even + 1);
+  double best_pace = pace(best.first, best.second);
+  for (const auto& [f, l] : {std::pair{even - 1, even}, std::pair{even, even - 1},
+                             std::pair{even - 1, even - 1}, std::pair{even, even}}) {
+    if (f < 1 || l < 1 || (pp == 2 && f + l != layers) || layers - f - l < pp - 2) continue;
+    const double p = pace(f, l);
+    if (p < best_pace * (1 - 1e-12)) {
+      best = {f, l};
+      best_pace = p;
+    }
+  }
+  return P.splits.emplace(key, best).first->second;
+}
+
+// Parameters on the GPU of the heaviest stage: N/(t·p) for an even split (the seed's ledger);
+// with uneven stages, each stage's layers plus the embedding (first) or the head (last; a tied
+// head keeps a copy of the embedding there, as Megatron-LM does), scaled to the state ledger's N.
+double params_per_gpu(const Prepared& P, const Layout& L) {
+  if (L.first_stage_layers == 0 && L.last_stage_layers == 0)
+    return P.n_state / (double(L.tp) * L.pp);
+  const ParamCount& c = P.count;
+  const double per_layer = (c.attention + c.mlp + c.norms) / double(P.req->model.layers);
+  const double head = P.req->model.tied_embeddings ? c.embedding : c.output_head;
+  const std::vector<int> n =
+      stage_layers(int(P.req->model.layers), L.pp, L.first_stage_layers, L.last_stage_layers);
+  double heaviest = 0;
+  for (std::size_t s = 0; s < n.size(); ++s)
+    heaviest = std::max(heaviest, n[s] * per_layer + (s == 0 ? c.embedding : 0.0) +
+                                      (s + 1 == n.size() ? head : 0.0));
+  return heaviest * (P.n_state / c.total()) / L.tp;
+}
+
 // Memory of a layout; returns total bytes and fills the memory fields of `e`.
 void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
   const PlanRequest& r = *P.req;
-  const double n_gpu = P.n_state / (double(L.tp) * L.pp);
+  const double n_gpu = params_per_gpu(P, L);
   e.states = model_states(n_gpu, StateSetup{.precision = r.precision, .optimizer = r.optimizer,
                                             .zero_stage = L.zero, .shard_degree = L.dp * L.cp})
                  .bytes;
@@ -160,7 +222,9 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
                                .interleave = L.interleave, .micro_batches = int(L.grad_accum),
                                .recompute = L.recompute, .attention = L.attention,
-                               .dropout = r.uses_dropout(), .act_bytes = P.act_bytes});
+                               .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
+                               .first_stage_layers = L.first_stage_layers,
+                               .last_stage_layers = L.last_stage_layers});
   e.buffer_bytes = L.zero == 3 ? 2.0 * n_gpu / double(r.model.layers) * L.pp * P.param_bytes
                                : 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
   e.total_bytes = e.states.total() + e.activation_bytes + e.buffer_bytes;
@@ -168,62 +232,59 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
   e.fits = e.total_bytes <= P.usable;
 }
 
-// Compute of one layout (Note [planner time model]): seconds per step of the busiest stage, its
-// backward part (the window DP reduction can hide in) and the single-GPU ideal.
-struct StageCompute {
-  double busy_s = 0;            // m micro-batches on the slowest stage
-  double backward_mb_s = 0;     // one micro-batch's backward on that stage
-  double optimizer_s = 0;
-  double ideal_s = 0;           // one GPU, same kernels, no parallelism, for B, over G
+// One micro-batch on one GPU of a stage (Note [planner time model]): per layer, and the extras of
+// the end stages. The utilisation model spreads hardware FLOPs at u the same way, which gives its
+// t_c · (1 + (P−1)·F_head/F) for even stages.
+struct StageTimes {
+  double layer_s = 0, layer_backward_s = 0;
+  double first_extra_s = 0, last_extra_s = 0, last_extra_backward_s = 0;
 };
 
-StageCompute stage_compute(const Prepared& P, const Layout& L) {
+StageTimes stage_times(const Prepared& P, const Layout& L) {
   const PlanRequest& r = *P.req;
-  StageCompute c;
-  const double m = double(L.grad_accum);
   if (r.time_model == TimeModel::utilisation) {
-    const double t = compute_seconds(P, L.recompute);
-    const double imbalance = 1.0 + (L.pp - 1) * P.head_flops / P.hw_flops[int(L.recompute)];
-    c.busy_s = t * imbalance;
-    c.backward_mb_s = (2.0 / 3.0) * t / m;
-    c.ideal_s = P.model_flops / (double(r.gpus) * P.peak * P.util);
-    return c;
+    // Per micro-batch per GPU: the step's FLOPs over m micro-batches and the t·c GPUs of a stage.
+    const double per_mb = double(L.micro_batch) / double(r.global_batch) / (double(L.tp) * L.cp) /
+                          (P.peak * P.util);
+    const double layer = (P.hw_flops[int(L.recompute)] - P.head_flops) / double(r.model.layers);
+    return StageTimes{.layer_s = layer * per_mb, .layer_backward_s = (2.0 / 3.0) * layer * per_mb,
+                      .last_extra_s = P.head_flops * per_mb,
+                      .last_extra_backward_s = (2.0 / 3.0) * P.head_flops * per_mb};
   }
   const MicroTimes& t = P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention);
-  const double layers = double(r.model.layers) / L.pp;
-  const double first = layers * t.layer_s + t.embedding_s;
-  const double last = layers * t.layer_s + t.output_s;
-  const double stage = L.pp == 1 ? layers * t.layer_s + t.embedding_s + t.output_s
-                                 : std::max(first, last);
-  c.busy_s = m * stage;
-  c.backward_mb_s = layers * t.layer_backward_s + (last >= first ? t.output_backward_s : 0.0);
-  const double n_gpu = P.n_state / (double(L.tp) * L.pp);
-  const double shard = L.zero >= 1 ? double(L.dp) * L.cp : 1.0;
-  c.optimizer_s = roofline_seconds(r.cluster.gpu, 0.0, 1.0,
-                                   optimizer_update_bytes(r.precision, r.optimizer) * n_gpu / shard);
+  return StageTimes{.layer_s = t.layer_s, .layer_backward_s = t.layer_backward_s,
+                    .first_extra_s = t.embedding_s, .last_extra_s = t.output_s,
+                    .last_extra_backward_s = t.output_backward_s};
+}
+
+// The single-GPU ideal for E: one GPU, the same kernels (or u), no parallelism, B sequences, over G.
+double ideal_seconds(const Prepared& P, const Layout& L) {
+  const PlanRequest& r = *P.req;
+  if (r.time_model == TimeModel::utilisation)
+    return P.model_flops / (double(r.gpus) * P.peak * P.util);
   const MicroTimes& one = P.micro_times(L.micro_batch, 1, false, 1, L.recompute, L.attention);
   const double single =
       double(r.global_batch) / double(L.micro_batch) *
           (double(r.model.layers) * one.layer_s + one.embedding_s + one.output_s) +
       roofline_seconds(r.cluster.gpu, 0.0, 1.0,
                        optimizer_update_bytes(r.precision, r.optimizer) * P.n_state);
-  c.ideal_s = single / double(r.gpus);
-  return c;
+  return single / double(r.gpus);
 }
 
 void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const PlanRequest& r = *P.req;
   const ClusterSpec& c = r.cluster;
+  const std::vector<int> layers =
+      stage_layers(int(r.model.layers), L.pp, L.first_stage_layers, L.last_stage_layers);
+  const int busiest = *std::max_element(layers.begin(), layers.end());
   const auto traffic = step_traffic(StepTrafficSetup{
       .params = P.n_state, .param_bytes = P.param_bytes, .grad_bytes = P.param_bytes,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
       .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .zero_stage = L.zero, .sequence_parallel = L.sp,
-      .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim()});
+      .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim(),
+      .busiest_stage_layers = busiest});
   e.comm_bytes_per_gpu = traffic.total_bytes();
-  const StageCompute sc = stage_compute(P, L);
-  e.optimizer_s = sc.optimizer_s;
-  e.compute_s = sc.busy_s + sc.optimizer_s;
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
   e.pp_s = traffic_seconds(traffic.pp, c);
@@ -231,26 +292,53 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const double gather_s = traffic_seconds(traffic.zero_param_gather, c);
   e.dp_s = grad_s + gather_s;
 
-  e.bubble_fraction = bubble(PipelineSetup{.stages = L.pp, .micro_batches = int(L.grad_accum),
-                                           .interleave = L.interleave})
-                          .bubble_fraction;
-  const double busy = sc.busy_s + e.tp_s + e.cp_s + e.pp_s;
-  const double pipe = busy / (1.0 - e.bubble_fraction);
+  // Each stage's time per micro-batch: its layers' kernels and exposed TP/CP collectives, its
+  // extras, and the PP sends (Note [planner time model]); the schedule's makespan from
+  // core/pipeline.hpp (equal stages: the bubble (P−1)/(v·m + P−1)).
+  const double m = double(L.grad_accum);
+  const StageTimes st = stage_times(P, L);
+  const double comm_per_layer = (e.tp_s + e.cp_s) / (m * busiest);
+  const double pp_per_mb = e.pp_s / m;
+  std::vector<double>& stage_s = P.stage_buffer;
+  stage_s.assign(layers.size(), 0.0);
+  double slowest = 0, slowest_compute = 0, slowest_backward = 0;
+  for (std::size_t s = 0; s < layers.size(); ++s) {
+    const bool first = s == 0, last = s + 1 == layers.size();
+    const double compute = layers[s] * st.layer_s + (first ? st.first_extra_s : 0.0) +
+                           (last ? st.last_extra_s : 0.0);
+    stage_s[s] = compute + layers[s] * comm_per_layer + pp_per_mb;
+    if (stage_s[s] > slowest) {
+      slowest = stage_s[s];
+      slowest_compute = compute;
+      slowest_backward = layers[s] * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0);
+    }
+  }
+  const double beta = st.layer_s > 0 ? st.layer_backward_s / st.layer_s : 2.0 / 3.0;
+  const double pipe = pipeline_makespan(stage_s, int(L.grad_accum), L.interleave, beta);
+  const double busy = m * slowest;
   e.bubble_s = pipe - busy;
+  e.bubble_fraction = pipe > 0 ? e.bubble_s / pipe : 0.0;
+  const double n_gpu = params_per_gpu(P, L);
+  const double shard = L.zero >= 1 ? double(L.dp) * L.cp : 1.0;
+  e.optimizer_s =
+      r.time_model == TimeModel::utilisation
+          ? 0.0
+          : roofline_seconds(c.gpu, 0.0, 1.0,
+                             optimizer_update_bytes(r.precision, r.optimizer) * n_gpu / shard);
+  e.compute_s = m * slowest_compute + e.optimizer_s;
   if (!r.overlap_dp) {
     e.dp_exposed_s = e.dp_s;
   } else {
-    const double window_s = traffic.dp_grad.calls > 1 ? sc.backward_mb_s * double(L.grad_accum)
-                                                      : sc.backward_mb_s;
+    const double window_s = traffic.dp_grad.calls > 1 ? slowest_backward * m : slowest_backward;
     e.dp_exposed_s = std::max(0.0, grad_s - window_s) +
-                     (L.zero == 3 ? std::max(0.0, gather_s - sc.busy_s) : gather_s);
+                     (L.zero == 3 ? std::max(0.0, gather_s - m * slowest_compute) : gather_s);
   }
-  e.step_s = pipe + sc.optimizer_s + e.dp_exposed_s;
+  e.step_s = pipe + e.optimizer_s + e.dp_exposed_s;
 
   const double G = r.gpus;
   e.tokens_per_s = P.tokens / e.step_s;
   e.mfu = P.model_flops / (e.step_s * G * P.peak);
-  e.efficiency = sc.ideal_s / e.step_s;
+  e.efficiency = ideal_seconds(P, L) / e.step_s;
 
   // The tightest wall: the resource closest to its budget (all four are fractions of one budget).
   const double shares[4] = {e.total_bytes / e.usable_bytes, e.compute_s / e.step_s,
@@ -259,8 +347,16 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   e.wall = e.fits ? Wall(std::max_element(shares, shares + 4) - shares) : Wall::memory;
 }
 
-PlanEval cost(const Prepared& P, const Layout& L) {
+// The layout with its stage split settled (Note [planner stages]): an explicit split is kept.
+Layout with_stages(const Prepared& P, Layout L) {
+  if (L.pp > 1 && L.interleave == 1 && L.first_stage_layers == 0 && L.last_stage_layers == 0)
+    std::tie(L.first_stage_layers, L.last_stage_layers) = choose_split(P, L.pp, L.recompute);
+  return L;
+}
+
+PlanEval cost(const Prepared& P, const Layout& layout) {
   PlanEval e;
+  const Layout L = with_stages(P, layout);
   e.layout = L;
   cost_memory(P, L, e);
   cost_time(P, L, e);
@@ -269,7 +365,8 @@ PlanEval cost(const Prepared& P, const Layout& L) {
 
 auto layout_key(const Layout& l) {
   return std::make_tuple(l.dp, l.tp, l.pp, l.cp, l.interleave, l.sp, l.zero, l.micro_batch,
-                         int(l.recompute), int(l.attention));
+                         int(l.recompute), int(l.attention), l.first_stage_layers,
+                         l.last_stage_layers);
 }
 
 // Total order: step time, then memory, then simplicity, then the layout itself (deterministic, so
@@ -311,6 +408,9 @@ std::string Layout::describe() const {
   std::string s = "DP " + std::to_string(dp) + " × TP " + std::to_string(tp) + (sp ? "+SP" : "") +
                   " × PP " + std::to_string(pp);
   if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
+  if (first_stage_layers != 0 || last_stage_layers != 0)
+    s += " (end stages " + std::to_string(first_stage_layers) + " + " +
+         std::to_string(last_stage_layers) + " layers)";
   s += " × CP " + std::to_string(cp) + ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
        std::to_string(micro_batch) + " × accum " + std::to_string(grad_accum) + ", recompute " +
        std::string(to_string(recompute)) + ", " + std::string(to_string(attention)) + " attention";
@@ -388,15 +488,18 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
         std::to_string(std::int64_t(L.dp) * L.micro_batch * L.grad_accum) +
         " must equal --global-batch = " + std::to_string(r.global_batch));
   if (L.zero < 0 || L.zero > 3) bad("zero = " + std::to_string(L.zero) + ": allowed 0..3");
+  const Prepared P = prepare(r);
+  const Layout staged = with_stages(P, L);
   ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
                   .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp, .interleave = L.interleave,
-                  .micro_batches = int(L.grad_accum)}
+                  .micro_batches = int(L.grad_accum),
+                  .first_stage_layers = staged.first_stage_layers,
+                  .last_stage_layers = staged.last_stage_layers}
       .validate(m);
   if (L.interleave > 1 && L.grad_accum % L.pp != 0)
     bad("interleave = " + std::to_string(L.interleave) + " needs accum (" +
         std::to_string(L.grad_accum) + ") divisible by pp = " + std::to_string(L.pp));
-  const Prepared P = prepare(r);
-  return cost(P, L);
+  return cost(P, staged);
 }
 
 PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
@@ -415,7 +518,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
     if (!tp_divides(m, int(tp))) { ++rej.tp_divisibility; continue; }
     for (std::int64_t pp : divisors(r.gpus / tp)) {
       if (space.max_pp > 0 && pp > space.max_pp) continue;
-      if (m.layers % pp != 0) { ++rej.pp_divisibility; continue; }
+      if (m.layers < pp) { ++rej.pp_divisibility; continue; }  // a stage needs a layer
       for (std::int64_t cp : divisors(r.gpus / tp / pp)) {
         if (space.max_cp > 0 && cp > space.max_cp) continue;
         if (r.seq % cp != 0) { ++rej.cp_divisibility; continue; }
@@ -426,7 +529,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         for (std::int64_t b : divisors(per_dp))
           if (space.max_micro_batch == 0 || b <= space.max_micro_batch) micro.push_back(b);
         std::vector<std::int64_t> chunks{1};
-        if (pp > 1)
+        if (pp > 1 && m.layers % pp == 0)  // interleaving needs pp·v | layers
           for (std::int64_t v : divisors(m.layers / pp))
             if (v > 1 && v <= space.max_interleave) chunks.push_back(v);
         for (std::int64_t v : chunks)

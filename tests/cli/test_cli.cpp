@@ -238,7 +238,7 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("memory --params 7e9 --precision fp8", "--precision");
   expect_bad("bubble --pp 0 --micro-batches 4", "--pp");
   expect_bad("plan --gpus 0", "--gpus");                                    // zero GPUs
-  expect_bad("plan --gpus 7", "--gpus = 7");                                // no layout can use 7
+  expect_bad("plan --gpus 67", "--gpus = 67");                              // no layout can use 67
   expect_bad("plan --global-batch 0", "--global-batch");                    // impossible batch
   expect_bad("plan --global-batch 3 --gpus 16 --max-pp 1 --max-cp 1", "--global-batch");
 }

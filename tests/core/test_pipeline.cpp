@@ -107,3 +107,50 @@ TEST(Pipeline, RejectsBadInput) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Note [uneven stages]: the closed form against the discrete-event 1F1B simulation, for stages of
+// different speeds (uneven layer counts, an LM head on the last stage).
+TEST(Pipeline, UnevenStagesMakespanMatchesTheSimulation) {
+  const std::vector<std::vector<double>> cases = {
+      {1, 1, 1, 1}, {1, 2, 1, 1}, {0.5, 1, 1, 1.5}, {2, 1, 1, 1}, {1, 1, 1, 3}, {1.2, 0.7, 2.0}};
+  for (const auto& t : cases)
+    for (int M : {1, 2, 4, 8, 16}) {
+      std::vector<double> f, b;
+      for (double x : t) {
+        f.push_back(x / 3);      // t_b = 2 t_f
+        b.push_back(2 * x / 3);
+      }
+      const double sim = simulate_1f1b_makespan(f, b, M);
+      const double closed = pipeline_makespan(t, M);
+      // A lower bound of the schedule, and close to it.
+      EXPECT_LE(closed, sim * (1 + 1e-12)) << "M " << M;
+      EXPECT_GT(closed / sim, 0.9) << "M " << M << " stages " << t.size();
+    }
+  // Equal stages: (M + P − 1)·t, Narayanan et al. 2021 eq. 1.
+  EXPECT_DOUBLE_EQ(pipeline_makespan({2, 2, 2, 2}, 8), (8 + 3) * 2.0);
+  EXPECT_DOUBLE_EQ(pipeline_makespan({2, 2, 2, 2}, 8, 2), 8 * 2.0 + 3 * 2.0 / 2);
+  // Slowest stage last: exact.
+  EXPECT_DOUBLE_EQ(pipeline_makespan({1, 1, 1, 3}, 8),
+                   simulate_1f1b_makespan({1. / 3, 1. / 3, 1. / 3, 1}, {2. / 3, 2. / 3, 2. / 3, 2}, 8));
+}
+
+// Llama 3 405B: 126 layers on 16 stages, one fewer on the first and the last (Dubey et al. 2024
+// §3.3.2); an even split puts the two extra layers on the last stages.
+TEST(Pipeline, StageLayers) {
+  const auto llama = stage_layers(126, 16, 7, 7);
+  EXPECT_EQ(llama.front(), 7);
+  EXPECT_EQ(llama.back(), 7);
+  for (int s = 1; s < 15; ++s) EXPECT_EQ(llama[std::size_t(s)], 8) << s;
+  EXPECT_EQ(stage_layers(70, 12), (std::vector<int>{5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6}));
+  EXPECT_EQ(stage_layers(32, 4), (std::vector<int>{8, 8, 8, 8}));
+  EXPECT_EQ(stage_layers(10, 4, 1, 1), (std::vector<int>{1, 4, 4, 1}));
+  EXPECT_EQ(stage_layers(11, 4, 1, 1), (std::vector<int>{1, 4, 5, 1}));
+  EXPECT_THROW(stage_layers(10, 4, 5, 5), InvalidInput);  // nothing left for the middle
+  EXPECT_THROW(stage_layers(3, 4), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally

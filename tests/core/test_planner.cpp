@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "tally/core/pipeline.hpp"
 #include "tally/core/presets.hpp"
 
 namespace tally {
@@ -242,8 +246,9 @@ TEST(Planner, BadInputIsRejected) {
   req = seed_request();
   req.global_batch = 0;
   EXPECT_THROW(plan(req), InvalidInput);
-  // 7 GPUs: 7 divides neither 32 heads, 32 layers, T = 2048 nor B = 256 — no layout exists.
-  EXPECT_THROW(plan(seed_request(7)), InvalidInput);
+  // 67 GPUs: 67 divides neither 32 heads, T = 2048 nor B = 256, and 67 stages exceed 32 layers —
+  // no layout exists.
+  EXPECT_THROW(plan(seed_request(67)), InvalidInput);
   req = seed_request();
   req.model = model_from_params(7e9);
   EXPECT_THROW(plan(req), InvalidInput);
@@ -362,3 +367,62 @@ TEST(Planner, TopPlansWithinTheBandAreCounted) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Issue 10: a PP that doesn't divide the layers is a layout (uneven stages, Note [planner
+// stages]). 7 GPUs can't split the seed's 7B by TP (32 heads), CP (2048), or DP (256), but 7
+// stages of 32 layers can: 4 + 5 + ... ; before, no layout existed.
+TEST(Planner, UnevenStagesMakeMoreGpuCountsPlannable) {
+  const auto r = plan(seed_request(7));
+  ASSERT_TRUE(r.feasible());
+  const Layout& L = r.best.front().layout;
+  EXPECT_EQ(L.pp, 7);
+  const std::vector<int> n = stage_layers(32, 7, L.first_stage_layers, L.last_stage_layers);
+  int sum = 0;
+  for (int x : n) sum += x;
+  EXPECT_EQ(sum, 32);
+  EXPECT_LE(*std::max_element(n.begin(), n.end()) - *std::min_element(n.begin(), n.end()), 2);
+}
+
+// Llama 3 405B's layout (Dubey et al. 2024 §3.3.2): 126 layers on 16 stages. A 128k vocabulary
+// makes the last stage's LM head heavy, so the planner lightens the end stages, as Meta did.
+TEST(Planner, HeavyHeadLightensTheEndStages) {
+  ModelSpec m = *model_preset("llama-3-70b");
+  m.name = "llama-3-405b";  // meta-llama/Llama-3.1-405B config.json
+  m.hidden = 16384;
+  m.layers = 126;
+  m.heads = 128;
+  m.kv_heads = 8;
+  m.ffn = 53248;
+  const PlanRequest r{.model = m, .cluster = *cluster_preset("h100-80g"), .gpus = 1024,
+                      .global_batch = 128, .seq = 8192};
+  const Layout base{.dp = 8, .tp = 8, .pp = 16, .micro_batch = 1, .grad_accum = 16,
+                    .recompute = Recompute::full};
+  const PlanEval e = evaluate_layout(r, base);
+  EXPECT_EQ(e.layout.first_stage_layers, 7);
+  EXPECT_EQ(e.layout.last_stage_layers, 7);
+  // The chosen split is faster than the most even one (extra layers on the last stages).
+  Layout even = base;
+  even.first_stage_layers = 7;
+  even.last_stage_layers = 8;
+  EXPECT_LT(e.step_s, evaluate_layout(r, even).step_s);
+}
+
+// Interleaved schedules keep equal stages (Megatron-LM needs pp·v | layers).
+TEST(Planner, InterleavedStagesStayEqual) {
+  const PlanRequest r{.model = *model_preset("gpt3-175b"), .cluster = *cluster_preset("a100-80g"),
+                      .gpus = 64, .global_batch = 64, .seq = 2048};
+  const Layout L{.dp = 1, .tp = 8, .pp = 8, .interleave = 2, .sp = true, .micro_batch = 1,
+                 .grad_accum = 64, .recompute = Recompute::selective};
+  const PlanEval e = evaluate_layout(r, L);
+  EXPECT_EQ(e.layout.first_stage_layers, 0);
+  EXPECT_EQ(e.layout.last_stage_layers, 0);
+  EXPECT_GT(e.bubble_fraction, 0);
+  EXPECT_LT(e.bubble_fraction, 7.0 / 64);  // below the non-interleaved (P−1)/m
+}
+
+}  // namespace
+}  // namespace tally
+

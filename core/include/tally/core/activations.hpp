@@ -25,7 +25,9 @@
 //   full recompute:  keep only each layer's input, 2sbh (÷ t with SP).
 //   flash attention: no a·s² term; keeps the softmax log-sum-exp, 4 bytes per (a, s, b).
 //   pipeline:        the first 1F1B stage holds min(p, m) micro-batches of L/p layers; interleaved
-//                    schedules hold (1 + (p−1)/(p·m')) times that (Korthikanti §4.2.3).
+//                    schedules hold (1 + (p−1)/(p·m')) times that (Korthikanti §4.2.3). With
+//                    uneven stages, stage s holds min(p − s, m) micro-batches of its own layers and
+//                    the peak is the largest stage.
 //   embeddings:      the embedding-output dropout mask sbh (first stage, ÷t with SP).
 //   output:          final norm input 2sbh, LM-head input 2sbh and fp32 logits 4sbV
 //                    (Korthikanti §4.3: 4sbh(1 + V/h)/t), on the last stage.
@@ -53,6 +55,9 @@ struct ActivationSetup {
   Attention attention = Attention::flash;
   bool dropout = true;           // Korthikanti keeps dropout masks; Llama-style training has none
   double act_bytes = 2.0;        // bytes per activation element (bf16/fp16 = 2, fp32 = 4)
+  // Layers of the first and last pipeline stage (core/pipeline.hpp stage_layers); 0 = the even
+  // split L/p (which needs p·v | L). Uneven stages need interleave 1.
+  int first_stage_layers = 0, last_stage_layers = 0;
   void validate(const ModelSpec& m) const;
 };
 

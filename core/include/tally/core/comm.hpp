@@ -91,6 +91,7 @@ struct StepTrafficSetup {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   std::int64_t kv_hidden = 0;         // a_kv·d, needed when cp > 1
+  std::int64_t busiest_stage_layers = 0;  // layers of the busiest pipeline stage; 0 = ⌈L/pp⌉
   void validate() const;              // throws InvalidInput naming the field
 };
 

@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tally {
 
@@ -50,5 +51,21 @@ int min_micro_batches_for_bubble(int stages, double max_fraction, int interleave
 // drains the remaining backwards. F(s, i) waits for F(s−1, i); B(s, i) waits for B(s+1, i) (on the
 // last stage for its own F). Returns stage 0's idle fraction over the makespan.
 double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s);
+// The same schedule with each stage's own forward and backward time; returns the makespan.
+double simulate_1f1b_makespan(const std::vector<double>& forward_s,
+                              const std::vector<double>& backward_s, int micro_batches);
+
+// Makespan of M micro-batches through stages of per-micro-batch time t_s (forward + backward):
+// a lower bound that holds each stage to its fill, drain and round-trip waits (Note [uneven stages]
+// in pipeline.cpp); β = the backward's share of a stage's time.
+double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, int interleave = 1,
+                         double backward_share = 2.0 / 3.0);
+
+// Transformer layers of each pipeline stage. first = last = 0: as even as the layers allow (the
+// extra layers on the last stages). Otherwise the first and last stages hold `first` and `last`
+// (lighter end stages carry the embedding and the LM head, as Llama 3 puts 126 layers on 16
+// stages: 7 + 14 × 8 + 7) and the middle stages share the rest, extra layers toward the end.
+// Throws InvalidInput when a stage would get no layer.
+std::vector<int> stage_layers(int layers, int stages, int first = 0, int last = 0);
 
 }  // namespace tally

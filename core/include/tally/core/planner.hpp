@@ -93,6 +93,10 @@ struct Layout {
   std::int64_t grad_accum = 1;           // m
   Recompute recompute = Recompute::none;
   Attention attention = Attention::flash;
+  // Layers of the first and last pipeline stage (core/pipeline.hpp stage_layers); 0 = as even as
+  // the layers allow. The planner lightens the end stages when the embedding and the LM head make
+  // them the slowest (Note [planner stages]).
+  int first_stage_layers = 0, last_stage_layers = 0;
   int dimensions() const;                // parallel/feature dimensions in use (simplicity)
   std::string describe() const;          // "DP 8 × TP 1 × PP 1 × CP 1, ZeRO-2, b 4 × m 8, ..."
 };
