@@ -29,7 +29,8 @@ struct PlanOptions {
   double headroom = 0.2, restart_minutes = 8;
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
-  bool overlap_dp = false, no_dropout = false, dropout = false, exhaustive = false;
+  bool no_overlap_dp = false, overlap_dp = false, no_overlap_param_gather = false,
+       tp_overlap = false, no_dropout = false, dropout = false, exhaustive = false;
   // compare
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
@@ -44,7 +45,8 @@ PlanRequest make_request(const PlanOptions& o) {
   PlanRequest r{.model = *resolve_model(o.model), .cluster = resolve_cluster(o.cluster),
                 .gpus = o.gpus, .global_batch = o.global_batch, .seq = o.seq,
                 .precision = precision_from(o.precision), .optimizer = optimizer_from(o.optimizer),
-                .headroom = o.headroom, .overlap_dp = o.overlap_dp,
+                .headroom = o.headroom, .overlap_dp = !o.no_overlap_dp,
+                .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -133,8 +135,16 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--headroom", o.headroom, "memory kept free: usable = capacity × (1 − headroom)")
       ->check(finite_in(0, 0.99))
       ->capture_default_str();
-  cmd->add_flag("--overlap-dp", o.overlap_dp,
-                "overlap DP/ZeRO gradient reduction with backward (default: on the critical path)");
+  cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
+                "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
+                "default: overlapped with backward but for the last bucket, as PyTorch DDP)")
+      ->excludes(cmd->add_flag("--overlap-dp", o.overlap_dp, "the default, kept as an alias"));
+  cmd->add_flag("--no-overlap-param-gather", o.no_overlap_param_gather,
+                "ZeRO-1/2 parameter all-gather exposed (DeepSpeed; default: overlapped with the "
+                "next forward, Megatron --overlap-param-gather)");
+  cmd->add_flag("--tp-overlap", o.tp_overlap,
+                "hide TP collectives behind GEMMs (Transformer Engine comm-GEMM overlap; default: "
+                "exposed)");
   cmd->add_flag("--no-dropout", o.no_dropout,
                 "no dropout masks or kernels (default: the model's config; Llama-family: none)")
       ->excludes(cmd->add_flag("--dropout", o.dropout,

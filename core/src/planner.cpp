@@ -27,18 +27,28 @@ namespace tally {
 //             utilisation: t_c = hardware FLOPs (compute.hpp, with recompute) / (G · peak · u), u =
 //             the GPU type's utilisation (ClusterSpec::mfu or a calibration file); the last
 //             stage's LM-head share stretches it by (1 + (P−1)·F_head/F).
-//   TP, CP    on the critical path: Megatron's TP all-reduces block the next matmul; CP's ring is
-//             counted exposed (conservative: ring attention can overlap it).
+//   TP, CP    on the critical path: Megatron's TP all-reduces block the next matmul (unless
+//             tp_overlap); CP's ring is counted exposed (conservative: ring attention can overlap
+//             it).
 //   PP        point-to-point sends per micro-batch, exposed.
 //   bubble    pipeline wall = (stage time + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
-//   DP/ZeRO   by default on the critical path, as the seed accounts it (compute + communication) and
-//             as Megatron-LM's local DDP did (Narayanan et al. 2021). With overlap_dp (PyTorch DDP,
-//             Megatron's --overlap-grad-reduce): a gradient reduction done once per step overlaps
-//             the last micro-batch's backward, one done per micro-batch (ZeRO-2/3) overlaps every
-//             backward; ZeRO-1/2's parameter all-gather after the optimizer step stays exposed;
-//             ZeRO-3's per-layer gathers are prefetched and overlap the whole compute.
+//   DP/ZeRO   Note [planner overlap].
 //   step      pipeline wall + optimizer + exposed DP time. E = t_ideal / step, t_ideal = the time
 //             one GPU would take for B with the same kernels and no parallelism, over G.
+// Note [planner overlap] — each default follows a framework, each is a PlanRequest switch:
+//   overlap_dp (default on; PyTorch DDP/FSDP, DeepSpeed overlap_comm, Megatron --overlap-grad-
+//             reduce): gradient buckets are reduced while backward continues; a reduction done
+//             once per step hides in the last micro-batch's backward, one done per micro-batch
+//             (ZeRO-2/3) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
+//             exposed. Off: the whole reduction is on the critical path (the seed; Megatron's 2021
+//             local DDP, which the Narayanan 2021 dev-set rows use).
+//   overlap_param_gather (default on; Megatron's distributed optimizer --overlap-param-gather):
+//             ZeRO-1/2's parameter all-gather after the optimizer step hides in the next step's
+//             first forward, but for its first bucket. Off: exposed (DeepSpeed ZeRO-1/2).
+//   ZeRO-3    per-layer gathers are prefetched one layer ahead and overlap the whole compute.
+//   tp_overlap (default off, Megatron's default; on = Transformer Engine comm-GEMM overlap): each
+//             layer's TP collectives hide behind that layer's kernels.
+//   PP        sends stay on the critical path at stage boundaries.
 // Communication: core/comm.hpp traffic_seconds on the cluster's comm model (presets: NCCL rings
 // over NVLink and every rail, Note [NCCL collective model]).
 // Buffers: DDP-style gradient buckets 2 × 25 MiB (PyTorch DDP's default bucket) for ZeRO 0–2; two
@@ -297,6 +307,8 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   // core/pipeline.hpp (equal stages: the bubble (P−1)/(v·m + P−1)).
   const double m = double(L.grad_accum);
   const StageTimes st = stage_times(P, L);
+  if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
+    e.tp_s = std::max(0.0, e.tp_s - m * busiest * st.layer_s);
   const double comm_per_layer = (e.tp_s + e.cp_s) / (m * busiest);
   const double pp_per_mb = e.pp_s / m;
   std::vector<double>& stage_s = P.stage_buffer;
@@ -326,13 +338,25 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
           : roofline_seconds(c.gpu, 0.0, 1.0,
                              optimizer_update_bytes(r.precision, r.optimizer) * n_gpu / shard);
   e.compute_s = m * slowest_compute + e.optimizer_s;
-  if (!r.overlap_dp) {
-    e.dp_exposed_s = e.dp_s;
-  } else {
+  // Note [planner overlap]. One 25 MiB bucket of a collective: its share of one call.
+  auto last_bucket_s = [&](const TrafficItem& item, double full_bytes) {
+    if (item.calls <= 0 || full_bytes <= 0) return 0.0;
+    const double share = std::min(1.0, kDdpBucketBytes / full_bytes);
+    return collective_seconds(item.collective, item.bytes_per_call * share, item.group,
+                              item.stride, c);
+  };
+  const double shard_bytes = P.param_bytes * P.n_state / (double(L.tp) * L.pp);
+  double grad_exposed = grad_s, gather_exposed = gather_s;
+  if (r.overlap_dp) {
     const double window_s = traffic.dp_grad.calls > 1 ? slowest_backward * m : slowest_backward;
-    e.dp_exposed_s = std::max(0.0, grad_s - window_s) +
-                     (L.zero == 3 ? std::max(0.0, gather_s - m * slowest_compute) : gather_s);
+    grad_exposed = std::max(last_bucket_s(traffic.dp_grad, shard_bytes), grad_s - window_s);
   }
+  if (L.zero == 3)
+    gather_exposed = std::max(0.0, gather_s - m * slowest_compute);
+  else if (r.overlap_param_gather && gather_s > 0)
+    gather_exposed = std::max(last_bucket_s(traffic.zero_param_gather, shard_bytes),
+                              gather_s - (slowest_compute - slowest_backward));
+  e.dp_exposed_s = grad_exposed + gather_exposed;
   e.step_s = pipe + e.optimizer_s + e.dp_exposed_s;
 
   const double G = r.gpus;
@@ -613,7 +637,9 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                                         : "flat ring") +
                    ", TP/CP/PP exposed, DP/ZeRO " +
-                   (r.overlap_dp ? "overlapped with backward" : "exposed (no overlap)");
+                   (r.overlap_dp ? "gradients overlapped with backward" : "gradients exposed") +
+                   (r.overlap_param_gather ? ", ZeRO-1/2 gather overlapped with forward" : "") +
+                   (r.tp_overlap ? ", TP overlapped with GEMMs" : "");
   return res;
 }
 

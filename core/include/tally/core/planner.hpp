@@ -56,9 +56,18 @@ struct PlanRequest {
   // none, GPT and the seed's model do, as Korthikanti counts them).
   std::optional<bool> dropout;
   bool uses_dropout() const { return dropout.value_or(model.dropout); }
-  // DP/ZeRO communication: false = on the critical path (the seed's accounting: step = compute +
-  // communication); true = gradient reduction overlapped with backward (Note [planner time model]).
-  bool overlap_dp = false;
+  // Overlap, as the frameworks do it (Note [planner overlap] in planner.cpp):
+  // gradient reduction overlapped with backward, all but the last bucket (PyTorch DDP and FSDP,
+  // DeepSpeed overlap_comm, Megatron-LM --overlap-grad-reduce); false = on the critical path (the
+  // seed's accounting, Megatron-LM's 2021 local DDP).
+  bool overlap_dp = true;
+  // ZeRO-1/2 parameter all-gather after the optimizer step overlapped with the next step's first
+  // forward (Megatron-LM distributed optimizer, --overlap-param-gather); false = exposed
+  // (DeepSpeed ZeRO-1/2).
+  bool overlap_param_gather = true;
+  // TP collectives hidden behind the GEMMs beside them (Transformer Engine's comm-GEMM overlap,
+  // Megatron-LM --tp-comm-overlap); false = exposed (Megatron-LM's default).
+  bool tp_overlap = false;
   TimeModel time_model = TimeModel::operators;
   bool causal = true;                    // decoder training: flash kernels skip the masked half
   // Reliability inputs (the report's reliability section).
