@@ -9,6 +9,7 @@
 #include "common.hpp"
 #include "tally/core/activations.hpp"
 #include "tally/core/model_states.hpp"
+#include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
 namespace tally::cli {
@@ -25,6 +26,7 @@ struct MemoryOptions {
   std::optional<std::int64_t> seq;   // unset: model states only, no activations
   std::int64_t micro_batch = 1;
   std::optional<std::string> gpu;    // unset: no capacity line
+  double headroom = 0.2;             // with --gpu: usable = capacity × (1 − headroom), as the planner
 };
 
 void run_memory(const MemoryOptions& o) {
@@ -96,11 +98,25 @@ void run_memory(const MemoryOptions& o) {
                         {"layer_terms", terms}};
   }
   j["items_gb"] = items_gb;
-  if (gpu)
+  // Note [does it fit] (core/planner.hpp): the planner's own check, buffers and headroom included.
+  std::optional<FitCheck> fit;
+  if (gpu) {
+    const bool layers_known = !model.params_only;
+    const double buffers =
+        o.zero == 3 && !layers_known
+            ? 0.0  // ZeRO-3's gathered-layer buffers need the layer count
+            : buffer_bytes(o.zero, n_gpu, layers_known ? model.layers / o.pp : 1,
+                           dtype_bytes(precision));
+    fit = check_fit(b.total(), act_bytes, buffers, gpu->gpu.memory_bytes, o.headroom);
     j["capacity"] = {{"gpu", gpu->gpu.name},
                      {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
-                     {"used_fraction", total / gpu->gpu.memory_bytes},
-                     {"fits", total <= gpu->gpu.memory_bytes}};
+                     {"headroom", o.headroom},
+                     {"usable_gb", in_gb(fit->usable_bytes)},
+                     {"buffers_gb", in_gb(fit->buffer_bytes)},
+                     {"total_gb", in_gb(fit->total_bytes)},
+                     {"used_fraction", fit->total_bytes / gpu->gpu.memory_bytes},
+                     {"fits", fit->fits}};
+  }
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
     print_json(j);
@@ -136,11 +152,15 @@ void run_memory(const MemoryOptions& o) {
                "activations", size_str(act_bytes, unit));
   }
   fmt::print("total per GPU          {:>14}\n", size_str(total, unit));
-  if (gpu) {
-    const double frac = total / gpu->gpu.memory_bytes;
-    fmt::print("capacity {}: {} → {} ({:.1f} % used; the seed's failure line is 80 %)\n",
+  if (fit) {
+    fmt::print("  + buffers            {:>14}   (DDP buckets / ZeRO-3 gathered layers)\n",
+               size_str(fit->buffer_bytes, unit));
+    fmt::print("capacity {}: {}, usable {} at {:.0f} % headroom → {} ({} = {:.1f} % of "
+               "capacity; the same check as tally plan)\n",
                gpu->gpu.name, size_str(gpu->gpu.memory_bytes, unit),
-               frac <= 1.0 ? "fits" : "does not fit", 100 * frac);
+               size_str(fit->usable_bytes, unit), 100 * o.headroom,
+               fit->fits ? "fits" : "does not fit", size_str(fit->total_bytes, unit),
+               100 * fit->total_bytes / gpu->gpu.memory_bytes);
   }
 }
 
@@ -185,6 +205,10 @@ void register_memory(CLI::App& app) {
       ->excludes(cmd->add_flag("--dropout", o->dropout,
                                "count dropout masks even if the model's config has none"));
   cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
+  cmd->add_option("--headroom", o->headroom,
+                  "with --gpu: memory kept free, usable = capacity × (1 − headroom), as tally plan")
+      ->check(finite_in(0, 0.99))
+      ->capture_default_str();
   cmd->callback([o] { run_memory(*o); });
 }
 

@@ -235,11 +235,19 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
                                .first_stage_layers = L.first_stage_layers,
                                .last_stage_layers = L.last_stage_layers});
-  e.buffer_bytes = L.zero == 3 ? 2.0 * n_gpu / double(r.model.layers) * L.pp * P.param_bytes
-                               : 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
-  e.total_bytes = e.states.total() + e.activation_bytes + e.buffer_bytes;
-  e.usable_bytes = P.usable;
-  e.fits = e.total_bytes <= P.usable;
+  const std::int64_t stage_layers_max =
+      L.first_stage_layers == 0 && L.last_stage_layers == 0
+          ? r.model.layers / L.pp
+          : std::max<std::int64_t>({L.first_stage_layers, L.last_stage_layers,
+                                    (r.model.layers - L.first_stage_layers -
+                                     L.last_stage_layers + L.pp - 3) / std::max(L.pp - 2, 1)});
+  const FitCheck fit = check_fit(e.states.total(), e.activation_bytes,
+                                 buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes),
+                                 r.cluster.gpu.memory_bytes, r.headroom);
+  e.buffer_bytes = fit.buffer_bytes;
+  e.total_bytes = fit.total_bytes;
+  e.usable_bytes = fit.usable_bytes;
+  e.fits = fit.fits;
 }
 
 // One micro-batch on one GPU of a stage (Note [planner time model]): per layer, and the extras of
@@ -439,6 +447,25 @@ std::string Layout::describe() const {
        std::to_string(micro_batch) + " × accum " + std::to_string(grad_accum) + ", recompute " +
        std::string(to_string(recompute)) + ", " + std::string(to_string(attention)) + " attention";
   return s;
+}
+
+double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
+                    double param_bytes) {
+  if (zero_stage == 3)  // current + prefetched layer's gathered parameters
+    return 2.0 * params_per_gpu / double(std::max<std::int64_t>(layers_per_stage, 1)) * param_bytes;
+  return 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
+}
+
+FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
+                   double capacity_bytes, double headroom) {
+  require_real(std::isfinite(headroom) && headroom >= 0 && headroom < 1, "headroom", headroom,
+               "must be in [0, 1)");
+  FitCheck f{.states_bytes = states_bytes, .activation_bytes = activation_bytes,
+             .buffer_bytes = buffers, .capacity_bytes = capacity_bytes, .headroom = headroom};
+  f.total_bytes = states_bytes + activation_bytes + buffers;
+  f.usable_bytes = capacity_bytes * (1.0 - headroom);
+  f.fits = f.total_bytes <= f.usable_bytes;
+  return f;
 }
 
 std::optional<ErrorBand> step_time_band(TimeModel t) {

@@ -514,3 +514,23 @@ INSTANTIATE_TEST_SUITE_P(
                       EdgeCase{"compare", ""}));
 
 }  // namespace
+
+namespace {
+
+// Issue 10 "Also": `tally memory --gpu` and `tally plan` answer "does it fit" with one core check
+// (Note [does it fit]): the same layout gives the same total, usable memory and verdict.
+TEST(Cli, MemoryAndPlanAgreeOnWhatFits) {
+  const auto plan = json_of(tally("plan --no-overlap-dp --no-overlap-param-gather --json"));
+  const auto& b = plan["best"];
+  const std::string args =
+      "memory --model seed-7b --seq 2048 --gpu a100-80g --json --dp " + b["dp"].dump() +
+      " --zero " + b["zero"].dump() + " --micro-batch " + b["micro_batch"].dump() +
+      " --micro-batches " + b["grad_accum"].dump();
+  const auto mem = json_of(tally(args));
+  const auto& cap = mem["capacity"];
+  EXPECT_NEAR(cap["total_gb"].get<double>(), b["per_gpu_gb"].get<double>(), 1e-9) << args;
+  EXPECT_NEAR(cap["usable_gb"].get<double>(), b["usable_gb"].get<double>(), 1e-9);
+  EXPECT_EQ(cap["fits"], b["fits"]);
+}
+
+}  // namespace

@@ -78,6 +78,22 @@ struct PlanRequest {
   void validate() const;                 // throws InvalidInput naming the field
 };
 
+// Note [does it fit] — the one answer to "does this fit on the GPU", for `tally plan` (every layout)
+// and `tally memory --gpu`: model states + activations + buffers <= capacity × (1 − headroom).
+// Buffers: two PyTorch DDP gradient buckets in flight (2 × 25 MiB, kDdpBucketBytes) for ZeRO 0–2;
+// two layers of gathered parameters (current + prefetched) for ZeRO-3.
+double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
+                    double param_bytes);
+struct FitCheck {
+  double states_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
+  double total_bytes = 0;
+  double capacity_bytes = 0, headroom = 0;
+  double usable_bytes = 0;               // capacity · (1 − headroom)
+  bool fits = false;                     // total <= usable
+};
+FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
+                   double capacity_bytes, double headroom);
+
 // Which dimensions the search may use; defaults search everything.
 struct SearchSpace {
   int max_tp = 0;                        // 0 = GPUs per node
