@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace tally {
 
@@ -66,6 +67,56 @@ double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, do
   const double compute_s = flops > 0 ? flops / flops_per_s : 0.0;
   const double memory_s = bytes / (gpu.memory_bps * gpu.kernels.memory_fraction);
   return std::max(compute_s, memory_s) + gpu.kernels.kernel_overhead_s;
+}
+
+KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops,
+                         const std::vector<GemmSample>& samples) {
+  require_int(samples.size() >= 3, "gemm samples", std::int64_t(samples.size()),
+              "need >= 3 measured GEMMs to fit");
+  require_real(std::isfinite(peak_flops) && peak_flops > 0, "peak_flops", peak_flops,
+               "must be > 0 FLOP/s");
+  for (const GemmSample& g : samples) {
+    require_real(std::isfinite(g.seconds) && g.seconds > 0, "gemm seconds", g.seconds,
+                 "must be > 0");
+    (void)gemm_efficiency(base, g.m, g.n, g.k, g.batch);  // validates the shape
+  }
+  KernelPerf best = base;
+  double best_err = std::numeric_limits<double>::infinity();
+  std::vector<double> implied;
+  implied.reserve(samples.size());
+  for (const double half_k : {0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0})
+    for (double tile = 0.5; tile <= 1.0 + 1e-9; tile += 0.05)
+      for (const double overhead : {0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5}) {
+        KernelPerf kp = base;
+        kp.gemm_half_k = half_k;
+        kp.half_tile_efficiency = std::min(tile, 1.0);
+        kp.gemm_fraction = 1.0;
+        kp.kernel_overhead_s = overhead;
+        implied.clear();
+        for (const GemmSample& g : samples) {
+          const double compute_s = g.seconds - overhead;
+          if (compute_s <= 0) continue;
+          const double flops = 2.0 * g.batch * double(g.m) * double(g.n) * double(g.k);
+          implied.push_back(flops / (peak_flops * gemm_efficiency(kp, g.m, g.n, g.k, g.batch) *
+                                     compute_s));
+        }
+        if (implied.size() < samples.size()) continue;  // overhead longer than a kernel
+        std::nth_element(implied.begin(), implied.begin() + implied.size() / 2, implied.end());
+        kp.gemm_fraction = std::clamp(implied[implied.size() / 2], 1e-6, 1.0);
+        double err = 0;
+        for (const GemmSample& g : samples) {
+          const double flops = 2.0 * g.batch * double(g.m) * double(g.n) * double(g.k);
+          const double predicted =
+              flops / (peak_flops * gemm_efficiency(kp, g.m, g.n, g.k, g.batch)) + overhead;
+          const double e = std::log(predicted / g.seconds);
+          err += e * e;
+        }
+        if (err < best_err) {
+          best_err = err;
+          best = kp;
+        }
+      }
+  return best;
 }
 
 }  // namespace tally

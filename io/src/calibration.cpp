@@ -1,6 +1,8 @@
 #include "tally/io/calibration.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -68,11 +70,84 @@ CalibrationPoint read_point(const json& v, std::string_view source, std::size_t 
                           .busbw_bps = p.number("busbw_bytes_per_s", kBusbwBps)};
 }
 
+constexpr Range kPeakFlops{kPeakFlopsBounds.lo, kPeakFlopsBounds.hi};
+constexpr Range kMemoryBps{kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi};
+constexpr Range kKernelSeconds{1e-9, 1e6};
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 24;
+constexpr std::size_t kMaxNameChars = 128;
+
+// The array `key` of objects, each read by `one(reader, index)`.
+template <class T, class F>
+std::vector<T> read_objects(const ObjectReader& r, std::string_view key, F one) {
+  std::vector<T> out;
+  const json* items = r.opt_array(key, kMaxPoints);
+  if (!items) return out;
+  for (std::size_t i = 0; i < items->size(); ++i) {
+    const std::string field = r.field(key) + "[" + std::to_string(i) + "]";
+    if (!(*items)[i].is_object()) detail::fail(r.source(), field, detail::show((*items)[i]), "must be an object");
+    out.push_back(one(ObjectReader((*items)[i], r.source(), field + "."), i));
+  }
+  return out;
+}
+
+std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
+  const auto k = r.opt_object("kernels");
+  if (!k) return std::nullopt;
+  k->allow_only({"device", "precision", "peak_flops", "sm_count", "memory_bytes_per_s", "gemm",
+                 "attention"});
+  KernelCalibration c;
+  c.device = k->opt_string("device", kMaxNameChars).value_or("");
+  c.precision = k->opt_string("precision", 16).value_or("bf16");
+  if (!parse_precision(c.precision))
+    detail::fail(k->source(), k->field("precision"), detail::show(json(c.precision)),
+                 "one of fp32, bf16, fp16");
+  c.peak_flops = k->number("peak_flops", kPeakFlops);
+  if (const auto sm = k->opt_integer("sm_count", 1, 1'000'000)) c.sm_count = int(*sm);
+  c.memory_bps = k->opt_number("memory_bytes_per_s", kMemoryBps);
+  c.gemm = read_objects<GemmSample>(*k, "gemm", [](const ObjectReader& g, std::size_t) {
+    g.allow_only({"m", "n", "k", "batch", "seconds_median"});
+    return GemmSample{.m = g.integer("m", 1, kMaxDim), .n = g.integer("n", 1, kMaxDim),
+                      .k = g.integer("k", 1, kMaxDim),
+                      .batch = double(g.opt_integer("batch", 1, kMaxDim).value_or(1)),
+                      .seconds = g.number("seconds_median", kKernelSeconds)};
+  });
+  c.attention = read_objects<AttentionPoint>(*k, "attention", [](const ObjectReader& a, std::size_t) {
+    a.allow_only({"batch", "heads", "seq", "head_dim", "causal", "forward_seconds",
+                  "backward_seconds"});
+    return AttentionPoint{.batch = int(a.integer("batch", 1, kMaxDim)),
+                          .heads = int(a.integer("heads", 1, kMaxDim)),
+                          .seq = a.integer("seq", 1, kMaxDim),
+                          .head_dim = a.integer("head_dim", 1, kMaxDim),
+                          .causal = a.opt_boolean("causal").value_or(true),
+                          .forward_seconds = a.number("forward_seconds", kKernelSeconds),
+                          .backward_seconds = a.number("backward_seconds", kKernelSeconds)};
+  });
+  return c;
+}
+
+json kernels_to_json(const KernelCalibration& c) {
+  json j{{"device", c.device}, {"precision", c.precision}, {"peak_flops", c.peak_flops}};
+  if (c.sm_count) j["sm_count"] = *c.sm_count;
+  if (c.memory_bps) j["memory_bytes_per_s"] = *c.memory_bps;
+  json gemm = json::array(), attention = json::array();
+  for (const auto& g : c.gemm)
+    gemm.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", std::int64_t(g.batch)},
+                    {"seconds_median", g.seconds}});
+  for (const auto& a : c.attention)
+    attention.push_back({{"batch", a.batch}, {"heads", a.heads}, {"seq", a.seq},
+                         {"head_dim", a.head_dim}, {"causal", a.causal},
+                         {"forward_seconds", a.forward_seconds},
+                         {"backward_seconds", a.backward_seconds}});
+  j["gemm"] = std::move(gemm);
+  j["attention"] = std::move(attention);
+  return j;
+}
+
 Calibration parse(std::string_view text, std::string_view source) {
   const json root = detail::parse_object(text, source);
   const ObjectReader r(root, source);
   r.allow_only({"format", "version", "source", "comment", "intra_node", "inter_node", "mfu",
-                "points"});
+                "points", "kernels"});
   if (const auto f = r.opt_string("format", 64); f && *f != kFormat)
     detail::fail(source, "format", detail::show(json(*f)),
                  "must be \"" + std::string(kFormat) + "\"");
@@ -89,6 +164,7 @@ Calibration parse(std::string_view text, std::string_view source) {
     for (std::size_t i = 0; i < points->size(); ++i)
       c.points.push_back(read_point((*points)[i], source, i));
   }
+  c.kernels = read_kernels(r);
   return c;
 }
 
@@ -130,6 +206,7 @@ std::string calibration_to_json(const Calibration& c) {
                       {"seconds_median", p.seconds_median},
                       {"busbw_bytes_per_s", p.busbw_bps}});
   j["points"] = std::move(points);
+  if (c.kernels) j["kernels"] = kernels_to_json(*c.kernels);
   // Invalid UTF-8 in strings is replaced rather than thrown on.
   std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   // Read it back with the reader's checks, so nothing is written that cannot be loaded.
@@ -145,10 +222,50 @@ Calibration load_calibration(const std::filesystem::path& path) {
   return parse_calibration(read_text_file(path), path.string());
 }
 
+namespace {
+
+// Note [GEMM calibration] applied: fractions are relative to the peak the benchmark states, so a
+// measurement keeps its meaning on a preset whose peak is quoted differently.
+void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
+  KernelPerf& kp = gpu.kernels;
+  if (k.sm_count) kp.sm_count = *k.sm_count;
+  const Precision p = *parse_precision(k.precision);
+  const double rescale = k.peak_flops / gpu.peak_flops(p);  // fraction of the benchmark's peak
+  if (k.gemm.size() >= 3) {
+    const KernelPerf fit = fit_gemm_perf(kp, k.peak_flops, k.gemm);
+    kp.gemm_half_k = fit.gemm_half_k;
+    kp.half_tile_efficiency = fit.half_tile_efficiency;
+    kp.kernel_overhead_s = fit.kernel_overhead_s;
+    kp.gemm_fraction = std::min(1.0, fit.gemm_fraction * rescale);
+  }
+  if (k.memory_bps) {
+    if (gpu.memory_bps <= 0) gpu.memory_bps = *k.memory_bps;
+    kp.memory_fraction = std::min(1.0, *k.memory_bps / gpu.memory_bps);
+  }
+  if (!k.attention.empty()) {
+    std::vector<double> fwd, bwd;
+    for (const auto& a : k.attention) {
+      const double flops = 4.0 * a.batch * a.heads * double(a.seq) * double(a.seq) *
+                           double(a.head_dim) * (a.causal ? 0.5 : 1.0);
+      fwd.push_back(flops / (k.peak_flops * a.forward_seconds));
+      bwd.push_back(2.5 * flops / (k.peak_flops * a.backward_seconds));
+    }
+    auto median = [](std::vector<double> v) {
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      return v[v.size() / 2];
+    };
+    kp.attention_forward_fraction = std::clamp(median(fwd) * rescale, 1e-6, 1.0);
+    kp.attention_backward_fraction = std::clamp(median(bwd) * rescale, 1e-6, 1.0);
+  }
+}
+
+}  // namespace
+
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c) {
   if (c.intra_node) cluster.intra_node = *c.intra_node;
   if (c.inter_node) cluster.inter_node = *c.inter_node;
   if (c.mfu) cluster.mfu = *c.mfu;
+  if (c.kernels) apply_kernels(cluster.gpu, *c.kernels);
   try {
     cluster.validate();
   } catch (const InvalidInput& e) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "tally/core/presets.hpp"
 
@@ -88,6 +89,46 @@ TEST(Roofline, BadShapesAndFiguresAreRejected) {
   } catch (const InvalidInput& e) {
     EXPECT_NE(std::string(e.what()).find("gemm_fraction = 1.5"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// Note [GEMM calibration]: constants on the fitting grid are recovered from GEMMs timed by them,
+// exactly without noise and closely with ±3 % of it.
+TEST(Roofline, FitRecoversKernelConstants) {
+  const KernelPerf truth{.sm_count = 108, .tile_m = 256, .tile_n = 128, .gemm_fraction = 0.8,
+                         .gemm_half_k = 128, .half_tile_efficiency = 0.9,
+                         .kernel_overhead_s = 5e-6};
+  const double peak = 312e12;
+  std::vector<GemmSample> samples;
+  for (std::int64_t m : {256, 1024, 4096, 8192})
+    for (std::int64_t n : {128, 1000, 4096})
+      for (std::int64_t k : {64, 512, 4096}) {
+        const double flops = 2.0 * m * n * k;
+        const double t = flops / (peak * gemm_efficiency(truth, m, n, k)) + 5e-6;
+        samples.push_back({.m = m, .n = n, .k = k, .seconds = t});
+      }
+  const KernelPerf fit = fit_gemm_perf(KernelPerf{.sm_count = 108}, peak, samples);
+  EXPECT_NEAR(fit.gemm_fraction, 0.8, 1e-9);
+  EXPECT_EQ(fit.gemm_half_k, 128);
+  EXPECT_NEAR(fit.half_tile_efficiency, 0.9, 1e-9);
+  EXPECT_NEAR(fit.kernel_overhead_s, 5e-6, 1e-15);
+
+  for (std::size_t j = 0; j < samples.size(); ++j)
+    samples[j].seconds *= 1 + 0.03 * ((j * 7919) % 3 == 0 ? 1 : (j % 2 ? -1 : 0));
+  const KernelPerf noisy = fit_gemm_perf(KernelPerf{.sm_count = 108}, peak, samples);
+  EXPECT_NEAR(noisy.gemm_fraction, 0.8, 0.05);
+  for (const GemmSample& g : samples) {
+    const double predicted = 2.0 * g.m * g.n * g.k / (peak * gemm_efficiency(noisy, g.m, g.n, g.k)) +
+                             noisy.kernel_overhead_s;
+    EXPECT_NEAR(predicted / g.seconds, 1.0, 0.15) << g.m << "x" << g.n << "x" << g.k;
+  }
+  EXPECT_THROW(fit_gemm_perf(KernelPerf{.sm_count = 108}, peak, {samples[0], samples[1]}),
+               InvalidInput);
 }
 
 }  // namespace

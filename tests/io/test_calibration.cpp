@@ -169,3 +169,49 @@ TEST(CalibrationBad, NotJsonNotObject) {
 
 }  // namespace
 }  // namespace tally::io
+
+namespace tally::io {
+namespace {
+
+// The "kernels" section (bench/gpu/probe.py, `tally bench gemm`): read back exactly, and applied
+// over a preset by Note [GEMM calibration]. Times are made from known constants so the expected
+// fractions are independent of the reader.
+TEST(Calibration, KernelsRoundTripAndApply) {
+  const double peak = 312e12;
+  const KernelPerf truth{.sm_count = 108, .gemm_fraction = 0.7, .gemm_half_k = 64,
+                         .half_tile_efficiency = 0.85, .kernel_overhead_s = 2e-6};
+  KernelCalibration k{.device = "test-gpu", .precision = "bf16", .peak_flops = peak,
+                      .sm_count = 108, .memory_bps = 1.7e12};
+  for (std::int64_t m : {512, 2048, 8192})
+    for (std::int64_t n : {256, 3000, 8192})
+      for (std::int64_t kk : {128, 1024, 8192})
+        k.gemm.push_back({.m = m, .n = n, .k = kk,
+                          .seconds = 2.0 * m * n * kk / (peak * gemm_efficiency(truth, m, n, kk)) +
+                                     2e-6});
+  // b 2 × 16 heads × 4096² × 128 causal: 4·2·16·4096²·128·½ FLOPs; at 0.5 of peak forward and
+  // 0.4 of peak backward (2.5 × the FLOPs).
+  const double flops = 4.0 * 2 * 16 * 4096.0 * 4096 * 128 * 0.5;
+  k.attention.push_back({.batch = 2, .heads = 16, .seq = 4096, .head_dim = 128, .causal = true,
+                         .forward_seconds = flops / (0.5 * peak),
+                         .backward_seconds = 2.5 * flops / (0.4 * peak)});
+  Calibration c{.source = "synthetic", .kernels = k};
+  const Calibration back = parse(calibration_to_json(c));
+  ASSERT_TRUE(back.kernels.has_value());
+  EXPECT_EQ(back.kernels->gemm.size(), k.gemm.size());
+  EXPECT_EQ(back.kernels->gemm[5].seconds, k.gemm[5].seconds);
+  EXPECT_EQ(back.kernels->attention[0].backward_seconds, k.attention[0].backward_seconds);
+
+  const ClusterSpec a = apply_calibration(*cluster_preset("a100-80g"), back);
+  EXPECT_NEAR(a.gpu.kernels.gemm_fraction, 0.7, 1e-9);  // the preset's peak is the same 312T
+  EXPECT_EQ(a.gpu.kernels.gemm_half_k, 64);
+  EXPECT_NEAR(a.gpu.kernels.half_tile_efficiency, 0.85, 1e-9);
+  EXPECT_NEAR(a.gpu.kernels.memory_fraction, 1.7e12 / 2.039e12, 1e-12);
+  EXPECT_NEAR(a.gpu.kernels.attention_forward_fraction, 0.5, 1e-9);
+  EXPECT_NEAR(a.gpu.kernels.attention_backward_fraction, 0.4, 1e-9);
+  // Hostile: an unknown precision is a one-line error naming the field.
+  std::string text = calibration_to_json(c);
+  expect_invalid([&] { parse(replaced(text, "\"bf16\"", "\"bf17\"")); }, {"kernels.precision"});
+}
+
+}  // namespace
+}  // namespace tally::io

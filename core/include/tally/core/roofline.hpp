@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tally/core/hardware.hpp"
 #include "tally/core/types.hpp"
@@ -36,6 +37,21 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
 // GPU's per-kernel overhead. flops_per_s is the rate the kernel's FLOPs run at (peak · η for a
 // GEMM or fused attention, the fp32 CUDA-core peak for elementwise math).
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes);
+
+// One measured GEMM (`tally bench gemm`, bench/gpu/probe.py): B-batched (m × k)·(k × n).
+struct GemmSample {
+  std::int64_t m = 0, n = 0, k = 0;
+  double batch = 1;
+  double seconds = 0;  // median
+};
+
+// Note [GEMM calibration]: the kernel constants of Note [GEMM efficiency] fitted to measured GEMMs
+// of one GPU at one precision — what the issue calls calibrating by micro-benchmarks, never by
+// training runs. For each k½ in {0 … 1024}, half-tile efficiency in {0.5 … 1} and per-kernel
+// overhead in {0 … 50 µs} on a grid, gemm_fraction is the median of what each sample implies; the
+// combination with the least squared log-error of predicted over measured time wins. sm_count and
+// the tile come from `base`. Throws InvalidInput with fewer than 3 samples or a non-positive time.
+KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops, const std::vector<GemmSample>& samples);
 
 // Throws InvalidInput naming the field unless every KernelPerf figure is in range and the GPU has
 // sm_count >= 1 and memory_bps within kBandwidthBpsBounds.

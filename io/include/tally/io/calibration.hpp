@@ -8,7 +8,15 @@
 //     "inter_node": {"alpha_s": 1e-05, "beta_bytes_per_s": 4.8e+10},   optional
 //     "mfu": 0.45,                                                      optional
 //     "points": [{"collective": "allreduce", "ranks": 8, "size_bytes": 1048576,
-//                 "seconds_median": 0.00012, "busbw_bytes_per_s": 7.6e+09}, ...]
+//                 "seconds_median": 0.00012, "busbw_bytes_per_s": 7.6e+09}, ...],
+//     "kernels": {                                                      optional (operator model)
+//       "device": "NVIDIA H200", "precision": "bf16", "peak_flops": 9.894e14,
+//       "sm_count": 132,                                                optional
+//       "memory_bytes_per_s": 4.1e12,       measured streaming (read + write) bandwidth, optional
+//       "gemm": [{"m": 4096, "n": 4096, "k": 4096, "batch": 1, "seconds_median": 0.00021}, ...],
+//       "attention": [{"batch": 4, "heads": 32, "seq": 4096, "head_dim": 128, "causal": true,
+//                      "forward_seconds": 0.0012, "backward_seconds": 0.0031}, ...]
+//     }
 //   }
 //
 // alpha_s is the per-step latency and beta_bytes_per_s the per-GPU, per-direction bandwidth of the
@@ -22,6 +30,7 @@
 #include <vector>
 
 #include "tally/core/hardware.hpp"
+#include "tally/core/roofline.hpp"
 
 namespace tally::io {
 
@@ -34,11 +43,32 @@ struct CalibrationPoint {
   double busbw_bps = 0;       // bus bandwidth, bytes/s (nccl-tests convention)
 };
 
+// One measured fused-attention call (PyTorch SDPA / flash): FLOPs 4·b·a·s²·d forward (× ½ causal),
+// 2.5 × that backward (core/operators.hpp).
+struct AttentionPoint {
+  int batch = 0, heads = 0;
+  std::int64_t seq = 0, head_dim = 0;
+  bool causal = true;
+  double forward_seconds = 0, backward_seconds = 0;
+};
+
+// Kernel micro-benchmarks of one device at one precision (`tally bench gemm|memory`,
+// bench/gpu/probe.py): they replace the preset's kernel constants (Note [GEMM calibration]).
+struct KernelCalibration {
+  std::string device, precision;
+  double peak_flops = 0;                    // the peak the fractions are relative to
+  std::optional<int> sm_count;
+  std::optional<double> memory_bps;         // measured streaming bandwidth (read + write)
+  std::vector<GemmSample> gemm;
+  std::vector<AttentionPoint> attention;
+};
+
 struct Calibration {
   std::string source;  // what produced it; on read, the file's "source" or else the file name
   std::optional<LinkSpec> intra_node, inter_node;
   std::optional<double> mfu;
   std::vector<CalibrationPoint> points;
+  std::optional<KernelCalibration> kernels;
 };
 
 // Pretty-printed JSON, newline-terminated. Throws InvalidInput if `c` would not read back (a value
@@ -47,7 +77,11 @@ std::string calibration_to_json(const Calibration& c);
 Calibration parse_calibration(std::string_view json_text, std::string_view source_name);
 Calibration load_calibration(const std::filesystem::path& path);
 
-// The cluster with whatever the calibration measured (links, MFU) replacing its figures; validated.
+// The cluster with whatever the calibration measured replacing its figures; validated. Kernels:
+// sm_count as given; GEMM constants fitted (core fit_gemm_perf) against kernels.peak_flops, then
+// rescaled to the cluster's peak for the precision; memory_fraction = measured / the GPU's HBM
+// bandwidth (the measured figure itself when the GPU has none); attention fractions the median of
+// executed FLOPs / (peak · seconds).
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c);
 
 }  // namespace tally::io
