@@ -94,6 +94,7 @@ void run_memory(const MemoryOptions& o) {
                         {"transformer_gb", in_gb(act->transformer_bytes)},
                         {"embedding_gb", in_gb(act->embedding_bytes)},
                         {"output_gb", in_gb(act->output_bytes)},
+                        {"recompute_transient_gb", in_gb(act->recompute_transient_bytes)},
                         {"peak_stage_gb", in_gb(act->peak_stage_bytes)},
                         {"layer_terms", terms}};
   }
@@ -148,6 +149,10 @@ void run_memory(const MemoryOptions& o) {
     fmt::print("  {:<12} {:>14}\n", "embedding", size_str(act->embedding_bytes, unit, 3));
     fmt::print("  {:<12} {:>14}   (final norm, LM-head input, fp32 logits)\n", "output",
                size_str(act->output_bytes, unit, 3));
+    if (act->recompute_transient_bytes > 0)
+      fmt::print("  {:<12} {:>14}   (full recompute: the layer being replayed holds its whole "
+                 "inventory)\n",
+                 "replay", size_str(act->recompute_transient_bytes, unit, 3));
     fmt::print("  {:<12} {:>14}   (the fuller of the first and last pipeline stage)\n",
                "activations", size_str(act_bytes, unit));
   }

@@ -93,6 +93,18 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&&
 
 // Stage totals from the per-layer bytes (shared by the report and the fast path).
 static void stage_totals(const ModelSpec& m, const ActivationSetup& a, ActivationResult& r) {
+  // Full recompute: while one layer's backward runs, its forward has just been replayed, so that
+  // layer's whole inventory (as with no recompute) sits on top of the kept inputs — a transient
+  // every stage reaches once per micro-batch (Korthikanti §5 keeps only the inputs between
+  // layers; the replayed layer is the one exception).
+  r.recompute_transient_bytes = 0;
+  if (a.recompute == Recompute::full) {
+    ActivationSetup replay = a;
+    replay.recompute = Recompute::none;
+    layer_inventory(m, replay, [&](const char*, const char*, double bytes) {
+      r.recompute_transient_bytes += bytes;
+    });
+  }
   const double p = a.pp, v = a.interleave;
   r.layers_on_stage = double(m.layers) / p;
   // Korthikanti §4.2.3: the first 1F1B stage holds p micro-batches (fewer if m < p); interleaving
@@ -110,7 +122,8 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   r.output_bytes = 2 * a.act_bytes * tokens * h / rep + 4.0 * tokens * double(m.vocab) / a.tp;
 
   if (a.pp == 1) {
-    r.peak_stage_bytes = r.transformer_bytes + r.embedding_bytes + r.output_bytes;
+    r.peak_stage_bytes =
+        r.transformer_bytes + r.embedding_bytes + r.output_bytes + r.recompute_transient_bytes;
   } else if (a.first_stage_layers != 0 || a.last_stage_layers != 0) {
     // Uneven stages (core/pipeline.hpp stage_layers, validated): stage s holds min(p − s, m)
     // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
@@ -129,11 +142,11 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
     }
     r.layers_on_stage = a.first_stage_layers;
     r.transformer_bytes = r.per_layer_bytes * a.first_stage_layers * in_flight;
-    r.peak_stage_bytes = peak;
+    r.peak_stage_bytes = peak + r.recompute_transient_bytes;
   } else {
     const double first = r.transformer_bytes + r.embedding_bytes;
     const double last = r.per_layer_bytes * r.layers_on_stage + r.output_bytes;  // 1 in flight
-    r.peak_stage_bytes = std::max(first, last);
+    r.peak_stage_bytes = std::max(first, last) + r.recompute_transient_bytes;
   }
 }
 

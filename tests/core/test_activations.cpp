@@ -197,3 +197,21 @@ TEST(Activations, RejectsBadInput) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// Issue 10: full recompute's peak includes the layer being rematerialised — its whole inventory
+// without recompute — on top of the kept layer inputs (2sbh per layer).
+TEST(Activations, FullRecomputePeakHoldsOneReplayedLayer) {
+  const auto m = gpt_like(4096, 32, 32);
+  const auto none = activations(m, {.seq = 2048, .micro_batch = 1});
+  const auto full = activations(m, {.seq = 2048, .micro_batch = 1, .recompute = Recompute::full});
+  EXPECT_DOUBLE_EQ(full.recompute_transient_bytes, none.per_layer_bytes);
+  EXPECT_DOUBLE_EQ(full.peak_stage_bytes, 32 * 2.0 * 2048 * 4096 + full.embedding_bytes +
+                                              full.output_bytes + none.per_layer_bytes);
+  EXPECT_DOUBLE_EQ(none.recompute_transient_bytes, 0);
+}
+
+}  // namespace
+}  // namespace tally

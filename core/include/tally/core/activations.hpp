@@ -22,7 +22,8 @@
 //   TP + SP:         every term ÷ t (eq. 4: sbh/t · (34 + 5as/h)).
 //   CP c:            s → s/c for every term; materialised scores hold (s/c)·s per head.
 //   selective:       drop the a·s² terms (softmax, its mask, dropout output) — recomputed (§5).
-//   full recompute:  keep only each layer's input, 2sbh (÷ t with SP).
+//   full recompute:  keep only each layer's input, 2sbh (÷ t with SP); the layer whose backward
+//                    runs holds its whole inventory again (a transient added to the stage peak).
 //   flash attention: no a·s² term; keeps the softmax log-sum-exp, 4 bytes per (a, s, b).
 //   pipeline:        the first 1F1B stage holds min(p, m) micro-batches of L/p layers; interleaved
 //                    schedules hold (1 + (p−1)/(p·m')) times that (Korthikanti §4.2.3). With
@@ -75,6 +76,8 @@ struct ActivationResult {
   double transformer_bytes = 0;              // per_layer × layers_on_stage × in-flight
   double embedding_bytes = 0;                // first stage, × in-flight
   double output_bytes = 0;                   // last stage, one micro-batch
+  // Full recompute: one layer's whole inventory, rematerialised during its backward (0 otherwise).
+  double recompute_transient_bytes = 0;
   double peak_stage_bytes = 0;               // max over first and last stage
   ActivationSetup setup;
   std::string convention() const;
