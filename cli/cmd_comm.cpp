@@ -166,7 +166,8 @@ void register_comm(CLI::App& app) {
   cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")
       ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
       ->capture_default_str();
-  cmd->add_option("--recompute", o->recompute, "none | selective | full")
+  cmd->add_option("--recompute", o->recompute, "none | selective (Megatron: attention core) | full | save-matmuls (PyTorch "
+                  "selective checkpointing: matmul outputs saved)")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->callback([o] {

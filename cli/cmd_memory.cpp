@@ -199,7 +199,8 @@ void register_memory(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--interleave", o->interleave, "virtual pipeline chunks per stage")
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--recompute", o->recompute, "none | selective | full")
+  cmd->add_option("--recompute", o->recompute, "none | selective (Megatron: attention core) | full | save-matmuls (PyTorch "
+                  "selective checkpointing: matmul outputs saved)")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->add_option("--attention", o->attention, "flash | materialized")

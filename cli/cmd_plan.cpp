@@ -23,6 +23,7 @@ struct PlanOptions {
   ModelOptions model{.model = std::string(kDefaultModel)};
   ClusterOptions cluster;
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0;
+  std::vector<std::string> recompute_policies;  // unset: all of them
   std::int64_t global_batch = 256, seq = 2048;
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
   std::optional<std::string> time_model;  // unset: operators, or utilisation if --utilisation
@@ -67,6 +68,10 @@ void run_plan(const PlanOptions& o) {
   const PlanRequest req = make_request(o);
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
                     .prune = !o.exhaustive, .top = o.top};
+  if (!o.recompute_policies.empty()) {
+    space.recomputes.clear();
+    for (const auto& name : o.recompute_policies) space.recomputes.push_back(recompute_from(name));
+  }
   if (o.attention == "any") space.attentions = {Attention::flash, Attention::materialized};
   else space.attentions = {attention_from(o.attention)};
   const auto t0 = std::chrono::steady_clock::now();
@@ -196,6 +201,11 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--attention", o->attention, "flash | materialized | any")
       ->check(one_of({"flash", "materialized", "any"}))
       ->capture_default_str();
+  cmd->add_option("--recompute-policies", o->recompute_policies,
+                  "recompute policies searched, comma-separated (default: all — none, selective, "
+                  "full, save-matmuls)")
+      ->delimiter(',')
+      ->check(one_of(allowed_recomputes()));
   cmd->add_flag("--exhaustive", o->exhaustive, "disable pruning (same answer, slower)");
   cmd->callback([o] { run_plan(*o); });
 }
@@ -220,7 +230,7 @@ void register_compare(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--grad-accum", o->grad_accum, "base accumulation (default: B / (dp·b))")
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
-  cmd->add_option("--recompute", o->recompute, "base recompute: none | selective | full")
+  cmd->add_option("--recompute", o->recompute, "base recompute: none | selective | full | save-matmuls")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->add_option("--attention", o->attention, "base attention: flash | materialized")

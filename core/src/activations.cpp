@@ -69,6 +69,30 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&&
     add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
     return;
   }
+  if (a.recompute == Recompute::save_matmuls) {
+    // PyTorch selective checkpointing, matmul and attention outputs saved: the norms, rotary and
+    // the activation function are replayed from the layer input, the attention output and the MLP
+    // block input (the residual sum), and the up-projection output.
+    add("layer input (norm-1 replay)", "2sbh", e * tokens * h / rep);
+    add("Q", "2sbh /t", e * tokens * h / t);
+    add("K, V", "2·2sb·h_kv /t", 2 * e * tokens * hkv / t);
+    if (a.attention == Attention::materialized) {
+      const double scores = heads * sl * s * b / t;
+      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
+      add("attention-dropout mask", "a·s²·b /t", mask * scores);
+    } else {
+      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
+    }
+    add("attention output (projection input)", "2sbh /t", e * tokens * h / t);
+    add("projection dropout mask", "sbh", mask * tokens * h / rep);
+    add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep);
+    if (m.mlp == MlpKind::gelu)
+      add("MLP up output (GeLU replay)", "2sbf /t", e * tokens * f / t);
+    else
+      add("MLP gate, up outputs (SwiGLU replay)", "2·2sbf /t", 2 * e * tokens * f / t);
+    add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+    return;
+  }
   add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
   add("QKV input (norm output)", "2sbh", e * tokens * h / rep);
   add("Q", "2sbh /t", e * tokens * h / t);

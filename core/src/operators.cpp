@@ -182,6 +182,19 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
   b.replaying(true);
   if (s.recompute == Recompute::full) layer_forward(m, s, d, b, /*with_backward=*/false);
   if (s.recompute == Recompute::selective) attention_core(m, s, d, b, /*with_backward=*/false);
+  if (s.recompute == Recompute::save_matmuls) {
+    // PyTorch selective checkpointing: the saved matmul and attention outputs let backward replay
+    // only the cheap kernels — the two norms, rotary, the activation function, and (materialised)
+    // the softmax and its dropout. Their bytes are those of their forward.
+    for (std::size_t i = 0, n = ops.size(); i < n; ++i) {
+      const Op& op = ops[i];
+      if (op.pass != Pass::forward || op.kind != OpKind::memory) continue;
+      if (op.name == "dropout-residual-1" || op.name == "dropout-residual-2") continue;
+      Op replay = op;
+      replay.pass = Pass::recompute;
+      ops.push_back(replay);
+    }
+  }
   return ops;
 }
 

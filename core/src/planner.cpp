@@ -83,12 +83,12 @@ struct Prepared {
   double n_state = 0;          // N of the state ledger
   double peak = 0, util = 0;
   double model_flops = 0;      // per step
-  double hw_flops[3] = {0, 0, 0};  // per step, by Recompute
+  double hw_flops[kRecomputePolicies] = {};  // per step, by Recompute
   double head_flops = 0;       // per step, LM head only
   double tokens = 0;
   double usable = 0;
   double param_bytes = 0, act_bytes = 0;
-  double lower_bound_s[3] = {0, 0, 0};  // step time can't be below this, by Recompute
+  double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
   mutable std::vector<double> stage_buffer;  // per-stage seconds, reused across layouts
@@ -123,7 +123,8 @@ Prepared prepare(const PlanRequest& r) {
   p.util = r.cluster.mfu;
   p.tokens = double(r.global_batch) * double(r.seq);
   p.model_flops = flops_per_token(r.model, r.seq, Recompute::none) * p.tokens;
-  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
+                       Recompute::save_matmuls})
     p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
   p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
   p.usable = r.cluster.gpu.memory_bytes * (1.0 - r.headroom);
@@ -131,7 +132,8 @@ Prepared prepare(const PlanRequest& r) {
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
   const double G = double(r.gpus);
-  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
+                       Recompute::save_matmuls}) {
     if (r.time_model == TimeModel::utilisation) {
       p.lower_bound_s[int(rc)] = p.hw_flops[int(rc)] / (G * p.peak * p.util);
       continue;

@@ -29,8 +29,10 @@ constexpr NameTable<Optimizer, 5> kOptimizers{{{Optimizer::adam, "adam"},
                                                {Optimizer::adam8bit, "adam-8bit"},
                                                {Optimizer::sgd, "sgd"},
                                                {Optimizer::sgd_momentum, "sgd-momentum"}}};
-constexpr NameTable<Recompute, 3> kRecomputes{{
-    {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}}};
+constexpr NameTable<Recompute, 4> kRecomputes{{{Recompute::none, "none"},
+                                               {Recompute::selective, "selective"},
+                                               {Recompute::full, "full"},
+                                               {Recompute::save_matmuls, "save-matmuls"}}};
 constexpr NameTable<Attention, 2> kAttentions{{
     {Attention::materialized, "materialized"}, {Attention::flash, "flash"}}};
 

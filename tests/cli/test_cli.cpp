@@ -167,7 +167,8 @@ TEST(Cli, ReliabilityJsonContract) {
 // Issue 5 contract; seed 方案 1 (DP 8, ZeRO-1/2, no TP/PP) and 方案 4's reliability keys.
 TEST(Cli, PlanJsonContract) {
   // The seed's accounting (communication on the critical path), as its plan 1 reasons.
-  const auto j = json_of(tally("plan --no-overlap-dp --no-overlap-param-gather --json"));
+  const auto j = json_of(tally("plan --no-overlap-dp --no-overlap-param-gather "
+                               "--recompute-policies none,selective,full --json"));
   const auto& b = j["best"];
   for (const char* k : {"dp", "tp", "pp", "cp", "zero", "micro_batch", "grad_accum", "recompute",
                         "per_gpu_gb", "step_seconds", "mfu"})
@@ -521,11 +522,13 @@ namespace {
 // (Note [does it fit]): the same layout gives the same total, usable memory and verdict.
 TEST(Cli, MemoryAndPlanAgreeOnWhatFits) {
   const auto plan = json_of(tally("plan --no-overlap-dp --no-overlap-param-gather --json"));
+  ASSERT_TRUE(plan["best"].contains("recompute"));
   const auto& b = plan["best"];
   const std::string args =
       "memory --model seed-7b --seq 2048 --gpu a100-80g --json --dp " + b["dp"].dump() +
       " --zero " + b["zero"].dump() + " --micro-batch " + b["micro_batch"].dump() +
-      " --micro-batches " + b["grad_accum"].dump();
+      " --micro-batches " + b["grad_accum"].dump() +
+      " --recompute " + b["recompute"].get<std::string>();
   const auto mem = json_of(tally(args));
   const auto& cap = mem["capacity"];
   EXPECT_NEAR(cap["total_gb"].get<double>(), b["per_gpu_gb"].get<double>(), 1e-9) << args;

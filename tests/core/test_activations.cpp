@@ -215,3 +215,29 @@ TEST(Activations, FullRecomputePeakHoldsOneReplayedLayer) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// PyTorch selective checkpointing that saves matmul and attention outputs (issue 10: name each
+// policy after its framework and model its saved set). GPT layer, flash, no SP, t = 1: layer input
+// 2sbh, Q/K/V 6sbh, attention output 2sbh, MLP block input 2sbh, MLP up output 2sbf = 8sbh,
+// dropout masks 2sbh, lse 4as·b → 22sbh + 4asb; no recompute keeps 34sbh + 4asb.
+TEST(Activations, SaveMatmulsKeepsItsSavedSet) {
+  const auto m = gpt_like(4096, 32, 32);
+  const double sbh = 2048.0 * 4096, lse = 4.0 * 32 * 2048;
+  const auto none = activations(m, {.seq = 2048, .micro_batch = 1});
+  const auto sac = activations(m, {.seq = 2048, .micro_batch = 1,
+                                   .recompute = Recompute::save_matmuls});
+  EXPECT_DOUBLE_EQ(sac.per_layer_bytes, 22 * sbh + lse);
+  EXPECT_DOUBLE_EQ(none.per_layer_bytes, 34 * sbh + lse);
+  // Between full (2sbh) and none, and below Megatron's selective with flash (which saves nothing
+  // beyond flash's own).
+  const auto sel = activations(m, {.seq = 2048, .micro_batch = 1,
+                                   .recompute = Recompute::selective});
+  EXPECT_LT(sac.per_layer_bytes, sel.per_layer_bytes);
+  EXPECT_EQ(parse_recompute("save-matmuls"), Recompute::save_matmuls);
+}
+
+}  // namespace
+}  // namespace tally

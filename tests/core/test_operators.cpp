@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "tally/core/compute.hpp"
 #include "tally/core/presets.hpp"
 
 namespace tally {
@@ -139,6 +140,34 @@ TEST(Operators, BadSetupsAreRejected) {
   EXPECT_THROW(layer_ops(m, {.seq = 2048, .cp = 3}), InvalidInput);
   EXPECT_THROW(layer_ops(m, {.seq = 0}), InvalidInput);
   EXPECT_THROW(layer_ops(model_from_params(7e9), {.seq = 2048}), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// save-matmuls replays only memory-bound kernels: no GEMM FLOPs in its recompute pass, and the
+// replayed bytes are the forward bytes of the norms, rotary and activation function.
+TEST(Operators, SaveMatmulsReplaysOnlyCheapKernels) {
+  const ModelSpec m = *model_preset("llama-2-7b");
+  const auto ops = layer_ops(m, {.seq = 4096, .micro_batch = 1,
+                                 .recompute = Recompute::save_matmuls});
+  double replay_flops = 0, replay_bytes = 0, forward_cheap_bytes = 0;
+  for (const Op& op : ops) {
+    if (op.pass == Pass::recompute) {
+      replay_flops += op.flops;
+      replay_bytes += op.bytes;
+    }
+    if (op.pass == Pass::forward && (op.name == "norm-1" || op.name == "norm-2" ||
+                                     op.name == "rotary" || op.name == "swiglu"))
+      forward_cheap_bytes += op.bytes;
+  }
+  EXPECT_EQ(replay_flops, 0);
+  EXPECT_DOUBLE_EQ(replay_bytes, forward_cheap_bytes);
+  EXPECT_DOUBLE_EQ(flops_per_token(m, 4096, Recompute::save_matmuls),
+                   flops_per_token(m, 4096, Recompute::none));
 }
 
 }  // namespace

@@ -28,7 +28,9 @@
 // output gradient and writes the input gradient (1.5 × its forward bytes); flash attention's backward
 // executes 2.5 × its forward FLOPs (five GEMMs of the forward's two, FlashAttention-2 §3.1.2).
 // Recompute: full replays every forward kernel of the layer; selective replays the attention core
-// (Korthikanti et al. 2022 §5: scores, softmax, dropout, context — or the flash forward).
+// (Korthikanti et al. 2022 §5: scores, softmax, dropout, context — or the flash forward);
+// save-matmuls (PyTorch selective activation checkpointing saving matmul outputs) replays the
+// norms, rotary, activation and (materialised) softmax and attention dropout — no GEMM.
 // Output (last stage): final norm, LM head GEMM T × V/t (k = h), cross-entropy over fp32 logits
 // (three fp32 passes forward, two backward). Embedding (first stage): gather and its gradient.
 // The optimizer step reads gradients, m, v and master weights and writes m, v, master and the

@@ -102,7 +102,8 @@ struct SearchSpace {
   int max_interleave = 8;
   std::int64_t max_micro_batch = 0;      // 0 = B/dp
   std::vector<int> zero_stages = {0, 1, 2, 3};
-  std::vector<Recompute> recomputes = {Recompute::none, Recompute::selective, Recompute::full};
+  std::vector<Recompute> recomputes = {Recompute::none, Recompute::selective, Recompute::full,
+                                       Recompute::save_matmuls};
   std::vector<Attention> attentions = {Attention::flash};
   bool allow_sp = true;
   bool prune = true;                     // Note [planner pruning]; false = exhaustive

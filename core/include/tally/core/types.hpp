@@ -42,7 +42,14 @@ class InvalidInput : public std::invalid_argument {
 // parameters and gradients plus fp32 master weights (seed: 混合精度 2+2+8+4).
 enum class Precision { fp32, bf16, fp16 };
 enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
-enum class Recompute { none, selective, full };
+// Activation recompute policies, each named after the framework that defines its saved set:
+//   selective     Megatron-LM --recompute-granularity selective (Korthikanti et al. 2022 §5):
+//                 recompute the attention core (scores, softmax, dropout, context)
+//   full          Megatron-LM --recompute-granularity full: keep each layer's input, replay it
+//   save_matmuls  PyTorch selective activation checkpointing with a policy that saves the outputs
+//                 of matmuls and attention and recomputes the rest (norms, activations, rotary)
+enum class Recompute { none, selective, full, save_matmuls };
+inline constexpr int kRecomputePolicies = 4;
 enum class Attention { materialized, flash };
 
 std::string_view to_string(Precision p);
