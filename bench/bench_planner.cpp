@@ -1,5 +1,6 @@
 // The planner is tally's hot path (issue 5). Goals: >= 1e6 layouts costed per second per core, and
-// the full GPT-3 175B search on 3072 A100-80GB at global batch 1536 in under one second.
+// the full GPT-3 175B search on 3072 A100-80GB at global batch 1536 and the Llama 3 405B search on
+// 16,384 H100 at global batch 2048, T 8192 (issue 10) each in under one second.
 // Run: ./build/bench/bench_planner --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Counters: layouts/s = layouts costed in full per second (one thread = one core); costed and
 // covered = layouts costed, and costed + skipped by an exact bound, per search.
@@ -55,7 +56,22 @@ void BM_Seed7B_8Gpus(benchmark::State& s) {
       true);
 }
 
+// Llama 3 405B's scale (Dubey et al. 2024: 16,384 H100, global batch 2048 sequences of 8192).
+void BM_Llama3_405B_16384_Pruned(benchmark::State& s) {
+  ModelSpec m = *model_preset("llama-3-70b");
+  m.name = "llama-3-405b";  // meta-llama/Llama-3.1-405B config.json
+  m.hidden = 16384;
+  m.layers = 126;
+  m.heads = 128;
+  m.kv_heads = 8;
+  m.ffn = 53248;
+  run(s, PlanRequest{.model = m, .cluster = *cluster_preset("h100-80g"), .gpus = 16384,
+                     .global_batch = 2048, .seq = 8192},
+      true);
+}
+
 BENCHMARK(BM_Gpt3_3072_Exhaustive)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Llama3_405B_16384_Pruned)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Gpt3_3072_Pruned)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Seed7B_8Gpus)->Unit(benchmark::kMicrosecond);
 

@@ -151,13 +151,10 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   } else if (a.first_stage_layers != 0 || a.last_stage_layers != 0) {
     // Uneven stages (core/pipeline.hpp stage_layers, validated): stage s holds min(p − s, m)
     // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
-    const int P = a.pp, middle = P - 2;
-    const int rest = int(m.layers) - a.first_stage_layers - a.last_stage_layers;
+    const int P = a.pp;
     double peak = 0;
     for (int s = 0; s < P; ++s) {
-      const int n = s == 0       ? a.first_stage_layers
-                    : s == P - 1 ? a.last_stage_layers
-                                 : rest / middle + (s > middle - rest % middle ? 1 : 0);
+      const int n = layers_of_stage(int(m.layers), P, a.first_stage_layers, a.last_stage_layers, s);
       const double held = std::min<double>(P - s, a.micro_batches);
       double bytes = r.per_layer_bytes * n * held;
       if (s == 0) bytes += r.embedding_bytes;

@@ -189,31 +189,33 @@ double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, 
   return makespan;
 }
 
+int layers_of_stage(int layers, int stages, int first, int last, int s) {
+  if (first == 0 && last == 0)  // as even as possible, the extra layers on the last stages
+    return layers / stages + (s >= stages - layers % stages ? 1 : 0);
+  if (s == 0) return first;
+  if (s == stages - 1) return last;
+  const int middle = stages - 2, rest = layers - first - last;
+  return rest / middle + (s > middle - rest % middle ? 1 : 0);
+}
+
 std::vector<int> stage_layers(int layers, int stages, int first, int last) {
   require_int(stages >= 1, "pp", stages, "must be >= 1");
   require_int(layers >= stages, "layers", layers,
               "must be >= pp = " + std::to_string(stages) + " (one layer per stage at least)");
-  std::vector<int> out(std::size_t(stages), layers / stages);
-  if (first == 0 && last == 0) {
-    // As even as the layers allow; the extra layers on the stages from the back.
-    for (int i = 0; i < layers % stages; ++i) ++out[std::size_t(stages - 1 - i)];
-    return out;
+  if (first != 0 || last != 0) {
+    require_int(stages >= 2, "pp", stages, "must be >= 2 to give the end stages their own layers");
+    const int middle = stages - 2, rest = layers - first - last;
+    if (!(first >= 1 && last >= 1 && rest >= middle && (middle > 0 || rest == 0)))
+      throw InvalidInput("--pp-layers: first stage " + std::to_string(first) + " and last stage " +
+                         std::to_string(last) + " of the model's " + std::to_string(layers) +
+                         " layers leave " + std::to_string(rest) + " for " +
+                         std::to_string(middle) +
+                         " middle stages: every stage needs >= 1 layer and the stages must hold "
+                         "all layers");
   }
-  require_int(stages >= 2, "pp", stages, "must be >= 2 to give the end stages their own layers");
-  const int middle = stages - 2, rest = layers - first - last;
-  if (!(first >= 1 && last >= 1 && rest >= middle && (middle > 0 || rest == 0)))
-    throw InvalidInput("--pp-layers: first stage " + std::to_string(first) + " and last stage " +
-                       std::to_string(last) + " of the model's " + std::to_string(layers) +
-                       " layers leave " + std::to_string(rest) + " for " +
-                       std::to_string(middle) +
-                       " middle stages: every stage needs >= 1 layer and the stages must hold "
-                       "all layers");
-  out.front() = first;
-  out.back() = last;
-  // The middle stages share the rest; the extra layers go to the later ones, which hold fewer
-  // micro-batches in flight.
-  for (int s = 1; s <= middle; ++s)
-    out[std::size_t(s)] = rest / middle + (s > middle - rest % middle ? 1 : 0);
+  std::vector<int> out(static_cast<std::size_t>(stages), 0);
+  for (int s = 0; s < stages; ++s)
+    out[std::size_t(s)] = layers_of_stage(layers, stages, first, last, s);
   return out;
 }
 

@@ -213,12 +213,13 @@ double params_per_gpu(const Prepared& P, const Layout& L) {
   const ParamCount& c = P.count;
   const double per_layer = (c.attention + c.mlp + c.norms) / double(P.req->model.layers);
   const double head = P.req->model.tied_embeddings ? c.embedding : c.output_head;
-  const std::vector<int> n =
-      stage_layers(int(P.req->model.layers), L.pp, L.first_stage_layers, L.last_stage_layers);
+  const int layers = int(P.req->model.layers);
   double heaviest = 0;
-  for (std::size_t s = 0; s < n.size(); ++s)
-    heaviest = std::max(heaviest, n[s] * per_layer + (s == 0 ? c.embedding : 0.0) +
-                                      (s + 1 == n.size() ? head : 0.0));
+  for (int s = 0; s < L.pp; ++s)
+    heaviest = std::max(heaviest,
+                        layers_of_stage(layers, L.pp, L.first_stage_layers, L.last_stage_layers, s) *
+                                per_layer +
+                            (s == 0 ? c.embedding : 0.0) + (s + 1 == L.pp ? head : 0.0));
   return heaviest * (P.n_state / c.total()) / L.tp;
 }
 
@@ -294,9 +295,12 @@ double ideal_seconds(const Prepared& P, const Layout& L) {
 void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const PlanRequest& r = *P.req;
   const ClusterSpec& c = r.cluster;
-  const std::vector<int> layers =
-      stage_layers(int(r.model.layers), L.pp, L.first_stage_layers, L.last_stage_layers);
-  const int busiest = *std::max_element(layers.begin(), layers.end());
+  const int model_layers = int(r.model.layers);
+  auto layers_on = [&](int s) {
+    return layers_of_stage(model_layers, L.pp, L.first_stage_layers, L.last_stage_layers, s);
+  };
+  int busiest = 0;
+  for (int s = 0; s < L.pp; ++s) busiest = std::max(busiest, layers_on(s));
   const auto traffic = step_traffic(StepTrafficSetup{
       .params = P.n_state, .param_bytes = P.param_bytes, .grad_bytes = P.param_bytes,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
@@ -322,17 +326,18 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const double comm_per_layer = (e.tp_s + e.cp_s) / (m * busiest);
   const double pp_per_mb = e.pp_s / m;
   std::vector<double>& stage_s = P.stage_buffer;
-  stage_s.assign(layers.size(), 0.0);
+  stage_s.assign(std::size_t(L.pp), 0.0);
   double slowest = 0, slowest_compute = 0, slowest_backward = 0;
-  for (std::size_t s = 0; s < layers.size(); ++s) {
-    const bool first = s == 0, last = s + 1 == layers.size();
-    const double compute = layers[s] * st.layer_s + (first ? st.first_extra_s : 0.0) +
-                           (last ? st.last_extra_s : 0.0);
-    stage_s[s] = compute + layers[s] * comm_per_layer + pp_per_mb;
-    if (stage_s[s] > slowest) {
-      slowest = stage_s[s];
+  for (int s = 0; s < L.pp; ++s) {
+    const bool first = s == 0, last = s + 1 == L.pp;
+    const int n = layers_on(s);
+    const double compute =
+        n * st.layer_s + (first ? st.first_extra_s : 0.0) + (last ? st.last_extra_s : 0.0);
+    stage_s[std::size_t(s)] = compute + n * comm_per_layer + pp_per_mb;
+    if (stage_s[std::size_t(s)] > slowest) {
+      slowest = stage_s[std::size_t(s)];
       slowest_compute = compute;
-      slowest_backward = layers[s] * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0);
+      slowest_backward = n * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0);
     }
   }
   const double beta = st.layer_s > 0 ? st.layer_backward_s / st.layer_s : 2.0 / 3.0;
