@@ -76,11 +76,15 @@ constexpr Range kKernelSeconds{1e-9, 1e6};
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 24;
 constexpr std::size_t kMaxNameChars = 128;
 
+// A GEMM grid of a few hundred points is plenty; the fit costs ~600 model evaluations per point,
+// so the cap keeps a hostile file from turning `plan --calibration` into minutes.
+constexpr std::size_t kMaxKernelPoints = 4096;
+
 // The array `key` of objects, each read by `one(reader, index)`.
 template <class T, class F>
 std::vector<T> read_objects(const ObjectReader& r, std::string_view key, F one) {
   std::vector<T> out;
-  const json* items = r.opt_array(key, kMaxPoints);
+  const json* items = r.opt_array(key, kMaxKernelPoints);
   if (!items) return out;
   for (std::size_t i = 0; i < items->size(); ++i) {
     const std::string field = r.field(key) + "[" + std::to_string(i) + "]";
