@@ -1,5 +1,5 @@
 # PyTorch's own DistributedDataParallel doing what `tally bench ddp` does, step for step
-# (engine/include/tally/engine/bench_ddp.hpp holds the contract): same MLP and init (same seed,
+# (engine/bench/include/tally/engine/bench/ddp.hpp holds the contract): same MLP and init (same seed,
 # same weights), same data, same optimizer, same threads, Gloo with bucket_cap_mb = --bucket-mb,
 # the same timing (barrier, then forward + backward + optimizer step + zero_grad; slowest rank per
 # step; numpy-default quantiles) and the same JSON keys, printed on rank 0 as one line.

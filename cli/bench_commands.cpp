@@ -25,8 +25,8 @@
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/bench_allreduce.hpp"
-#include "tally/engine/bench_ddp.hpp"
+#include "tally/engine/bench/allreduce.hpp"
+#include "tally/engine/bench/ddp.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/io/calibration.hpp"
 

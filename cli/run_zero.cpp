@@ -1,4 +1,4 @@
-// `tally run zero`: the text and JSON reporters of engine::run_zero (tally/engine/zero.hpp). Every
+// `tally run zero`: the text and JSON reporters of engine::run_zero (tally/engine/experiments/zero.hpp). Every
 // rank runs the stages; rank 0 prints the report for all ranks (the figures are gathered), so under
 // `tally launch` only "[rank 0] " lines carry it. Bad flags exit 2; a failed check exits 1 on every
 // rank.
@@ -15,7 +15,7 @@
 #include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
-#include "tally/engine/zero.hpp"
+#include "tally/engine/experiments/zero.hpp"
 
 namespace tally::cli {
 

@@ -15,7 +15,7 @@
 
 #include "../support/subprocess.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/bench_ddp.hpp"
+#include "tally/engine/bench/ddp.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"

@@ -20,7 +20,7 @@
 
 #include "../support/temp_dir.hpp"
 #include "../support/subprocess.hpp"
-#include "tally/engine/checkpoint_run.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/io/checkpoint.hpp"
 #include "tally/io/safetensors.hpp"
 

@@ -1,4 +1,4 @@
-// tally's DistributedDataParallel (engine/src/ddp_torch.hpp) over real processes on loopback:
+// tally's DistributedDataParallel (engine/runtime/ddp_torch.hpp) over real processes on loopback:
 // the bucket plan; 5 steps of DDP training equal one process on the full batch for world sizes
 // 2, 3, 4 and bucket sizes from one parameter per bucket to one bucket; replicas stay bit-equal;
 // bf16-mixed training runs, learns and reports the bytes it really sent; no_sync and misuse; a

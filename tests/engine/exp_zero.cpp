@@ -1,4 +1,4 @@
-// ZeRO stages 0–3 (engine/include/tally/engine/zero.hpp, engine/src/zero_stage*.cpp) over real
+// ZeRO stages 0–3 (engine/experiments/include/tally/engine/experiments/zero.hpp, engine/runtime/zero_stage*.cpp) over real
 // processes on loopback:
 //   equivalence  fp32 ZeRO-1/2/3 follow DP's loss trajectory (≤ 1e-5 relative per step, every
 //                rank) for 20 Adam steps at k = 1, 2, 3, 4 on an MLP of N = 977 parameters (odd, so
@@ -19,7 +19,7 @@
 #include "rank_harness.hpp"
 #include "../support/subprocess.hpp"
 #include "tally/core/comm.hpp"
-#include "tally/engine/zero.hpp"
+#include "tally/engine/experiments/zero.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"

@@ -1,4 +1,4 @@
-// The at::Tensor overloads of Comm (engine/src/comm_torch.hpp, internal): same results as the
+// The at::Tensor overloads of Comm (engine/runtime/comm_torch.hpp, internal): same results as the
 // Buffer API, on contiguous and non-contiguous tensors; bad tensors are InvalidInput. A torch TU.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The shape of the engine's GPT-style decoder (engine/src/gpt_model.hpp builds it in libtorch) and
+// The shape of the engine's GPT-style decoder (engine/runtime/gpt_model.hpp builds it in libtorch) and
 // its description for the core ledgers. Torch-free, so the CLI and core-side tests can use it.
 //
 // Legend: B = micro-batch, T = sequence (= the learned position table), C = hidden (h),

@@ -1,4 +1,4 @@
-// ZeRO-0: plain data parallelism, the baseline every stage is measured against (strategy.hpp).
+// ZeRO-0: plain data parallelism, the baseline every stage is measured against (zero_strategy.hpp).
 //
 // Per rank: the full parameters (a Replica), the full gradient (a flat buffer the leaves' .grad
 // view), Adam's m, v (and the fp32 master for bf16) over all N parameters — the ledger's 16N.
@@ -13,7 +13,7 @@
 // (tally's DDP, ddp_torch.hpp, reduces with Gloo's own all-reduce in buckets; the bytes are the
 // same formula.) bf16: the gradient is widened to float32 for the wire and the average rounded
 // back into the bf16 gradient, as DDP does (Note [bf16 on Gloo] in ddp.cpp).
-#include "strategy.hpp"
+#include "zero_strategy.hpp"
 
 namespace tally::engine::zero {
 

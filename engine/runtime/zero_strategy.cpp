@@ -1,6 +1,6 @@
-// The pieces the ZeRO strategies share (strategy.hpp): the unit model, the flat replica, Adam on a
+// The pieces the ZeRO strategies share (zero_strategy.hpp): the unit model, the flat replica, Adam on a
 // flat range, the logged collectives.
-#include "strategy.hpp"
+#include "zero_strategy.hpp"
 
 #include <cmath>
 #include <functional>

@@ -1,6 +1,6 @@
 // `tally bench allreduce` (see the header for the legend and the harness). No torch here: the
 // Comm's Buffer API over std::vector is all the harness needs.
-#include "tally/engine/bench_allreduce.hpp"
+#include "tally/engine/bench/allreduce.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
-// `tally run checkpoint` (tally/engine/checkpoint_run.hpp): DDP training of a small MLP with Adam,
+// `tally run checkpoint` (tally/engine/experiments/checkpoint.hpp): DDP training of a small MLP with Adam,
 // sharded checkpoints through sharded_checkpoint.hpp, exact resume, fault injection.
-#include "tally/engine/checkpoint_run.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,5 +1,5 @@
 // `tally run zero` (zero.hpp): the harness that owns setup, timing and measurement of the ZeRO
-// strategies (strategy.hpp; one file each), and the checks of their figures against the core's.
+// strategies (zero_strategy.hpp; one file each), and the checks of their figures against the core's.
 // The runner only measures; cli/run_zero.cpp reports.
 //
 // Note [zero memory measurement]
@@ -41,7 +41,7 @@
 //                      reduce-scatter (same averaged gradient bits) and Adam is elementwise, so
 //                      they match DP exactly (measured 0). ZeRO-3 reduces unit by unit: for k >= 3
 //                      its ring chunks, hence the order of the sums, differ (measured ≈2e-7).
-#include "tally/engine/zero.hpp"
+#include "tally/engine/experiments/zero.hpp"
 #include "tally/core/types.hpp"
 
 #include <ATen/ATen.h>
@@ -57,7 +57,7 @@
 #include <thread>
 
 #include "comm_torch.hpp"
-#include "strategy.hpp"
+#include "zero_strategy.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
 namespace tally::engine {

@@ -1,5 +1,5 @@
 // `tally run ddp-check` (ddp_check.hpp): the seed's ddp_check.py, step for step.
-#include "tally/engine/ddp_check.hpp"
+#include "tally/engine/experiments/ddp_check.hpp"
 
 #include <ATen/ATen.h>
 

@@ -10,9 +10,9 @@
 // (the model's layers: ZeRO-3 gathers and frees parameters one unit at a time), S = N · bytes per
 // element on the wire.
 //
-// The strategies (engine/src/strategy.hpp, one file each: zero_stage0.cpp … zero_stage3.cpp) share
+// The strategies (engine/runtime/zero_strategy.hpp, one file each: zero_stage0.cpp … zero_stage3.cpp) share
 // one shape, setup(model) / step(batch) → loss / measure(). The model is an MLP in plain ATen
-// (widths d_0 … d_U, Linear + ReLU, engine/src/mlp.hpp's initialisation); all ranks build it from
+// (widths d_0 … d_U, Linear + ReLU, engine/runtime/mlp.hpp's initialisation); all ranks build it from
 // the same seed, and rank r trains on rows r, r+k, … of one fixed random batch.
 //
 // Precision fp32: fp32 parameters, gradients, Adam m and v; the parameters are their own master.

@@ -1,6 +1,6 @@
 // Data-parallel training (DDP): the torch-free half of tally's DistributedDataParallel — options,
 // the bucket plan, and the per-rank statistics experiments and tests read. The engine class itself
-// takes at::Tensor parameters and lives in engine/src/ddp_torch.hpp (internal).
+// takes at::Tensor parameters and lives in engine/runtime/ddp_torch.hpp (internal).
 //
 // What DDP does, per rank (PyTorch's DistributedDataParallel, c10d/reducer.cpp, on Gloo):
 //   1. at construction, every parameter is broadcast from rank 0, so all replicas start equal;
@@ -75,7 +75,7 @@ struct DdpStats {
   double wire_bytes_per_sync = 0;  // S summed over buckets, in wire_dtype
   // Bucket buffers allocated anew because the caller still held the old one's .grad views (or
   // tensors made from them) when the next synchronized backward began; 0 when gradients are set
-  // to none between steps (Note [bucket buffers] in engine/src/ddp.cpp).
+  // to none between steps (Note [bucket buffers] in engine/runtime/ddp.cpp).
   std::int64_t bucket_buffer_reallocations = 0;
   std::string grad_dtype;          // "float32", "bfloat16", "float64"
   std::string wire_dtype;          // what Gloo reduces: bfloat16 travels as float32 (Note [bf16 on Gloo])

@@ -1,6 +1,6 @@
 // `tally run memory-profile`: measured memory per training phase beside the core ledgers
 // (memory_profile.hpp). The runner only measures; cli/run_memory_profile.cpp reports.
-#include "tally/engine/memory_profile.hpp"
+#include "tally/engine/experiments/memory_profile.hpp"
 
 #include <algorithm>
 #include <chrono>

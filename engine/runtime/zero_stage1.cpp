@@ -1,5 +1,5 @@
 // ZeRO-1: the optimizer states (Adam's m, v and the fp32 master weights) sharded over the k ranks
-// (Rajbhandari et al. 2020 §5.1, P_os; strategy.hpp).
+// (Rajbhandari et al. 2020 §5.1, P_os; zero_strategy.hpp).
 //
 // Per rank: the full parameters (a Replica, param dtype), the full gradient buffer, and Adam over
 // its shard only: shard_span(N, k, r) of the flat parameter buffer — the ledger's
@@ -17,7 +17,7 @@
 // (ZeRO §7.2.1). An all-reduce in step 2 would be correct too but send 3S(k−1)/k in all.
 // The full gradient stays allocated between steps (zeroed before each backward): sharding it is
 // ZeRO-2.
-#include "strategy.hpp"
+#include "zero_strategy.hpp"
 
 namespace tally::engine::zero {
 

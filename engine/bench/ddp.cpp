@@ -1,6 +1,6 @@
 // `tally bench ddp` (bench_ddp.hpp holds the legend and the step-by-step contract that
 // bench/ddp_peer.py mirrors for PyTorch's DistributedDataParallel).
-#include "tally/engine/bench_ddp.hpp"
+#include "tally/engine/bench/ddp.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

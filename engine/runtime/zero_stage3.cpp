@@ -1,5 +1,5 @@
 // ZeRO-3: optimizer states, gradients and parameters sharded (Rajbhandari et al. 2020 §5.3,
-// P_os+g+p; PyTorch FSDP's FULL_SHARD; strategy.hpp).
+// P_os+g+p; PyTorch FSDP's FULL_SHARD; zero_strategy.hpp).
 //
 // Per rank, between steps, for every unit u (a layer): its parameter shard shard_span(n_u, k, r)
 // of the unit's flat buffer, the averaged gradient of that shard, and Adam over it — the
@@ -37,7 +37,7 @@
 #include <cstring>
 #include <exception>
 
-#include "strategy.hpp"
+#include "zero_strategy.hpp"
 
 namespace tally::engine::zero {
 

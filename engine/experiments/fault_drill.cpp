@@ -1,6 +1,6 @@
-// `tally run fault-drill` (tally/engine/fault_drill.hpp): sub-runs of `tally run checkpoint` through
+// `tally run fault-drill` (tally/engine/experiments/fault_drill.hpp): sub-runs of `tally run checkpoint` through
 // engine::launch, their JSON lines read back, the checkpoint directory inspected with io.
-#include "tally/engine/fault_drill.hpp"
+#include "tally/engine/experiments/fault_drill.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include <system_error>
 
 #include "tally/core/types.hpp"
-#include "tally/engine/checkpoint_run.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/engine/launch.hpp"
 #include "tally/io/checkpoint.hpp"
 

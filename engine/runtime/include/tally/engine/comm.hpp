@@ -16,7 +16,7 @@
 // calls actually moved.
 //
 // No torch in this header: buffers are plain spans. Engine code holding at::Tensor uses the
-// overloads in engine/src/comm_torch.hpp.
+// overloads in engine/runtime/comm_torch.hpp.
 #pragma once
 
 #include <array>
@@ -201,7 +201,7 @@ class Comm {
   static constexpr int kMaxUserTag = 1 << 30;  // tags at and above are tally's own (the ring)
 
   struct Impl;  // torch-side state, defined in comm.cpp
-  // For engine internals (engine/src/comm_torch.hpp); Impl is opaque outside comm.cpp.
+  // For engine internals (engine/runtime/comm_torch.hpp); Impl is opaque outside comm.cpp.
   Impl& impl() { return *impl_; }
 
  private:

@@ -1,7 +1,7 @@
 // `tally run checkpoint`: data-parallel training that saves sharded checkpoints and resumes from
 // them exactly (DESIGN.md §3 "Checkpoints"; the seed's save_sharded / load_sharded, its 验收标准
 // ①–⑤, and the 确定性 part of its fault-tolerance plan). One rank of it; start k ranks with
-// `tally launch`. The torch-side pieces are internal (engine/src).
+// `tally launch`. The torch-side pieces are internal (engine/runtime).
 //
 // Legend: k = world size, r = rank, N = parameters, B = global batch (samples per optimizer step),
 // n = samples in the data set, s = optimizer steps completed, p = a position in the sample stream.
@@ -45,7 +45,7 @@
 //
 // Faults (for `tally run fault-drill`): a rank can SIGKILL itself mid-step or right after writing
 // its shard of a save. The survivors' CommError is re-thrown naming the lost rank (Note [liveness
-// locks] in engine/src/rank_liveness.hpp) after an event reports it.
+// locks] in engine/runtime/rank_liveness.hpp) after an event reports it.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // `tally run grad-accum` (grad_accum.hpp): the seed's grads_of() on tally's DDP, float64.
-#include "tally/engine/grad_accum.hpp"
+#include "tally/engine/experiments/grad_accum.hpp"
 
 #include <ATen/ATen.h>
 

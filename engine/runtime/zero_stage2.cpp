@@ -1,5 +1,5 @@
 // ZeRO-2: optimizer states and gradients sharded (Rajbhandari et al. 2020 §5.2, P_os+g;
-// strategy.hpp).
+// zero_strategy.hpp).
 //
 // Per rank, between steps: the full parameters (a Replica), the averaged gradient of its own
 // shard only, and Adam over that shard — the ledger's params + grads/k + 12N/k (fp32:
@@ -20,7 +20,7 @@
 // at most a few buckets of full gradient exist at once; that changes the peak (reported, not
 // checked) and the number of calls, not the bytes (the formula is linear in S) nor the state held
 // between steps, which is what the ledger counts.
-#include "strategy.hpp"
+#include "zero_strategy.hpp"
 
 namespace tally::engine::zero {
 

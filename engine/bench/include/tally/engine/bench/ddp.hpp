@@ -1,5 +1,5 @@
 // `tally bench ddp`: data-parallel training step time with tally's DistributedDataParallel
-// (engine/src/ddp_torch.hpp), measured so that PyTorch's own DDP (bench/ddp_peer.py) can be run
+// (engine/runtime/ddp_torch.hpp), measured so that PyTorch's own DDP (bench/ddp_peer.py) can be run
 // with the same settings and compared line for line (issue 3: "tally must be no slower").
 //
 // Legend: k = ranks, B = samples per rank per step, widths = {d_0, ..., d_L} of the MLP
