@@ -3,7 +3,6 @@
 #include "tally/engine/bench/allreduce.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -84,8 +83,8 @@ void run_once(Comm& comm, AllReduceAlgorithm a, std::vector<float>& data) {
     comm.all_reduce(data);
 }
 
-// One (size, algorithm): warm-up, timed iterations, checks; collectives of the bookkeeping
-// (gathering times, summing #wrong) run after the timed loop.
+// One (size, algorithm) on the harness (harness.hpp): refill, time, check; the bookkeeping
+// collectives (gathering times, summing #wrong) run after the timed loop.
 BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAllReduceOptions& o) {
   const int k = comm.world_size();
   BenchRow row{.algorithm = a,
@@ -94,36 +93,29 @@ BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAll
   row.bytes_per_rank_core = collective_bytes_per_rank(Collective::all_reduce, row.size_bytes, k);
   std::int64_t wrong = 0;
   double mismatched_calls = 0;
-  std::vector<double> mine(std::size_t(o.iters));
-  for (int it = 0; it < o.warmup_iters + o.iters; ++it) {
-    const bool timed = it >= o.warmup_iters;
-    std::memcpy(d.data.data(), d.initial.data(), d.data.size() * sizeof(float));
-    const double sent_before = bytes_sent_so_far(comm, a);
-    comm.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    run_once(comm, a, d.data);
-    const auto t1 = std::chrono::steady_clock::now();
-    const double sent = bytes_sent_so_far(comm, a) - sent_before;
-    if (!same_bytes(a, sent, row.bytes_per_rank_core)) mismatched_calls += 1;
-    row.bytes_per_rank_counted = sent;
-    if (!timed) continue;
-    mine[std::size_t(it - o.warmup_iters)] = std::chrono::duration<double>(t1 - t0).count();
-    wrong += count_wrong(d.data, d.expected);
-  }
-  // Slowest rank per iteration: all-gather every rank's times (rank r's at offset r·iters).
-  std::vector<double> all(std::size_t(o.iters) * std::size_t(k));
-  comm.all_gather(mine, all);
-  std::vector<double> slowest(std::size_t(o.iters), 0.0);
-  for (int r = 0; r < k; ++r)
-    for (int it = 0; it < o.iters; ++it)
-      slowest[std::size_t(it)] =
-          std::max(slowest[std::size_t(it)], all[std::size_t(r) * std::size_t(o.iters) + std::size_t(it)]);
+  double sent_before = 0;
+  const TimedLoopResult timed = run_timed_loop(
+      comm, {.warmup_iters = o.warmup_iters,
+             .iters = o.iters,
+             .prepare =
+                 [&](int) {
+                   std::memcpy(d.data.data(), d.initial.data(), d.data.size() * sizeof(float));
+                   sent_before = bytes_sent_so_far(comm, a);
+                 },
+             .run = [&](int) { run_once(comm, a, d.data); },
+             .check =
+                 [&](int, bool is_timed) {
+                   const double sent = bytes_sent_so_far(comm, a) - sent_before;
+                   if (!same_bytes(a, sent, row.bytes_per_rank_core)) mismatched_calls += 1;
+                   row.bytes_per_rank_counted = sent;
+                   if (is_timed) wrong += count_wrong(d.data, d.expected);
+                 }});
   // #wrong and byte mismatches over all ranks (counts far below 2^53: exact in double).
   std::vector<double> totals{double(wrong), mismatched_calls};
   comm.all_reduce(totals);
   row.wrong = std::int64_t(totals[0]);
   row.bytes_exact = totals[1] == 0;
-  row.time = time_stats(slowest);
+  row.time = timed.time;
   row.algbw_bps = row.time.median_s > 0 ? row.size_bytes / row.time.median_s : 0.0;
   row.busbw_bps = bus_bandwidth(Collective::all_reduce, row.algbw_bps, k);
   return row;
@@ -213,14 +205,6 @@ std::int64_t bench_element_count(double size_bytes, int ranks) {
   TALLY_INVARIANT(ranks >= 1);
   const auto elements = std::int64_t(std::floor(size_bytes / kElementBytes));
   return std::max<std::int64_t>(ranks, elements - elements % ranks);
-}
-
-TimeStats time_stats(std::vector<double> s) {
-  if (s.empty()) throw InvalidInput("time_stats: no samples");
-  std::sort(s.begin(), s.end());
-  const std::size_t n = s.size();
-  const double median = n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-  return {.median_s = median, .min_s = s.front(), .max_s = s.back()};
 }
 
 AlphaBetaFit fit_alpha_beta(std::span<const FitPoint> points) {

@@ -1,4 +1,4 @@
-// `tally bench ddp` (bench_ddp.hpp holds the legend and the step-by-step contract that
+// `tally bench ddp` (bench/ddp.hpp holds the legend and the step-by-step contract that
 // bench/ddp_peer.py mirrors for PyTorch's DistributedDataParallel).
 #include "tally/engine/bench/ddp.hpp"
 
@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <sstream>
@@ -15,6 +14,7 @@
 #include "comm_torch.hpp"
 #include "ddp_torch.hpp"
 #include "mlp.hpp"
+#include "optimizer_torch.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::engine {
@@ -59,32 +59,21 @@ class Optimizer {
   Optimizer(const BenchDdpOptions& o, const std::vector<at::Tensor>& params)
       : params_(params), lr_(o.lr) {
     if (o.optimizer == BenchOptimizer::adam)
-      adam_ = std::make_unique<MasterWeightAdam>(params, AdamOptions{.lr = o.lr});
+      adam_ = std::make_unique<Adam>(params, AdamOptions{.lr = o.lr});
   }
   void step() {
     if (adam_)
       adam_->step();
     else
-      mlp::sgd_step(params_, lr_);  // torch.optim.SGD(lr), no momentum
+      sgd_step(params_, lr_);  // torch.optim.SGD(lr), no momentum
   }
-  void zero_grad() { mlp::zero_grad(params_); }  // set_to_none, as the peer's zero_grad(True)
+  void zero_grad() { engine::zero_grad(params_); }  // set_to_none, as the peer's zero_grad(True)
 
  private:
   std::vector<at::Tensor> params_;
   double lr_;
-  std::unique_ptr<MasterWeightAdam> adam_;
+  std::unique_ptr<Adam> adam_;
 };
-
-// Step 6: every rank's own times all-gathered (rank r's at offset r·S); the max per step.
-std::vector<double> slowest_rank_times(Comm& comm, const std::vector<double>& mine) {
-  const std::size_t S = mine.size(), k = std::size_t(comm.world_size());
-  std::vector<double> all(S * k);
-  comm.all_gather(mine, all);
-  std::vector<double> slowest(S, 0.0);
-  for (std::size_t r = 0; r < k; ++r)
-    for (std::size_t i = 0; i < S; ++i) slowest[i] = std::max(slowest[i], all[r * S + i]);
-  return slowest;
-}
 
 // Step 7: loss on global batch 0, checksums, and the largest difference from rank 0's parameters.
 void check_result(Comm& comm, const mlp::Mlp& model, const RankData& d, BenchDdpResult& r) {
@@ -130,30 +119,6 @@ void BenchDdpOptions::validate() const {
   if (!(timeout_s > 0 && timeout_s <= 86400)) bad("--timeout", timeout_s, "must be in (0, 86400] s");
 }
 
-std::int64_t mlp_parameter_count(const std::vector<std::int64_t>& widths) {
-  std::int64_t n = 0;
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) n += widths[l] * widths[l + 1] + widths[l + 1];
-  return n;
-}
-
-double quantile(std::vector<double> s, double q) {
-  if (s.empty()) throw InvalidInput("quantile: no samples");
-  if (!(q >= 0 && q <= 1)) throw InvalidInput("quantile: q = " + std::to_string(q) + ": must be in [0, 1]");
-  std::sort(s.begin(), s.end());
-  const double h = q * double(s.size() - 1);
-  const auto lo = std::size_t(std::floor(h));
-  if (lo + 1 >= s.size()) return s.back();
-  return s[lo] + (h - double(lo)) * (s[lo + 1] - s[lo]);
-}
-
-StepTimeStats step_time_stats(const std::vector<double>& seconds) {
-  return {.median_s = quantile(seconds, 0.5),
-          .p10_s = quantile(seconds, 0.1),
-          .p90_s = quantile(seconds, 0.9),
-          .min_s = quantile(seconds, 0.0),
-          .max_s = quantile(seconds, 1.0)};
-}
-
 BenchDdpResult run_bench_ddp(const DistEnv& env, const BenchDdpOptions& o) {
   o.validate();
   env.validate();
@@ -170,27 +135,25 @@ BenchDdpResult run_bench_ddp(const DistEnv& env, const BenchDdpOptions& o) {
   const RankData data = make_data(o, comm.rank(), k);                                  // step 4
   Optimizer optimizer(o, params);
 
-  std::vector<double> mine(std::size_t(o.steps));  // step 5
-  for (int i = 0; i < o.warmup_steps + o.steps; ++i) {
-    const std::size_t p = std::size_t(i % o.data_batches);
-    comm.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    const at::Tensor loss = at::cross_entropy_loss(model.forward(data.x[p]), data.y[p]);
-    loss.backward();
-    ddp.finish_gradient_sync();
-    optimizer.step();
-    optimizer.zero_grad();
-    const auto t1 = std::chrono::steady_clock::now();
-    if (i >= o.warmup_steps)
-      mine[std::size_t(i - o.warmup_steps)] = std::chrono::duration<double>(t1 - t0).count();
-  }
+  // Steps 5 and 6 on the harness: barrier, time one step, the slowest rank's time per step.
+  const TimedLoopResult timed = run_timed_loop(
+      comm, {.warmup_iters = o.warmup_steps,
+             .iters = o.steps,
+             .run = [&](int i) {
+               const std::size_t p = std::size_t(i % o.data_batches);
+               const at::Tensor loss = at::cross_entropy_loss(model.forward(data.x[p]), data.y[p]);
+               loss.backward();
+               ddp.finish_gradient_sync();
+               optimizer.step();
+               optimizer.zero_grad();
+             }});
 
   BenchDdpResult r{.world_size = k,
                    .options = o,
                    .parameters = mlp_parameter_count(o.widths),
                    .buckets = ddp.buckets().size()};
-  r.step_times_s = slowest_rank_times(comm, mine);  // step 6
-  r.step = step_time_stats(r.step_times_s);
+  r.step_times_s = timed.slowest_s;
+  r.step = timed.time;
   r.samples_per_s = r.step.median_s > 0 ? double(k * o.batch_per_rank) / r.step.median_s : 0.0;
   r.ddp = ddp.stats();
   check_result(comm, model, data, r);  // step 7

@@ -10,6 +10,7 @@
 #include "comm_torch.hpp"
 #include "ddp_torch.hpp"
 #include "mlp.hpp"
+#include "optimizer_torch.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::engine {
@@ -98,7 +99,7 @@ DdpCheckResult run_ddp_check(const DistEnv& env, const DdpCheckOptions& options)
   }
 
   // ② one SGD step, then every rank's flat parameters against rank 0's.
-  mlp::sgd_step(params, kLr);
+  sgd_step(params, kLr);
   at::Tensor flat;
   {
     at::NoGradGuard no_grad;

@@ -11,6 +11,7 @@
 #include "comm_torch.hpp"
 #include "ddp_torch.hpp"
 #include "mlp.hpp"
+#include "optimizer_torch.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::engine {
@@ -34,7 +35,7 @@ at::Tensor grads_of(DistributedDataParallel& ddp, const mlp::Mlp& model, const S
                     bool normalize, std::int64_t* backward_calls = nullptr,
                     double* loss_sum = nullptr) {
   const std::vector<at::Tensor>& params = ddp.parameters();
-  mlp::zero_grad(params);
+  zero_grad(params);
   const Shard micro{.x = s.x, .y = s.y, .K = K};
   for (int j = 0; j < K; ++j) {
     const at::Tensor loss = at::cross_entropy_loss(model.forward(micro.micro_x(j)), micro.micro_y(j));
@@ -120,7 +121,7 @@ GradAccumResult run_grad_accum(const DistEnv& env, const GradAccumOptions& optio
   for (int step = 0; step < options.steps; ++step) {
     double loss = 0;
     grads_of(ddp, model, shard, K, /*normalize=*/true, &res.backward_calls, &loss);
-    mlp::sgd_step(ddp.parameters(), options.lr);
+    sgd_step(ddp.parameters(), options.lr);
     res.optimizer_steps += 1;  // the step counter the seed wraps around optimizer.step
     losses.push_back(loss);
     if (step + 1 == options.counted_steps) {

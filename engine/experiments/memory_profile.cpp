@@ -9,11 +9,14 @@
 #include <string>
 
 #include "gpt_model.hpp"
+#include "optimizer_torch.hpp"
 
 namespace tally::engine {
 
 namespace {
 constexpr double kForwardTolerance = 0.02;  // Note [memory-profile tolerances]
+// The profiled step's Adam: lr 1e-4, a GPT-2-scale rate (the step's memory does not depend on it).
+constexpr AdamOptions kProfileAdam{.lr = 1e-4};
 }  // namespace
 
 std::string_view to_string(Phase p) {
@@ -142,7 +145,7 @@ MemoryProfileResult run_memory_profile(const MemoryProfileOptions& o) {
       res.phases.push_back(clock.finish(p, increment, predicted));
     };
     std::optional<Gpt> model;
-    std::optional<MasterAdam> adam;
+    std::optional<Adam> adam;
     {
       model.emplace(o.model);
       if (o.precision != Precision::fp32) (*model)->to(torch::kBFloat16);
@@ -150,7 +153,7 @@ MemoryProfileResult run_memory_profile(const MemoryProfileOptions& o) {
     res.module_params = (*model)->parameter_count();
     record(Phase::model_init, s.params);
 
-    adam.emplace((*model)->parameters());
+    adam.emplace((*model)->parameters(), kProfileAdam);
     record(Phase::optimizer_init, s.m + s.v + s.master);
 
     auto loss = (*model)->forward(idx, targets);

@@ -53,7 +53,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
-#include <sstream>
+#include <utility>
 #include <thread>
 
 #include "comm_torch.hpp"
@@ -200,12 +200,6 @@ void ZeroOptions::validate(int world_size) const {
   require(batch % world_size == 0, "--batch", std::to_string(batch),
           "must be divisible by the world size " + std::to_string(world_size) +
               " (every rank trains on batch/k rows)");
-}
-
-std::int64_t mlp_param_count(const std::vector<std::int64_t>& widths) {
-  std::int64_t n = 0;
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) n += (widths[l] + 1) * widths[l + 1];
-  return n;
 }
 
 double wire_bytes(Collective c, std::int64_t count, double element_bytes, int ranks, int rank) {
@@ -399,39 +393,27 @@ double traffic_ratio_vs_dp(const ZeroResult& r, int stage) {
   return dp_bytes > 0 ? s->traffic[0].total_bytes() / dp_bytes : 0;
 }
 
-std::string zero_conclusion(const ZeroResult& r) {
-  if (r.world_size < 2 || r.stages.empty()) return "";
+ZeroSeedClaims zero_seed_claims(const ZeroResult& r) {
+  ZeroSeedClaims out;
+  if (r.world_size < 2 || r.stages.empty()) return out;
   // DP's bytes: measured when stage 0 ran, else core's all-reduce 2S(k−1)/k (labelled).
   const StageResult* dp = r.find(0);
   const double dp_bytes =
       dp != nullptr ? dp->traffic[0].total_bytes()
                     : predict_traffic(double(r.n_params), 4.0, r.world_size, 0).dp_total_bytes();
-  if (!(dp_bytes > 0)) return "";
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(3);
-  const auto near = [](double a, double b) { return std::abs(a - b) <= 0.01 * b; };
-  os << (dp != nullptr ? "measured bytes per step ÷ DP's (rank 0):"
-                       : "measured bytes per step ÷ core's DP all-reduce 2S(k-1)/k (DP not run; "
-                         "add --stage 0), rank 0:");
-  if (const StageResult* z1 = r.find(1)) {
-    const double x = z1->traffic[0].total_bytes() / dp_bytes;
-    os << " ZeRO-1 " << x << " (seed: \"unchanged\" — " << (near(x, 1) ? "holds" : "does not hold")
-       << ");";
+  if (!(dp_bytes > 0)) return out;
+  out.against_measured_dp = dp != nullptr;
+  const auto near = [](double a, double b) { return std::abs(a - b) <= kZeroClaimTolerance * b; };
+  for (const auto& [stage, claimed] : {std::pair{1, 1.0}, std::pair{2, 0.5}, std::pair{3, 1.5}}) {
+    const StageResult* z = r.find(stage);
+    if (z == nullptr) continue;
+    ZeroSeedClaim c{.stage = stage, .claimed_ratio = claimed};
+    c.measured_ratio = z->traffic[0].total_bytes() / dp_bytes;
+    c.reduce_scatter_ratio = z->traffic[0].reduce_scatter.bytes_sent / dp_bytes;
+    c.holds = near(c.measured_ratio, claimed);
+    out.claims.push_back(c);
   }
-  if (const StageResult* z2 = r.find(2)) {
-    const double x = z2->traffic[0].total_bytes() / dp_bytes;
-    const double rs_only = z2->traffic[0].reduce_scatter.bytes_sent / dp_bytes;
-    os << " ZeRO-2 " << x << " (seed: \"halves\" — " << (near(x, 0.5) ? "holds" : "does not hold")
-       << ": its reduce-scatter alone is " << rs_only
-       << ", the seed's figure, but the updated parameters must then be all-gathered);";
-  }
-  if (const StageResult* z3 = r.find(3)) {
-    const double x = z3->traffic[0].total_bytes() / dp_bytes;
-    os << " ZeRO-3 " << x << " (seed: \"≈1.5×\" — " << (near(x, 1.5) ? "holds" : "does not hold")
-       << ": two all-gathers and a reduce-scatter per unit).";
-  }
-  return os.str();
+  return out;
 }
 
 }  // namespace tally::engine

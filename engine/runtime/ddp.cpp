@@ -1,4 +1,4 @@
-// DistributedDataParallel and MasterWeightAdam (ddp_torch.hpp), the bucket plan (ddp.hpp).
+// DistributedDataParallel (ddp_torch.hpp), the bucket plan (ddp.hpp).
 //
 // Note [bf16 on Gloo]
 // ProcessGroupGloo in PyTorch 1.13 all-reduces float32, float64, float16 and integer tensors; a
@@ -31,7 +31,10 @@
 // to its storage: after the usual zero_grad (set_to_none) the .grad views are gone; when they are
 // not (gradients kept, accumulated into, or held by the caller), pack() gives the bucket a fresh
 // buffer and leaves the old one to its holders. So no tensor the caller can see ever changes
-// behind its back, and .grad holds exactly what a copy would have held.
+// behind its back, and .grad holds exactly what a copy would have held. bfloat16 gradients are
+// widened into the float32 bucket and, after the reduction, rounded into one bfloat16 buffer per
+// bucket whose views become the .grad; the float32 bucket is then released (the next pack makes
+// it again), so between steps the gradients hold the ledger's 2 bytes each, as the ZeRO stages'.
 //
 // Note [first bucket]
 // PyTorch's DDP (1.13) closes its first bucket at 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES, which
@@ -68,16 +71,6 @@ void DdpOptions::validate() const {
   if (!(first_bucket_cap_bytes > 0) || !std::isfinite(first_bucket_cap_bytes))
     throw InvalidInput("first_bucket_cap_bytes = " + format_number(first_bucket_cap_bytes) +
                        ": must be a finite number > 0 bytes");
-}
-
-void AdamOptions::validate() const {
-  auto bad = [](const char* name, double v, const char* range) {
-    throw InvalidInput(std::string(name) + " = " + format_number(v) + ": must be " + range);
-  };
-  if (!(lr > 0) || !std::isfinite(lr)) bad("lr", lr, "finite and > 0");
-  if (!(beta1 >= 0 && beta1 < 1)) bad("beta1", beta1, "in [0, 1)");
-  if (!(beta2 >= 0 && beta2 < 1)) bad("beta2", beta2, "in [0, 1)");
-  if (!(eps > 0) || !std::isfinite(eps)) bad("eps", eps, "finite and > 0");
 }
 
 std::vector<std::vector<std::size_t>> compute_bucket_assignment_by_size(
@@ -181,8 +174,10 @@ DistributedDataParallel::DistributedDataParallel(Comm& comm, std::vector<at::Ten
       state_[b].numel += params_[i].numel();
     }
     state_[b].pending = std::int64_t(buckets_[b].size());
-    // Note [bucket buffers]: one buffer per bucket, reused across steps.
-    state_[b].flat = at::empty({state_[b].numel}, at::TensorOptions().dtype(wire_type_));
+    // Note [bucket buffers]: one buffer per bucket, reused across steps (made by the first pack
+    // when the gradients are not in the wire dtype).
+    if (type == wire_type_)
+      state_[b].flat = at::empty({state_[b].numel}, at::TensorOptions().dtype(wire_type_));
     stats_.wire_bytes_per_sync += double(state_[b].numel) * wire_elem_bytes;
   }
 
@@ -264,11 +259,19 @@ void DistributedDataParallel::pack(std::size_t i) {
   // The bucket's first gradient of this backward: is anything outside this object still looking
   // at the buffer (a .grad view from the last finish that was not set to none, a tensor the caller
   // kept)? Then it is left to them and the bucket gets a fresh one.
-  if (b.pending == std::int64_t(b.params.size()) && b.flat.storage().use_count() > 1) {
-    b.flat = at::empty({b.numel}, b.flat.options());
-    stats_.bucket_buffer_reallocations += 1;
+  if (b.pending == std::int64_t(b.params.size())) {
+    if (!b.flat.defined()) {
+      b.flat = at::empty({b.numel}, at::TensorOptions().dtype(wire_type_));
+    } else if (b.flat.storage().use_count() > 1) {
+      b.flat = at::empty({b.numel}, b.flat.options());
+      stats_.bucket_buffer_reallocations += 1;
+    }
   }
   at::Tensor view = b.flat.narrow(0, offset_of_[i], g.numel()).view(g.sizes());
+  if (options_.collective == GradientCollective::ring_all_reduce) {
+    view.copy_(g);  // the ring averages (ReduceOp::average)
+    return;
+  }
   const double inverse_k = 1.0 / double(comm_.world_size());
   if (g.scalar_type() == wire_type_) {
     at::mul_out(view, g, at::scalar_tensor(inverse_k, b.flat.options()));
@@ -279,11 +282,19 @@ void DistributedDataParallel::pack(std::size_t i) {
 }
 
 void DistributedDataParallel::launch(Bucket& b) {
-  const double before = comm_.counters()[Collective::all_reduce].bytes_sent;
-  b.work = all_reduce_async(comm_, b.flat);
+  const bool ring = options_.collective == GradientCollective::ring_all_reduce;
+  const auto sent = [&] {
+    return ring ? comm_.counters().ring_all_reduce.bytes_sent
+                : comm_.counters()[Collective::all_reduce].bytes_sent;
+  };
+  const double before = sent();
+  if (ring)
+    ring_all_reduce(comm_, b.flat, ReduceOp::average);  // done when it returns: b.work stays empty
+  else
+    b.work = all_reduce_async(comm_, b.flat);
   b.launched = true;
   stats_.bucket_all_reduces += 1;
-  stats_.gradient_bytes_sent += comm_.counters()[Collective::all_reduce].bytes_sent - before;
+  stats_.gradient_bytes_sent += sent() - before;
 }
 
 void DistributedDataParallel::end_of_backward() {
@@ -321,20 +332,26 @@ void DistributedDataParallel::finish_gradient_sync() {
       TALLY_INVARIANT(b.launched);
       b.work.wait();  // CommError on failure or timeout
       b.work = PendingCollective();  // Gloo's work item lets go of the buffer
+      // Note [bucket buffers]: .grad becomes a view of the bucket, no copy — for bfloat16 of the
+      // bucket rounded back (Note [bf16 on Gloo]) into one buffer of the gradients' dtype.
+      const at::ScalarType grad_type = params_[b.params.front()].scalar_type();
+      const at::Tensor source = grad_type == wire_type_ ? b.flat : b.flat.to(grad_type);
       for (std::size_t i : b.params) {
         at::Tensor& g = params_[i].mutable_grad();
-        const at::Tensor average = b.flat.narrow(0, offset_of_[i], g.numel()).view(g.sizes());
-        if (g.scalar_type() == wire_type_)
-          g = average;  // Note [bucket buffers]: .grad becomes a view of the bucket, no copy
-        else
-          g.copy_(average);  // bfloat16: rounded back (Note [bf16 on Gloo])
+        g = source.narrow(0, offset_of_[i], g.numel()).view(g.sizes());
       }
     }
   } catch (...) {
     record_error(std::current_exception());  // half the buckets written: unusable from here on
     throw;
   }
-  for (Bucket& b : state_) b.launched = false;  // b.flat is reused (Note [bucket buffers])
+  for (Bucket& b : state_) {
+    b.launched = false;  // b.flat is reused (Note [bucket buffers]) ...
+    // ... unless the gradients were rounded back out of it (bfloat16): then it is needed only
+    // while a bucket is reduced, and is made again by the next pack — the ledger's 2-byte
+    // gradients, not 2 + 4.
+    if (wire_type_ != params_[0].scalar_type()) b.flat = at::Tensor();
+  }
   sync_pending_ = false;
 }
 
@@ -344,57 +361,6 @@ void DistributedDataParallel::reset_stats() {
   fresh.grad_dtype = stats_.grad_dtype;
   fresh.wire_dtype = stats_.wire_dtype;
   stats_ = fresh;
-}
-
-// ---- MasterWeightAdam ----
-
-MasterWeightAdam::MasterWeightAdam(std::vector<at::Tensor> params, const AdamOptions& options)
-    : options_(options), params_(std::move(params)) {
-  options_.validate();
-  at::NoGradGuard no_grad;
-  for (const auto& p : params_) {
-    if (!p.is_floating_point())
-      throw InvalidInput("MasterWeightAdam: parameter dtype " + dtype_name(p.scalar_type()) +
-                         ": must be a floating type");
-    const bool own = p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble;
-    at::Tensor master = own ? p : p.detach().to(at::kFloat);
-    master_.push_back(master);
-    m_.push_back(at::zeros_like(master));
-    v_.push_back(at::zeros_like(master));
-  }
-}
-
-void MasterWeightAdam::step() {
-  at::NoGradGuard no_grad;
-  steps_ += 1;
-  const double t = double(steps_);
-  const double bias_correction1 = 1 - std::pow(options_.beta1, t);
-  const double bias_correction2 = 1 - std::pow(options_.beta2, t);
-  const double step_size = options_.lr / bias_correction1;
-  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor& g_param = params_[i].grad();
-    if (!g_param.defined()) continue;
-    const at::Tensor g = g_param.to(master_[i].scalar_type());
-    m_[i].mul_(options_.beta1).add_(g, 1 - options_.beta1);
-    v_[i].mul_(options_.beta2).addcmul_(g, g, 1 - options_.beta2);
-    const at::Tensor denom = (v_[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
-    master_[i].addcdiv_(m_[i], denom, -step_size);
-    if (!master_[i].is_same(params_[i])) params_[i].copy_(master_[i]);
-  }
-}
-
-void MasterWeightAdam::zero_grad() {
-  for (auto& p : params_) p.mutable_grad() = at::Tensor();
-}
-
-double MasterWeightAdam::state_bytes() const {
-  double bytes = 0;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (!master_[i].is_same(params_[i])) bytes += double(master_[i].nbytes());
-    bytes += double(m_[i].nbytes() + v_[i].nbytes());
-  }
-  return bytes;
 }
 
 }  // namespace tally::engine

@@ -1,5 +1,6 @@
-// tally's DistributedDataParallel over at::Tensor parameters (internal: torch types; the options,
-// bucket plan and statistics are in the public tally/engine/ddp.hpp, which describes the algorithm).
+// tally's DistributedDataParallel over at::Tensor parameters — the engine's one data-parallel
+// reducer (internal: torch types; the options, the collective, the bucket plan and the statistics
+// are in the public tally/engine/ddp.hpp, which describes the algorithm).
 //
 // Use, per rank (every rank does the same calls in the same order):
 //
@@ -62,7 +63,7 @@ class DistributedDataParallel {
   // Waits for every bucket of the last synchronized backward and sets each parameter's .grad to
   // the average over ranks: for float32 / float64 a view into the bucket's buffer (no copy; the
   // buffer is reused only once nothing refers to it, Note [bucket buffers] in ddp.cpp), for
-  // bfloat16 rounded back into the existing .grad.
+  // bfloat16 a view into the bucket rounded back to bfloat16 (one buffer per bucket and step).
   void finish_gradient_sync();
 
   const std::vector<at::Tensor>& parameters() const { return params_; }
@@ -77,9 +78,9 @@ class DistributedDataParallel {
     std::int64_t numel = 0;
     std::int64_t pending = 0;        // gradients not yet ready in this backward
     PendingCollective work;
-    // [numel] wire dtype, reused across steps: each gradient is packed into it (times 1/k) by its
-    // hook, Gloo reduces it in place (the work holds it too), finish points .grad at it
-    // (Note [bucket buffers]).
+    // [numel] wire dtype, reused across steps: each gradient is packed into it (times 1/k for
+    // Gloo) by its hook, the collective reduces it in place (Gloo's work holds it too), finish
+    // points .grad at it (Note [bucket buffers]); undefined between steps for bf16 gradients.
     at::Tensor flat;
     bool launched = false;
   };
@@ -109,23 +110,6 @@ class DistributedDataParallel {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   DdpStats stats_;
-};
-
-// Adam on fp32 master weights (tally/engine/ddp.hpp's AdamOptions). For float32 parameters the
-// master is the parameter itself; for bfloat16 (or any other float dtype) a float32 copy, written
-// back rounded after every step. m and v are float32 (float64 for float64 parameters).
-class MasterWeightAdam {
- public:
-  MasterWeightAdam(std::vector<at::Tensor> params, const AdamOptions& options);
-  void step();        // reads each parameter's .grad; a parameter without one is skipped
-  void zero_grad();   // drops the gradients (set_to_none)
-  std::int64_t steps() const { return steps_; }
-  double state_bytes() const;  // separate master copies + m + v
-
- private:
-  AdamOptions options_;
-  std::vector<at::Tensor> params_, master_, m_, v_;
-  std::int64_t steps_ = 0;
 };
 
 }  // namespace tally::engine

@@ -1,6 +1,5 @@
 #include "tally/engine/gloo_smoke.hpp"
 
-#include <sstream>
 #include <vector>
 
 namespace tally::engine {
@@ -15,14 +14,6 @@ GlooSmokeResult run_gloo_smoke(const DistEnv& env, const GlooSmokeOptions& optio
           .sum = value[0],
           .expected = k * (k + 1) / 2,
           .all_reduce = comm.counters()[Collective::all_reduce]};
-}
-
-std::string GlooSmokeResult::report() const {
-  std::ostringstream os;
-  os << "gloo-smoke: rank " << rank << " of " << world_size << ": all-reduce sum " << sum
-     << " vs expected k(k+1)/2 = " << expected << ": " << (ok() ? "ok" : "WRONG") << " ("
-     << all_reduce.calls << " call, " << all_reduce.bytes_sent << " bytes sent)";
-  return os.str();
 }
 
 }  // namespace tally::engine

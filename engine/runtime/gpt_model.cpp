@@ -1,4 +1,4 @@
-// The engine's GPT-style decoder and its eager mixed-precision Adam (gpt_model.hpp, gpt.hpp).
+// The engine's GPT-style decoder (gpt_model.hpp, gpt.hpp).
 #include "gpt_model.hpp"
 
 #include <algorithm>
@@ -119,54 +119,6 @@ std::int64_t GptImpl::parameter_count() const {
   std::int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();
   return n;
-}
-
-MasterAdam::MasterAdam(const std::vector<torch::Tensor>& params, const AdamOptions& options)
-    : options_(options) {
-  torch::NoGradGuard no_grad;
-  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat);
-  for (const auto& p : params) {
-    Slot s{.param = p};
-    if (p.scalar_type() != torch::kFloat) s.master = p.detach().to(torch::kFloat, false, true);
-    s.m = torch::zeros(p.sizes(), fp32);
-    s.v = torch::zeros(p.sizes(), fp32);
-    slots_.push_back(std::move(s));
-  }
-}
-
-// Adam (Kingma & Ba 2015, Algorithm 1) with bias correction folded into the step size. The update
-// walks each parameter in chunks of kStepChunkElements, so its fp32 temporaries (the upcast gradient
-// and the denominator) stay under 8 MiB, as in a fused optimizer kernel: the step's own peak is the
-// model states plus gradients, not plus two fp32 copies of the largest parameter (the 38.6 M-element
-// tied embedding would add 0.3 GB and move the run's peak into the step).
-constexpr std::int64_t kStepChunkElements = std::int64_t(1) << 20;
-
-void MasterAdam::step() {
-  torch::NoGradGuard no_grad;
-  ++steps_;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bias1 = 1 - std::pow(b1, double(steps_)), bias2 = 1 - std::pow(b2, double(steps_));
-  for (auto& s : slots_) {
-    const auto& grad = s.param.grad();
-    if (!grad.defined()) continue;
-    const auto g_all = grad.reshape({-1}), p_all = s.param.view({-1});
-    const auto m_all = s.m.view({-1}), v_all = s.v.view({-1});
-    const auto w_all = s.master.defined() ? s.master.view({-1}) : p_all;
-    const std::int64_t n = p_all.numel();
-    for (std::int64_t i = 0; i < n; i += kStepChunkElements) {
-      const std::int64_t len = std::min(kStepChunkElements, n - i);
-      const auto g = g_all.narrow(0, i, len).to(torch::kFloat);  // fp32 (a copy when bf16)
-      auto m = m_all.narrow(0, i, len), v = v_all.narrow(0, i, len), w = w_all.narrow(0, i, len);
-      m.mul_(b1).add_(g, 1 - b1);
-      v.mul_(b2).addcmul_(g, g, 1 - b2);
-      w.addcdiv_(m, (v / bias2).sqrt_().add_(options_.eps), -options_.lr / bias1);
-      if (s.master.defined()) p_all.narrow(0, i, len).copy_(w);  // round into the bf16 parameter
-    }
-  }
-}
-
-void MasterAdam::zero_grad() {
-  for (auto& s : slots_) s.param.mutable_grad() = torch::Tensor();
 }
 
 }  // namespace tally::engine

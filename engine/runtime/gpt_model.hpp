@@ -1,11 +1,10 @@
-// The engine's GPT-style decoder in libtorch and the optimizer that trains it (internal: includes
-// torch). Shape and legend: tally/engine/gpt.hpp (B, T, C, L, a, d = C/a, V).
+// The engine's GPT-style decoder in libtorch (internal: includes torch); optimizer_torch.hpp
+// trains it. Shape and legend: tally/engine/gpt.hpp (B, T, C, L, a, d = C/a, V).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <vector>
 
 #include "tally/engine/gpt.hpp"
 
@@ -42,33 +41,5 @@ struct GptImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};     // weight, bias (C)
 };
 TORCH_MODULE(Gpt);
-
-// Note [mixed-precision Adam]
-// Adam with its state created eagerly in the constructor — PyTorch's torch.optim.Adam creates m and
-// v lazily at the first step(), which would move the "+8N / +12N after optimizer init" of the
-// ledger into the step. Per parameter it holds fp32 m and v (8 bytes/param) and, when the parameter
-// is 16-bit, an fp32 master copy (4 bytes/param): the update runs on the master and is rounded into
-// the bf16 parameter (seed A1: 2 + 2 + 8 + 4). fp32 parameters are their own master.
-struct AdamOptions {
-  double lr = 1e-4;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-};
-
-class MasterAdam {
- public:
-  MasterAdam(const std::vector<torch::Tensor>& params, const AdamOptions& options = {});
-  void step();  // skips parameters without a gradient
-  void zero_grad();  // drops the gradients (set_to_none)
-
- private:
-  struct Slot {
-    torch::Tensor param;   // (any shape) the model's parameter, fp32 or 16-bit
-    torch::Tensor master;  // same shape, fp32; undefined when param is fp32
-    torch::Tensor m, v;    // same shape, fp32
-  };
-  std::vector<Slot> slots_;
-  AdamOptions options_;
-  std::int64_t steps_ = 0;
-};
 
 }  // namespace tally::engine

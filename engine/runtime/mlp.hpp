@@ -1,5 +1,6 @@
-// A small MLP in plain ATen for the DDP experiments and tests (internal, header-only; no torch::nn,
-// whose headers cost a minute of compile time per TU on a 2-core box).
+// The engine's one MLP in plain ATen, for the DDP, ZeRO and checkpoint runs, the benchmark and the
+// tests (internal, header-only; no torch::nn, whose headers cost a minute of compile time per TU on
+// a 2-core box). Its size: tally/engine/mlp.hpp's mlp_parameter_count.
 //
 //   widths = {d_0, d_1, ..., d_L}: L Linear layers d_{l} → d_{l+1} with ReLU between them, i.e.
 //   nn.Sequential(Linear(d_0, d_1), ReLU(), ..., Linear(d_{L-1}, d_L)).
@@ -40,14 +41,21 @@ struct Mlp {
     }
     return names;
   }
-  // x: [B, d_0] → logits [B, d_L].
-  at::Tensor forward(const at::Tensor& x) const {
+  // x: [B, d_0] → logits [B, d_L]. dropout_masks: empty, or one [B, d_{l+1}] mask per hidden layer,
+  // already scaled by 1/(1 − p), applied after its ReLU.
+  at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& dropout_masks = {}) const {
     at::Tensor h = x;
     for (std::size_t l = 0; l < weights.size(); ++l) {
-      h = at::linear(h, weights[l], biases[l]);
-      if (l + 1 < weights.size()) h = at::relu(h);
+      h = forward_layer(h, weights[l], biases[l], l + 1 == weights.size());
+      if (l + 1 < weights.size() && !dropout_masks.empty()) h = h * dropout_masks[l];
     }
     return h;
+  }
+  // Layer l: Linear, then ReLU unless it is the last (ZeRO-3 runs the layers one at a time).
+  static at::Tensor forward_layer(const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& bias, bool last) {
+    const at::Tensor y = at::linear(x, weight, bias);
+    return last ? y : at::relu(y);
   }
   // Detached copies that require grad: an independent replica (the seed's ref.load_state_dict).
   Mlp clone() const {
@@ -92,17 +100,6 @@ inline at::Tensor flat_grads(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (const auto& p : params) grads.push_back(p.grad());
   return flat_values(grads);
-}
-
-// torch.optim.SGD(lr) without momentum: p.add_(p.grad, alpha=-lr).
-inline void sgd_step(const std::vector<at::Tensor>& params, double lr) {
-  at::NoGradGuard no_grad;
-  for (auto p : params)
-    if (p.grad().defined()) p.add_(p.grad(), -lr);
-}
-
-inline void zero_grad(const std::vector<at::Tensor>& params) {
-  for (auto p : params) p.mutable_grad() = at::Tensor();
 }
 
 }  // namespace tally::engine::mlp

@@ -33,7 +33,7 @@ class ZeroStage1 final : public Strategy {
     grad_ = at::zeros({replica_.numel()}, replica_.flat().options());  // (N,) param dtype
     replica_.set_grad_buffer(grad_);
     span_ = my_span(replica_.numel());
-    adam_ = FlatAdam(replica_.flat().narrow(0, span_.offset, span_.count), ctx_.adam);
+    adam_ = Adam({replica_.flat().narrow(0, span_.offset, span_.count)}, ctx_.adam);
   }
 
   double step(const Batch& batch) override {
@@ -46,7 +46,7 @@ class ZeroStage1 final : public Strategy {
     at::NoGradGuard no_grad;
     // (shard_span(N, k, r),) float32; rounded to the gradient dtype as DP's average is.
     const at::Tensor grad_shard = reduce_scatter_average(grad_).to(grad_.scalar_type());
-    adam_.step(grad_shard);
+    adam_.step_with({grad_shard});
     at::Tensor& flat = replica_.flat();
     all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
     return loss.item<double>();
@@ -60,7 +60,7 @@ class ZeroStage1 final : public Strategy {
   Replica replica_;
   at::Tensor grad_;
   ShardSpan span_;
-  FlatAdam adam_;
+  Adam adam_;
 };
 
 }  // namespace

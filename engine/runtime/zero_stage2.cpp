@@ -34,7 +34,7 @@ class ZeroStage2 final : public Strategy {
   void setup(UnitModel model) override {
     replica_ = Replica(std::move(model));
     span_ = my_span(replica_.numel());
-    adam_ = FlatAdam(replica_.flat().narrow(0, span_.offset, span_.count), ctx_.adam);
+    adam_ = Adam({replica_.flat().narrow(0, span_.offset, span_.count)}, ctx_.adam);
     grad_shard_ = at::zeros({span_.count}, replica_.flat().options());
   }
 
@@ -47,7 +47,7 @@ class ZeroStage2 final : public Strategy {
     grad_shard_.copy_(reduce_scatter_average(full_grad));  // rounded to bf16 for bf16
     replica_.drop_grads();
     full_grad = at::Tensor();  // Note [transient full gradient]: only the shard survives
-    adam_.step(grad_shard_);
+    adam_.step_with({grad_shard_});
     at::Tensor& flat = replica_.flat();
     all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
     return loss.item<double>();
@@ -60,7 +60,7 @@ class ZeroStage2 final : public Strategy {
  private:
   Replica replica_;
   ShardSpan span_;
-  FlatAdam adam_;
+  Adam adam_;
   at::Tensor grad_shard_;  // (shard_span(N, k, r).count,) gradient dtype
 };
 

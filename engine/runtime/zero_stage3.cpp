@@ -65,7 +65,7 @@ class ZeroStage3 final : public Strategy {
       u.span = my_span(u.numel);
       u.shard = flat.narrow(0, u.span.offset, u.span.count).clone();
       u.grad_shard = at::zeros({u.span.count}, flat.options());
-      u.adam = FlatAdam(u.shard, ctx_.adam);
+      u.adam = Adam({u.shard}, ctx_.adam);
       u.full = at::empty({u.numel}, flat.options());
       release(u);
       u.full.requires_grad_(true);
@@ -102,7 +102,7 @@ class ZeroStage3 final : public Strategy {
     if (error_) std::rethrow_exception(error_);
     for (Unit& u : units_) {
       TALLY_INVARIANT(u.full.storage().nbytes() == 0 && !u.full.grad().defined());
-      u.adam.step(u.grad_shard);
+      u.adam.step_with({u.grad_shard});
     }
     return loss.item<double>();
   }
@@ -132,7 +132,7 @@ class ZeroStage3 final : public Strategy {
     ShardSpan span;             // shard_span(n_u, k, r)
     at::Tensor shard;           // (span.count,) param dtype: the parameters this rank owns
     at::Tensor grad_shard;      // (span.count,) param dtype: their averaged gradient
-    FlatAdam adam;              // over `shard`
+    Adam adam;                  // over `shard`
     at::Tensor full;  // (n_u,) param dtype, leaf, requires grad; storage empty between uses
     std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
     std::uintptr_t hook_key = 0;

@@ -1,8 +1,7 @@
-// The pieces the ZeRO strategies share (zero_strategy.hpp): the unit model, the flat replica, Adam on a
-// flat range, the logged collectives.
+// The pieces the ZeRO strategies share (zero_strategy.hpp): the unit model, the flat replica, the
+// logged collectives.
 #include "zero_strategy.hpp"
 
-#include <cmath>
 #include <functional>
 #include <numeric>
 
@@ -37,8 +36,7 @@ UnitModel make_mlp_model(const std::vector<std::int64_t>& widths, at::ScalarType
   const std::size_t last = m.weights.size() - 1;
   model.forward_unit = [last](std::size_t u, const at::Tensor& x,
                               const std::vector<at::Tensor>& params) {
-    const at::Tensor y = at::linear(x, params[0], params[1]);
-    return u < last ? at::relu(y) : y;
+    return mlp::Mlp::forward_layer(x, params[0], params[1], u == last);
   };
   model.loss = [](const at::Tensor& logits, const at::Tensor& target) {
     return at::cross_entropy_loss(logits.to(at::kFloat), target);
@@ -74,12 +72,6 @@ at::Tensor to_wire(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat ? t.contiguous() : t.to(at::kFloat).contiguous();
 }
 }  // namespace
-
-void Strategy::ring_all_reduce_average(at::Tensor& full) {
-  TALLY_INVARIANT(full.scalar_type() == at::kFloat && full.is_contiguous());
-  engine::ring_all_reduce(comm_, full, ReduceOp::average);
-  calls_.push_back({Collective::all_reduce, full.numel(), kWireElementBytes});
-}
 
 at::Tensor Strategy::reduce_scatter_average(const at::Tensor& full) {
   const at::Tensor wire = to_wire(full);
@@ -144,42 +136,15 @@ void Replica::set_grad_buffer(const at::Tensor& flat_grad) {
   }
 }
 
+std::vector<at::Tensor> Replica::leaves() const {
+  std::vector<at::Tensor> all;
+  for (const auto& u : model_.units) all.insert(all.end(), u.begin(), u.end());
+  return all;
+}
+
 void Replica::drop_grads() {
   for (auto& u : model_.units)
     for (auto& p : u) p.mutable_grad() = at::Tensor();
-}
-
-// ---- FlatAdam ----
-
-FlatAdam::FlatAdam(at::Tensor params, const AdamConfig& config)
-    : params_(std::move(params)), config_(config) {
-  at::NoGradGuard no_grad;
-  TALLY_INVARIANT(params_.dim() == 1 && params_.is_contiguous());
-  master_ = params_.scalar_type() == at::kFloat ? params_ : params_.to(at::kFloat);
-  m_ = at::zeros({params_.numel()}, at::kFloat);
-  v_ = at::zeros({params_.numel()}, at::kFloat);
-}
-
-// Kingma & Ba 2015, Algorithm 1, as torch.optim.Adam writes it: step size lr / (1 − β1^t), and
-// denominator √v / √(1 − β2^t) + ε. Elementwise, so a shard updates exactly as the same elements of
-// the full vector would (the root of ZeRO's equivalence with DP).
-void FlatAdam::step(const at::Tensor& grad) {
-  at::NoGradGuard no_grad;
-  TALLY_INVARIANT(grad.numel() == master_.numel());
-  steps_ += 1;
-  const double t = double(steps_);
-  const double bias_correction1 = 1 - std::pow(config_.beta1, t);
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(config_.beta2, t));
-  const at::Tensor g = grad.reshape(-1).to(at::kFloat);
-  m_.mul_(config_.beta1).add_(g, 1 - config_.beta1);
-  v_.mul_(config_.beta2).addcmul_(g, g, 1 - config_.beta2);
-  const at::Tensor denom = (v_.sqrt() / bias_correction2_sqrt).add_(config_.eps);
-  master_.addcdiv_(m_, denom, -config_.lr / bias_correction1);
-  if (!master_.is_same(params_)) params_.copy_(master_);  // round into the bf16 parameters
-}
-
-double FlatAdam::master_bytes() const {
-  return master_.is_same(params_) ? 0.0 : double(master_.nbytes());
 }
 
 }  // namespace tally::engine::zero

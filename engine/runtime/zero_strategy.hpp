@@ -1,13 +1,14 @@
 // The shape every ZeRO strategy shares (internal: torch types): setup(model) / step(batch) → loss /
 // measure(), one strategy per file like nccl-tests' table of collectives —
-//   zero_stage0.cpp  DP: full replica, gradients all-reduced (tally's ring), Adam on everything
+//   zero_stage0.cpp  DP: full replica, gradients all-reduced by the engine's one data-parallel
+//                    reducer (ddp_torch.hpp) with tally's ring, Adam on everything
 //   zero_stage1.cpp  + m, v, master sharded: gradients reduce-scattered, own shard updated,
 //                    updated parameters all-gathered
 //   zero_stage2.cpp  + gradients sharded: the full gradient is freed after the reduce-scatter
 //   zero_stage3.cpp  + parameters sharded: each unit gathered before its forward and again before
 //                    its backward, freed after each use
-// and the pieces they share: the model as a chain of units, a flat parameter replica, Adam on a
-// flat range, and the collectives wrapped so every call is logged and bf16 travels as float32.
+// and the pieces they share: the model as a chain of units, a flat parameter replica, and the
+// collectives wrapped so every call is logged and bf16 travels as float32.
 //
 // Legend: N = parameters, k = ranks, r = this rank, U = units, n_u = parameters of unit u.
 // Sharding rule: tally::shard_span (core/sharding.hpp), which is the Comm's chunk_range, so rank
@@ -28,6 +29,7 @@
 #include "tally/core/comm.hpp"
 #include "tally/core/model_states.hpp"
 #include "tally/core/sharding.hpp"
+#include "optimizer_torch.hpp"
 #include "tally/engine/comm.hpp"
 
 namespace tally::engine::zero {
@@ -56,10 +58,6 @@ struct Batch {
   at::Tensor y;  // (rows,) int64 class ids
 };
 
-struct AdamConfig {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-};
-
 // One collective a strategy issued: what the wire-byte tally (zero.hpp's wire_bytes) needs.
 struct CallRecord {
   Collective collective = Collective::all_reduce;
@@ -70,7 +68,7 @@ struct CallRecord {
 struct StrategyContext {
   Comm* comm = nullptr;
   at::ScalarType param_dtype = at::kFloat;  // kFloat or kBFloat16 (mixed)
-  AdamConfig adam;
+  AdamOptions adam;
 };
 
 class Strategy {
@@ -99,8 +97,6 @@ class Strategy {
 
  protected:
   // The collectives, logged, with bf16 widened to float32 for the wire (Note [bf16 on Gloo]).
-  // In place: `full` (float32) becomes the average over ranks; tally's ring all-reduce.
-  void ring_all_reduce_average(at::Tensor& full);
   // This rank's shard_span of the average over ranks of `full` (any float dtype), as float32.
   at::Tensor reduce_scatter_average(const at::Tensor& full);
   // full (contiguous, shard's dtype) ← every rank's shard, concatenated. Writes through copy_, so
@@ -130,6 +126,7 @@ class Replica {
   const at::Tensor& flat() const { return flat_; }
   void set_grad_buffer(const at::Tensor& flat_grad);
   void drop_grads();  // every leaf's .grad = undefined
+  std::vector<at::Tensor> leaves() const;  // every parameter, in unit order
   std::int64_t numel() const { return flat_.numel(); }
 
  private:
@@ -137,34 +134,9 @@ class Replica {
   at::Tensor flat_;
 };
 
-// Adam (torch.optim.Adam, amsgrad off, no weight decay; the same update as ddp_torch.hpp's
-// MasterWeightAdam) on a flat range of parameters: the whole model (DP), rank r's shard (ZeRO).
-// fp32: the update runs on the parameters themselves (they are the master). bf16: on an fp32
-// master copy, rounded into the parameters after each step. m and v are fp32.
-class FlatAdam {
- public:
-  FlatAdam() = default;
-  FlatAdam(at::Tensor params, const AdamConfig& config);
-  void step(const at::Tensor& grad);  // grad: params.numel() elements, any float dtype
-  double master_bytes() const;        // 0 when the parameters are their own master
-  double m_bytes() const { return double(m_.nbytes()); }
-  double v_bytes() const { return double(v_.nbytes()); }
-  // Adds m, v and master to a state ledger being measured.
-  void add_state(StateItems& s) const {
-    s.m += m_bytes();
-    s.v += v_bytes();
-    s.master += master_bytes();
-  }
-
- private:
-  at::Tensor params_, master_, m_, v_;
-  AdamConfig config_;
-  std::int64_t steps_ = 0;
-};
-
 // What a flat-buffer strategy holds: its parameter and gradient tensors and its optimizer state.
 inline StateItems held_state(const at::Tensor& params, const at::Tensor& grads,
-                             const FlatAdam& adam) {
+                             const Adam& adam) {
   StateItems s{.params = double(params.nbytes()), .grads = double(grads.nbytes())};
   adam.add_state(s);
   return s;

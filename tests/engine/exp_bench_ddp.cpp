@@ -91,7 +91,7 @@ TEST(bench_ddp, QuantilesInterpolateAsNumpy) {
   EXPECT_DOUBLE_EQ(quantile(s, 0.9), 3.7);
   EXPECT_DOUBLE_EQ(quantile(s, 1.0), 4.0);
   EXPECT_DOUBLE_EQ(quantile({7}, 0.9), 7.0);
-  const StepTimeStats t = step_time_stats({0.3, 0.1, 0.2});
+  const TimeStats t = time_stats({0.3, 0.1, 0.2});
   EXPECT_DOUBLE_EQ(t.median_s, 0.2);
   EXPECT_DOUBLE_EQ(t.min_s, 0.1);
   EXPECT_DOUBLE_EQ(t.max_s, 0.3);

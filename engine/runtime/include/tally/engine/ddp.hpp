@@ -1,6 +1,9 @@
 // Data-parallel training (DDP): the torch-free half of tally's DistributedDataParallel — options,
 // the bucket plan, and the per-rank statistics experiments and tests read. The engine class itself
-// takes at::Tensor parameters and lives in engine/runtime/ddp_torch.hpp (internal).
+// takes at::Tensor parameters and lives in engine/runtime/ddp_torch.hpp (internal). It is the
+// engine's one data-parallel reducer: `tally run ddp-check|grad-accum|checkpoint`, `tally bench
+// ddp` and the ZeRO-0 baseline of `tally run zero` all reduce their gradients through it, each with
+// the collective it names (GradientCollective), as c10d's reducer takes a communication hook.
 //
 // What DDP does, per rank (PyTorch's DistributedDataParallel, c10d/reducer.cpp, on Gloo):
 //   1. at construction, every parameter is broadcast from rank 0, so all replicas start equal;
@@ -27,6 +30,16 @@ namespace tally::engine {
 
 using ::tally::kMiB;  // engine::kMiB, as callers spell it
 
+// The collective a bucket is reduced with (c10d's communication hook, as an algorithm enum):
+//   gloo_all_reduce  Gloo's all-reduce, started as soon as the bucket is full, so it overlaps the
+//                    rest of the backward pass; each gradient is pre-divided by k while it is packed
+//                    and the bucket summed (Note [pre-divided average] in ddp.cpp) — PyTorch's DDP;
+//   ring_all_reduce  tally's ring (Comm::ring_all_reduce, Note [ring all-reduce] in ring.cpp) with
+//                    ReduceOp::average: the gradient is packed as it is and the ring's reduce-scatter
+//                    sums then divides, the same arithmetic as the ZeRO stages' reduce-scatter. It
+//                    runs to completion inside the hook of the bucket's last gradient.
+enum class GradientCollective { gloo_all_reduce, ring_all_reduce };
+
 struct DdpOptions {
   // A bucket is closed once its gradients reach this many bytes (in the gradients' dtype), so a
   // bucket may overshoot by one tensor; 1 byte gives one parameter per bucket, a huge value one
@@ -37,6 +50,7 @@ struct DdpOptions {
   // pass: PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB, which its DDP applies from the
   // second iteration on (Reducer::rebuild_buckets; see Note [first bucket] in ddp.cpp).
   double first_bucket_cap_bytes = kDdpFirstBucketBytes;
+  GradientCollective collective = GradientCollective::gloo_all_reduce;
   void validate() const;  // throws InvalidInput naming the field and value
 };
 
@@ -81,15 +95,5 @@ struct DdpStats {
   std::string wire_dtype;          // what Gloo reduces: bfloat16 travels as float32 (Note [bf16 on Gloo])
 };
 
-// Adam on fp32 master weights (mixed precision: bf16 parameters and gradients, fp32 master copy,
-// fp32 m and v: 2 + 2 + 4 + 4 + 4 bytes per parameter, DESIGN.md's 16N). torch.optim.Adam's
-// update with amsgrad = false and weight_decay = 0.
-struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  void validate() const;  // throws InvalidInput naming the field and value
-};
 
 }  // namespace tally::engine

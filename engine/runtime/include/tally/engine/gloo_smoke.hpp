@@ -3,8 +3,6 @@
 // transport and the launcher's environment end to end.
 #pragma once
 
-#include <string>
-
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
 
@@ -21,8 +19,6 @@ struct GlooSmokeResult {
   double expected = 0;  // k(k+1)/2
   CollectiveCounter all_reduce;  // this rank's counter after the run
   bool ok() const { return sum == expected; }
-  // "gloo-smoke: rank 0 of 2: all-reduce sum 3 vs expected k(k+1)/2 = 3: ok (1 call, 8 bytes sent)"
-  std::string report() const;
 };
 
 // Throws InvalidInput for bad env / options and CommError when the group fails.

@@ -5,7 +5,8 @@
 // same function the planner uses), steps = collective_steps(all_reduce, k) = 2(k−1),
 // bytes_per_rank = collective_bytes_per_rank(all_reduce, S, k) = 2S(k−1)/k.
 //
-// The harness owns warm-up, timing and checking (nccl-tests' habit); every rank runs it:
+// On the engine's one benchmark harness (harness.hpp: warm-up, barrier, timing, statistics);
+// every rank runs it:
 //   for each size S, for each algorithm (Gloo's Comm::all_reduce, tally's Comm::ring_all_reduce):
 //     warm-up iterations, then timed iterations, each: refill the buffer with rank-dependent
 //     values, barrier, time the all-reduce on this rank, verify every element exactly;
@@ -24,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tally/engine/bench/harness.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/io/calibration.hpp"
@@ -56,18 +58,12 @@ std::vector<double> geometric_sizes(double min_bytes, double max_bytes, double f
 // rank sends within 2 elements of it and the exact check below could not hold.
 std::int64_t bench_element_count(double size_bytes, int ranks);
 
-struct TimeStats {
-  double median_s = 0, min_s = 0, max_s = 0;
-};
-// Median (mean of the middle two for an even count), min and max. Throws InvalidInput when empty.
-TimeStats time_stats(std::vector<double> seconds);
-
 // One (size, algorithm) line of the table.
 struct BenchRow {
   AllReduceAlgorithm algorithm = AllReduceAlgorithm::gloo;
   std::int64_t count = 0;              // float32 elements
   double size_bytes = 0;               // S = 4·count
-  TimeStats time;                      // per iteration, slowest rank
+  TimeStats time;                      // per iteration, slowest rank (harness.hpp)
   double algbw_bps = 0;                // S / median
   double busbw_bps = 0;                // bus_bandwidth(all_reduce, algbw, k)
   std::int64_t wrong = 0;              // #wrong over ranks and timed iterations

@@ -37,7 +37,9 @@
 #include <string_view>
 #include <vector>
 
+#include "tally/engine/bench/harness.hpp"
 #include "tally/engine/ddp.hpp"
+#include "tally/engine/mlp.hpp"
 #include "tally/engine/dist_env.hpp"
 
 namespace tally::engine {
@@ -67,25 +69,13 @@ struct BenchDdpOptions {
   void validate() const;
 };
 
-// Σ_l d_l·d_{l+1} + d_{l+1}: the MLP's parameter count.
-std::int64_t mlp_parameter_count(const std::vector<std::int64_t>& widths);
-
-struct StepTimeStats {
-  double median_s = 0, p10_s = 0, p90_s = 0, min_s = 0, max_s = 0;
-};
-// q-quantile of the samples (0 <= q <= 1), linear between order statistics: sorted s,
-// h = q·(n − 1), s[⌊h⌋] + (h − ⌊h⌋)·(s[⌊h⌋+1] − s[⌊h⌋]) — numpy.percentile's default, which the
-// peer computes the same way. Throws InvalidInput when empty or q is outside [0, 1].
-double quantile(std::vector<double> samples, double q);
-StepTimeStats step_time_stats(const std::vector<double>& seconds);
-
 struct BenchDdpResult {
   int world_size = 1;
   BenchDdpOptions options;
   std::int64_t parameters = 0;          // N
   std::size_t buckets = 0;              // tally's plan for bucket_cap_bytes
   std::vector<double> step_times_s;     // per timed step, the slowest rank's
-  StepTimeStats step;                   // over step_times_s
+  TimeStats step;                       // over step_times_s (harness.hpp)
   double samples_per_s = 0;             // k·B / step.median_s
   double final_loss = 0;                // see the header comment, step 7
   double param_sum = 0;

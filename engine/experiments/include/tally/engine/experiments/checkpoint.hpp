@@ -57,28 +57,10 @@
 #include <vector>
 
 #include "tally/engine/dist_env.hpp"
+#include "tally/engine/sample_stream.hpp"
+#include "tally/engine/temp_directory.hpp"
 
 namespace tally::engine {
-
-// ---- the sample stream ---------------------------------------------------------------------------
-
-// Note [sample stream]
-// The training data is an endless stream of positions p = 0, 1, 2, …; position p holds sample
-// perm_e[p mod n] of epoch e = ⌊p / n⌋, where perm_e is a Fisher–Yates shuffle of [0, n) driven by
-// splitmix64 seeded from (seed, e). A batch is a run of positions, so (seed, consumed_samples)
-// alone fixes every batch still to come: that pair is the data loader's whole state, and a resume
-// that restores the parameters but not consumed_samples silently trains on other data (seed ④).
-// A pure function, so tests compute the expected indices without running anything.
-std::vector<std::int64_t> sample_indices(std::uint64_t seed, std::int64_t dataset_samples,
-                                         std::int64_t position, std::int64_t count);
-
-// ---- a fresh temporary directory -----------------------------------------------------------------
-
-// <system temp dir>/<prefix>-XXXXXX made by mkdtemp(3): a new directory (mode 0700) that no other
-// process chose. For runs given no directory: `tally run checkpoint`'s default and `tally run
-// fault-drill`'s work directory; whoever calls it removes it. Throws std::system_error naming the
-// path when it cannot be created.
-std::filesystem::path make_temp_directory(std::string_view prefix);
 
 // Note [default checkpoint directory]
 // Without --dir, rank 0 makes a temporary directory T (make_temp_directory) and broadcasts its

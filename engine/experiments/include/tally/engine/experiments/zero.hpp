@@ -32,6 +32,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
+#include "tally/engine/mlp.hpp"
 
 namespace tally::engine {
 
@@ -57,9 +58,6 @@ struct ZeroOptions {
   void validate() const;                   // InvalidInput naming the flag, value and range
   void validate(int world_size) const;     // + the checks that need k (--batch divisible by k)
 };
-
-// Parameters of an MLP with these widths: Σ_l (d_l + 1) · d_{l+1}.
-std::int64_t mlp_param_count(const std::vector<std::int64_t>& widths);
 
 // What one rank's algorithm puts on the wire for one collective on `count` elements of
 // `element_bytes` over k ranks (the Comm counters hold the core formula instead; see Note [wire
@@ -138,9 +136,22 @@ std::vector<ZeroCheck> zero_checks(const ZeroResult& r);
 // The measured per-step bytes of `stage` over DP's (rank 0), 0 when either did not run. The seed's
 // claims (ZeRO-1 unchanged, "ZeRO-2 halves", ZeRO-3 ≈1.5×) are settled by these ratios.
 double traffic_ratio_vs_dp(const ZeroResult& r, int stage);
-// One line settling the seed's claims from the measured ratios (without stage 0: against core's DP
-// all-reduce, labelled; empty for k = 1).
-std::string zero_conclusion(const ZeroResult& r);
+// The seed's claims about ZeRO's traffic (ZeRO-1 "unchanged", ZeRO-2 "halves", ZeRO-3 "≈1.5×"),
+// settled on rank 0's measured bytes per step over DP's. cli/run_zero.cpp words the conclusion.
+inline constexpr double kZeroClaimTolerance = 0.01;  // a claim holds within 1 % of its ratio
+struct ZeroSeedClaim {
+  int stage = 1;
+  double claimed_ratio = 1;         // the seed's: 1 (stage 1), 0.5 (stage 2), 1.5 (stage 3)
+  double measured_ratio = 0;        // bytes per step ÷ DP's
+  double reduce_scatter_ratio = 0;  // the stage's reduce-scatter bytes alone ÷ DP's
+  bool holds = false;               // |measured − claimed| <= kZeroClaimTolerance · claimed
+};
+struct ZeroSeedClaims {
+  // true: DP's bytes were measured (stage 0 ran); false: core's all-reduce 2S(k−1)/k stands in.
+  bool against_measured_dp = false;
+  std::vector<ZeroSeedClaim> claims;  // stages 1, 2, 3 that ran; none for k = 1
+};
+ZeroSeedClaims zero_seed_claims(const ZeroResult& r);
 
 // Runs every requested stage in this process as rank env.rank (all ranks call it with the same
 // options). Installs the tracking allocator for the duration (no other scope may be active).
