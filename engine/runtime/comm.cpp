@@ -105,10 +105,9 @@ DType dtype_of_tensor(const at::Tensor& t, const char* op) {
 
 std::string_view to_string(DType d) { return d == DType::f32 ? "float32" : "float64"; }
 
-ChunkRange chunk_range(std::int64_t count, int ranks, int index) {
+ShardSpan chunk_range(std::int64_t count, int ranks, int index) {
   TALLY_INVARIANT(count >= 0 && ranks >= 1 && index >= 0 && index < ranks);
-  const ShardSpan s = shard_span(count, ranks, index);  // core's one sharding rule
-  return {.offset = s.offset, .count = s.count};
+  return shard_span(count, ranks, index);  // core's one sharding rule
 }
 
 bool CommError::timed_out() const { return mentions_timeout(what()); }
@@ -205,7 +204,7 @@ struct Comm::Impl {
   void all_gather(const at::Tensor& in, at::Tensor& out, DType d) {
     check_usable("all-gather", -1);
     const std::int64_t n = out.numel();
-    const ChunkRange mine = chunk_range(n, k(), env.rank);
+    const ShardSpan mine = chunk_range(n, k(), env.rank);
     if (in.numel() != mine.count)
       throw InvalidInput("all-gather: input count " + std::to_string(in.numel()) + " vs " +
                          std::to_string(mine.count) + " expected (chunk " +
@@ -223,7 +222,7 @@ struct Comm::Impl {
       wait(group->allgather(outputs, inputs, opts), "all-gather", -1,
            describe("all-gather", size_bytes));
       for (int r = 0; r < k(); ++r) {
-        const ChunkRange c = chunk_range(n, k(), r);
+        const ShardSpan c = chunk_range(n, k(), r);
         out.narrow(0, c.offset, c.count).copy_(outputs[0][r].narrow(0, 0, c.count));
       }
     }
@@ -469,7 +468,7 @@ PendingCollective Comm::all_reduce_async(Buffer data, ReduceOp op) {
 void Comm::reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op) {
   require_same_dtype(input.dtype, output.dtype, "reduce-scatter");
   Impl& m = *impl_;
-  const ChunkRange mine = chunk_range(input.count, m.k(), m.env.rank);
+  const ShardSpan mine = chunk_range(input.count, m.k(), m.env.rank);
   if (output.count != mine.count)
     throw InvalidInput("reduce-scatter: output count " + std::to_string(output.count) + " vs " +
                        std::to_string(mine.count) + " expected (chunk " +

@@ -47,7 +47,7 @@ char* element(Buffer data, std::int64_t index) {
 }
 
 Buffer chunk_of(Buffer data, int ranks, int index) {
-  const ChunkRange c = chunk_range(data.count, ranks, index);
+  const ShardSpan c = chunk_range(data.count, ranks, index);
   return Buffer(element(data, c.offset), c.count, data.dtype);
 }
 

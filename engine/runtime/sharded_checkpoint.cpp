@@ -98,7 +98,7 @@ SaveOutcome save_sharded(Comm& comm, const fs::path& dir, const io::CheckpointIn
     std::vector<at::Tensor> parts;
     std::vector<io::TensorView> views;
     for (std::size_t i = 0; i < groups.size(); ++i) {
-      const io::FlatRange s = index.groups[i].shards[std::size_t(r)];
+      const ShardSpan s = index.groups[i].shards[std::size_t(r)];
       parts.push_back(groups[i].flat.narrow(0, s.offset, s.count).contiguous());
       views.push_back({.name = groups[i].name,
                        .dtype = io::TensorDType::f32,
@@ -202,7 +202,7 @@ std::optional<LoadOutcome> load_sharded(Comm& comm, const fs::path& dir,
   // 2. This rank's 1/k' of each group, from whichever saved shards hold it; then all-gather.
   for (const std::string& name : group_names) {
     const io::FlatGroup& g = *out.index.find_group(name);
-    const io::FlatRange mine = io::shard_range(g.numel, k, r);
+    const ShardSpan mine = io::shard_range(g.numel, k, r);
     std::vector<float> values = io::load_flat_range_f32(dir, out.index, name, mine.offset,
                                                         mine.count);
     at::Tensor local = at::empty({mine.count}, at::kFloat);

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "tally/core/comm.hpp"
+#include "tally/core/sharding.hpp"
 #include "tally/engine/dist_env.hpp"
 
 namespace tally::engine {
@@ -88,11 +89,8 @@ struct ConstBuffer {
 // Chunk `index` of a `count`-element buffer split over `ranks`: the first count % ranks chunks
 // hold one element more than the rest (llm.c's ZeRO shard, gloo's ring chunks). Used for the ring
 // chunks, the reduce-scatter output and the all-gather input of rank `index`.
-struct ChunkRange {
-  std::int64_t offset = 0;  // elements
-  std::int64_t count = 0;   // elements
-};
-ChunkRange chunk_range(std::int64_t count, int ranks, int index);
+// It is core's shard_span (tally/core/sharding.hpp), checked: one sharding rule, one type.
+ShardSpan chunk_range(std::int64_t count, int ranks, int index);
 
 // A communication failure: timeout, dead peer, broken connection, or a call after one of those.
 class CommError : public std::runtime_error {
