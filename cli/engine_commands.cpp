@@ -2,7 +2,7 @@
 // line and exits 2); a failed run exits with the launcher's code (1 a rank failed, 124 timeout).
 #include "engine_commands.hpp"
 
-#include "common.hpp"
+#include "flags.hpp"
 #include "run_registry.hpp"
 
 #include <cstdio>
