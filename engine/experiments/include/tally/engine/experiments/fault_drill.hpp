@@ -2,7 +2,7 @@
 // recovery, 确定性 determinism; 失败判据 ② a resume whose step / data position / RNG state does
 // not match; 验证计划 "kill a rank, measure recovery time and consistency"), run on this host.
 //
-// One driver process starts every sub-run of `tally run checkpoint` (checkpoint_run.hpp) through
+// One driver process starts every sub-run of `tally run checkpoint` (checkpoint.hpp) through
 // engine::launch — the code behind `tally launch`, whose exit code and one-line verdict it
 // records — over loopback, in a fresh work directory that it removes at the end:
 //

@@ -9,7 +9,7 @@
 //   after-step            unchanged (gradients kept, as before zero_grad)
 // Precision fp32: fp32 parameters, gradients, activations, Adam m and v (the parameters are the
 // master). bf16 mixed: bf16 parameters, gradients and activations, fp32 logits for the loss, and an
-// fp32 master copy + m + v held by the engine's eager MasterAdam (Note [mixed-precision Adam]).
+// fp32 master copy + m + v held by the engine's eager Adam (Note [mixed-precision Adam] in optimizer_torch.hpp).
 #pragma once
 
 #include <cmath>
