@@ -38,9 +38,11 @@
 //   counters 1e-12     the same formula summed in a different order (ZeRO-3: per unit)
 //   ring all-reduce    2 elements (Note [wire bytes])
 //   loss 1e-5          fp32 ZeRO-1/2 do DP's arithmetic: DP's ring all-reduce is the same ring
-//                      reduce-scatter (same averaged gradient bits) and Adam is elementwise, so
-//                      they match DP exactly (measured 0). ZeRO-3 reduces unit by unit: for k >= 3
-//                      its ring chunks, hence the order of the sums, differ (measured ≈2e-7).
+//                      reduce-scatter (sum, then ÷ k) and Adam is elementwise, so at k <= 2 they
+//                      match DP exactly (measured 0). For k >= 3 the order of the sums differs:
+//                      DP's one reducer bucket holds the gradients in reverse order (zero_stage0.cpp)
+//                      and ZeRO-3 reduces unit by unit, so the ring chunks differ (ZeRO-3 measured
+//                      ≈2e-7).
 #include "tally/engine/experiments/zero.hpp"
 #include "tally/core/types.hpp"
 
