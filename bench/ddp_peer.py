@@ -1,5 +1,5 @@
 # PyTorch's own DistributedDataParallel doing what `tally bench ddp` does, step for step
-# (engine/include/tally/engine/bench_ddp.hpp holds the contract): same MLP and init (same seed,
+# (tally/engine/bench/ddp.hpp holds the contract): same MLP and init (same seed,
 # same weights), same data, same optimizer, same threads, Gloo with bucket_cap_mb = --bucket-mb,
 # the same timing (barrier, then forward + backward + optimizer step + zero_grad; slowest rank per
 # step; numpy-default quantiles) and the same JSON keys, printed on rank 0 as one line.
@@ -50,7 +50,7 @@ def build(widths):  # mlp.hpp's make_mlp: nn.Linear init, ReLU between layers
     return nn.Sequential(*layers)
 
 
-def quantile(samples, q):  # bench_ddp.hpp's quantile(): numpy.percentile's linear default
+def quantile(samples, q):  # harness.hpp's quantile(): numpy.percentile's linear default
     s = sorted(samples)
     h = q * (len(s) - 1)
     lo = int(math.floor(h))

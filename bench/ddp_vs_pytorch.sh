@@ -6,7 +6,7 @@
 #      tally/PyTorch of the median step time (< 1: tally is faster; the goal is <= 1);
 #   2. tally's ring vs Gloo's all-reduce busbw at 64 MB, as a ratio (`tally bench allreduce`).
 # Correctness in the same run: both sides print the final loss and parameter checksums of the
-# same training (bench_ddp.hpp, step 7), compared in the table.
+# same training (engine/bench tally/engine/bench/ddp.hpp, step 7), compared in the table.
 #
 # Builds nothing. Usage:
 #   bench/ddp_vs_pytorch.sh BUILD_DIR [-k "2 4"] [-r ROUNDS] [-- flags for both sides]
@@ -80,7 +80,7 @@ LOAD_END=$(uptime | sed 's/.*load average://')
 import json, math, sys
 out, rounds, sizes, load_end = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
 
-def quantile(s, q):  # numpy's linear default, as bench_ddp.hpp
+def quantile(s, q):  # numpy's linear default, as engine/bench harness.hpp
     s = sorted(s); h = q * (len(s) - 1); lo = int(math.floor(h))
     return s[-1] if lo + 1 >= len(s) else s[lo] + (h - lo) * (s[lo + 1] - s[lo])
 

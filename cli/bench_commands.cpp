@@ -1,4 +1,4 @@
-// `tally bench allreduce`: the nccl-tests-style all-reduce benchmark (engine/bench_allreduce.hpp)
+// `tally bench allreduce`: the nccl-tests-style all-reduce benchmark (engine/bench/allreduce.cpp)
 // on every rank of a job started with `tally launch --nproc N -- tally bench allreduce ...` or
 // torchrun. The runner lives in the engine; this file parses flags and holds the two reporters
 // (text table, JSON), which print on rank 0 only. Exit codes: 0 ok, 1 #wrong > 0 or the ring's
@@ -7,17 +7,16 @@
 // `tally bench ddp` (further down) times tally's data-parallel training step for comparison with
 // PyTorch's DDP (bench/ddp_peer.py).
 #include <fmt/core.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
 #include <string>
 #include <vector>
 
@@ -25,10 +24,11 @@
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/bench_allreduce.hpp"
-#include "tally/engine/bench_ddp.hpp"
+#include "tally/engine/bench/allreduce.hpp"
+#include "tally/engine/bench/ddp.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/io/calibration.hpp"
+#include "tally/io/files.hpp"
 
 namespace tally::cli {
 
@@ -81,20 +81,12 @@ engine::AllReduceAlgorithm fit_source(const engine::BenchAllReduceResult& r) {
   return engine::AllReduceAlgorithm::ring;
 }
 
-// Written to a temporary name and renamed, so a reader never sees half a file.
+// io's atomic write (temporary name, fsync, rename): a reader never sees half a file.
 void write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) throw std::runtime_error("--calibration-out: cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw std::runtime_error("--calibration-out: cannot rename to " + path);
+  try {
+    io::write_text_atomically(path, text);
+  } catch (const std::system_error& e) {
+    throw std::runtime_error(std::string("--calibration-out: ") + e.what());
   }
 }
 
@@ -275,7 +267,7 @@ void register_bench_allreduce(CLI::App& bench) {
 }
 
 // ---- tally bench ddp -------------------------------------------------------------------------
-// Data-parallel step time of tally's DDP (engine/bench_ddp.hpp), reported on rank 0 as a table or
+// Data-parallel step time of tally's DDP (engine/bench/ddp.cpp), reported on rank 0 as a table or
 // one JSON line whose keys bench/ddp_peer.py (PyTorch's DDP, same settings) prints too. Exit codes:
 // 0 ok, 1 the replicas' parameters differ after training, 2 bad input.
 

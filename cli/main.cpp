@@ -7,7 +7,7 @@
 #include <new>
 
 #include "commands.hpp"
-#include "common.hpp"
+#include "flags.hpp"
 #include "tally/core/types.hpp"
 #ifdef TALLY_ENGINE_BINARY
 #include "engine_commands.hpp"
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
 #else
   register_engine_stubs(app);
 #endif
-  refuse_empty_values(app);  // Note [empty values] (common.hpp)
+  refuse_empty_values(app);  // Note [empty values] (flags.hpp)
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

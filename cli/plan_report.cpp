@@ -2,7 +2,8 @@
 
 #include <fmt/core.h>
 
-#include "common.hpp"
+#include "format.hpp"
+#include "json_output.hpp"
 #include "tally/core/model_states.hpp"
 
 namespace tally::cli {

@@ -1,4 +1,4 @@
-// `tally run checkpoint`: one rank of engine::run_checkpoint (tally/engine/checkpoint_run.hpp).
+// `tally run checkpoint`: one rank of engine::run_checkpoint (tally/engine/experiments/checkpoint.hpp).
 // Text: rank 0 reports the run; every rank reports its own faults and failures. --json: one JSON
 // object per line — each event as it happens ({"event": "started" | "batch" | "saved" |
 // "fault_injected" | "comm_failure", ...}) and a final {"event": "result", ...} — so `tally
@@ -16,7 +16,7 @@
 #include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/checkpoint_run.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
 
 namespace tally::cli {
 

@@ -1,4 +1,4 @@
-// `tally run ddp-check`: one rank of the seed's ddp_check.py (engine/include/tally/engine/
+// `tally run ddp-check`: one rank of the seed's ddp_check.py (engine/runtime/include/tally/engine/
 // ddp_check.hpp). Text or --json (one JSON object on one line per rank, so `tally launch`'s
 // "[rank r] " prefixes keep ranks apart); exits 1 naming the first failed criterion.
 #include <cmath>
@@ -13,7 +13,7 @@
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
 #include "tally/core/comm.hpp"
-#include "tally/engine/ddp_check.hpp"
+#include "tally/engine/experiments/ddp_check.hpp"
 
 namespace tally::cli {
 

@@ -1,5 +1,5 @@
 // `tally run fault-drill`: the text and JSON reporters of engine::run_fault_drill
-// (tally/engine/fault_drill.hpp). Run it directly (not under `tally launch`): it launches its own
+// (tally/engine/experiments/fault_drill.hpp). Run it directly (not under `tally launch`): it launches its own
 // sub-runs. Bad flags exit 2; a failed criterion exits 1.
 #include <fmt/core.h>
 
@@ -11,7 +11,7 @@
 #include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/fault_drill.hpp"
+#include "tally/engine/experiments/fault_drill.hpp"
 
 namespace tally::cli {
 

@@ -1,5 +1,5 @@
 // `tally run grad-accum`: one rank of the seed's gradient-accumulation check on tally's DDP
-// (engine/include/tally/engine/grad_accum.hpp). Text or --json (one line per rank); exits 1
+// (engine/experiments/include/tally/engine/experiments/grad_accum.hpp). Text or --json (one line per rank); exits 1
 // naming the first failed criterion.
 #include <cmath>
 #include <iostream>
@@ -12,7 +12,7 @@
 #include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/grad_accum.hpp"
+#include "tally/engine/experiments/grad_accum.hpp"
 
 namespace tally::cli {
 

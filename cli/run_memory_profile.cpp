@@ -1,5 +1,5 @@
 // `tally run memory-profile`: the text and JSON reporters of engine::run_memory_profile
-// (tally/engine/memory_profile.hpp). Bad flags exit 2; a failed acceptance check exits 1.
+// (tally/engine/experiments/memory_profile.hpp). Bad flags exit 2; a failed acceptance check exits 1.
 #include <fmt/core.h>
 
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "common.hpp"
 #include "run_registry.hpp"
-#include "tally/engine/memory_profile.hpp"
+#include "tally/engine/experiments/memory_profile.hpp"
 
 namespace tally::cli {
 

@@ -1,4 +1,4 @@
-// `tally run zero`: the text and JSON reporters of engine::run_zero (tally/engine/zero.hpp). Every
+// `tally run zero`: the text and JSON reporters of engine::run_zero (tally/engine/experiments/zero.hpp). Every
 // rank runs the stages; rank 0 prints the report for all ranks (the figures are gathered), so under
 // `tally launch` only "[rank 0] " lines carry it. Bad flags exit 2; a failed check exits 1 on every
 // rank.
@@ -15,11 +15,37 @@
 #include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
-#include "tally/engine/zero.hpp"
+#include "tally/engine/experiments/zero.hpp"
 
 namespace tally::cli {
 
 namespace {
+
+// One line settling the seed's claims from the measured ratios (engine::zero_seed_claims; without
+// stage 0: against core's DP all-reduce, labelled); empty for k = 1.
+std::string zero_conclusion(const engine::ZeroResult& r) {
+  const engine::ZeroSeedClaims claims = engine::zero_seed_claims(r);
+  if (claims.claims.empty()) return "";
+  std::string out = claims.against_measured_dp
+                        ? "measured bytes per step ÷ DP's (rank 0):"
+                        : "measured bytes per step ÷ core's DP all-reduce 2S(k-1)/k (DP not run; "
+                          "add --stage 0), rank 0:";
+  for (const engine::ZeroSeedClaim& c : claims.claims) {
+    const char* verdict = c.holds ? "holds" : "does not hold";
+    if (c.stage == 1)
+      out += fmt::format(" ZeRO-1 {:.3f} (seed: \"unchanged\" — {});", c.measured_ratio, verdict);
+    else if (c.stage == 2)
+      out += fmt::format(
+          " ZeRO-2 {:.3f} (seed: \"halves\" — {}: its reduce-scatter alone is {:.3f}, the seed's "
+          "figure, but the updated parameters must then be all-gathered);",
+          c.measured_ratio, verdict, c.reduce_scatter_ratio);
+    else
+      out += fmt::format(
+          " ZeRO-3 {:.3f} (seed: \"≈1.5×\" — {}: two all-gathers and a reduce-scatter per unit).",
+          c.measured_ratio, verdict);
+  }
+  return out;
+}
 
 struct Flags {
   engine::ZeroOptions run;
@@ -138,7 +164,7 @@ void print_text(const engine::ZeroResult& r, const std::vector<engine::ZeroCheck
                  st.max_rel_loss_diff_vs_dp, st.max_param_diff_vs_dp);
     fmt::print(" ({:.2f} s)\n", st.seconds);
   }
-  if (const std::string c = engine::zero_conclusion(r); !c.empty())
+  if (const std::string c = zero_conclusion(r); !c.empty())
     fmt::print("conclusion: {}\n", c);
   std::size_t failed = 0;
   for (const auto& c : checks) failed += c.ok ? 0 : 1;
@@ -239,7 +265,7 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
           {"memory_convention", kMemoryConvention},
           {"traffic_convention", kTrafficConvention},
           {"stages", stages},
-          {"conclusion", engine::zero_conclusion(r)},
+          {"conclusion", zero_conclusion(r)},
           {"checks", cj},
           {"ok", ok}};
 }

@@ -44,7 +44,7 @@ constexpr std::string_view kIndexName = "index.json";
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 std::string quote(std::string_view s) { return show(json(std::string(s))); }
-std::string range_text(const FlatRange& r) {
+std::string range_text(const ShardSpan& r) {
   return "[" + str(r.offset) + ", " + str(r.count) + "]";
 }
 std::string shape_text(const std::vector<std::int64_t>& shape) { return show(json(shape)); }
@@ -100,7 +100,7 @@ void validate_shards(const FlatGroup& g, const std::string& field, int world_siz
          "must have one [offset, count] per rank, world_size = " + str(world_size));
   std::int64_t end = 0;
   for (std::size_t r = 0; r < g.shards.size(); ++r) {
-    const FlatRange& s = g.shards[r];
+    const ShardSpan& s = g.shards[r];
     const std::string f = field + ".shards[" + std::to_string(r) + "]";
     if (s.offset < 0 || s.count < 0 || s.count > g.numel)
       fail(source, f, range_text(s),
@@ -125,7 +125,7 @@ void validate_tensors(const FlatGroup& g, const std::string& field, std::string_
     fail(source, field + ".tensors", std::to_string(g.tensors.size()) + " items",
          "must have at most " + std::to_string(kMaxTensorsPerGroup));
   std::set<std::string_view> names;
-  std::vector<std::pair<FlatRange, std::size_t>> spans;
+  std::vector<std::pair<ShardSpan, std::size_t>> spans;
   for (std::size_t i = 0; i < g.tensors.size(); ++i) {
     const TensorSlot& t = g.tensors[i];
     const std::string f = field + ".tensors[" + std::to_string(i) + "]";
@@ -140,7 +140,7 @@ void validate_tensors(const FlatGroup& g, const std::string& field, std::string_
     if (t.offset < 0 || t.offset > g.numel || *n > g.numel - t.offset)
       fail(source, f, "[offset " + str(t.offset) + ", " + str(*n) + " elements]",
            "must lie inside [0, numel = " + str(g.numel) + ")");
-    spans.push_back({FlatRange{t.offset, *n}, i});
+    spans.push_back({ShardSpan{t.offset, *n}, i});
   }
   std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) {
     return std::pair(a.first.offset, a.first.count) < std::pair(b.first.offset, b.first.count);
@@ -154,11 +154,11 @@ void validate_tensors(const FlatGroup& g, const std::string& field, std::string_
     if (cur.offset < furthest) {
       const TensorSlot& prev = g.tensors[furthest_i];
       fail(source, field + ".tensors[" + std::to_string(ci) + "]",
-           quote(g.tensors[ci].name) + " at [" + str(cur.offset) + ", " + str(cur.end()) + ")",
+           quote(g.tensors[ci].name) + " at [" + str(cur.offset) + ", " + str(cur.offset + cur.count) + ")",
            "overlaps " + quote(prev.name) + " at [" + str(prev.offset) + ", " + str(furthest) +
                "): tensors must not overlap");
     }
-    furthest = cur.end();
+    furthest = cur.offset + cur.count;
     furthest_i = ci;
   }
 }
@@ -183,12 +183,11 @@ void validate_files(const CheckpointIndex& x, std::string_view source) {
 
 // ---- sharding rule and small helpers ------------------------------------------------------------
 
-FlatRange shard_range(std::int64_t numel, int world_size, int rank) {
+ShardSpan shard_range(std::int64_t numel, int world_size, int rank) {
   if (numel < 0 || world_size < 1 || rank < 0 || rank >= world_size)
     throw InvalidInput("shard_range: numel = " + str(numel) + ", world_size = " + str(world_size) +
                        ", rank = " + str(rank) + ": need numel >= 0 and 0 <= rank < world_size");
-  const ShardSpan s = shard_span(numel, world_size, rank);
-  return {.offset = s.offset, .count = s.count};
+  return shard_span(numel, world_size, rank);
 }
 
 std::string shard_file_name(int rank, int world_size) {
@@ -280,7 +279,7 @@ std::string index_to_json(const CheckpointIndex& x) {
   for (std::size_t i = 0; i < x.groups.size(); ++i) {
     const FlatGroup& g = x.groups[i];
     ojson shards = ojson::array();
-    for (const FlatRange& r : g.shards) shards.push_back({r.offset, r.count});
+    for (const ShardSpan& r : g.shards) shards.push_back({r.offset, r.count});
     groups += std::string(i ? "," : "") + "\n    {" + line("name", g.name) + ", " +
               line("dtype", to_string(g.dtype)) + ", " + line("numel", g.numel) + ",\n     " +
               line("shards", shards) + ",\n     \"tensors\": [";
@@ -677,9 +676,9 @@ std::vector<std::byte> load_flat_range(const fs::path& dir, const CheckpointInde
   };
   std::vector<Piece> pieces;
   for (int r = 0; r < index.world_size; ++r) {
-    const FlatRange& s = g->shards[std::size_t(r)];
+    const ShardSpan& s = g->shards[std::size_t(r)];
     const std::int64_t lo = std::max(offset, s.offset);
-    const std::int64_t hi = std::min(offset + count, s.end());
+    const std::int64_t hi = std::min(offset + count, s.offset + s.count);
     if (lo >= hi) continue;
     SafetensorsHeader h = read_safetensors_header(checked_shard_path(dir, index, r), kShardRead);
     check_shard_header(h, index, r);

@@ -21,7 +21,7 @@
 #include "../support/subprocess.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/bench_allreduce.hpp"
+#include "tally/engine/bench/allreduce.hpp"
 #include "tally/io/calibration.hpp"
 
 #ifndef TALLY_BINARY

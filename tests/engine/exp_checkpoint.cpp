@@ -1,5 +1,5 @@
 // `tally run checkpoint` end to end through the real binary under `tally launch` at world sizes 2
-// and 4: the seed's save_sharded / load_sharded criteria ①–⑤ and exact resume (checkpoint_run.hpp),
+// and 4: the seed's save_sharded / load_sharded criteria ①–⑤ and exact resume (checkpoint.hpp),
 // asserted on each rank's JSON lines and on the files the runs leave, read back with io and with an
 // independent reader (tests/io/read_safetensors.py: json + numpy). No torch here: the ranks are
 // separate processes.
@@ -20,7 +20,7 @@
 
 #include "../support/temp_dir.hpp"
 #include "../support/subprocess.hpp"
-#include "tally/engine/checkpoint_run.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/io/checkpoint.hpp"
 #include "tally/io/safetensors.hpp"
 
@@ -40,7 +40,7 @@ constexpr double kLimit_s = 90;  // one launch; a rank needs ~3 s to start, a lo
 const std::string kPython = "/usr/bin/python3";
 const std::string kReader = std::string(TALLY_SOURCE_DIR) + "/tests/io/read_safetensors.py";
 
-// The run's defaults (checkpoint_run.hpp): MLP 32→128→128→10, seed 1234, n 1024, B 48.
+// The run's defaults (experiments/checkpoint.hpp): MLP 32→128→128→10, seed 1234, n 1024, B 48.
 constexpr std::int64_t kParams = 32 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10;  // N = 22026
 constexpr std::uint64_t kSeed = 1234;
 constexpr std::int64_t kSamples = 1024;

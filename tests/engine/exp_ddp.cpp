@@ -1,4 +1,4 @@
-// tally's DistributedDataParallel (engine/src/ddp_torch.hpp) over real processes on loopback:
+// tally's DistributedDataParallel (engine/runtime/ddp_torch.hpp) over real processes on loopback:
 // the bucket plan; 5 steps of DDP training equal one process on the full batch for world sizes
 // 2, 3, 4 and bucket sizes from one parameter per bucket to one bucket; replicas stay bit-equal;
 // bf16-mixed training runs, learns and reports the bytes it really sent; no_sync and misuse; a
@@ -20,6 +20,7 @@
 #include "comm_torch.hpp"
 #include "ddp_torch.hpp"
 #include "mlp.hpp"
+#include "optimizer_torch.hpp"
 #include "rank_harness.hpp"
 #include "tally/core/comm.hpp"
 
@@ -100,14 +101,14 @@ TEST_P(DdpTraining, FiveStepsEqualFullBatchTraining) {
     const at::Tensor y = at::randint(0, kWidths.back(), {kRows}, at::kLong);
     const std::vector<at::Tensor> params = model.parameters(), ref_params = ref.parameters();
     for (int step = 0; step < 5; ++step) {
-      mlp::zero_grad(params);
+      zero_grad(params);
       at::cross_entropy_loss(model.forward(X.slice(0, r, kRows, k)), y.slice(0, r, kRows, k))
           .backward();
       ddp.finish_gradient_sync();
-      mlp::sgd_step(params, 0.1);
-      mlp::zero_grad(ref_params);
+      sgd_step(params, 0.1);
+      zero_grad(ref_params);
       at::cross_entropy_loss(ref.forward(X), y).backward();
-      mlp::sgd_step(ref_params, 0.1);
+      sgd_step(ref_params, 0.1);
     }
     EXPECT_LT(max_diff(params, ref_params), 1e-5) << "DDP vs one process on the full batch";
     const DdpStats s = ddp.stats();
@@ -165,7 +166,7 @@ TEST(DdpBucketViews, KeptGradientsNeverChangeAndAccumulationStillAdds) {
     EXPECT_LT(max_diff(grads(), g), 1e-6);
     const at::Tensor held = params[0].grad(), held_copy = held.clone();  // bucket 2's buffer
 
-    mlp::zero_grad(params);  // set to none: buckets 0 and 1 are reused, bucket 2 is still held
+    zero_grad(params);  // set to none: buckets 0 and 1 are reused, bucket 2 is still held
     sync_step();
     EXPECT_TRUE(held.equal(held_copy)) << "a gradient the caller kept was overwritten";
     EXPECT_LT(max_diff(grads(), g), 1e-6);
@@ -175,7 +176,7 @@ TEST(DdpBucketViews, KeptGradientsNeverChangeAndAccumulationStillAdds) {
     EXPECT_LT(max_diff(grads(), g2), 1e-6);
     EXPECT_EQ(ddp.stats().bucket_buffer_reallocations, 4);  // every bucket's views were alive
 
-    mlp::zero_grad(params);
+    zero_grad(params);
     sync_step();
     EXPECT_LT(max_diff(grads(), g), 1e-6);
     EXPECT_EQ(ddp.stats().bucket_buffer_reallocations, 4);
@@ -234,7 +235,7 @@ TEST(DdpMixed, Bf16TrainingLearnsAndCountsFloat32OnTheWire) {
     mlp::Mlp model = mlp::make_mlp(kWidths, at::kBFloat16);
     const std::vector<at::Tensor> params = model.parameters();
     DistributedDataParallel ddp(comm, params);
-    MasterWeightAdam adam(params, {.lr = 1e-2});
+    Adam adam(params, {.lr = 1e-2});
     EXPECT_DOUBLE_EQ(adam.state_bytes(), 484.0 * (4 + 4 + 4));  // master + m + v, fp32
     at::manual_seed(5);
     const at::Tensor X = at::randn({kRows, kWidths.front()}).to(at::kBFloat16);

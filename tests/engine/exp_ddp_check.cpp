@@ -26,6 +26,9 @@ using nlohmann::json;
 
 constexpr double kLimit_s = 90;  // whole launch; a rank needs ~2 s, a loaded 2-core box more
 const std::string kPython = "/usr/bin/python3";
+// The PyTorch peer is part of the test: without it the test fails, never skips.
+const std::string kNoTorch =
+    kPython + " cannot import torch (scripts/install-deps.sh installs python3-torch)";
 const std::string kData = std::string(TALLY_SOURCE_DIR) + "/tests/engine/data/";
 
 std::vector<std::string> launch(int k, std::vector<std::string> command) {
@@ -127,7 +130,7 @@ bool python_has_torch() {
 
 // The seed's script, verbatim, under `tally launch` (torchrun's environment contract).
 TEST(DdpCheckPeer, SeedScriptPassesUnderTallyLaunch) {
-  if (!python_has_torch()) GTEST_SKIP() << kPython << " cannot import torch";
+  ASSERT_TRUE(python_has_torch()) << kNoTorch;
   const Ran r = run_command(launch(2, {kPython, kData + "ddp_check.py"}), kLimit_s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int rank = 0; rank < 2; ++rank)
@@ -140,7 +143,7 @@ TEST(DdpCheckPeer, SeedScriptPassesUnderTallyLaunch) {
 // PyTorch's DistributedDataParallel and tally's, same model, same data, same Gloo: the averaged
 // gradients agree within 1e-6 (and the initial weights exactly, which proves the nn.Linear init).
 TEST(DdpCheckPeer, TallyGradientsEqualPyTorchDdpGradients) {
-  if (!python_has_torch()) GTEST_SKIP() << kPython << " cannot import torch";
+  ASSERT_TRUE(python_has_torch()) << kNoTorch;
   const Ran py = run_command(launch(2, {kPython, kData + "ddp_grads.py"}), kLimit_s);
   ASSERT_EQ(py.exit_code, 0) << py.out << py.err;
   const auto py_lines = rank_lines(py.out, 0);

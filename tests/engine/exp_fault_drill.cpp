@@ -1,4 +1,4 @@
-// `tally run fault-drill` end to end through the real binary (tally/engine/fault_drill.hpp): the
+// `tally run fault-drill` end to end through the real binary (tally/engine/experiments/fault_drill.hpp): the
 // seed's fault-tolerance drill at world sizes 2, 3 and 4 — a rank killed mid-step and during a
 // save, four kinds of damaged checkpoint — with every number the drill reports asserted. The drill
 // starts its own sub-runs with the launcher; each has a deadline, and the test's own limit is the
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../support/subprocess.hpp"
-#include "tally/engine/fault_drill.hpp"
+#include "tally/engine/experiments/fault_drill.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"

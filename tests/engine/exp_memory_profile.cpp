@@ -14,7 +14,7 @@
 
 #include "gpt_model.hpp"
 #include "tally/core/activations.hpp"
-#include "tally/engine/memory_profile.hpp"
+#include "tally/engine/experiments/memory_profile.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
 namespace tally::engine {

@@ -64,7 +64,7 @@ void sweep_one_count(Comm& comm, std::int64_t n) {
   // reduce-scatter, sum (float): input element i of rank r is r + (i mod 3).
   std::vector<float> rs_in(n);
   for (std::int64_t i = 0; i < n; ++i) rs_in[i] = float(r + i % 3);
-  const ChunkRange mine = chunk_range(n, k, r);
+  const ShardSpan mine = chunk_range(n, k, r);
   std::vector<float> rs_out(mine.count);
   comm.reduce_scatter(rs_in, rs_out);
   expect_values<float>(

@@ -1,4 +1,4 @@
-// The at::Tensor overloads of Comm (engine/src/comm_torch.hpp, internal): same results as the
+// The at::Tensor overloads of Comm (engine/runtime/comm_torch.hpp, internal): same results as the
 // Buffer API, on contiguous and non-contiguous tensors; bad tensors are InvalidInput. A torch TU.
 #include <gtest/gtest.h>
 
@@ -36,7 +36,7 @@ TEST(CommTorch, TensorOverloadsMatchExpectedValues) {
     EXPECT_TRUE(at::equal(ring, at::arange(0, 10, at::kDouble) * k + k * (k - 1) / 2.0));
 
     const std::int64_t n = 10;
-    const ChunkRange mine = chunk_range(n, k, r);
+    const ShardSpan mine = chunk_range(n, k, r);
     at::Tensor rs_out = at::empty({mine.count}, at::kFloat);
     reduce_scatter(comm, at::ones({n}, at::kFloat), rs_out);
     EXPECT_TRUE(at::equal(rs_out, at::full({mine.count}, float(k), at::kFloat)));

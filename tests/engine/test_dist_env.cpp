@@ -79,7 +79,7 @@ TEST(ChunkRange, CoversTheBufferWithSizesDifferingByAtMostOne) {
     for (int k = 1; k <= 9; ++k) {
       std::int64_t next = 0;
       for (int i = 0; i < k; ++i) {
-        const ChunkRange c = chunk_range(n, k, i);
+        const ShardSpan c = chunk_range(n, k, i);
         EXPECT_EQ(c.offset, next) << "n=" << n << " k=" << k << " i=" << i;
         EXPECT_TRUE(c.count == n / k || c.count == n / k + 1);
         EXPECT_EQ(c.count, n / k + (i < n % k ? 1 : 0));

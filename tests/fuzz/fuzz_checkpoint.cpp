@@ -162,7 +162,7 @@ void check_save_round_trip(const CheckpointIndex& x,
     const FlatGroup& g = x.groups[i];
     const std::size_t esize = element_size_bytes(g.dtype);
     for (std::size_t r = 0; r < shards.size(); ++r) {
-      const FlatRange s = g.shards[r];
+      const ShardSpan s = g.shards[r];
       shards[r].push_back({.name = g.name,
                            .dtype = g.dtype,
                            .shape = {s.count},

@@ -26,6 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace tally::io;
+using tally::ShardSpan;
 
 template <class T>
 TensorView view(std::string name, TensorDType dtype, std::vector<std::int64_t> shape,
@@ -84,7 +85,7 @@ void checkpoint_seed(const fs::path& out, const fs::path& scratch, int world_siz
   const std::vector<std::int64_t> step_count = {5};
   std::vector<std::vector<TensorView>> shards;
   for (int r = 0; r < world_size; ++r) {
-    const FlatRange p = x.groups[0].shards[std::size_t(r)], s = x.groups[1].shards[std::size_t(r)];
+    const ShardSpan p = x.groups[0].shards[std::size_t(r)], s = x.groups[1].shards[std::size_t(r)];
     shards.push_back({{.name = "params",
                        .dtype = TensorDType::f32,
                        .shape = {p.count},

@@ -67,7 +67,7 @@ struct FlatState {
 
 template <class T>
 TensorView slice(const FlatGroup& g, int rank, const std::vector<T>& flat) {
-  const FlatRange r = g.shards[std::size_t(rank)];
+  const ShardSpan r = g.shards[std::size_t(rank)];
   return {.name = g.name,
           .dtype = g.dtype,
           .shape = {r.count},
@@ -113,10 +113,10 @@ TEST(ShardRange, FirstRemainderRanksHoldOneMore) {
     for (int k = 1; k <= 5; ++k) {
       std::int64_t end = 0;
       for (int r = 0; r < k; ++r) {
-        const FlatRange c = shard_range(n, k, r);
+        const ShardSpan c = shard_range(n, k, r);
         EXPECT_EQ(c.offset, end) << n << " over " << k << ", rank " << r;
         EXPECT_EQ(c.count, n / k + (r < n % k ? 1 : 0)) << n << " over " << k << ", rank " << r;
-        end = c.end();
+        end = c.offset + c.count;
       }
       EXPECT_EQ(end, n);
     }
@@ -201,11 +201,11 @@ TEST(Checkpoint, ReshardThreeRanksToTwoAndFour) {
   for (const int k : {2, 4}) {
     std::vector<float> joined;
     for (int r = 0; r < k; ++r) {
-      const FlatRange want = shard_range(n, k, r);
+      const ShardSpan want = shard_range(n, k, r);
       const std::vector<float> got =
           load_flat_range_f32(dir, idx, "params", want.offset, want.count);
       EXPECT_TRUE(std::equal(got.begin(), got.end(), s.params.begin() + want.offset,
-                             s.params.begin() + want.end()))
+                             s.params.begin() + want.offset + want.count))
           << "world size " << k << ", rank " << r;
       joined.insert(joined.end(), got.begin(), got.end());
     }

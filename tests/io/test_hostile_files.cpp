@@ -40,7 +40,7 @@ CheckpointIndex save_small(const fs::path& dir, int k = 2, std::int64_t n = 10,
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = 0.5f * float(i);
   std::vector<std::vector<TensorView>> shards;
   for (int r = 0; r < k; ++r) {
-    const FlatRange s = x.groups[0].shards[std::size_t(r)];
+    const ShardSpan s = x.groups[0].shards[std::size_t(r)];
     shards.push_back({{.name = "params",
                        .dtype = TensorDType::f32,
                        .shape = {s.count},

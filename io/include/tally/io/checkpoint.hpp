@@ -35,24 +35,18 @@
 #include <utility>
 #include <vector>
 
+#include "tally/core/sharding.hpp"
 #include "tally/io/safetensors.hpp"
 
 namespace tally::io {
 
 // ---- the sharding rule --------------------------------------------------------------------------
 
-// A range of a flat group, in elements.
-struct FlatRange {
-  std::int64_t offset = 0;  // elements from the start of the flat space
-  std::int64_t count = 0;   // elements
-  std::int64_t end() const { return offset + count; }
-};
-
 // Rank `rank`'s share of `numel` elements split over `world_size` ranks: the first numel % k ranks
 // hold ⌊numel/k⌋ + 1 elements, the rest ⌊numel/k⌋, in rank order — the engine's chunk_range rule
 // (llm.c's ZeRO shard). E.g. numel 10, k 4 → [0,3) [3,6) [6,8) [8,10). Throws InvalidInput unless
 // numel >= 0 and 0 <= rank < world_size.
-FlatRange shard_range(std::int64_t numel, int world_size, int rank);
+ShardSpan shard_range(std::int64_t numel, int world_size, int rank);
 
 // ---- the index ----------------------------------------------------------------------------------
 
@@ -79,7 +73,7 @@ struct FlatGroup {
   std::string name;
   TensorDType dtype = TensorDType::f32;
   std::int64_t numel = 0;           // elements of the flat space
-  std::vector<FlatRange> shards;    // shards[r]: what rank r holds; k entries
+  std::vector<ShardSpan> shards;    // shards[r]: what rank r holds; k entries
   std::vector<TensorSlot> tensors;  // inside [0, numel), not overlapping; gaps (padding) allowed
 };
 

@@ -1,0 +1,86 @@
+// Flags shared by the commands (CLI11): model / cluster resolution, output flags, checked numbers
+// and units, enum choices. Strings become enums and SI units here, at the boundary (STYLE.md habit
+// 2); nothing past this layer sees a flag's spelling.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format.hpp"
+#include "tally/core/hardware.hpp"
+#include "tally/core/model.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally::cli {
+
+void add_output_flags(CLI::App* cmd, OutputOptions& out);
+
+// --model PRESET|config.json or --params N (7e9, 7B). Exactly one must be given unless
+// `allow_none`; returns nullopt then. Unset means not typed (a command's default model is set
+// before parsing).
+struct ModelOptions {
+  std::optional<std::string> model;
+  std::optional<std::string> params;
+};
+void add_model_flags(CLI::App* cmd, ModelOptions& m);
+std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none = false);
+
+// --gpu PRESET|cluster.json (default a100-80g) plus --gpus-per-node and --calibration overrides.
+struct ClusterOptions {
+  std::string gpu = "a100-80g";
+  std::optional<int> gpus_per_node;        // unset: the preset's value
+  std::optional<std::string> calibration;  // a file written by `tally bench allreduce`
+};
+void add_cluster_flags(CLI::App* cmd, ClusterOptions& c);
+ClusterSpec resolve_cluster(const ClusterOptions& c);
+
+// Note [numbers on the command line]
+// CLI::Range tests `v < lo || v > hi`; every comparison with NaN is false, so `--utilisation nan`
+// passed it, and commands that read "0 or NaN" as "not given" then ran with the default. Two rules:
+//  - every floating-point flag is checked by finite_in: its text must parse (as CLI11 will parse
+//    it) to a finite double inside the interval, so nan, inf, -inf and 1e999 are refused with one
+//    line naming the flag, the value and the interval:
+//      tally: error: --utilisation: 'nan' must be a finite number in [0.001, 1]
+//  - a flag whose absence selects a default is a std::optional: "was it given" is the parser's
+//    answer, never a sentinel value (0, -1, NaN, "").
+// Integer flags need no more than CLI::Range: "nan", "inf" and "1e999" are not integers, so the
+// conversion fails and the line names the flag, the value and the range (or, for an engine flag
+// without a range, "Could not convert: --steps = nan").
+enum class Ends { closed, open_lo, open_hi };  // [lo, hi], (lo, hi], [lo, hi)
+CLI::Validator finite_in(double lo, double hi, Ends ends = Ends::closed);
+// Finite only, for a flag whose range the engine checks with its own message (`tally launch
+// --timeout -1` says "must be >= 0 s (0 = no limit)"); `range` names it in the refusal here:
+//   --timeout: 'nan' must be a finite number (>= 0 s; 0 = no limit)
+CLI::Validator finite_number(const std::string& range);
+
+// Note [units on the command line]
+// "Gbps" means gigabits per second to everyone who buys networks, so a value carries its unit:
+// `--bandwidth 50GB/s`, `200Gb/s`, `1.6Tb/s`; `--size 14GB`, `512MiB` (core's parse_bandwidth /
+// parse_bytes: B is a byte, b a bit). The old unit-in-the-name flags (`--bandwidth-gbps 50`, which
+// always meant GB/s, and `--size-gb 14`) stay as documented aliases into the same value; giving
+// both is an error. The value lands in SI units (bytes/s, bytes) and is checked against [lo, hi].
+void add_bandwidth_flag(CLI::App* cmd, const std::string& name, const std::string& gbps_alias,
+                        std::optional<double>& bps, const std::string& what, double lo_bps,
+                        double hi_bps);
+void add_size_flag(CLI::App* cmd, const std::string& name, const std::string& gb_alias,
+                   std::optional<double>& bytes, const std::string& what, double lo_bytes,
+                   double hi_bytes);
+
+// Note [empty values]
+// `--params ""` once meant "no --params" and ran the default plan. Every flag that takes a value
+// names a file, a preset, a number or a choice, and none of them is empty, so refuse_empty_values
+// (called once in main, after every command is registered) gives each such option a check that
+// refuses "" with one line naming the flag. Positional arguments (the program `tally launch`
+// starts and its arguments) are left alone: an empty argument can be legitimate there.
+void refuse_empty_values(CLI::App& app);
+
+// Enum flags: a CLI11 check listing the allowed names, so errors name flag, value and choices.
+CLI::Validator one_of(const std::vector<std::string>& names);
+Precision precision_from(const std::string& s);
+Optimizer optimizer_from(const std::string& s);
+Recompute recompute_from(const std::string& s);
+Attention attention_from(const std::string& s);
+
+}  // namespace tally::cli

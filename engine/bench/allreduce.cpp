@@ -1,0 +1,340 @@
+// `tally bench allreduce` (see the header for the legend and the harness). No torch here: the
+// Comm's Buffer API over std::vector is all the harness needs.
+#include "tally/engine/bench/allreduce.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "tally/core/comm.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally::engine {
+
+namespace {
+
+constexpr double kElementBytes = 4;            // float32
+constexpr double kMinSizeBytes = 4;            // one element
+constexpr double kMaxSizeBytes = 4e9;          // 4 GB per buffer; the harness holds three
+constexpr std::size_t kMaxSizes = 64;
+constexpr double kLinearBusbwRatio = 0.8;      // seed ④: 相邻点带宽比值 >= 0.8
+
+[[noreturn]] void bad(const std::string& field, double value, const std::string& allowed) {
+  std::ostringstream os;
+  os << field << " = " << value << ": " << allowed;
+  throw InvalidInput(os.str());
+}
+
+std::string fmt_double(double v, int precision = 3) {
+  std::ostringstream os;
+  os.precision(precision);
+  os << v;
+  return os.str();
+}
+
+// Rank r's value at element i: a small integer, so any order of summing k <= kMaxWorldSize of them
+// (each < 520, sums < 2^24) is exact in float32; rank-dependent in value and in pattern, so a
+// chunk summed twice, skipped or taken from the wrong rank shows up as a wrong element.
+float fill_value(int rank, std::int64_t i) {
+  return float(((i + 31 * std::int64_t(rank)) & 511) + (rank & 7));
+}
+
+// Buffers of one size: what each rank starts from, and the exact sum over ranks.
+struct SizeData {
+  std::vector<float> initial, expected, data;
+};
+
+SizeData make_size_data(std::int64_t count, int rank, int ranks) {
+  SizeData d;
+  d.initial.resize(std::size_t(count));
+  d.expected.assign(std::size_t(count), 0.0f);
+  for (std::int64_t i = 0; i < count; ++i) d.initial[std::size_t(i)] = fill_value(rank, i);
+  for (int r = 0; r < ranks; ++r)
+    for (std::int64_t i = 0; i < count; ++i) d.expected[std::size_t(i)] += fill_value(r, i);
+  d.data.resize(std::size_t(count));
+  return d;
+}
+
+std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& expected) {
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != expected[i];
+  return wrong;
+}
+
+double bytes_sent_so_far(const Comm& comm, AllReduceAlgorithm a) {
+  return a == AllReduceAlgorithm::ring ? comm.counters().ring_all_reduce.bytes_sent
+                                       : comm.counters()[Collective::all_reduce].bytes_sent;
+}
+
+// The ring's counter sums the integer byte counts its sends actually moved — exact in double
+// (< 2^53) — so it must equal the core's figure exactly. Gloo's counter adds the core's formula
+// itself, a rounded double such as 2S·(2/3) at k = 3; the difference of two running sums can lose
+// its last bits, so that one is compared to 1e-12 relative.
+bool same_bytes(AllReduceAlgorithm a, double counted, double core) {
+  if (a == AllReduceAlgorithm::ring) return counted == core;
+  return std::abs(counted - core) <= 1e-12 * std::max(1.0, core);
+}
+
+void run_once(Comm& comm, AllReduceAlgorithm a, std::vector<float>& data) {
+  if (a == AllReduceAlgorithm::ring)
+    comm.ring_all_reduce(data);
+  else
+    comm.all_reduce(data);
+}
+
+// One (size, algorithm) on the harness (harness.hpp): refill, time, check; the bookkeeping
+// collectives (gathering times, summing #wrong) run after the timed loop.
+BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAllReduceOptions& o) {
+  const int k = comm.world_size();
+  BenchRow row{.algorithm = a,
+               .count = std::int64_t(d.data.size()),
+               .size_bytes = double(d.data.size()) * kElementBytes};
+  row.bytes_per_rank_core = collective_bytes_per_rank(Collective::all_reduce, row.size_bytes, k);
+  std::int64_t wrong = 0;
+  double mismatched_calls = 0;
+  double sent_before = 0;
+  const TimedLoopResult timed = run_timed_loop(
+      comm, {.warmup_iters = o.warmup_iters,
+             .iters = o.iters,
+             .prepare =
+                 [&](int) {
+                   std::memcpy(d.data.data(), d.initial.data(), d.data.size() * sizeof(float));
+                   sent_before = bytes_sent_so_far(comm, a);
+                 },
+             .run = [&](int) { run_once(comm, a, d.data); },
+             .check =
+                 [&](int, bool is_timed) {
+                   const double sent = bytes_sent_so_far(comm, a) - sent_before;
+                   if (!same_bytes(a, sent, row.bytes_per_rank_core)) mismatched_calls += 1;
+                   row.bytes_per_rank_counted = sent;
+                   if (is_timed) wrong += count_wrong(d.data, d.expected);
+                 }});
+  // #wrong and byte mismatches over all ranks (counts far below 2^53: exact in double).
+  std::vector<double> totals{double(wrong), mismatched_calls};
+  comm.all_reduce(totals);
+  row.wrong = std::int64_t(totals[0]);
+  row.bytes_exact = totals[1] == 0;
+  row.time = timed.time;
+  row.algbw_bps = row.time.median_s > 0 ? row.size_bytes / row.time.median_s : 0.0;
+  row.busbw_bps = bus_bandwidth(Collective::all_reduce, row.algbw_bps, k);
+  return row;
+}
+
+// Seed ④ for one algorithm's rows (ascending size).
+void add_checks(AllReduceAlgorithm a, const std::vector<BenchRow>& rows, int k,
+                std::vector<BenchCheck>& out) {
+  const std::string name(to_string(a));
+  const auto gbs = [](double bps) { return fmt_double(bps / kGB) + " GB/s"; };
+  const auto mb = [](double bytes) { return fmt_double(bytes / kMB, 4) + " MB"; };
+  if (k < 2 || rows.size() < 2) {
+    out.push_back({CheckState::not_applicable,
+                   name + ": small vs large busbw needs k >= 2 and >= 2 sizes"});
+  } else {
+    const BenchRow& s = rows.front();
+    const BenchRow& l = rows.back();
+    out.push_back({s.busbw_bps < l.busbw_bps ? CheckState::pass : CheckState::fail,
+                   name + ": small-message busbw " + gbs(s.busbw_bps) + " at " + mb(s.size_bytes) +
+                       " vs " + gbs(l.busbw_bps) + " at " + mb(l.size_bytes) +
+                       " (need small < large: latency-dominated)"});
+  }
+  if (k < 2 || rows.size() < 3) {
+    out.push_back({CheckState::not_applicable,
+                   name + ": linearity needs k >= 2 and >= 3 sizes (pairs past the smallest)"});
+    return;
+  }
+  for (std::size_t i = 1; i + 1 < rows.size(); ++i) {
+    const double lo = std::min(rows[i].busbw_bps, rows[i + 1].busbw_bps);
+    const double hi = std::max(rows[i].busbw_bps, rows[i + 1].busbw_bps);
+    const double ratio = hi > 0 ? lo / hi : 0.0;
+    out.push_back({ratio >= kLinearBusbwRatio ? CheckState::pass : CheckState::fail,
+                   name + ": busbw ratio min/max of " + mb(rows[i].size_bytes) + " and " +
+                       mb(rows[i + 1].size_bytes) + " = " + fmt_double(ratio) + " (need >= " +
+                       fmt_double(kLinearBusbwRatio) + ": time about linear in S)"});
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(AllReduceAlgorithm a) {
+  return a == AllReduceAlgorithm::ring ? "ring" : "gloo";
+}
+
+std::string_view to_string(CheckState s) {
+  switch (s) {
+    case CheckState::pass: return "PASS";
+    case CheckState::fail: return "FAIL";
+    case CheckState::not_applicable: return "n/a";
+  }
+  return "n/a";
+}
+
+void BenchAllReduceOptions::validate() const {
+  if (sizes_bytes.empty() || sizes_bytes.size() > kMaxSizes)
+    bad("sizes", double(sizes_bytes.size()), "must list 1 to 64 sizes");
+  for (std::size_t i = 0; i < sizes_bytes.size(); ++i) {
+    const double s = sizes_bytes[i];
+    if (!(s >= kMinSizeBytes && s <= kMaxSizeBytes))
+      bad("size", s, "bytes must be in [4, 4e9] (one float32 to 4 GB)");
+    if (i > 0 && !(s > sizes_bytes[i - 1]))
+      bad("size", s, "sizes must be ascending and distinct (previous " +
+                         fmt_double(sizes_bytes[i - 1], 10) + " B)");
+  }
+  if (warmup_iters < 0 || warmup_iters > 10000)
+    bad("warmup", warmup_iters, "must be in [0, 10000]");
+  if (iters < 1 || iters > 100000) bad("iters", iters, "must be in [1, 100000]");
+  if (algorithms.empty() || algorithms.size() > 2 ||
+      (algorithms.size() == 2 && algorithms[0] == algorithms[1]))
+    bad("algorithms", double(algorithms.size()), "must be gloo, ring or both, each once");
+  if (!(timeout_s > 0 && timeout_s <= 86400)) bad("timeout", timeout_s, "must be in (0, 86400] s");
+}
+
+std::vector<double> geometric_sizes(double min_bytes, double max_bytes, double factor) {
+  if (!(min_bytes > 0)) bad("min size", min_bytes, "bytes must be > 0");
+  if (!(max_bytes >= min_bytes)) bad("max size", max_bytes, "must be >= the min size");
+  if (!(factor > 1 && factor <= 1e6)) bad("factor", factor, "must be in (1, 1e6]");
+  std::vector<double> sizes;
+  for (double s = min_bytes; s <= max_bytes * 1.001 && sizes.size() <= kMaxSizes; s *= factor)
+    sizes.push_back(s);
+  if (sizes.size() > kMaxSizes)
+    bad("factor", factor, "gives more than 64 sizes between min and max; use a larger factor");
+  return sizes;
+}
+
+std::int64_t bench_element_count(double size_bytes, int ranks) {
+  TALLY_INVARIANT(ranks >= 1);
+  const auto elements = std::int64_t(std::floor(size_bytes / kElementBytes));
+  return std::max<std::int64_t>(ranks, elements - elements % ranks);
+}
+
+AlphaBetaFit fit_alpha_beta(std::span<const FitPoint> points) {
+  AlphaBetaFit fit;
+  // Minimise Σ (α·u_i + b·v_i − 1)² with u = steps/t, v = bytes/t, b = 1/β: the 2×2 normal
+  // equations [Σuu Σuv; Σuv Σvv]·[α; b] = [Σu; Σv].
+  double suu = 0, suv = 0, svv = 0, su = 0, sv = 0;
+  for (const FitPoint& p : points) {
+    if (!(p.seconds > 0)) continue;
+    const double u = p.steps / p.seconds, v = p.bytes_per_rank / p.seconds;
+    suu += u * u, suv += u * v, svv += v * v, su += u, sv += v;
+  }
+  const double det = suu * svv - suv * suv;
+  double alpha = 0, b = 0;
+  if (det > 1e-9 * suu * svv) {
+    alpha = (su * svv - sv * suv) / det;
+    b = (suu * sv - suv * su) / det;
+  } else {
+    fit.note = "needs at least 2 distinct sizes at k >= 2";
+    return fit;
+  }
+  if (alpha < 0) {  // latency below resolution: β alone, through the origin
+    alpha = 0;
+    b = svv > 0 ? sv / svv : 0.0;
+    fit.note = "alpha clamped to 0";
+  }
+  if (!(b > 0)) {
+    fit.note = "no positive bandwidth fits (time does not grow with size)";
+    return fit;
+  }
+  fit.ok = true;
+  fit.alpha_s = alpha;
+  fit.beta_bps = 1.0 / b;
+  for (const FitPoint& p : points)
+    if (p.seconds > 0)
+      fit.max_rel_error = std::max(
+          fit.max_rel_error, std::abs(fit.predict_s(p.steps, p.bytes_per_rank) - p.seconds) / p.seconds);
+  return fit;
+}
+
+std::vector<BenchRow> BenchAllReduceResult::rows_of(AllReduceAlgorithm a) const {
+  std::vector<BenchRow> out;
+  for (const BenchRow& r : rows)
+    if (r.algorithm == a) out.push_back(r);
+  return out;
+}
+
+AlphaBetaFit BenchAllReduceResult::fit(AllReduceAlgorithm a) const {
+  std::vector<FitPoint> points;
+  const int steps = collective_steps(Collective::all_reduce, world_size);
+  for (const BenchRow& r : rows_of(a))
+    points.push_back({.steps = steps, .bytes_per_rank = r.bytes_per_rank_core,
+                      .seconds = r.time.median_s});
+  return fit_alpha_beta(points);
+}
+
+std::int64_t BenchAllReduceResult::total_wrong() const {
+  std::int64_t n = 0;
+  for (const BenchRow& r : rows) n += r.wrong;
+  return n;
+}
+
+bool BenchAllReduceResult::ring_bytes_exact() const {
+  for (const BenchRow& r : rows)
+    if (r.algorithm == AllReduceAlgorithm::ring && !r.bytes_exact) return false;
+  return true;
+}
+
+std::vector<BenchCheck> BenchAllReduceResult::checks() const {
+  std::vector<BenchCheck> out;
+  for (AllReduceAlgorithm a : algorithms) add_checks(a, rows_of(a), world_size, out);
+  return out;
+}
+
+std::optional<double> BenchAllReduceResult::ring_over_gloo_busbw() const {
+  const auto gloo = rows_of(AllReduceAlgorithm::gloo);
+  const auto ring = rows_of(AllReduceAlgorithm::ring);
+  if (gloo.empty() || ring.empty() || !(gloo.back().busbw_bps > 0)) return std::nullopt;
+  return ring.back().busbw_bps / gloo.back().busbw_bps;
+}
+
+BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions& o) {
+  o.validate();
+  const int k = comm.world_size();
+  BenchAllReduceResult result{.world_size = k, .warmup_iters = o.warmup_iters, .iters = o.iters,
+                              .algorithms = o.algorithms};
+  for (const double requested : o.sizes_bytes) {
+    const std::int64_t count = bench_element_count(requested, k);
+    // Two requested sizes rounding to one count would repeat a row: keep the first.
+    if (!result.rows.empty() && result.rows.back().count == count) continue;
+    SizeData d = make_size_data(count, comm.rank(), k);
+    for (AllReduceAlgorithm a : o.algorithms) result.rows.push_back(bench_one(comm, a, d, o));
+  }
+  return result;
+}
+
+BenchAllReduceResult run_bench_allreduce(const DistEnv& env, const BenchAllReduceOptions& o) {
+  o.validate();
+  Comm comm(env, {.timeout_s = o.timeout_s});
+  return run_bench_allreduce(comm, o);
+}
+
+io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
+                               AllReduceAlgorithm fit_from) {
+  if (!r.ok())
+    throw InvalidInput("calibration: the run was not correct (#wrong " +
+                       std::to_string(r.total_wrong()) + ", ring bytes " +
+                       (r.ring_bytes_exact() ? "exact" : "NOT exact") + "); nothing written");
+  const AlphaBetaFit fit = r.fit(fit_from);
+  if (!fit.ok)
+    throw InvalidInput("calibration: cannot fit alpha/beta to the " +
+                       std::string(to_string(fit_from)) + " rows: " + fit.note);
+  io::Calibration c;
+  c.source = "tally bench allreduce, " + std::string(single_host ? "1 host" : "multi-host") +
+             " x " + std::to_string(r.world_size) + " ranks, gloo, float32; alpha/beta fitted to " +
+             (fit_from == AllReduceAlgorithm::ring ? "tally's ring" : "Gloo's all-reduce") +
+             " (t = alpha*2(k-1) + 2S(k-1)/k / beta, relative least squares)";
+  const LinkSpec link{.bandwidth_bps = fit.beta_bps, .latency_s = fit.alpha_s};
+  if (single_host)
+    c.intra_node = link;
+  else
+    c.inter_node = link;
+  for (const BenchRow& row : r.rows)
+    c.points.push_back({.collective = row.algorithm == AllReduceAlgorithm::ring ? "allreduce-ring"
+                                                                               : "allreduce",
+                        .ranks = r.world_size,
+                        .size_bytes = row.size_bytes,
+                        .seconds_median = row.time.median_s,
+                        .busbw_bps = row.busbw_bps});
+  return c;
+}
+
+}  // namespace tally::engine

@@ -1,0 +1,67 @@
+// The benchmark harness (tally/engine/bench/harness.hpp).
+#include "tally/engine/bench/harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "tally/core/types.hpp"
+
+namespace tally::engine {
+
+double quantile(std::vector<double> s, double q) {
+  if (s.empty()) throw InvalidInput("quantile: no samples");
+  if (!(q >= 0 && q <= 1))
+    throw InvalidInput("quantile: q = " + std::to_string(q) + ": must be in [0, 1]");
+  std::sort(s.begin(), s.end());
+  const double h = q * double(s.size() - 1);
+  const auto lo = std::size_t(std::floor(h));
+  if (lo + 1 >= s.size()) return s.back();
+  return s[lo] + (h - double(lo)) * (s[lo + 1] - s[lo]);
+}
+
+TimeStats time_stats(const std::vector<double>& seconds) {
+  if (seconds.empty()) throw InvalidInput("time_stats: no samples");
+  return {.median_s = quantile(seconds, 0.5),
+          .p10_s = quantile(seconds, 0.1),
+          .p90_s = quantile(seconds, 0.9),
+          .min_s = quantile(seconds, 0.0),
+          .max_s = quantile(seconds, 1.0)};
+}
+
+namespace {
+
+// Every rank's own times all-gathered (rank r's at offset r·S); the max per iteration.
+std::vector<double> slowest_rank_times(Comm& comm, const std::vector<double>& mine) {
+  const std::size_t S = mine.size(), k = std::size_t(comm.world_size());
+  std::vector<double> all(S * k);
+  comm.all_gather(mine, all);
+  std::vector<double> slowest(S, 0.0);
+  for (std::size_t r = 0; r < k; ++r)
+    for (std::size_t i = 0; i < S; ++i) slowest[i] = std::max(slowest[i], all[r * S + i]);
+  return slowest;
+}
+
+}  // namespace
+
+TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop) {
+  TALLY_INVARIANT(loop.warmup_iters >= 0 && loop.iters >= 1 && loop.run);
+  std::vector<double> mine(std::size_t(loop.iters));
+  for (int i = 0; i < loop.warmup_iters + loop.iters; ++i) {
+    const bool timed = i >= loop.warmup_iters;
+    if (loop.prepare) loop.prepare(i);
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    loop.run(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (timed) mine[std::size_t(i - loop.warmup_iters)] = std::chrono::duration<double>(t1 - t0).count();
+    if (loop.check) loop.check(i, timed);
+  }
+  TimedLoopResult r;
+  r.slowest_s = slowest_rank_times(comm, mine);
+  r.time = time_stats(r.slowest_s);
+  return r;
+}
+
+}  // namespace tally::engine

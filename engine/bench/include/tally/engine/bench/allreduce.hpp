@@ -1,0 +1,137 @@
+// `tally bench allreduce`: all-reduce timing after nccl-tests (seed: 通信计时, 验收标准 ④⑤).
+//
+// Legend: S = full tensor bytes (float32, S = 4·count), k = ranks, t = time of one all-reduce,
+// algbw = S/t, busbw = bus_bandwidth(all_reduce, algbw, k) = algbw·2(k−1)/k (core/comm.hpp — the
+// same function the planner uses), steps = collective_steps(all_reduce, k) = 2(k−1),
+// bytes_per_rank = collective_bytes_per_rank(all_reduce, S, k) = 2S(k−1)/k.
+//
+// On the engine's one benchmark harness (harness.hpp: warm-up, barrier, timing, statistics);
+// every rank runs it:
+//   for each size S, for each algorithm (Gloo's Comm::all_reduce, tally's Comm::ring_all_reduce):
+//     warm-up iterations, then timed iterations, each: refill the buffer with rank-dependent
+//     values, barrier, time the all-reduce on this rank, verify every element exactly;
+//   the time of iteration i is the max over ranks of each rank's own time (all-gathered after the
+//   timed loop, so the exchange never disturbs the timing): the slowest rank decides, as in
+//   nccl-tests. Median, min and max are over the timed iterations.
+// #wrong (nccl-tests): elements that differ from the exact sum, summed over ranks and timed
+// iterations. The values are small integers, so every summation order gives the exact float32.
+// Every rank returns the same result.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tally/engine/bench/harness.hpp"
+#include "tally/engine/comm.hpp"
+#include "tally/engine/dist_env.hpp"
+#include "tally/io/calibration.hpp"
+
+namespace tally::engine {
+
+enum class AllReduceAlgorithm { gloo, ring };
+std::string_view to_string(AllReduceAlgorithm a);  // "gloo", "ring"
+
+struct BenchAllReduceOptions {
+  // Requested S per size, bytes. Default: the seed's `for MB in (1, 4, 16, 64)`, MB = 1e6 B
+  // (the seed's MB·250_000 float32 elements).
+  std::vector<double> sizes_bytes = {1e6, 4e6, 16e6, 64e6};
+  int warmup_iters = 5;  // nccl-tests -w default
+  int iters = 20;        // nccl-tests -n default
+  std::vector<AllReduceAlgorithm> algorithms = {AllReduceAlgorithm::gloo, AllReduceAlgorithm::ring};
+  double timeout_s = 60;  // every wait of the Comm
+  // Throws InvalidInput naming the field: sizes in [4 B, 4 GB], 1..64 of them, ascending and
+  // distinct; warmup in [0, 10000]; iters in [1, 100000]; 1..2 distinct algorithms; 0 < timeout.
+  void validate() const;
+};
+
+// nccl-tests' -b/-e/-f sweep: min, min·factor, min·factor², ... while <= max (plus 0.1% slack for
+// rounding). Throws InvalidInput unless 0 < min <= max and factor > 1.
+std::vector<double> geometric_sizes(double min_bytes, double max_bytes, double factor);
+
+// float32 elements benchmarked for a requested size at k ranks: floor(S/4) rounded down to a
+// multiple of k (at least k). Note [divisible counts]: only then are the ring's chunks equal and
+// its per-rank bytes exactly the core's 2S(k−1)/k (ring.cpp, Note [ring all-reduce]); otherwise a
+// rank sends within 2 elements of it and the exact check below could not hold.
+std::int64_t bench_element_count(double size_bytes, int ranks);
+
+// One (size, algorithm) line of the table.
+struct BenchRow {
+  AllReduceAlgorithm algorithm = AllReduceAlgorithm::gloo;
+  std::int64_t count = 0;              // float32 elements
+  double size_bytes = 0;               // S = 4·count
+  TimeStats time;                      // per iteration, slowest rank (harness.hpp)
+  double algbw_bps = 0;                // S / median
+  double busbw_bps = 0;                // bus_bandwidth(all_reduce, algbw, k)
+  std::int64_t wrong = 0;              // #wrong over ranks and timed iterations
+  double bytes_per_rank_core = 0;      // collective_bytes_per_rank(all_reduce, S, k)
+  double bytes_per_rank_counted = 0;   // rank 0's counter per call: ring = its sends, gloo = formula
+  // Every rank's counted bytes, every call == the core's: exactly for the ring (its real sends),
+  // to 1e-12 relative for Gloo (its counter is the formula, summed in double).
+  bool bytes_exact = true;
+};
+
+// t = α·steps + bytes_per_rank/β fitted by least squares of the relative residual
+// (t_model − t)/t, i.e. weights 1/t²: every size counts alike, so the small, latency-dominated
+// sizes decide α and the large ones β. α < 0 is clamped to 0 (β refitted through the origin).
+struct FitPoint {
+  int steps = 0;
+  double bytes_per_rank = 0;
+  double seconds = 0;
+};
+struct AlphaBetaFit {
+  bool ok = false;          // false: fewer than 2 distinct sizes, or no positive β
+  double alpha_s = 0;       // latency per step
+  double beta_bps = 0;      // bytes/s per rank, per direction
+  double max_rel_error = 0; // max |t_model − t|/t over the points
+  std::string note;         // why not ok, or "α clamped to 0"
+  double predict_s(int steps, double bytes_per_rank) const {
+    return alpha_s * steps + bytes_per_rank / beta_bps;
+  }
+};
+AlphaBetaFit fit_alpha_beta(std::span<const FitPoint> points);
+
+enum class CheckState { pass, fail, not_applicable };
+std::string_view to_string(CheckState s);  // "PASS", "FAIL", "n/a"
+struct BenchCheck {
+  CheckState state = CheckState::not_applicable;
+  std::string line;  // what was compared, with both values
+};
+
+struct BenchAllReduceResult {
+  int world_size = 1;
+  int warmup_iters = 0, iters = 0;
+  std::vector<AllReduceAlgorithm> algorithms;
+  std::vector<BenchRow> rows;  // size-major: for each size, one row per algorithm, in order
+
+  std::vector<BenchRow> rows_of(AllReduceAlgorithm a) const;  // ascending size
+  AlphaBetaFit fit(AllReduceAlgorithm a) const;
+  std::int64_t total_wrong() const;
+  bool ring_bytes_exact() const;  // every ring row exact (true when the ring was not run)
+  bool ok() const { return total_wrong() == 0 && ring_bytes_exact(); }
+  // Seed ④ per algorithm: the smallest size's busbw below the largest's; and "time grows about
+  // linearly with S": for adjacent sizes past the smallest (the smallest is latency-dominated by
+  // design of the first check), min(busbw)/max(busbw) >= 0.8. n/a at k = 1 or too few sizes.
+  std::vector<BenchCheck> checks() const;
+  // ring busbw / gloo busbw at the largest size both were run at; nullopt if not both.
+  std::optional<double> ring_over_gloo_busbw() const;
+};
+
+// Runs the benchmark on this rank over its own Comm (rendezvous included). Throws InvalidInput
+// for bad env / options and CommError when the group fails; a wrong result is reported in the
+// result (ok() false), not thrown.
+BenchAllReduceResult run_bench_allreduce(const DistEnv& env, const BenchAllReduceOptions& options);
+// Same over an existing Comm (every rank of it must call this with the same options).
+BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions& options);
+
+// The calibration a run measured: the fitted α, β of `fit_from` as the intra_node link
+// (single_host) or inter_node (a multi-host ring runs at its slowest link); points = every row
+// ("allreduce" for Gloo, "allreduce-ring" for tally's ring). Throws InvalidInput when the fit is
+// not ok or the run was not ok.
+io::Calibration to_calibration(const BenchAllReduceResult& result, bool single_host,
+                               AllReduceAlgorithm fit_from = AllReduceAlgorithm::gloo);
+
+}  // namespace tally::engine

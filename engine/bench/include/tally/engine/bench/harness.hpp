@@ -1,0 +1,51 @@
+// The one harness every engine benchmark runs on (nccl-tests' habit: the harness owns warm-up,
+// timing and statistics; each benchmark only says what one iteration does and checks).
+//
+// Legend: W = warm-up iterations, S = timed iterations, k = ranks.
+//
+// run_timed_loop, on every rank, for iteration i in [0, W + S):
+//   prepare(i)   untimed: refill buffers, read counters;
+//   barrier      every rank starts the iteration together;
+//   run(i)       timed on this rank with a steady clock;
+//   check(i)     untimed: verify the result, read counters (timed tells a warm-up from a timed one).
+// After the loop the ranks' own times are all-gathered (so the exchange never disturbs the timing)
+// and the time of iteration i is the max over ranks: the slowest rank decides, as in nccl-tests.
+// Statistics (time_stats) are over the S timed iterations.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "tally/engine/comm.hpp"
+
+namespace tally::engine {
+
+struct TimeStats {
+  double median_s = 0, p10_s = 0, p90_s = 0, min_s = 0, max_s = 0;
+};
+
+// q-quantile of the samples (0 <= q <= 1), linear between order statistics: sorted s,
+// h = q·(n − 1), s[⌊h⌋] + (h − ⌊h⌋)·(s[⌊h⌋+1] − s[⌊h⌋]) — numpy.percentile's default, which
+// bench/ddp_peer.py computes the same way. Throws InvalidInput when empty or q is outside [0, 1].
+double quantile(std::vector<double> samples, double q);
+// Median (q = 0.5: the mean of the middle two for an even count), p10, p90, min and max. Throws
+// InvalidInput when empty.
+TimeStats time_stats(const std::vector<double>& seconds);
+
+struct TimedLoop {
+  int warmup_iters = 0;  // W
+  int iters = 1;         // S
+  std::function<void(int i)> prepare;                // may be empty
+  std::function<void(int i)> run;                    // the timed work
+  std::function<void(int i, bool timed)> check;      // may be empty
+};
+
+struct TimedLoopResult {
+  std::vector<double> slowest_s;  // per timed iteration, the max over ranks
+  TimeStats time;                 // over slowest_s
+};
+
+// Every rank of `comm` calls it with the same W and S.
+TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop);
+
+}  // namespace tally::engine

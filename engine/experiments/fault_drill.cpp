@@ -1,0 +1,469 @@
+// `tally run fault-drill` (tally/engine/experiments/fault_drill.hpp): sub-runs of `tally run checkpoint` through
+// engine::launch, their JSON lines read back, the checkpoint directory inspected with io.
+#include "tally/engine/experiments/fault_drill.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <system_error>
+
+#include "tally/core/types.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
+#include "tally/engine/launch.hpp"
+#include "tally/io/checkpoint.hpp"
+
+namespace tally::engine {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::int64_t kGlobalBatch = CheckpointRunOptions{}.global_batch;  // the sub-runs' default
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// One sub-run's output, split by rank: JSON lines of stdout, the lines of stderr.
+struct SubRun {
+  DrillLaunch launch;
+  std::vector<std::vector<json>> events;        // per rank, in order (the result last)
+  std::vector<std::vector<std::string>> errors;  // per rank
+
+  // The rank's first event of this kind, or nullptr.
+  const json* find(int rank, std::string_view kind) const {
+    for (const json& e : events[std::size_t(rank)])
+      if (e.value("event", "") == kind) return &e;
+    return nullptr;
+  }
+  std::string error_line(int rank) const {
+    for (const std::string& l : errors[std::size_t(rank)])
+      if (l.rfind("tally: error: ", 0) == 0) return l;
+    return "";
+  }
+};
+
+// "[rank r] text" → r and text; -1 for other lines.
+int split_rank_line(const std::string& line, std::string* text) {
+  if (line.rfind("[rank ", 0) != 0) return -1;
+  const std::size_t close = line.find("] ");
+  if (close == std::string::npos) return -1;
+  try {
+    const int r = std::stoi(line.substr(6, close - 6));
+    *text = line.substr(close + 2);
+    return r;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+class Driver {
+ public:
+  Driver(const FaultDrillOptions& o, fs::path work) : o_(o), work_(std::move(work)) {}
+
+  // k ranks of `tally run checkpoint --dir dir` plus `extra`, through engine::launch; `steps`
+  // replaces the drill's --steps when > 0.
+  SubRun run(const std::string& what, const fs::path& dir, const std::vector<std::string>& extra,
+             std::int64_t steps = 0) {
+    SubRun s;
+    s.launch.what = what;
+    s.launch.command = {o_.tally_binary, "run", "checkpoint", "--json",
+                        "--timeout", format_number(o_.collective_timeout_s),
+                        "--dir", dir.string(),
+                        "--steps", std::to_string(steps > 0 ? steps : o_.steps),
+                        "--save-every", std::to_string(o_.save_every),
+                        "--record-batches", "0"};
+    s.launch.command.insert(s.launch.command.end(), extra.begin(), extra.end());
+    const std::string stem = "launch-" + std::to_string(++launches_);
+    const fs::path out_path = work_ / (stem + ".out"), err_path = work_ / (stem + ".err");
+    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out_fd < 0 || err_fd < 0) {
+      if (out_fd >= 0) ::close(out_fd);
+      if (err_fd >= 0) ::close(err_fd);
+      throw std::system_error(errno, std::generic_category(), out_path.string() + ": open");
+    }
+    const LaunchOptions lo{.nproc = o_.world_size,
+                           .timeout_s = o_.launch_timeout_s,
+                           .command = s.launch.command};
+    s.launch.start_unix_s = unix_now();
+    LaunchResult lr;
+    try {
+      lr = launch(lo, out_fd, err_fd);
+    } catch (...) {
+      ::close(out_fd);
+      ::close(err_fd);
+      throw;
+    }
+    s.launch.end_unix_s = unix_now();
+    ::close(out_fd);
+    ::close(err_fd);
+    s.launch.exit_code = lr.exit_code;
+    s.launch.message = lr.message;
+    s.launch.ranks = lr.ranks;
+    s.events.resize(std::size_t(o_.world_size));
+    s.errors.resize(std::size_t(o_.world_size));
+    std::istringstream out(read_file(out_path)), err(read_file(err_path));
+    std::string text;
+    for (std::string line; std::getline(out, line);) {
+      const int r = split_rank_line(line, &text);
+      if (r < 0 || r >= o_.world_size) continue;
+      json j = json::parse(text, nullptr, false);
+      if (!j.is_discarded() && j.is_object()) s.events[std::size_t(r)].push_back(std::move(j));
+    }
+    for (std::string line; std::getline(err, line);) {
+      const int r = split_rank_line(line, &text);
+      if (r >= 0 && r < o_.world_size) s.errors[std::size_t(r)].push_back(text);
+    }
+    return s;
+  }
+
+ private:
+  const FaultDrillOptions& o_;
+  fs::path work_;
+  int launches_ = 0;
+};
+
+// The uninterrupted run's per-step records (rank 0's), by step.
+struct Reference {
+  std::map<std::int64_t, json> steps;
+  std::string params_crc32c, optimizer_crc32c;
+};
+
+bool has_staging(const fs::path& dir) {
+  std::error_code ec;
+  const std::string prefix = dir.filename().string() + ".tmp-";
+  for (fs::directory_iterator it(dir.parent_path(), ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+// The rank ended because of the launcher's stop: killed by its SIGTERM or SIGKILL, or exited
+// reporting the SIGTERM (run_checkpoint turns SIGTERM into a flag checked between steps).
+bool ended_by_launcher_signal(const RankExit& exit, const std::string& error_line) {
+  if (!exit.exited) return exit.term_signal == SIGTERM || exit.term_signal == SIGKILL;
+  return exit.exit_code != 0 && error_line.find("stopped by SIGTERM") != std::string::npos;
+}
+
+KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path& work,
+                      FaultPhase phase, std::int64_t kill_step, const Reference& ref) {
+  KillScenario sc;
+  sc.name = std::string(to_string(phase));
+  sc.kill_step = kill_step;
+  const fs::path dir = work / ("ckpt-" + sc.name);
+  const SubRun failed =
+      driver.run("kill rank " + std::to_string(o.kill_rank) + " " + sc.name + " at step " +
+                     std::to_string(kill_step),
+                 dir,
+                 {"--kill-rank", std::to_string(o.kill_rank), "--kill-at-step",
+                  std::to_string(kill_step), "--kill-phase", sc.name});
+  sc.failed = failed.launch;
+
+  // Detection: the victim's last word; each survivor's CommError, or the launcher's signal that
+  // ended it first (Note [detection criterion]).
+  if (const json* e = failed.find(o.kill_rank, "fault_injected")) sc.kill_unix_s = (*e)["unix_s"];
+  for (int r = 0; r < o.world_size; ++r) {
+    if (r == o.kill_rank) continue;
+    SurvivorReport s{.rank = r, .error_line = failed.error_line(r)};
+    const RankExit exit = std::size_t(r) < failed.launch.ranks.size()
+                              ? failed.launch.ranks[std::size_t(r)]
+                              : RankExit{.rank = r};
+    s.exit = exit.describe();
+    if (const json* e = failed.find(r, "comm_failure")) {
+      s.outcome = SurvivorOutcome::noticed;
+      s.lost_ranks = (*e)["lost_ranks"].get<std::vector<int>>();
+      s.detection_s = (*e)["unix_s"].get<double>() - sc.kill_unix_s;
+      sc.detection_s = std::max(sc.detection_s, s.detection_s);
+    } else if (exit.stopped_by_launcher && ended_by_launcher_signal(exit, s.error_line)) {
+      s.outcome = SurvivorOutcome::stopped_by_launcher;
+    }
+    sc.survivors.push_back(s);
+  }
+  sc.all_exited_s = sc.failed.end_unix_s - sc.kill_unix_s;
+  sc.launch_names_lost_rank =
+      sc.failed.message.find("rank " + std::to_string(o.kill_rank) + " failed") != std::string::npos;
+
+  // What the failure left on disk.
+  try {
+    sc.checkpoint_step = io::verify_checkpoint(dir).step;
+    sc.checkpoint_verifies = true;
+  } catch (const InvalidInput&) {
+  }
+  sc.staging_left = has_staging(dir);
+  const std::int64_t last_completed = phase == FaultPhase::mid_step ? kill_step - 1 : kill_step;
+  sc.steps_redone = last_completed - sc.checkpoint_step;
+
+  // Recovery: the same command, with --resume.
+  const SubRun again = driver.run("relaunch with --resume", dir, {"--resume"});
+  sc.relaunch = again.launch;
+  sc.staging_removed_on_relaunch = !has_staging(dir);
+  const json* started = again.find(0, "started");
+  const json* result = again.find(0, "result");
+  if (started == nullptr || result == nullptr || !(*started)["resumed"].get<bool>()) return sc;
+  sc.restart_s = (*started)["unix_s"].get<double>() - sc.relaunch.start_unix_s;
+  sc.resume_step = (*started)["step"];
+  sc.resume_consumed = (*started)["consumed_samples"];
+  sc.reference_step = sc.resume_step;
+  if (auto it = ref.steps.find(sc.resume_step); it != ref.steps.end())
+    sc.reference_consumed = it->second["consumed_samples"];
+  if (auto it = ref.steps.find(sc.resume_step + 1); it != ref.steps.end())
+    sc.reference_grad_norm = it->second["grad_norm"];
+  const json& steps = (*result)["steps"];
+  if (!steps.empty()) sc.resume_grad_norm = steps[0]["grad_norm"];
+  sc.losses_equal = !steps.empty();
+  for (const json& s : steps) {
+    const auto it = ref.steps.find(s["step"].get<std::int64_t>());
+    sc.losses_equal = sc.losses_equal && it != ref.steps.end() &&
+                      s["loss"].get<double>() == it->second["loss"].get<double>() &&
+                      s["grad_norm"].get<double>() == it->second["grad_norm"].get<double>() &&
+                      s["consumed_samples"] == it->second["consumed_samples"];
+    if (s["step"] == kill_step) sc.recovery_s = s["end_unix_s"].get<double>() - sc.kill_unix_s;
+  }
+  sc.final_params_equal = (*result)["params_crc32c"] == ref.params_crc32c &&
+                          (*result)["optimizer_crc32c"] == ref.optimizer_crc32c;
+  return sc;
+}
+
+// Copies `source` to <work>/<name>/ckpt and damages one file; returns the copy.
+fs::path damaged_copy(const fs::path& source, const fs::path& work, const std::string& name) {
+  const fs::path dir = work / name / "ckpt";
+  fs::create_directories(dir.parent_path());
+  fs::copy(source, dir, fs::copy_options::recursive);
+  return dir;
+}
+
+void flip_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  const auto size = std::streamoff(fs::file_size(file));
+  f.seekg(size / 2);
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x01);  // one bit of a value in the data section
+  f.seekp(size / 2);
+  f.write(&c, 1);
+}
+
+CorruptionCase run_corruption(const FaultDrillOptions& o, Driver& driver, const fs::path& work,
+                              const fs::path& source, int index) {
+  CorruptionCase c;
+  const int k = o.world_size;
+  const fs::path dir = damaged_copy(source, work, "damage-" + std::to_string(index));
+  switch (index) {
+    case 0:
+      c.damage = "flip one bit in the middle of shard 1";
+      c.file = io::shard_file_name(1, k);
+      c.expected_check = "crc32c = ";
+      flip_byte(dir / c.file);
+      break;
+    case 1:
+      c.damage = "truncate shard 0 by 100 bytes";
+      c.file = io::shard_file_name(0, k);
+      c.expected_check = "(truncated)";
+      fs::resize_file(dir / c.file, fs::file_size(dir / c.file) - 100);
+      break;
+    case 2:
+      c.damage = "delete the last shard";
+      c.file = io::shard_file_name(k - 1, k);
+      c.expected_check = "missing";
+      fs::remove(dir / c.file);
+      break;
+    default: {
+      c.damage = "edit index.json: consumed_samples + " + std::to_string(kGlobalBatch);
+      c.file = "index.json";
+      c.expected_check = "crc32c = ";
+      std::string text = read_file(dir / c.file);
+      const std::string key = "\"consumed_samples\": ";
+      const std::size_t at = text.find(key);
+      if (at != std::string::npos) {
+        const std::size_t begin = at + key.size(), end = text.find(',', begin);
+        const std::int64_t v = std::stoll(text.substr(begin, end - begin));
+        text.replace(begin, end - begin, std::to_string(v + kGlobalBatch));
+      }
+      std::ofstream(dir / c.file, std::ios::binary | std::ios::trunc) << text;
+      break;
+    }
+  }
+  try {
+    (void)io::verify_checkpoint(dir);
+  } catch (const InvalidInput&) {
+    c.io_verify_alone_rejects = true;
+  }
+  const SubRun s =
+      driver.run("resume from damage: " + c.damage, dir, {"--resume"}, o.steps + 1);
+  c.launch = s.launch;
+  c.error_line = s.error_line(0);
+  c.loaded_anything = false;
+  for (int r = 0; r < k; ++r) {
+    const json* started = s.find(r, "started");
+    c.loaded_anything = c.loaded_anything || (started && (*started)["resumed"].get<bool>());
+  }
+  return c;
+}
+
+// Processes whose command line mentions the work directory (a sub-run's rank left behind).
+std::vector<int> processes_mentioning(const fs::path& work) {
+  std::vector<int> pids;
+  std::error_code ec;
+  const std::string needle = work.string();
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int pid = std::stoi(name);
+    if (pid == ::getpid()) continue;
+    std::string cmdline = read_file(it->path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) != std::string::npos) pids.push_back(pid);
+  }
+  return pids;
+}
+
+}  // namespace
+
+std::string_view to_string(SurvivorOutcome o) {
+  switch (o) {
+    case SurvivorOutcome::noticed: return "noticed";
+    case SurvivorOutcome::stopped_by_launcher: return "stopped_by_launcher";
+    case SurvivorOutcome::exited_unreported: return "exited_unreported";
+  }
+  return "?";
+}
+
+// Note [detection criterion].
+bool KillScenario::detection_ok(int kill_rank, double timeout_s) const {
+  if (kill_unix_s <= 0 || failed.exit_code != 1 || !launch_names_lost_rank || survivors.empty())
+    return false;
+  if (!(all_exited_s >= 0 && all_exited_s < timeout_s + kill_grace_s)) return false;
+  for (const SurvivorReport& s : survivors) {
+    switch (s.outcome) {
+      case SurvivorOutcome::noticed:
+        if (s.lost_ranks != std::vector<int>{kill_rank} || s.detection_s < 0 ||
+            s.detection_s >= timeout_s ||
+            s.error_line.find("lost rank " + std::to_string(kill_rank)) == std::string::npos)
+          return false;
+        break;
+      case SurvivorOutcome::stopped_by_launcher:
+        break;
+      case SurvivorOutcome::exited_unreported:
+        return false;
+    }
+  }
+  return true;
+}
+
+bool KillScenario::recovery_ok() const {
+  const bool staging = name != "after-shard" || (staging_left && staging_removed_on_relaunch);
+  return checkpoint_verifies && staging && relaunch.exit_code == 0 &&
+         resume_step == checkpoint_step && resume_consumed == reference_consumed &&
+         resume_grad_norm == reference_grad_norm && losses_equal && final_params_equal;
+}
+
+bool CorruptionCase::ok() const {
+  return launch.exit_code != 0 && !loaded_anything &&
+         error_line.find(file) != std::string::npos &&
+         error_line.find(expected_check) != std::string::npos;
+}
+
+bool FaultDrillResult::ok() const {
+  bool all = reference.exit_code == 0 && leftover_pids.empty() &&
+             mid_step.ok(options.kill_rank, options.collective_timeout_s) &&
+             during_save.ok(options.kill_rank, options.collective_timeout_s);
+  for (const CorruptionCase& c : corruptions) all = all && c.ok();
+  return all;
+}
+
+void FaultDrillOptions::validate() const {
+  const auto bad = [](const std::string& flag, const std::string& value, const std::string& rule) {
+    throw InvalidInput(flag + " = " + value + ": " + rule);
+  };
+  const auto i = [](std::int64_t v) { return std::to_string(v); };
+  if (world_size < 2 || world_size > 8 || kGlobalBatch % world_size != 0)
+    bad("--nproc", i(world_size), "must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
+  if (steps < 3 || steps > 1000) bad("--steps", i(steps), "must be in [3, 1000]");
+  if (save_every < 1 || save_every >= steps)
+    bad("--save-every", i(save_every), "must be in [1, --steps = " + i(steps) + ")");
+  if (kill_rank < 0 || kill_rank >= world_size)
+    bad("--kill-rank", i(kill_rank), "must be in [0, --nproc = " + i(world_size) + ")");
+  if (kill_at_step <= save_every || kill_at_step > steps)
+    bad("--kill-at-step", i(kill_at_step),
+        "must be in (--save-every = " + i(save_every) + ", --steps = " + i(steps) +
+            "]: after the first checkpoint");
+  if (kill_at_save <= save_every || kill_at_save > steps || kill_at_save % save_every != 0)
+    bad("--kill-at-save", i(kill_at_save),
+        "must be a multiple of --save-every = " + i(save_every) + " in (" + i(save_every) +
+            ", --steps = " + i(steps) + "]");
+  if (!(collective_timeout_s > 0 && collective_timeout_s <= 600))
+    bad("--timeout", format_number(collective_timeout_s), "must be in (0, 600] s");
+  if (!(launch_timeout_s > 0 && launch_timeout_s <= 3600))
+    bad("--launch-timeout", format_number(launch_timeout_s), "must be in (0, 3600] s");
+}
+
+FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
+  options.validate();
+  FaultDrillResult res;
+  res.options = options;
+  FaultDrillOptions& o = res.options;
+  if (o.tally_binary.empty()) o.tally_binary = fs::read_symlink("/proc/self/exe").string();
+
+  bool generated = false;
+  if (o.work_dir.empty()) {
+    o.work_dir = make_temp_directory("tally-fault-drill");
+    generated = true;
+  } else {
+    fs::create_directories(o.work_dir);
+  }
+  res.work_dir = o.work_dir;
+  const fs::path work = o.work_dir;
+  const auto cleanup = [&] {
+    if (generated && !o.keep_work_dir) {
+      std::error_code ec;
+      fs::remove_all(work, ec);
+      res.work_dir_removed = !ec;
+    }
+  };
+
+  try {
+    Driver driver(o, work);
+    // Reference: uninterrupted.
+    const fs::path ref_dir = work / "ckpt-reference";
+    const SubRun ref_run = driver.run("reference (uninterrupted)", ref_dir, {});
+    res.reference = ref_run.launch;
+    const json* ref_result = ref_run.find(0, "result");
+    if (ref_run.launch.exit_code != 0 || ref_result == nullptr)
+      throw std::runtime_error("fault-drill: the uninterrupted reference run failed: " +
+                               ref_run.launch.message + " " + ref_run.error_line(0));
+    Reference ref;
+    for (const json& s : (*ref_result)["steps"]) ref.steps[s["step"].get<std::int64_t>()] = s;
+    ref.params_crc32c = (*ref_result)["params_crc32c"];
+    ref.optimizer_crc32c = (*ref_result)["optimizer_crc32c"];
+    res.reference_params_crc32c = ref.params_crc32c;
+
+    res.mid_step = run_kill(o, driver, work, FaultPhase::mid_step, o.kill_at_step, ref);
+    res.during_save = run_kill(o, driver, work, FaultPhase::after_shard, o.kill_at_save, ref);
+    for (int i = 0; i < 4; ++i)
+      res.corruptions.push_back(run_corruption(o, driver, work, ref_dir, i));
+    res.leftover_pids = processes_mentioning(work);
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+  return res;
+}
+
+}  // namespace tally::engine

@@ -1,0 +1,209 @@
+// tally::engine::Comm — one rank's end of a process group: c10d TCPStore rendezvous (rank 0 serves)
+// and Gloo collectives, with a timeout on every call and per-rank byte counters.
+//
+// Contract (as c10d's ProcessGroup): every rank calls the same operations in the same order with
+// the same element counts and dtype. Every call blocks until it completes on this rank or the
+// timeout passes (all_reduce_async returns at once; its PendingCollective::wait() blocks
+// instead); a timeout, a dead peer or a broken connection throws CommError naming the operation
+// and, where known, the peer rank. After a CommError the Comm is unusable (every later
+// call throws CommError at once): which messages a half-finished collective left in flight is
+// unknown, so carrying on could match the wrong data.
+//
+// Counters (DESIGN.md §4, the communication ledger measured): per collective kind, the number of
+// calls and the bytes this rank sent, from the core's formula collective_bytes_per_rank() with
+// S = the full tensor's bytes — the same function the planner uses, so prediction and measurement
+// share one definition. tally's own ring all-reduce is counted apart, from the bytes its send
+// calls actually moved.
+//
+// No torch in this header: buffers are plain spans. Engine code holding at::Tensor uses the
+// overloads in engine/runtime/comm_torch.hpp.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "tally/core/comm.hpp"
+#include "tally/core/sharding.hpp"
+#include "tally/engine/dist_env.hpp"
+
+namespace tally::engine {
+
+enum class DType { f32, f64 };
+std::string_view to_string(DType d);
+inline constexpr std::size_t dtype_size_bytes(DType d) { return d == DType::f32 ? 4 : 8; }
+
+// sum: element-wise sum over ranks. average: that sum divided by the world size, on every rank.
+enum class ReduceOp { sum, average };
+
+template <class R>
+concept FloatRange = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+                     (std::is_same_v<std::remove_cv_t<std::ranges::range_value_t<R>>, float> ||
+                      std::is_same_v<std::remove_cv_t<std::ranges::range_value_t<R>>, double>);
+
+template <class T>
+inline constexpr DType dtype_of = std::is_same_v<std::remove_cv_t<T>, float> ? DType::f32 : DType::f64;
+
+// A non-owning, typed view of `count` contiguous elements: what every Comm operation takes.
+// Built implicitly from std::vector<float|double>, std::span, std::array, ...
+struct Buffer {
+  void* data = nullptr;
+  std::int64_t count = 0;
+  DType dtype = DType::f32;
+
+  Buffer() = default;
+  Buffer(void* data_, std::int64_t count_, DType dtype_) : data(data_), count(count_), dtype(dtype_) {}
+  template <FloatRange R>
+    requires(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+  Buffer(R&& r)  // NOLINT(google-explicit-constructor): spans and vectors convert implicitly
+      : data(std::ranges::data(r)),
+        count(std::int64_t(std::ranges::size(r))),
+        dtype(dtype_of<std::ranges::range_value_t<R>>) {}
+  double size_bytes() const { return double(count) * double(dtype_size_bytes(dtype)); }
+};
+
+struct ConstBuffer {
+  const void* data = nullptr;
+  std::int64_t count = 0;
+  DType dtype = DType::f32;
+
+  ConstBuffer() = default;
+  ConstBuffer(const void* data_, std::int64_t count_, DType dtype_)
+      : data(data_), count(count_), dtype(dtype_) {}
+  ConstBuffer(Buffer b) : data(b.data), count(b.count), dtype(b.dtype) {}  // NOLINT
+  template <FloatRange R>
+  ConstBuffer(R&& r)  // NOLINT(google-explicit-constructor)
+      : data(std::ranges::data(r)),
+        count(std::int64_t(std::ranges::size(r))),
+        dtype(dtype_of<std::ranges::range_value_t<R>>) {}
+  double size_bytes() const { return double(count) * double(dtype_size_bytes(dtype)); }
+};
+
+// Chunk `index` of a `count`-element buffer split over `ranks`: the first count % ranks chunks
+// hold one element more than the rest (llm.c's ZeRO shard, gloo's ring chunks). Used for the ring
+// chunks, the reduce-scatter output and the all-gather input of rank `index`.
+// It is core's shard_span (tally/core/sharding.hpp), checked: one sharding rule, one type.
+ShardSpan chunk_range(std::int64_t count, int ranks, int index);
+
+// A communication failure: timeout, dead peer, broken connection, or a call after one of those.
+class CommError : public std::runtime_error {
+ public:
+  CommError(std::string op, int peer_rank, const std::string& message)
+      : std::runtime_error(message), op_(std::move(op)), peer_rank_(peer_rank) {}
+  const std::string& op() const { return op_; }  // "all-reduce", "recv", "rendezvous", ...
+  int peer_rank() const { return peer_rank_; }    // -1 when unknown
+  bool timed_out() const;                         // the message says the wait timed out
+
+ private:
+  std::string op_;
+  int peer_rank_ = -1;
+};
+
+struct CommOptions {
+  double timeout_s = 60;  // every wait: rendezvous, each collective, each send / recv
+  void validate() const;  // throws InvalidInput unless 0 < timeout_s <= 86400
+};
+
+struct CollectiveCounter {
+  std::int64_t calls = 0;
+  double bytes_sent = 0;  // by this rank
+};
+
+struct CommCounters {
+  // Indexed by tally::Collective; bytes from the core formula (see the header comment).
+  std::array<CollectiveCounter, 5> by_collective{};
+  // tally's ring all-reduce: bytes this rank's send calls moved (not a formula).
+  CollectiveCounter ring_all_reduce;
+
+  CollectiveCounter& operator[](Collective c) { return by_collective[std::size_t(c)]; }
+  const CollectiveCounter& operator[](Collective c) const { return by_collective[std::size_t(c)]; }
+};
+
+// A collective started by Comm::all_reduce_async (or the at::Tensor overload): it runs on Gloo's
+// worker threads while the caller goes on (computing more gradients, say). wait() blocks until it
+// completes on this rank or the Comm's timeout passes, counted from the wait() call, and then
+// writes the result (see Note [async collectives] in comm.cpp). Failures are those of the blocking
+// call: CommError, and the Comm is unusable afterwards. Counters are updated when the collective is
+// started, so they count collectives issued. A handle must not outlive its Comm; destroying one
+// without wait() abandons the result (Gloo still finishes or fails the transfer on its own
+// memory, so the group stays consistent). Default-constructed or moved-from: wait() does nothing.
+class PendingCollective {
+ public:
+  PendingCollective();
+  PendingCollective(PendingCollective&&) noexcept;
+  PendingCollective& operator=(PendingCollective&&) noexcept;
+  ~PendingCollective();
+
+  void wait();                 // idempotent; throws CommError on failure or timeout
+  bool waited() const;         // true after a successful wait() (or when there was nothing to do)
+  bool done() const;           // without blocking: Gloo has finished it (or failed it)
+
+  struct State;  // torch-side, defined in comm.cpp
+  explicit PendingCollective(std::unique_ptr<State> state);
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+class Comm {
+ public:
+  // Rendezvous: rank 0 serves a c10d TCPStore on env.master_addr:env.master_port, every rank
+  // joins a Gloo process group over it (the loopback device when master_addr is loopback, else
+  // GLOO_SOCKET_IFNAME's interface or this host's address). Throws InvalidInput for bad env or
+  // options, CommError("rendezvous") when the group does not form within the timeout.
+  explicit Comm(const DistEnv& env, const CommOptions& options = {});
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  double timeout_s() const;
+
+  // In place: data becomes the element-wise sum (or average) over ranks. Gloo's algorithm.
+  void all_reduce(Buffer data, ReduceOp op = ReduceOp::sum);
+  // all_reduce started without waiting: data is read now and written by the handle's wait(), so
+  // it must stay alive until then. Every rank must start its collectives in the same order (Gloo
+  // matches them by issue order), whether blocking or not.
+  [[nodiscard]] PendingCollective all_reduce_async(Buffer data, ReduceOp op = ReduceOp::sum);
+  // input: the full count-element buffer on every rank; output: chunk_range(count, k, rank) of the
+  // reduced result (output.count must equal that chunk's count). Gloo 1.13 has no reduce-scatter,
+  // so this runs the reduce-scatter half of tally's ring over send / recv.
+  void reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op = ReduceOp::sum);
+  // input: this rank's chunk_range(output.count, k, rank); output: the concatenation of all
+  // ranks' chunks. Gloo's all-gather (chunks padded to the largest one).
+  void all_gather(ConstBuffer input, Buffer output);
+  void broadcast(Buffer data, int root_rank);
+  // Point to point; tag (0 <= tag < kMaxUserTag) matches a send with its recv. Gloo's TCP
+  // transport is rendezvous-based: a send completes only once the peer has posted the matching
+  // recv, so two ranks that both send first wait until the timeout. Pair them up (e.g. even ranks
+  // send first, odd ranks receive first). send_recv counters count sends only.
+  void send(ConstBuffer data, int dst_rank, int tag = 0);
+  void recv(Buffer data, int src_rank, int tag = 0);
+  void barrier();
+
+  // tally's own ring all-reduce (see the note in ring.cpp): reduce-scatter then all-gather over
+  // send / recv, 2(k−1) steps. Counted in counters().ring_all_reduce from its actual sends.
+  void ring_all_reduce(Buffer data, ReduceOp op = ReduceOp::sum);
+
+  const CommCounters& counters() const;
+  void reset_counters();
+
+  static constexpr int kMaxUserTag = 1 << 30;  // tags at and above are tally's own (the ring)
+
+  struct Impl;  // torch-side state, defined in comm.cpp
+  // For engine internals (engine/runtime/comm_torch.hpp); Impl is opaque outside comm.cpp.
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tally::engine

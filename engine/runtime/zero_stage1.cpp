@@ -1,0 +1,72 @@
+// ZeRO-1: the optimizer states (Adam's m, v and the fp32 master weights) sharded over the k ranks
+// (Rajbhandari et al. 2020 §5.1, P_os; zero_strategy.hpp).
+//
+// Per rank: the full parameters (a Replica, param dtype), the full gradient buffer, and Adam over
+// its shard only: shard_span(N, k, r) of the flat parameter buffer — the ledger's
+// params + grads + 12N/k (fp32: 4N + 4N + 8N/k, the parameters being their own master).
+// Per step:
+//   1. forward and backward on this rank's rows; the gradient accumulates into the full buffer;
+//   2. reduce-scatter (average) of the flat gradient: rank r receives the averaged shard
+//      shard_span(N, k, r), the only part of the gradient its optimizer reads;
+//   3. Adam updates the shard (in place for fp32; the fp32 master, rounded into the bf16
+//      parameters, for bf16);
+//   4. all-gather of the updated shards into the full parameter buffer, so every replica holds
+//      the new parameters for the next forward.
+// Bytes: S(k−1)/k + S(k−1)/k = 2S(k−1)/k, exactly DP's all-reduce (which is itself a
+// reduce-scatter followed by an all-gather): sharding the optimizer costs no communication
+// (ZeRO §7.2.1). An all-reduce in step 2 would be correct too but send 3S(k−1)/k in all.
+// The full gradient stays allocated between steps (zeroed before each backward): sharding it is
+// ZeRO-2.
+#include "zero_strategy.hpp"
+
+namespace tally::engine::zero {
+
+namespace {
+
+class ZeroStage1 final : public Strategy {
+ public:
+  using Strategy::Strategy;
+  int stage() const override { return 1; }
+
+  void setup(UnitModel model) override {
+    replica_ = Replica(std::move(model));
+    grad_ = at::zeros({replica_.numel()}, replica_.flat().options());  // (N,) param dtype
+    replica_.set_grad_buffer(grad_);
+    span_ = my_span(replica_.numel());
+    adam_ = Adam({replica_.flat().narrow(0, span_.offset, span_.count)}, ctx_.adam);
+  }
+
+  double step(const Batch& batch) override {
+    {
+      at::NoGradGuard no_grad;
+      grad_.zero_();
+    }
+    const at::Tensor loss = replica_.loss(batch);
+    loss.backward();
+    at::NoGradGuard no_grad;
+    // (shard_span(N, k, r),) float32; rounded to the gradient dtype as DP's average is.
+    const at::Tensor grad_shard = reduce_scatter_average(grad_).to(grad_.scalar_type());
+    adam_.step_with({grad_shard});
+    at::Tensor& flat = replica_.flat();
+    all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
+    return loss.item<double>();
+  }
+
+  StateItems measure() const override { return held_state(replica_.flat(), grad_, adam_); }
+
+  at::Tensor gather_parameters() override { return replica_.flat().to(at::kDouble); }
+
+ private:
+  Replica replica_;
+  at::Tensor grad_;
+  ShardSpan span_;
+  Adam adam_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_stage1(const StrategyContext& ctx) {
+  return std::make_unique<ZeroStage1>(ctx);
+}
+
+}  // namespace tally::engine::zero

@@ -1,0 +1,169 @@
+// The shape every ZeRO strategy shares (internal: torch types): setup(model) / step(batch) → loss /
+// measure(), one strategy per file like nccl-tests' table of collectives —
+//   zero_stage0.cpp  DP: full replica, gradients all-reduced by the engine's one data-parallel
+//                    reducer (ddp_torch.hpp) with tally's ring, Adam on everything
+//   zero_stage1.cpp  + m, v, master sharded: gradients reduce-scattered, own shard updated,
+//                    updated parameters all-gathered
+//   zero_stage2.cpp  + gradients sharded: the full gradient is freed after the reduce-scatter
+//   zero_stage3.cpp  + parameters sharded: each unit gathered before its forward and again before
+//                    its backward, freed after each use
+// and the pieces they share: the model as a chain of units, a flat parameter replica, and the
+// collectives wrapped so every call is logged and bf16 travels as float32.
+//
+// Legend: N = parameters, k = ranks, r = this rank, U = units, n_u = parameters of unit u.
+// Sharding rule: tally::shard_span (core/sharding.hpp), which is the Comm's chunk_range, so rank
+// r's shard of a flat buffer is exactly the chunk a reduce-scatter leaves on it and the chunk an
+// all-gather takes from it. Stages 1–2 shard one flat buffer of all N parameters; stage 3 shards
+// each unit's flat buffer (FSDP's FlatParameter per wrapped unit), so rank r holds
+// Σ_u shard_span(n_u, k, r).count elements (at most U more than N/k).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tally/core/comm.hpp"
+#include "tally/core/model_states.hpp"
+#include "tally/core/sharding.hpp"
+#include "optimizer_torch.hpp"
+#include "tally/engine/comm.hpp"
+
+namespace tally::engine::zero {
+
+// A model as a chain of units: y_u = forward_unit(u, y_{u−1}, params_u), loss(y_U, target). A unit
+// is ZeRO-3's gather granularity (one Linear + its ReLU for the MLP).
+struct UnitModel {
+  std::vector<std::vector<at::Tensor>> units;  // unit u's parameters: initial values, param dtype
+  std::function<at::Tensor(std::size_t u, const at::Tensor& x,
+                           const std::vector<at::Tensor>& params)>
+      forward_unit;
+  std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>
+      loss;  // fp32 scalar
+  std::vector<std::int64_t> unit_numels() const;
+  std::int64_t numel() const;  // N
+};
+
+// The MLP widths d_0 … d_U (mlp.hpp's nn.Linear initialisation after manual_seed(seed), then cast
+// to `dtype`): unit u = Linear(d_u, d_{u+1}) followed by ReLU except on the last; the loss is the
+// mean cross-entropy of the fp32-upcast logits.
+UnitModel make_mlp_model(const std::vector<std::int64_t>& widths, at::ScalarType dtype,
+                         std::uint64_t seed);
+
+struct Batch {
+  at::Tensor x;  // (rows, d_0), param dtype: this rank's rows
+  at::Tensor y;  // (rows,) int64 class ids
+};
+
+// One collective a strategy issued: what the wire-byte tally (zero.hpp's wire_bytes) needs.
+struct CallRecord {
+  Collective collective = Collective::all_reduce;
+  std::int64_t count = 0;    // elements of the full buffer (S / element_bytes)
+  double element_bytes = 4;  // on the wire (float32, Note [bf16 on Gloo])
+};
+
+struct StrategyContext {
+  Comm* comm = nullptr;
+  at::ScalarType param_dtype = at::kFloat;  // kFloat or kBFloat16 (mixed)
+  AdamOptions adam;
+};
+
+class Strategy {
+ public:
+  explicit Strategy(const StrategyContext& ctx) : ctx_(ctx), comm_(*ctx.comm) {}
+  virtual ~Strategy() = default;
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  virtual int stage() const = 0;
+  // Takes the initial model (the same on every rank) and keeps what this rank owns; the initial
+  // tensors die with `model` when setup returns.
+  virtual void setup(UnitModel model) = 0;
+  // One optimizer step on this rank's rows: forward, backward, communication, Adam. Returns this
+  // rank's loss (before the update).
+  virtual double step(const Batch& batch) = 0;
+  // The model-state bytes this rank holds now, itemized as the ledger: Σ nbytes of its own tensors
+  // (fp32 parameters are their own master: master = 0, as core counts it).
+  virtual StateItems measure() const = 0;
+  // Every parameter, flat in unit order, as float64 (gathers sharded ones: communication outside
+  // any step). For the equivalence checks.
+  virtual at::Tensor gather_parameters() = 0;
+
+  const std::vector<CallRecord>& calls() const { return calls_; }
+  void clear_calls() { calls_.clear(); }
+
+ protected:
+  // The collectives, logged, with bf16 widened to float32 for the wire (Note [bf16 on Gloo]).
+  // This rank's shard_span of the average over ranks of `full` (any float dtype), as float32.
+  at::Tensor reduce_scatter_average(const at::Tensor& full);
+  // full (contiguous, shard's dtype) ← every rank's shard, concatenated. Writes through copy_, so
+  // the caller holds a NoGradGuard when `full` requires grad.
+  void all_gather_into(const at::Tensor& shard, at::Tensor& full);
+  // The same into a fresh tensor of n elements (shard's dtype).
+  at::Tensor all_gather(const at::Tensor& shard, std::int64_t n);
+  ShardSpan my_span(std::int64_t n) const {
+    return shard_span(n, comm_.world_size(), comm_.rank());
+  }
+
+  StrategyContext ctx_;
+  Comm& comm_;
+  std::vector<CallRecord> calls_;
+};
+
+// Every parameter, full, as leaf tensors viewing one flat buffer (stages 0–2). Gradients land in a
+// flat buffer too: set_grad_buffer() makes each leaf's .grad a view of it, so autograd accumulates
+// in place (AccumulateGrad adds into a defined .grad under no-grad mode: PyTorch DDP's
+// gradient_as_bucket_view) and no copy is needed before the collective.
+class Replica {
+ public:
+  Replica() = default;
+  explicit Replica(UnitModel model);
+  at::Tensor loss(const Batch& batch) const;  // forward through every unit
+  at::Tensor& flat() { return flat_; }        // (N,) param dtype; writes under NoGradGuard
+  const at::Tensor& flat() const { return flat_; }
+  void set_grad_buffer(const at::Tensor& flat_grad);
+  void drop_grads();  // every leaf's .grad = undefined
+  std::vector<at::Tensor> leaves() const;  // every parameter, in unit order
+  std::int64_t numel() const { return flat_.numel(); }
+
+ private:
+  UnitModel model_;  // units[u] hold the leaves (views of flat_)
+  at::Tensor flat_;
+};
+
+// What a flat-buffer strategy holds: its parameter and gradient tensors and its optimizer state.
+inline StateItems held_state(const at::Tensor& params, const at::Tensor& grads,
+                             const Adam& adam) {
+  StateItems s{.params = double(params.nbytes()), .grads = double(grads.nbytes())};
+  adam.add_state(s);
+  return s;
+}
+
+// Flat copy of tensors in order, in `dtype`.
+at::Tensor flatten(const std::vector<at::Tensor>& tensors, at::ScalarType dtype);
+// Views of `flat` with these shapes, laid end to end (their numels sum to flat.numel()).
+using Shape = std::vector<std::int64_t>;
+std::vector<at::Tensor> views_of(const at::Tensor& flat, const std::vector<Shape>& shapes);
+
+// The table (nccl-tests style): stage → factory. Each lives in its own zero_stage<N>.cpp.
+std::unique_ptr<Strategy> make_stage0(const StrategyContext& ctx);
+std::unique_ptr<Strategy> make_stage1(const StrategyContext& ctx);
+std::unique_ptr<Strategy> make_stage2(const StrategyContext& ctx);
+std::unique_ptr<Strategy> make_stage3(const StrategyContext& ctx);
+
+struct StrategyEntry {
+  int stage;
+  const char* name;
+  std::unique_ptr<Strategy> (*make)(const StrategyContext&);
+};
+inline constexpr StrategyEntry kStrategies[] = {
+    {0, "DP (ZeRO-0)", make_stage0},
+    {1, "ZeRO-1", make_stage1},
+    {2, "ZeRO-2", make_stage2},
+    {3, "ZeRO-3", make_stage3},
+};
+
+}  // namespace tally::engine::zero
