@@ -16,7 +16,7 @@ bash scripts/install-deps.sh
 TALLY_CMAKE_ARGS="-DTALLY_WERROR=ON" bash scripts/build.sh
 (cd build && ctest --output-on-failure --timeout 300 -j "$JOBS")
 
-BUILD_DIR=build-asan TALLY_CMAKE_ARGS="-DTALLY_SANITIZE=ON" TALLY_CMAKE_ARGS="-DTALLY_WERROR=ON" bash scripts/build.sh
+BUILD_DIR=build-asan TALLY_CMAKE_ARGS="-DTALLY_SANITIZE=ON" bash scripts/build.sh
 (cd build-asan &&
   ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
