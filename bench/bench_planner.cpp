@@ -58,14 +58,7 @@ void BM_Seed7B_8Gpus(benchmark::State& s) {
 
 // Llama 3 405B's scale (Dubey et al. 2024: 16,384 H100, global batch 2048 sequences of 8192).
 void BM_Llama3_405B_16384_Pruned(benchmark::State& s) {
-  ModelSpec m = *model_preset("llama-3-70b");
-  m.name = "llama-3-405b";  // meta-llama/Llama-3.1-405B config.json
-  m.hidden = 16384;
-  m.layers = 126;
-  m.heads = 128;
-  m.kv_heads = 8;
-  m.ffn = 53248;
-  run(s, PlanRequest{.model = m, .cluster = *cluster_preset("h100-80g"), .gpus = 16384,
+  run(s, PlanRequest{.model = *model_preset("llama-3.1-405b"), .cluster = *cluster_preset("h100-80g"), .gpus = 16384,
                      .global_batch = 2048, .seq = 8192},
       true);
 }

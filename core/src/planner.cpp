@@ -161,10 +161,6 @@ Prepared prepare(const PlanRequest& r) {
   return p;
 }
 
-double compute_seconds(const Prepared& P, Recompute rc) {
-  return P.hw_flops[int(rc)] / (double(P.req->gpus) * P.peak * P.util);
-}
-
 // Note [planner stages]
 // A pipeline's end stages carry more than layers: the first the embedding, the last the final
 // norm, the LM head and the loss (6·V·h FLOPs per token, a large share for big vocabularies). With

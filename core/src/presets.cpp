@@ -35,6 +35,9 @@ std::vector<ModelSpec> build_models() {
   // meta-llama/Meta-Llama-3-{8,70}B config.json (8.03B, 70.6B).
   v.push_back(llama_like("llama-3-8b", 4096, 32, 32, 8, 14336, 128256));
   v.push_back(llama_like("llama-3-70b", 8192, 80, 64, 8, 28672, 128256));
+  // meta-llama/Llama-3.1-405B config.json; Dubey et al. 2024 Table 3 (405B: 126 layers, 16384,
+  // 128 heads, 8 kv heads, FFN 53248).
+  v.push_back(llama_like("llama-3.1-405b", 16384, 126, 128, 8, 53248, 128256));
   // mistralai/Mistral-7B-v0.1 config.json (7.24B).
   v.push_back(llama_like("mistral-7b", 4096, 32, 32, 8, 14336, 32000));
   // mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, 2 per token (46.7B total, 12.9B active).

@@ -21,6 +21,8 @@ TEST(Model, Llama2Counts) {
 TEST(Model, Llama3Counts) {
   EXPECT_NEAR(params_b("llama-3-8b"), 8.03, 0.005);
   EXPECT_NEAR(params_b("llama-3-70b"), 70.55, 0.05);
+  // Llama 3.1 405B model card / Dubey et al. 2024 Table 3: 405B (405.85B counted from config.json).
+  EXPECT_NEAR(params_b("llama-3.1-405b"), 405.85, 0.05);
 }
 // Mistral 7B paper / model card: 7.24B.
 TEST(Model, MistralCount) { EXPECT_NEAR(params_b("mistral-7b"), 7.24, 0.005); }

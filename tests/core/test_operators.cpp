@@ -106,12 +106,15 @@ TEST(Operators, QkvWidthUnderGqa) {
   for (int tp : {1, 8}) {
     const OperatorSetup os{.seq = 4096, .micro_batch = 1, .tp = tp};
     for (const Op& op : layer_ops(m, os))
-      if (op.name == "qkv") EXPECT_EQ(op.n, (64 + 2 * 8) * 128 / tp) << tp;
+      if (op.name == "qkv") {
+        EXPECT_EQ(op.n, (64 + 2 * 8) * 128 / tp) << tp;
+      }
   }
   const OperatorSetup os16{.seq = 4096, .micro_batch = 1, .tp = 16};
-  m.heads = 64;
   for (const Op& op : layer_ops(m, os16))
-    if (op.name == "qkv") EXPECT_EQ(op.n, 4 * 128 + 2 * 128);  // 4 q heads, 1 k and 1 v head
+    if (op.name == "qkv") {
+      EXPECT_EQ(op.n, 4 * 128 + 2 * 128);  // 4 q heads, 1 k and 1 v head
+    }
 }
 
 // Read g, m, v, master; write m, v, master and the 16-bit copy (model_states.hpp bytes per

@@ -395,14 +395,7 @@ TEST(Planner, UnevenStagesMakeMoreGpuCountsPlannable) {
 // Llama 3 405B's layout (Dubey et al. 2024 §3.3.2): 126 layers on 16 stages. A 128k vocabulary
 // makes the last stage's LM head heavy, so the planner lightens the end stages, as Meta did.
 TEST(Planner, HeavyHeadLightensTheEndStages) {
-  ModelSpec m = *model_preset("llama-3-70b");
-  m.name = "llama-3-405b";  // meta-llama/Llama-3.1-405B config.json
-  m.hidden = 16384;
-  m.layers = 126;
-  m.heads = 128;
-  m.kv_heads = 8;
-  m.ffn = 53248;
-  const PlanRequest r{.model = m, .cluster = *cluster_preset("h100-80g"), .gpus = 1024,
+  const PlanRequest r{.model = *model_preset("llama-3.1-405b"), .cluster = *cluster_preset("h100-80g"), .gpus = 1024,
                       .global_batch = 128, .seq = 8192};
   const Layout base{.dp = 8, .tp = 8, .pp = 16, .micro_batch = 1, .grad_accum = 16,
                     .recompute = Recompute::full};
