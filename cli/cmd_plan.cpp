@@ -11,6 +11,7 @@
 #include "common.hpp"
 #include "plan_report.hpp"
 #include "tally/core/hardware.hpp"
+#include "tally/core/pipeline.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
@@ -24,6 +25,7 @@ struct PlanOptions {
   ClusterOptions cluster;
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0;
   std::vector<std::string> recompute_policies;  // unset: all of them
+  std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
   std::optional<std::string> time_model;  // unset: operators, or utilisation if --utilisation
@@ -96,6 +98,23 @@ void run_compare(const PlanOptions& o) {
       throw InvalidInput("--tp × --pp × --cp = " + std::to_string(mp) + " must divide --gpus = " +
                          std::to_string(req.gpus));
     base.dp = int(req.gpus / mp);
+  }
+  if (!o.pp_layers.empty()) {
+    // tally's stages: first and last as given, the middle ones within one layer of each other
+    // (core/pipeline.hpp stage_layers); the list must be one of those.
+    if (int(o.pp_layers.size()) != o.pp)
+      throw InvalidInput("--pp-layers: " + std::to_string(o.pp_layers.size()) +
+                         " stages given for --pp = " + std::to_string(o.pp));
+    const std::vector<int> expected = stage_layers(int(req.model.layers), o.pp,
+                                                   o.pp_layers.front(), o.pp_layers.back());
+    if (expected != o.pp_layers) {
+      std::string list;
+      for (int n : expected) list += (list.empty() ? "" : ",") + std::to_string(n);
+      throw InvalidInput("--pp-layers: the middle stages must share the rest within one layer, "
+                         "extra layers toward the end: for these end stages, " + list);
+    }
+    base.first_stage_layers = o.pp_layers.front();
+    base.last_stage_layers = o.pp_layers.back();
   }
   if (o.grad_accum) {
     base.grad_accum = *o.grad_accum;
@@ -223,6 +242,11 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--pp", o->pp, "base PP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "base CP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
+  cmd->add_option("--pp-layers", o->pp_layers,
+                  "base layers per pipeline stage, comma-separated, e.g. 7,8,8,…,8,7 (default: the "
+                  "planner's split — even, or end stages lightened by the embedding and head)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--sp", o->sp, "base uses sequence parallelism");
   cmd->add_option("--zero", o->zero, "base ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "base micro-batch")

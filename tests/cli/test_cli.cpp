@@ -537,3 +537,23 @@ TEST(Cli, MemoryAndPlanAgreeOnWhatFits) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 10: real pipeline stages on the command line. Llama 3 405B's published split (Dubey et al.
+// 2024 §3.3.2: 126 layers on 16 stages, 7 on the first and the last) is accepted and costed; a list
+// tally's stages can't express names the one it would use.
+TEST(Cli, CompareTakesPipelineStageLayers) {
+  const std::string base =
+      "compare --model llama-3.1-405b --gpu h100-80g --gpus 1024 --global-batch 128 --seq 8192 "
+      "--tp 8 --pp 16 --micro-batch 1 --zero 1 --recompute full";
+  const auto j = json_of(tally(base + " --pp-layers 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --json"));
+  EXPECT_TRUE(j["options"][0]["eval"].is_object()) << j["options"][0];
+  const auto bad = tally(base + " --pp-layers 7,9,8,8,8,8,8,8,8,8,8,8,8,8,8,6");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--pp-layers"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("7,8,8,8,8,8,8,8,8,8,8,8,8,8,9,6"), std::string::npos) << bad.err;
+  EXPECT_EQ(tally(base + " --pp-layers 8,8").rc, 2);  // 2 stages for --pp 16
+}
+
+}  // namespace
