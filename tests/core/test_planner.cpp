@@ -139,35 +139,35 @@ TEST(Planner, PruningNeverDropsTheBest) {
 }
 
 TEST(Planner, PlansAreSortedAndSane) {
- for (TimeModel tm : {TimeModel::operators, TimeModel::utilisation}) {
-  SCOPED_TRACE(std::string(to_string(tm)));
-  const auto r = plan(PlanRequest{.model = *model_preset("llama-3-70b"),
-                                  .cluster = *cluster_preset("h100-80g"), .gpus = 64,
-                                  .global_batch = 512, .seq = 8192, .time_model = tm},
-                      SearchSpace{.top = 10});
-  ASSERT_TRUE(r.feasible());
-  for (std::size_t i = 0; i < r.best.size(); ++i) {
-    const auto& e = r.best[i];
-    if (i > 0) {
-      EXPECT_GE(e.step_s, r.best[i - 1].step_s);
+  for (TimeModel tm : {TimeModel::operators, TimeModel::utilisation}) {
+    SCOPED_TRACE(std::string(to_string(tm)));
+    const auto r = plan(PlanRequest{.model = *model_preset("llama-3-70b"),
+                                    .cluster = *cluster_preset("h100-80g"), .gpus = 64,
+                                    .global_batch = 512, .seq = 8192, .time_model = tm},
+                        SearchSpace{.top = 10});
+    ASSERT_TRUE(r.feasible());
+    for (std::size_t i = 0; i < r.best.size(); ++i) {
+      const auto& e = r.best[i];
+      if (i > 0) {
+        EXPECT_GE(e.step_s, r.best[i - 1].step_s);
+      }
+      EXPECT_TRUE(e.fits);
+      EXPECT_GT(e.efficiency, 0);
+      EXPECT_LE(e.efficiency, 1.0 + 1e-12);
+      // The utilisation model runs every FLOP at u; the operator model can't beat the GPU's best
+      // kernel on the FLOPs it executes (model FLOPs count causal attention unmasked, so allow for
+      // the half of attention the kernels skip: at most 12·L·h·s/2 of 6N + 12·L·h·s, < 10 % here).
+      if (tm == TimeModel::utilisation)
+        EXPECT_LE(e.mfu, r.request.cluster.mfu + 1e-12);
+      else
+        EXPECT_LE(e.mfu, 1.1 * r.request.cluster.gpu.kernels.gemm_fraction);
+      EXPECT_GE(e.bubble_fraction, 0);
+      EXPECT_LT(e.bubble_fraction, 1);
+      EXPECT_EQ(e.layout.dp * e.layout.tp * e.layout.pp * e.layout.cp, 64);
+      EXPECT_EQ(e.layout.dp * e.layout.micro_batch * e.layout.grad_accum, 512);
+      EXPECT_LE(e.layout.tp, 8);  // TP stays within a node
     }
-    EXPECT_TRUE(e.fits);
-    EXPECT_GT(e.efficiency, 0);
-    EXPECT_LE(e.efficiency, 1.0 + 1e-12);
-    // The utilisation model runs every FLOP at u; the operator model can't beat the GPU's best
-    // kernel on the FLOPs it executes (model FLOPs count causal attention unmasked, so allow for
-    // the half of attention the kernels skip: at most 12·L·h·s/2 of 6N + 12·L·h·s, < 10 % here).
-    if (tm == TimeModel::utilisation)
-      EXPECT_LE(e.mfu, r.request.cluster.mfu + 1e-12);
-    else
-      EXPECT_LE(e.mfu, 1.1 * r.request.cluster.gpu.kernels.gemm_fraction);
-    EXPECT_GE(e.bubble_fraction, 0);
-    EXPECT_LT(e.bubble_fraction, 1);
-    EXPECT_EQ(e.layout.dp * e.layout.tp * e.layout.pp * e.layout.cp, 64);
-    EXPECT_EQ(e.layout.dp * e.layout.micro_batch * e.layout.grad_accum, 512);
-    EXPECT_LE(e.layout.tp, 8);  // TP stays within a node
   }
- }
 }
 
 // Infeasible is a result: a 70B model on one 80 GB GPU fits nowhere, and the closest layouts say

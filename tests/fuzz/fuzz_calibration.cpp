@@ -4,7 +4,8 @@
 //  - parse_calibration (in memory) and load_calibration (the file) agree, value or message;
 //  - an accepted calibration is JSON, and its figures are finite and not subnormal;
 //  - an accepted calibration is written by calibration_to_json without complaint, reads back to the
-//    same value bit for bit, and writing that again gives the same text;
+//    same value bit for bit (the kernels section included), and writing that again gives the same
+//    text;
 //  - apply_calibration over every cluster preset gives a valid cluster or InvalidInput.
 #include "fuzz_check.hpp"
 #include "tally/core/presets.hpp"
@@ -21,7 +22,35 @@ bool same_link(const std::optional<LinkSpec>& a, const std::optional<LinkSpec>& 
          (same_bits(a->bandwidth_bps, b->bandwidth_bps) && same_bits(a->latency_s, b->latency_s));
 }
 
+// The "kernels" section, field by field (bit-exact figures).
+bool same_kernels(const std::optional<KernelCalibration>& a,
+                  const std::optional<KernelCalibration>& b) {
+  if (a.has_value() != b.has_value()) return false;
+  if (!a) return true;
+  if (a->device != b->device || a->precision != b->precision ||
+      !same_bits(a->peak_flops, b->peak_flops) || a->sm_count != b->sm_count ||
+      a->memory_bps.has_value() != b->memory_bps.has_value() ||
+      (a->memory_bps && !same_bits(*a->memory_bps, *b->memory_bps)) ||
+      a->gemm.size() != b->gemm.size() || a->attention.size() != b->attention.size())
+    return false;
+  for (std::size_t i = 0; i < a->gemm.size(); ++i) {
+    const GemmSample &p = a->gemm[i], &q = b->gemm[i];
+    if (p.m != q.m || p.n != q.n || p.k != q.k || !same_bits(p.batch, q.batch) ||
+        !same_bits(p.seconds, q.seconds))
+      return false;
+  }
+  for (std::size_t i = 0; i < a->attention.size(); ++i) {
+    const AttentionPoint &p = a->attention[i], &q = b->attention[i];
+    if (p.batch != q.batch || p.heads != q.heads || p.seq != q.seq || p.head_dim != q.head_dim ||
+        p.causal != q.causal || !same_bits(p.forward_seconds, q.forward_seconds) ||
+        !same_bits(p.backward_seconds, q.backward_seconds))
+      return false;
+  }
+  return true;
+}
+
 bool same_calibration(const Calibration& a, const Calibration& b) {
+  if (!same_kernels(a.kernels, b.kernels)) return false;
   if (a.source != b.source || !same_link(a.intra_node, b.intra_node) ||
       !same_link(a.inter_node, b.inter_node) || a.mfu.has_value() != b.mfu.has_value() ||
       (a.mfu && !same_bits(*a.mfu, *b.mfu)) || a.points.size() != b.points.size())
