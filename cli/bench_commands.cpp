@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "host_prediction.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
@@ -207,9 +208,13 @@ void run_bench_allreduce_command(const BenchAllReduceFlags& f) {
   }
   const engine::BenchAllReduceResult r = engine::run_bench_allreduce(env, options);
   const bool one_host = single_host(env);
-  if (env.rank == 0 && !f.calibration_out.empty() && r.ok())
-    write_file(f.calibration_out,
-               io::calibration_to_json(engine::to_calibration(r, one_host, fit_source(r))));
+  if (env.rank == 0 && !f.calibration_out.empty() && r.ok()) {
+    io::Calibration c = engine::to_calibration(r, one_host, fit_source(r));
+    // An existing file's kernels section (`tally bench gemm|memory`) is kept: one file per host.
+    if (std::filesystem::exists(f.calibration_out))
+      c.kernels = io::load_calibration(f.calibration_out).kernels;
+    write_file(f.calibration_out, io::calibration_to_json(c));
+  }
   if (env.rank == 0) {
     if (f.json)
       print_json_report(r, f, one_host);
@@ -234,7 +239,8 @@ void register_bench_allreduce(CLI::App& bench) {
       "Sizes in MB = 1e6 B of float32 (the seed's MB*250000 elements), each rounded down to a "
       "multiple of k elements so the ring's bytes are exact. Output (rank 0): size_B, count_el, "
       "time_us median/min/max, algbw and busbw in GB/s, #wrong; --calibration-out FILE writes the "
-      "fitted alpha/beta for `tally comm|plan --calibration FILE`.");
+      "fitted alpha/beta for `tally comm|plan --calibration FILE` (keeping the kernels section of "
+      "an existing FILE).");
   auto* sizes = cmd->add_option("--sizes-mb", f->sizes_mb,
                                 "sizes S in MB (1e6 B), ascending, comma-separated (default "
                                 "1,4,16,64)")
@@ -283,6 +289,7 @@ struct BenchDdpFlags {
   int warmup = 3, steps = 20, data_batches = 4;
   double timeout_s = 60;
   bool json = false;
+  std::string calibration;
 };
 
 engine::BenchDdpOptions to_options(const BenchDdpFlags& f) {
@@ -381,15 +388,45 @@ void print_bench_ddp_text(const engine::BenchDdpResult& r) {
              r.max_param_diff_vs_rank0, r.replicas_equal() ? "PASS" : "FAIL");
 }
 
+// The step core/mlp_step.hpp predicts for this run: the MLP, B rows, DP with the reducer's
+// buckets (the engine's own plan for the same caps).
+MlpStepTime predict_bench_ddp(const HostModel& m, const engine::BenchDdpOptions& o, int k) {
+  std::vector<double> param_bytes;
+  for (std::size_t l = 0; l + 1 < o.widths.size(); ++l) {
+    param_bytes.push_back(4.0 * double(o.widths[l] * o.widths[l + 1]));
+    param_bytes.push_back(4.0 * double(o.widths[l + 1]));
+  }
+  MlpStepSetup s{.widths = o.widths, .rows = o.batch_per_rank, .ranks = k, .zero_stage = 0,
+                 .optimizer = o.optimizer == engine::BenchOptimizer::adam ? Optimizer::adam
+                                                                          : Optimizer::sgd,
+                 .threads_per_rank = o.threads};
+  for (const auto& bucket : engine::compute_bucket_assignment_by_size(
+           param_bytes, o.bucket_cap_bytes, o.first_bucket_cap_bytes)) {
+    double bytes = 0;
+    for (std::size_t i : bucket) bytes += param_bytes[i];
+    s.bucket_bytes.push_back(bytes);
+  }
+  return predict_step(m, s);
+}
+
 void run_bench_ddp_command(const BenchDdpFlags& f) {
   const engine::BenchDdpOptions options = to_options(f);
   const engine::DistEnv env = engine::DistEnv::from_environment();
+  std::optional<HostModel> model;
+  if (!f.calibration.empty())
+    model = load_host_model("--calibration", f.calibration, env.world_size);
   const engine::BenchDdpResult r = engine::run_bench_ddp(env, options);
   if (env.rank == 0) {
-    if (f.json)
-      std::cout << bench_ddp_json(r).dump() << "\n";  // one line, as the peer's
-    else
+    std::optional<MlpStepTime> predicted;
+    if (model) predicted = predict_bench_ddp(*model, options, r.world_size);
+    if (f.json) {
+      nlohmann::json j = bench_ddp_json(r);
+      if (predicted) add_prediction_json(j, *model, *predicted, r.step.median_s);
+      std::cout << j.dump() << "\n";  // one line, as the peer's
+    } else {
       print_bench_ddp_text(r);
+      if (predicted) fmt::print("{}\n", prediction_line(*model, *predicted, r.step.median_s));
+    }
     std::cout.flush();
   }
   if (!r.replicas_equal())
@@ -434,20 +471,16 @@ void register_bench_ddp(CLI::App& bench) {
       ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
+  cmd->add_option("--calibration", f->calibration,
+                  "predict the step time from this host calibration (`tally bench gemm|memory|"
+                  "allreduce --calibration-out`) and print measured/predicted");
   cmd->callback([f] { run_bench_ddp_command(*f); });
 }
 
 void register_bench(CLI::App& app) {
-  CLI::App* bench = nullptr;
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
-    if (sub->get_name() == "bench") bench = sub;
-  if (bench == nullptr) {
-    bench = app.add_subcommand("bench", "benchmarks run on every rank (start ranks with `tally "
-                                        "launch`)");
-    bench->require_subcommand(1);
-  }
-  register_bench_allreduce(*bench);
-  register_bench_ddp(*bench);
+  CLI::App& bench = command_group(app, "bench", kBenchDescription);
+  register_bench_allreduce(bench);
+  register_bench_ddp(bench);
 }
 
 const RegisterCommand kRegisterBench{register_bench};

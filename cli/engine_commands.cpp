@@ -87,17 +87,20 @@ void register_gloo_smoke(CLI::App& run) {
 
 }  // namespace
 
+CLI::App& command_group(CLI::App& app, const std::string& name, const std::string& description) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == name) return *sub;
+  CLI::App* group = app.add_subcommand(name, description);
+  group->require_subcommand(1);
+  return *group;
+}
+
 void register_engine_commands(CLI::App& app) {
   register_launch(app);
-  CLI::App* run = nullptr;
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
-    if (sub->get_name() == "run") run = sub;
-  if (run == nullptr) {
-    run = app.add_subcommand("run", "run an experiment on this rank (start ranks with `tally launch`)");
-    run->require_subcommand(1);
-  }
-  register_gloo_smoke(*run);
-  for (RunRegistrar r : run_registry()) r(*run);
+  CLI::App& run =
+      command_group(app, "run", "run an experiment on this rank (start ranks with `tally launch`)");
+  register_gloo_smoke(run);
+  for (RunRegistrar r : run_registry()) r(run);
   for (CommandRegistrar r : command_registry()) r(app);
 }
 

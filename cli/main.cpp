@@ -64,7 +64,7 @@ void register_engine_stubs(CLI::App& app) {
   app.add_subcommand("run", "run an experiment with the libtorch + Gloo engine: ddp-check, "
                             "grad-accum, memory-profile, zero, checkpoint, fault-drill, gloo-smoke "
                             "(runs tally-engine)");
-  app.add_subcommand("bench", "benchmarks: allreduce, ddp (runs tally-engine)");
+  app.add_subcommand("bench", "benchmarks: allreduce, ddp, gemm, memory (runs tally-engine)");
 }
 
 }  // namespace

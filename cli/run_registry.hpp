@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 #include <vector>
 
 namespace tally::cli {
@@ -25,5 +26,12 @@ std::vector<CommandRegistrar>& command_registry();
 struct RegisterCommand {
   explicit RegisterCommand(CommandRegistrar f) { command_registry().push_back(f); }
 };
+
+// The subcommand `name` of app that groups others (`run`, `bench`), created with `description`
+// and one required subcommand by whichever registrar comes first.
+CLI::App& command_group(CLI::App& app, const std::string& name, const std::string& description);
+inline constexpr const char* kBenchDescription =
+    "benchmarks (allreduce and ddp on every rank started with `tally launch`; gemm and memory in "
+    "one process)";
 
 }  // namespace tally::cli

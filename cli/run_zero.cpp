@@ -8,13 +8,17 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common.hpp"
+#include "host_prediction.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
+#include "tally/engine/bench/harness.hpp"
 #include "tally/engine/experiments/zero.hpp"
 
 namespace tally::cli {
@@ -52,6 +56,7 @@ struct Flags {
   std::vector<std::string> stages = {"all"};
   std::string precision = "fp32";
   bool json = false;
+  std::string calibration;
 };
 
 constexpr const char* kMemoryConvention =
@@ -280,13 +285,42 @@ void run(Flags& f) {
     }
   }
   f.run.precision = precision_from(f.precision);
-  const engine::ZeroResult r = engine::run_zero(engine::DistEnv::from_environment(), f.run);
+  const engine::DistEnv env = engine::DistEnv::from_environment();
+  std::optional<HostModel> model;
+  if (!f.calibration.empty()) {
+    if (f.run.precision != Precision::fp32)
+      throw InvalidInput("--calibration with --precision " + f.precision +
+                         ": the host step model covers float32 runs only");
+    model = load_host_model("--calibration", f.calibration, env.world_size);
+  }
+  const engine::ZeroResult r = engine::run_zero(env, f.run);
   const auto checks = engine::zero_checks(r);
   if (r.rank == 0) {
-    if (f.json)
-      std::cout << to_json(r, checks).dump() << std::endl;  // one line: `tally launch` prefixes it
-    else
-      print_text(r, checks);
+    nlohmann::json j;
+    if (f.json) j = to_json(r, checks);
+    else print_text(r, checks);
+    if (model) {
+      if (!f.json) fmt::print("step time (rank 0, median over the {} steps):\n", f.run.steps);
+      for (std::size_t i = 0; i < r.stages.size(); ++i) {
+        const engine::StageResult& st = r.stages[i];
+        const double measured = engine::time_stats(st.step_seconds).median_s;
+        const MlpStepTime t = predict_step(
+            *model, {.widths = f.run.widths, .rows = f.run.batch / r.world_size,
+                     .ranks = r.world_size, .zero_stage = st.stage,
+                     .optimizer = Optimizer::adam,
+                     .threads_per_rank = f.run.threads > 0
+                                             ? f.run.threads
+                                             : int(std::max(1u, std::thread::hardware_concurrency()))});
+        if (f.json) {
+          j["stages"][i]["step_seconds_median"] = measured;
+          add_prediction_json(j["stages"][i], *model, t, measured);
+        } else {
+          fmt::print("  {:<12} measured {:.2f} ms\n  {:<12} {}\n", st.name, measured * 1e3, "",
+                     prediction_line(*model, t, measured).substr(2));
+        }
+      }
+    }
+    if (f.json) std::cout << j.dump() << std::endl;  // one line: `tally launch` prefixes it
     std::fflush(stdout);
   }
   for (const auto& c : checks)
@@ -333,6 +367,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  cmd->add_option("--calibration", f->calibration,
+                  "predict each stage's step time from this host calibration (`tally bench "
+                  "gemm|memory|allreduce --calibration-out`) and print measured/predicted");
   cmd->callback([f] { run(*f); });
 }};
 

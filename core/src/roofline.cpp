@@ -35,6 +35,8 @@ void validate_kernel_perf(const GpuSpec& gpu) {
   fraction(k.memory_fraction, "gpu memory_fraction");
   require_real(std::isfinite(k.gemm_half_k) && k.gemm_half_k >= 0 && k.gemm_half_k <= 1e6,
                "gpu gemm_half_k", k.gemm_half_k, "must be in [0, 1000000] elements");
+  require_real(std::isfinite(k.gemm_half_mn) && k.gemm_half_mn >= 0 && k.gemm_half_mn <= 1e6,
+               "gpu gemm_half_mn", k.gemm_half_mn, "must be in [0, 1000000] elements");
   require_real(std::isfinite(k.kernel_overhead_s) && k.kernel_overhead_s >= 0 &&
                    k.kernel_overhead_s <= 1,
                "gpu kernel_overhead_s", k.kernel_overhead_s, "must be in [0, 1] s");
@@ -60,7 +62,9 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
                                     double(kp.tile_n >> hn), sms);
       best = std::max(best, q * std::pow(kp.half_tile_efficiency, hm + hn));
     }
-  return kp.gemm_fraction * best * (double(k) / (double(k) + kp.gemm_half_k));
+  const double outer = double(std::min(m, n));
+  return kp.gemm_fraction * best * (double(k) / (double(k) + kp.gemm_half_k)) *
+         (outer / (outer + kp.gemm_half_mn));
 }
 
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes) {
@@ -84,11 +88,13 @@ KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops,
   double best_err = std::numeric_limits<double>::infinity();
   std::vector<double> implied;
   implied.reserve(samples.size());
-  for (const double half_k : {0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0})
+  for (const double half_k : {0.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0})
+    for (const double half_mn : {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0})
     for (double tile = 0.5; tile <= 1.0 + 1e-9; tile += 0.05)
       for (const double overhead : {0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5}) {
         KernelPerf kp = base;
         kp.gemm_half_k = half_k;
+        kp.gemm_half_mn = half_mn;
         kp.half_tile_efficiency = std::min(tile, 1.0);
         kp.gemm_fraction = 1.0;
         kp.kernel_overhead_s = overhead;

@@ -64,4 +64,21 @@ TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop) {
   return r;
 }
 
+TimeStats time_calls(int warmup, int samples, double min_sample_s,
+                     const std::function<void()>& call) {
+  TALLY_INVARIANT(warmup >= 0 && samples >= 1 && min_sample_s >= 0 && call);
+  using clock = std::chrono::steady_clock;
+  const auto timed = [&](long reps) {
+    const auto t0 = clock::now();
+    for (long i = 0; i < reps; ++i) call();
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  for (int i = 0; i < warmup; ++i) call();
+  long reps = 1;
+  while (timed(reps) < min_sample_s && reps < (1L << 30)) reps *= 2;
+  std::vector<double> per_call(static_cast<std::size_t>(samples));
+  for (double& t : per_call) t = timed(reps) / double(reps);
+  return time_stats(per_call);
+}
+
 }  // namespace tally::engine

@@ -282,7 +282,10 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     for (int i = 0; i < options.steps; ++i) {
       const CommCounters before = comm.counters();
       strategy->clear_calls();
+      const auto s0 = std::chrono::steady_clock::now();
       losses.push_back(strategy->step(batch));
+      st.step_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
       RankTraffic t = traffic_between(before, comm.counters());
       for (const auto& c : strategy->calls())
         t.wire_bytes += wire_bytes(c.collective, c.count, c.element_bytes, k, r);

@@ -73,6 +73,7 @@ CalibrationPoint read_point(const json& v, std::string_view source, std::size_t 
 constexpr Range kPeakFlops{kPeakFlopsBounds.lo, kPeakFlopsBounds.hi};
 constexpr Range kMemoryBps{kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi};
 constexpr Range kKernelSeconds{1e-9, 1e6};
+constexpr Range kWorkingSetBytes{1, 1e15};
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 24;
 constexpr std::size_t kMaxNameChars = 128;
 
@@ -97,8 +98,8 @@ std::vector<T> read_objects(const ObjectReader& r, std::string_view key, F one) 
 std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
   const auto k = r.opt_object("kernels");
   if (!k) return std::nullopt;
-  k->allow_only({"device", "precision", "peak_flops", "sm_count", "memory_bytes_per_s", "gemm",
-                 "attention"});
+  k->allow_only({"device", "precision", "peak_flops", "sm_count", "memory_bytes_per_s",
+                 "memory_curve", "gemm", "attention"});
   KernelCalibration c;
   c.device = k->opt_string("device", kMaxNameChars).value_or("");
   c.precision = k->opt_string("precision", 16).value_or("bf16");
@@ -108,6 +109,11 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
   c.peak_flops = k->number("peak_flops", kPeakFlops);
   if (const auto sm = k->opt_integer("sm_count", 1, 1'000'000)) c.sm_count = int(*sm);
   c.memory_bps = k->opt_number("memory_bytes_per_s", kMemoryBps);
+  c.memory_curve = read_objects<BandwidthPoint>(*k, "memory_curve", [](const ObjectReader& b, std::size_t) {
+    b.allow_only({"working_set_bytes", "bytes_per_s"});
+    return BandwidthPoint{.working_set_bytes = b.number("working_set_bytes", kWorkingSetBytes),
+                          .bytes_per_s = b.number("bytes_per_s", kMemoryBps)};
+  });
   c.gemm = read_objects<GemmSample>(*k, "gemm", [](const ObjectReader& g, std::size_t) {
     g.allow_only({"m", "n", "k", "batch", "seconds_median"});
     return GemmSample{.m = g.integer("m", 1, kMaxDim), .n = g.integer("n", 1, kMaxDim),
@@ -133,7 +139,10 @@ json kernels_to_json(const KernelCalibration& c) {
   json j{{"device", c.device}, {"precision", c.precision}, {"peak_flops", c.peak_flops}};
   if (c.sm_count) j["sm_count"] = *c.sm_count;
   if (c.memory_bps) j["memory_bytes_per_s"] = *c.memory_bps;
-  json gemm = json::array(), attention = json::array();
+  json gemm = json::array(), attention = json::array(), curve = json::array();
+  for (const auto& b : c.memory_curve)
+    curve.push_back({{"working_set_bytes", b.working_set_bytes}, {"bytes_per_s", b.bytes_per_s}});
+  if (!c.memory_curve.empty()) j["memory_curve"] = std::move(curve);
   for (const auto& g : c.gemm)
     gemm.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", std::int64_t(g.batch)},
                     {"seconds_median", g.seconds}});
@@ -238,6 +247,7 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
   if (k.gemm.size() >= 3) {
     const KernelPerf fit = fit_gemm_perf(kp, k.peak_flops, k.gemm);
     kp.gemm_half_k = fit.gemm_half_k;
+    kp.gemm_half_mn = fit.gemm_half_mn;
     kp.half_tile_efficiency = fit.half_tile_efficiency;
     kp.kernel_overhead_s = fit.kernel_overhead_s;
     kp.gemm_fraction = std::min(1.0, fit.gemm_fraction * rescale);
@@ -276,6 +286,30 @@ ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c) {
     detail::rethrow_with_source("calibration " + c.source, e);
   }
   return cluster;
+}
+
+ClusterSpec host_cluster(const Calibration& c, bool need_link) {
+  const auto missing = [&](const std::string& what) {
+    throw InvalidInput("calibration " + c.source + ": " + what +
+                       " (run `tally bench gemm`, `tally bench memory` and, with k >= 2 ranks, "
+                       "`tally bench allreduce` with --calibration-out FILE)");
+  };
+  if (!c.kernels) missing("no kernels section");
+  const KernelCalibration& k = *c.kernels;
+  if (k.gemm.size() < 3) missing("kernels.gemm has " + std::to_string(k.gemm.size()) +
+                                 " samples; the fit needs >= 3");
+  if (!k.memory_bps) missing("no kernels.memory_bytes_per_s");
+  if (need_link && !c.intra_node) missing("no intra_node alpha/beta");
+  ClusterSpec host;
+  host.gpu.name = k.device.empty() ? "host" : k.device;
+  host.gpu.memory_bytes = kMemoryBytesBounds.hi;  // not a constraint of the step model
+  host.gpu.peak_fp32_flops = host.gpu.peak_tf32_flops = host.gpu.peak_bf16_flops = k.peak_flops;
+  host.gpu.memory_bps = *k.memory_bps;
+  host.gpu.kernels = KernelPerf{.sm_count = k.sm_count.value_or(1), .tile_m = 1, .tile_n = 1};
+  host.gpus_per_node = 1 << 20;  // every rank on this host
+  const LinkSpec link = c.intra_node.value_or(LinkSpec{.bandwidth_bps = 1e9, .latency_s = 0});
+  host.intra_node = host.inter_node = link;
+  return apply_calibration(host, c);
 }
 
 }  // namespace tally::io

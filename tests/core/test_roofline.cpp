@@ -133,3 +133,38 @@ TEST(Roofline, FitRecoversKernelConstants) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// A CPU-like kernel (one core, 1 × 1 "tiles": no quantisation): the thin-GEMM factor
+// min(m, n)/(min(m, n) + mn½) of Note [GEMM efficiency] by hand, and the fit recovering it.
+TEST(Roofline, OuterDimensionSaturationAndItsFit) {
+  const KernelPerf cpu{.sm_count = 1, .tile_m = 1, .tile_n = 1, .gemm_fraction = 0.9,
+                       .gemm_half_k = 16, .gemm_half_mn = 4, .kernel_overhead_s = 2e-6};
+  // m = 4 = mn½ halves it; k = 48: 48/(48 + 16) = 0.75.
+  EXPECT_NEAR(gemm_efficiency(cpu, 4, 1000, 48), 0.9 * 0.5 * 0.75, 1e-12);
+  // n is the smaller outer dimension here: 12/(12 + 4) = 0.75.
+  EXPECT_NEAR(gemm_efficiency(cpu, 1000, 12, 48), 0.9 * 0.75 * 0.75, 1e-12);
+  KernelPerf no_outer = cpu;
+  no_outer.gemm_half_mn = 0;  // the GPU presets: the factor is 1
+  EXPECT_NEAR(gemm_efficiency(no_outer, 4, 1000, 48), 0.9 * 0.75, 1e-12);
+
+  const double peak = 100e9;
+  std::vector<GemmSample> samples;
+  for (std::int64_t m : {8, 32, 256})
+    for (std::int64_t n : {16, 512, 1024})
+      for (std::int64_t k : {16, 128, 1024}) {
+        const double t = 2.0 * m * n * k / (peak * gemm_efficiency(cpu, m, n, k)) + 2e-6;
+        samples.push_back({.m = m, .n = n, .k = k, .seconds = t});
+      }
+  const KernelPerf fit =
+      fit_gemm_perf(KernelPerf{.sm_count = 1, .tile_m = 1, .tile_n = 1}, peak, samples);
+  EXPECT_EQ(fit.gemm_half_mn, 4);
+  EXPECT_EQ(fit.gemm_half_k, 16);
+  EXPECT_NEAR(fit.gemm_fraction, 0.9, 1e-9);
+  EXPECT_NEAR(fit.kernel_overhead_s, 2e-6, 1e-15);
+}
+
+}  // namespace
+}  // namespace tally

@@ -31,8 +31,13 @@ bool same_kernels(const std::optional<KernelCalibration>& a,
       !same_bits(a->peak_flops, b->peak_flops) || a->sm_count != b->sm_count ||
       a->memory_bps.has_value() != b->memory_bps.has_value() ||
       (a->memory_bps && !same_bits(*a->memory_bps, *b->memory_bps)) ||
-      a->gemm.size() != b->gemm.size() || a->attention.size() != b->attention.size())
+      a->gemm.size() != b->gemm.size() || a->attention.size() != b->attention.size() ||
+      a->memory_curve.size() != b->memory_curve.size())
     return false;
+  for (std::size_t i = 0; i < a->memory_curve.size(); ++i)
+    if (!same_bits(a->memory_curve[i].working_set_bytes, b->memory_curve[i].working_set_bytes) ||
+        !same_bits(a->memory_curve[i].bytes_per_s, b->memory_curve[i].bytes_per_s))
+      return false;
   for (std::size_t i = 0; i < a->gemm.size(); ++i) {
     const GemmSample &p = a->gemm[i], &q = b->gemm[i];
     if (p.m != q.m || p.n != q.n || p.k != q.k || !same_bits(p.batch, q.batch) ||

@@ -213,5 +213,43 @@ TEST(Calibration, KernelsRoundTripAndApply) {
   expect_invalid([&] { parse(replaced(text, "\"bf16\"", "\"bf17\"")); }, {"kernels.precision"});
 }
 
+// A host calibration (`tally bench gemm|memory|allreduce` on a CPU): the memory curve reads back
+// exactly; host_cluster builds the CPU's "GPU" from it — peak = the best GEMM, 1 × 1 tiles, the
+// measured bandwidth — and fits constants that reproduce GEMMs made from known ones.
+TEST(Calibration, HostClusterFromAHostCalibration) {
+  const double peak = 100e9;
+  const KernelPerf truth{.sm_count = 1, .tile_m = 1, .tile_n = 1, .gemm_fraction = 0.95,
+                         .gemm_half_k = 8, .gemm_half_mn = 4, .kernel_overhead_s = 5e-6};
+  KernelCalibration k{.device = "test-cpu", .precision = "fp32", .peak_flops = peak,
+                      .sm_count = 1, .memory_bps = 3e10,
+                      .memory_curve = {{2e5, 1.2e11}, {6.4e7, 3e10}}};
+  for (std::int64_t m : {8, 64, 512})
+    for (std::int64_t n : {16, 256, 1024})
+      for (std::int64_t kk : {16, 256, 1024})
+        k.gemm.push_back({.m = m, .n = n, .k = kk,
+                          .seconds = 2.0 * m * n * kk / (peak * gemm_efficiency(truth, m, n, kk)) +
+                                     5e-6});
+  Calibration c{.source = "synthetic host", .kernels = k};
+  const Calibration back = parse(calibration_to_json(c));
+  ASSERT_EQ(back.kernels->memory_curve.size(), 2u);
+  EXPECT_EQ(back.kernels->memory_curve[1].bytes_per_s, 3e10);
+  EXPECT_EQ(back.kernels->memory_curve[0].working_set_bytes, 2e5);
+
+  const ClusterSpec h = host_cluster(back, false);
+  EXPECT_EQ(h.gpu.name, "test-cpu");
+  EXPECT_EQ(h.gpu.peak_flops(Precision::fp32), peak);
+  EXPECT_EQ(h.gpu.memory_bps, 3e10);
+  EXPECT_EQ(h.gpu.kernels.tile_m, 1);
+  EXPECT_NEAR(h.gpu.kernels.gemm_fraction, 0.95, 1e-9);
+  EXPECT_EQ(h.gpu.kernels.gemm_half_mn, 4);
+  EXPECT_EQ(h.gpu.kernels.gemm_half_k, 8);
+  // What is missing is named: the link when k >= 2 needs it, the kernels section, the GEMMs.
+  expect_invalid([&] { host_cluster(back, true); }, {"intra_node"});
+  expect_invalid([&] { host_cluster(Calibration{.source = "x"}, false); }, {"kernels"});
+  Calibration few = back;
+  few.kernels->gemm.resize(2);
+  expect_invalid([&] { host_cluster(few, false); }, {"kernels.gemm", ">= 3"});
+}
+
 }  // namespace
 }  // namespace tally::io

@@ -51,6 +51,11 @@ struct KernelPerf {
   // Inner-dimension saturation: a GEMM with inner size k runs at k / (k + gemm_half_k) of
   // gemm_fraction (prologue/epilogue and pipeline fill are amortised over k).
   double gemm_half_k = 64;
+  // Outer-dimension saturation: min(m, n) / (min(m, n) + gemm_half_mn). On a GPU tile and wave
+  // quantisation already charge a thin GEMM, so the presets keep 0; on a CPU (`tally bench gemm`)
+  // each packed panel of one operand is reused over the other's rows, and a thin GEMM amortises
+  // the packing over few of them.
+  double gemm_half_mn = 0;
   // Relative efficiency of a tile half the size in one dimension (cuBLAS picks smaller tiles when
   // the large ones leave most of a wave idle; they reuse less data per byte loaded).
   double half_tile_efficiency = 0.9;

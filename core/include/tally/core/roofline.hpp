@@ -14,8 +14,10 @@
 // cuBLAS's heuristics choose among tile shapes; tally tries the kernel's large tile and its halves
 // down to 64 in each dimension, each halving costing KernelPerf::half_tile_efficiency (less reuse
 // per byte loaded), and keeps the best. The inner dimension amortises each tile's fixed costs:
-// k / (k + k½). So
-//     η(m, n, k, B) = gemm_fraction · max over tiles [q · half_tile_efficiency^halvings] · k/(k + k½)
+// k / (k + k½); the smaller outer dimension amortises packing an operand (KernelPerf::gemm_half_mn,
+// 0 on the GPU presets: tile quantisation charges thin GEMMs there). So
+//     η(m, n, k, B) = gemm_fraction · max over tiles [q · half_tile_efficiency^halvings]
+//                     · k/(k + k½) · min(m, n)/(min(m, n) + mn½)
 // and time = max(2·B·m·n·k / (peak · η), bytes / (W · memory_fraction)) + kernel overhead.
 // gemm_fraction is the large-GEMM throughput over peak from published or measured cuBLAS figures
 // (cited per preset in presets.cpp); no end-to-end utilisation enters anywhere.
@@ -47,8 +49,8 @@ struct GemmSample {
 
 // Note [GEMM calibration]: the kernel constants of Note [GEMM efficiency] fitted to measured GEMMs
 // of one GPU at one precision — what the issue calls calibrating by micro-benchmarks, never by
-// training runs. For each k½ in {0 … 1024}, half-tile efficiency in {0.5 … 1} and per-kernel
-// overhead in {0 … 50 µs} on a grid, gemm_fraction is the median of what each sample implies; the
+// training runs. For each k½ in {0 … 1024}, mn½ in {0 … 32}, half-tile efficiency in {0.5 … 1}
+// and per-kernel overhead in {0 … 50 µs} on a grid, gemm_fraction is the median of what each sample implies; the
 // combination with the least squared log-error of predicted over measured time wins. sm_count and
 // the tile come from `base`. Throws InvalidInput with fewer than 3 samples or a non-positive time.
 KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops, const std::vector<GemmSample>& samples);

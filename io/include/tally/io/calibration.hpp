@@ -13,6 +13,8 @@
 //       "device": "NVIDIA H200", "precision": "bf16", "peak_flops": 9.894e14,
 //       "sm_count": 132,                                                optional
 //       "memory_bytes_per_s": 4.1e12,       measured streaming (read + write) bandwidth, optional
+//       "memory_curve": [{"working_set_bytes": 4e6, "bytes_per_s": 9e10}, ...],   optional (a
+//                                           host's bandwidth from cache to DRAM, `bench memory`)
 //       "gemm": [{"m": 4096, "n": 4096, "k": 4096, "batch": 1, "seconds_median": 0.00021}, ...],
 //       "attention": [{"batch": 4, "heads": 32, "seq": 4096, "head_dim": 128, "causal": true,
 //                      "forward_seconds": 0.0012, "backward_seconds": 0.0031}, ...]
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "tally/core/hardware.hpp"
+#include "tally/core/mlp_step.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally::io {
@@ -59,6 +62,7 @@ struct KernelCalibration {
   double peak_flops = 0;                    // the peak the fractions are relative to
   std::optional<int> sm_count;
   std::optional<double> memory_bps;         // measured streaming bandwidth (read + write)
+  std::vector<BandwidthPoint> memory_curve; // by working set (core/mlp_step.hpp), may be empty
   std::vector<GemmSample> gemm;
   std::vector<AttentionPoint> attention;
 };
@@ -83,5 +87,13 @@ Calibration load_calibration(const std::filesystem::path& path);
 // bandwidth (the measured figure itself when the GPU has none); attention fractions the median of
 // executed FLOPs / (peak · seconds).
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c);
+
+// The calibrated host itself as a one-node cluster, for machines no preset describes (this CPU):
+// its "GPU" has the kernels section's device name, peak_flops at every precision (the best GEMM
+// `tally bench gemm` measured), memory_bytes_per_s, sm_count (threads) and 1 × 1 tiles (a CPU
+// GEMM has no tile or wave quantisation); the intra_node link is the calibration's. Then
+// apply_calibration fits the GEMM constants. Throws InvalidInput naming what is missing: a
+// kernels section with >= 3 GEMMs and memory_bytes_per_s, and intra_node when `need_link`.
+ClusterSpec host_cluster(const Calibration& c, bool need_link);
 
 }  // namespace tally::io

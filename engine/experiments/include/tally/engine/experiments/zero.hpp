@@ -102,6 +102,7 @@ struct StageResult {
   double max_rel_loss_diff_vs_dp = 0;     // max over steps and ranks of |l − l_dp| / |l_dp|
   double max_param_diff_vs_dp = 0;        // max |θ − θ_dp| after the last step (all ranks equal)
   double seconds = 0;                     // wall time of the steps on rank 0
+  std::vector<double> step_seconds;       // this rank's time of each step (rank 0's in results)
 
   double predicted_bytes_per_step() const { return predicted_traffic.dp_total_bytes(); }
 };

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Issue 10's loop closed on this host: calibrate, predict the engine's own runs with the operator
+# model (core/mlp_step.hpp, Note [host step model]), run them, print measured / predicted.
+#
+# Builds nothing. Usage:
+#   bench/predict_vs_measured.sh BUILD_DIR [-k "1 2 4"] [-o OUT_DIR] [-r ROUNDS]
+#
+# 1. Calibrate, in OUT_DIR (default a new temporary directory):
+#      tally bench gemm   --calibration-out cal.json   float32 at::mm over the default grid
+#      tally bench memory --calibration-out cal.json   a.add_(b) bandwidth by working set
+#      then per k >= 2, a copy cal-k<k>.json plus
+#      tally launch --nproc k -- tally bench allreduce --algo gloo --sizes-mb 0.25,1,4,16
+#      (α–β at that k; the sizes span the runs' gradients: 6.3 MB and 10.6 MB).
+#    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
+# 2. Per k and round: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
+#    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
+#    --calibration cal-k<k>.json --json.
+# 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
+#    the prediction's terms. Rounds pool by taking the median ratio over rounds.
+# OPENBLAS_NUM_THREADS=1 and one torch thread per rank throughout (the runs' default).
+set -euo pipefail
+
+usage() { sed -n '5,6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[[ $# -ge 1 ]] || usage
+BUILD=$1; shift
+WORLD_SIZES="1 2 4"
+OUT=""
+ROUNDS=1
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -k) WORLD_SIZES=$2; shift 2 ;;
+    -o) OUT=$2; shift 2 ;;
+    -r) ROUNDS=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
+TALLY=$(cd "$BUILD" && pwd)/cli/tally
+[[ -x $TALLY ]] || { echo "no $TALLY: build first (scripts/build.sh tally tally-engine)" >&2; exit 2; }
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+echo "# calibrating in $OUT" >&2
+rm -f "$OUT/cal.json"
+"$TALLY" bench gemm --calibration-out "$OUT/cal.json" >"$OUT/gemm.txt"
+"$TALLY" bench memory --calibration-out "$OUT/cal.json" >"$OUT/memory.txt"
+for k in $WORLD_SIZES; do
+  cp "$OUT/cal.json" "$OUT/cal-k$k.json"
+  if [[ $k -ge 2 ]]; then
+    "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 \
+      --calibration-out "$OUT/cal-k$k.json" >"$OUT/allreduce-k$k.txt"
+  fi
+done
+
+for r in $(seq 1 "$ROUNDS"); do
+  for k in $WORLD_SIZES; do
+    echo "# round $r, k = $k" >&2
+    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$OUT/cal-k$k.json" --json \
+      | sed -n 's/^\[rank 0\] //p' >"$OUT/ddp-k$k-r$r.json"
+    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$OUT/cal-k$k.json" --json \
+      | sed -n 's/^\[rank 0\] //p' >"$OUT/zero-k$k-r$r.json"
+  done
+done
+
+python3 - "$OUT" "$WORLD_SIZES" "$ROUNDS" <<'EOF'
+import json, statistics, sys
+out, ks, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+rows = []
+def row(name, k, runs):
+    m = statistics.median(x["measured"] for x in runs)
+    p = statistics.median(x["predicted"] for x in runs)
+    q = statistics.median(x["ratio"] for x in runs)
+    t = runs[0]["terms"]
+    rows.append((name, k, m, p, q, t))
+for k in ks:
+    ddp, zero = [], {}
+    for r in range(1, rounds + 1):
+        d = json.load(open(f"{out}/ddp-k{k}-r{r}.json"))
+        ddp.append({"measured": d["step_time_s"]["median"], "predicted": d["predicted_step_seconds"],
+                    "ratio": d["measured_over_predicted"], "terms": d["prediction"]})
+        z = json.load(open(f"{out}/zero-k{k}-r{r}.json"))
+        for st in z["stages"]:
+            zero.setdefault(st["name"], []).append(
+                {"measured": st["step_seconds_median"], "predicted": st["predicted_step_seconds"],
+                 "ratio": st["measured_over_predicted"], "terms": st["prediction"]})
+    row("bench ddp (SGD)", k, ddp)
+    for name, runs in zero.items():
+        row(f"run zero {name}", k, runs)
+print("| run | k | measured ms | predicted ms | measured/predicted | compute | grad passes | optimizer | comm | contention |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for name, k, m, p, q, t in rows:
+    print(f"| {name} | {k} | {m*1e3:.2f} | {p*1e3:.2f} | {q:.3f} | {t['compute_s']*1e3:.2f} | "
+          f"{t['gradient_passes_s']*1e3:.2f} | {t['optimizer_s']*1e3:.2f} | {t['comm_s']*1e3:.2f} | "
+          f"{t['contention']:g} |")
+ratios = [q for *_, q, _ in rows]
+print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
+      f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")
+EOF

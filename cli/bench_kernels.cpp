@@ -1,0 +1,236 @@
+// `tally bench gemm` and `tally bench memory` (engine/bench/kernels.cpp): one process times
+// libtorch's float32 matrix product over an (m, n, k) grid, or its streaming kernels over working
+// sets, prints a table or JSON, and with --calibration-out FILE writes the kernels section of a
+// calibration — merged into FILE when it exists, so `bench allreduce`, `bench gemm` and
+// `bench memory` build one file that `tally bench ddp|run zero --calibration FILE` predict from.
+// Exit codes: 0 ok, 2 bad input.
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "common.hpp"
+#include "run_registry.hpp"
+#include "tally/engine/bench/kernels.hpp"
+#include "tally/io/calibration.hpp"
+#include "tally/io/files.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct TimingFlags {
+  int threads = 1, warmup = 2, samples = 7;
+  double min_sample_ms = 2;
+  bool json = false;
+  std::string calibration_out;
+  engine::BenchKernelTiming timing() const {
+    return {.threads = threads, .warmup = warmup, .samples = samples,
+            .min_sample_s = min_sample_ms / 1e3};
+  }
+};
+
+void add_timing_flags(CLI::App& cmd, TimingFlags& f) {
+  cmd.add_option("--threads", f.threads,
+                 "torch intra-op threads (set OPENBLAS_NUM_THREADS to the same for BLAS)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd.add_option("--warmup", f.warmup, "untimed calls per point")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  cmd.add_option("--samples", f.samples, "timed samples per point (statistics over them)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd.add_option("--min-sample-ms", f.min_sample_ms,
+                 "each sample repeats the kernel until it lasts this long, ms")
+      ->check(finite_in(0, 1e4))
+      ->capture_default_str();
+  cmd.add_flag("--json", f.json, "print one JSON object instead of the table");
+  cmd.add_option("--calibration-out", f.calibration_out,
+                 "write (or merge into) a calibration JSON: the kernels section");
+}
+
+// FILE's calibration if it exists (to merge into), else a new one; checked before the benchmark.
+io::Calibration calibration_to_merge(const std::string& path, const std::string& what) {
+  io::Calibration c;
+  if (path.empty()) return c;
+  const auto parent = std::filesystem::absolute(path).parent_path();
+  if (!std::filesystem::is_directory(parent))
+    throw InvalidInput("--calibration-out = '" + path + "': directory " + parent.string() +
+                       " does not exist");
+  if (std::filesystem::exists(path)) c = io::load_calibration(path);
+  c.source = c.source.empty() || !std::filesystem::exists(path) ? what : c.source + "; " + what;
+  return c;
+}
+
+void write_calibration(const std::string& path, const io::Calibration& c) {
+  try {
+    io::write_text_atomically(path, io::calibration_to_json(c));
+  } catch (const std::system_error& e) {
+    throw std::runtime_error("--calibration-out: " + std::string(e.what()));
+  }
+}
+
+double us(double s) { return s * 1e6; }
+
+// ---- tally bench gemm ------------------------------------------------------------------------
+
+struct GemmFlags : TimingFlags {
+  std::vector<std::int64_t> m = engine::BenchGemmOptions{}.m, n = engine::BenchGemmOptions{}.n,
+                            k = engine::BenchGemmOptions{}.k;
+};
+
+void run_gemm(const GemmFlags& f) {
+  const engine::BenchGemmOptions o{.m = f.m, .n = f.n, .k = f.k, .timing = f.timing()};
+  try {
+    o.validate();
+  } catch (const InvalidInput& e) {
+    throw InvalidInput(std::string("bench gemm: ") + e.what());
+  }
+  io::Calibration c = calibration_to_merge(f.calibration_out, "tally bench gemm (float32 at::mm)");
+  const engine::BenchGemmResult r = engine::run_bench_gemm(o);
+  if (!f.calibration_out.empty()) {
+    if (!c.kernels) c.kernels = io::KernelCalibration{};
+    engine::add_to_calibration(r, *c.kernels);
+    write_calibration(f.calibration_out, c);
+  }
+  if (f.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : r.rows)
+      rows.push_back({{"m", row.m}, {"n", row.n}, {"k", row.k},
+                      {"seconds_median", row.time.median_s}, {"seconds_min", row.time.min_s},
+                      {"seconds_max", row.time.max_s}, {"flops_per_s", row.flops_per_s}});
+    print_json({{"command", "bench gemm"},
+                {"dtype", "float32"},
+                {"threads", o.timing.threads},
+                {"time_convention", "per call: each sample repeats at::mm_out until it lasts "
+                                    "min_sample_ms; median/min/max over samples"},
+                {"flops_convention", "2mnk per call"},
+                {"rows", rows},
+                {"best_flops_per_s", r.best_flops_per_s},
+                {"calibration_out", f.calibration_out.empty() ? nlohmann::json(nullptr)
+                                                              : nlohmann::json(f.calibration_out)}});
+    return;
+  }
+  fmt::print("# tally bench gemm: C(m x n) = A(m x k) B(k x n), float32 at::mm_out, {} thread(s); "
+             "per call, median over {} samples; GFLOP/s = 2mnk / time / 1e9\n",
+             o.timing.threads, o.timing.samples);
+  fmt::print("# {:>6} {:>6} {:>6} {:>11} {:>9}\n", "m", "n", "k", "med_us", "GFLOP/s");
+  for (const auto& row : r.rows)
+    fmt::print("  {:>6} {:>6} {:>6} {:>11.2f} {:>9.2f}\n", row.m, row.n, row.k,
+               us(row.time.median_s), row.flops_per_s / 1e9);
+  fmt::print("# best {:.2f} GFLOP/s (the host's peak for the fit)\n", r.best_flops_per_s / 1e9);
+  if (!f.calibration_out.empty())
+    fmt::print("# kernels.gemm written to {}\n", f.calibration_out);
+}
+
+void register_gemm(CLI::App& bench) {
+  auto f = std::make_shared<GemmFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "gemm", "time float32 matrix products over an (m, n, k) grid (calibrates the operator model)");
+  cmd->footer("One process, no launch needed. Every combination of --m, --n, --k is timed. "
+              "--calibration-out FILE writes kernels.gemm and the best GFLOP/s as peak_flops "
+              "(merged into FILE if it exists); `tally bench ddp|run zero --calibration FILE` "
+              "then predict their step time from it.");
+  for (auto [flag, dims, help] :
+       {std::tuple{"--m", &f->m, "rows of A and C"}, std::tuple{"--n", &f->n, "columns of B and C"},
+        std::tuple{"--k", &f->k, "inner size"}})
+    cmd->add_option(flag, *dims, std::string(help) + ", comma-separated, each in [1, 16384]")
+        ->delimiter(',')
+        ->check(CLI::Range(std::int64_t{1}, std::int64_t{16384}))
+        ->capture_default_str();
+  add_timing_flags(*cmd, *f);
+  cmd->callback([f] { run_gemm(*f); });
+}
+
+// ---- tally bench memory ----------------------------------------------------------------------
+
+struct MemoryFlags : TimingFlags {
+  std::vector<double> sizes_mib;
+};
+
+void run_memory(const MemoryFlags& f) {
+  engine::BenchMemoryOptions o{.timing = f.timing()};
+  if (!f.sizes_mib.empty()) {
+    o.working_set_bytes.clear();
+    for (double s : f.sizes_mib) o.working_set_bytes.push_back(s * kMiB);
+  }
+  try {
+    o.validate();
+  } catch (const InvalidInput& e) {
+    throw InvalidInput(std::string("bench memory: ") + e.what());
+  }
+  io::Calibration c =
+      calibration_to_merge(f.calibration_out, "tally bench memory (float32 a.add_(b))");
+  if (!f.calibration_out.empty() && !c.kernels)
+    throw InvalidInput("--calibration-out = '" + f.calibration_out +
+                       "': has no kernels section yet; run `tally bench gemm --calibration-out " +
+                       f.calibration_out + "` first (the section needs its peak_flops)");
+  const engine::BenchMemoryResult r = engine::run_bench_memory(o);
+  if (!f.calibration_out.empty()) {
+    engine::add_to_calibration(r, *c.kernels);
+    write_calibration(f.calibration_out, c);
+  }
+  if (f.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : r.rows)
+      rows.push_back({{"working_set_bytes", row.working_set_bytes},
+                      {"add_seconds_median", row.add.median_s},
+                      {"add_bytes_per_s", row.add_bps},
+                      {"copy_seconds_median", row.copy.median_s},
+                      {"copy_bytes_per_s", row.copy_bps}});
+    print_json({{"command", "bench memory"},
+                {"dtype", "float32"},
+                {"threads", o.timing.threads},
+                {"bandwidth_convention",
+                 "add: a.add_(b, alpha), 3 streams of W/2 bytes; copy: a.copy_(b), 2 streams; "
+                 "bytes/s = streams * W/2 / median per-call time"},
+                {"rows", rows},
+                {"calibration_out", f.calibration_out.empty() ? nlohmann::json(nullptr)
+                                                              : nlohmann::json(f.calibration_out)}});
+    return;
+  }
+  fmt::print("# tally bench memory: float32, {} thread(s); W = working set (two arrays of W/2); "
+             "add = a.add_(b, alpha) moves 3 x W/2, copy = a.copy_(b) 2 x W/2; GB = 1e9 B\n",
+             o.timing.threads);
+  fmt::print("# {:>12} {:>11} {:>10} {:>11} {:>10}\n", "W_MiB", "add_us", "add_GB/s", "copy_us",
+             "copy_GB/s");
+  for (const auto& row : r.rows)
+    fmt::print("  {:>12.3f} {:>11.2f} {:>10.2f} {:>11.2f} {:>10.2f}\n",
+               row.working_set_bytes / kMiB, us(row.add.median_s), row.add_bps / 1e9,
+               us(row.copy.median_s), row.copy_bps / 1e9);
+  if (!f.calibration_out.empty())
+    fmt::print("# kernels.memory_curve (add) written to {}\n", f.calibration_out);
+}
+
+void register_memory(CLI::App& bench) {
+  auto f = std::make_shared<MemoryFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "memory", "time streaming kernels over working sets from cache to DRAM (calibrates the "
+                "operator model's memory passes)");
+  cmd->footer("One process, no launch needed. --calibration-out FILE merges kernels.memory_curve "
+              "(the add bandwidth by working set) and memory_bytes_per_s (its largest) into FILE, "
+              "which `tally bench gemm --calibration-out FILE` must have written first.");
+  cmd->add_option("--sizes-mib", f->sizes_mib,
+                  "working sets W in MiB (2^20 B), comma-separated (default 0.25,1,4,16,64,256)")
+      ->delimiter(',')
+      ->check(finite_in(1.0 / 256, 16384));
+  add_timing_flags(*cmd, *f);
+  cmd->callback([f] { run_memory(*f); });
+}
+
+void register_kernel_benches(CLI::App& app) {
+  CLI::App& bench = command_group(app, "bench", kBenchDescription);
+  register_gemm(bench);
+  register_memory(bench);
+}
+
+const RegisterCommand kRegisterKernelBenches{register_kernel_benches};
+
+}  // namespace
+
+}  // namespace tally::cli

@@ -1,0 +1,53 @@
+// --calibration on the engine's runs (host_prediction.hpp).
+#include "host_prediction.hpp"
+
+#include <fmt/core.h>
+
+#include <thread>
+
+#include "tally/core/types.hpp"
+
+namespace tally::cli {
+
+HostModel load_host_model(const std::string& flag, const std::string& path, int ranks) {
+  HostModel m{.path = path};
+  try {
+    m.calibration = io::load_calibration(path);
+    m.host = io::host_cluster(m.calibration, ranks >= 2);
+  } catch (const InvalidInput& e) {
+    throw InvalidInput(flag + " = '" + path + "': " + e.what());
+  }
+  return m;
+}
+
+MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup) {
+  setup.cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return predict_mlp_step(setup, m.host, m.calibration.kernels->memory_curve.empty()
+                                             ? std::vector<BandwidthPoint>{{1, m.host.gpu.memory_bps}}
+                                             : m.calibration.kernels->memory_curve);
+}
+
+void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepTime& t,
+                         double measured_s) {
+  out["predicted_step_seconds"] = t.total_s;
+  out["measured_over_predicted"] = t.total_s > 0 ? measured_s / t.total_s : 0.0;
+  out["prediction"] = {{"compute_s", t.compute_s},
+                       {"gradient_passes_s", t.gradient_s},
+                       {"optimizer_s", t.optimizer_s},
+                       {"comm_s", t.comm_s},
+                       {"contention", t.contention},
+                       {"memory_bytes_per_s", t.memory_bps},
+                       {"working_set_bytes", t.working_set_bytes},
+                       {"convention", t.convention()},
+                       {"calibration", m.path}};
+}
+
+std::string prediction_line(const HostModel& m, const MlpStepTime& t, double measured_s) {
+  return fmt::format(
+      "# predicted {:.2f} ms = contention {:.2g} x (compute {:.2f} + gradient passes {:.2f} + "
+      "optimizer {:.2f} ms) + comm {:.2f} ms; measured/predicted {:.3f} (calibration {})",
+      t.total_s * 1e3, t.contention, t.compute_s * 1e3, t.gradient_s * 1e3, t.optimizer_s * 1e3,
+      t.comm_s * 1e3, t.total_s > 0 ? measured_s / t.total_s : 0.0, m.path);
+}
+
+}  // namespace tally::cli

@@ -1,0 +1,36 @@
+// `--calibration FILE` on `tally bench ddp` and `tally run zero`: the step time the operator model
+// predicts for the run on this host (core/mlp_step.hpp, Note [host step model]), from the
+// calibration `tally bench gemm|memory|allreduce --calibration-out FILE` wrote, printed beside the
+// measured step time (issue 10: "prediction vs measurement on this machine").
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tally/core/mlp_step.hpp"
+#include "tally/io/calibration.hpp"
+
+namespace tally::cli {
+
+struct HostModel {
+  std::string path;            // the calibration file
+  io::Calibration calibration;
+  ClusterSpec host;            // io::host_cluster
+};
+
+// Loads and checks FILE before the run starts (a bad file is exit 2, not a wasted run). ranks >= 2
+// needs the calibration's intra_node α–β.
+HostModel load_host_model(const std::string& flag, const std::string& path, int ranks);
+
+// setup.cores is set here: this host's hardware threads.
+MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup);
+
+// {"predicted_step_seconds", "measured_over_predicted", "prediction": {terms, convention,
+// calibration}}, merged into a command's JSON.
+void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepTime& t,
+                         double measured_s);
+// "# predicted 12.3 ms (compute 4.1 + gradients 0.8 + optimizer 5.2 ms) x contention 1 + comm
+// 2.2 ms; measured/predicted 1.04 (calibration FILE)"
+std::string prediction_line(const HostModel& m, const MlpStepTime& t, double measured_s);
+
+}  // namespace tally::cli

@@ -1,0 +1,95 @@
+// The step time of the engine's own training runs (`tally run zero`, `tally bench ddp`) predicted
+// by the operator model on a calibrated host — issue 10's loop closed on a machine without GPUs:
+// calibrate (`tally bench gemm|memory|allreduce`), predict here, measure with the engine, compare.
+//
+// Legend: d_0 … d_L = the MLP's widths (L Linear layers, ReLU between; engine/runtime/mlp.hpp),
+// B = rows per rank per step, k = ranks, N = Σ_l (d_l·d_{l+1} + d_{l+1}) parameters, n_u = one
+// layer's, e = 4 bytes (fp32), c = cores, t = threads per rank.
+//
+// Note [host step model]
+//   compute      mlp_ops: per layer the forward GEMM B × d_{l+1}, k = d_l (bias fused, as
+//                at::linear's addmm), ReLU (not after the last layer), and backward: dgrad
+//                (except layer 0, whose input needs no gradient), wgrad, bias gradient (a
+//                reduction over B rows), ReLU backward; cross-entropy (log-softmax + NLL, three
+//                passes over B × d_L forward, two backward). Timed by op_seconds (core/roofline).
+//   gradients    the engine's passes over gradient buffers, per strategy (engine/runtime):
+//                  DP (zero_stage0.cpp, bench ddp: ddp.cpp pack) mul_out into the bucket: 2N
+//                  ZeRO-1 grad_.zero_() N; AccumulateGrad into it (g += g_new) 3N; shard clone 2N/k
+//                  ZeRO-2 at::zeros N; AccumulateGrad 3N; copy_ of the shard 2N/k; clone 2N/k
+//                  ZeRO-3 the gather memcpy into each unit's buffer, forward and backward: 4N;
+//                         copy_ of each gradient shard 2N/k
+//                (elements; each is read or written once: a "stream").
+//   optimizer    torch.optim.Adam's single-tensor step, as engine/runtime/optimizer.cpp writes
+//                it: m.mul_ 2, add_ 3, v.mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4 —
+//                20 streams per element it updates (N for DP, N/k sharded); SGD p.add_ 3.
+//                Each is one kernel per parameter tensor (and per 2^20-element chunk).
+//   memory       streams × e bytes at the host's streaming bandwidth for the step's working set:
+//                `tally bench memory` measures an in-place a += α·b (the commonest kernel above)
+//                over working sets from cache to DRAM; the step's working set is k × the ledger's
+//                model states per rank (+ DP's bucket, 4N), the ranks sharing the host's caches.
+//                The curve is interpolated log-log, clamped at its ends.
+//   comm         collective_cost on the host's calibrated α–β link (`tally bench allreduce` at
+//                the same k): DP one all-reduce per bucket; ZeRO-1/2 a reduce-scatter and an
+//                all-gather of S = 4N; ZeRO-3 per layer two all-gathers and a reduce-scatter of
+//                4n_u. No overlap: a CPU has no copy engine, and with k·t >= c no spare core runs
+//                Gloo's transfers beside the compute.
+//   contention   k·t > c: the compute and memory terms stretch by k·t/c (time-sliced cores); the
+//                α–β fit was measured at the same k, so it already includes it.
+// total = contention · (compute + gradients + optimizer) + comm.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/operators.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+// One point of a host's streaming-bandwidth curve (`tally bench memory`).
+struct BandwidthPoint {
+  double working_set_bytes = 0;
+  double bytes_per_s = 0;
+};
+
+// Bandwidth at `working_set_bytes`: log-log interpolation between the nearest points, the end
+// values outside. Throws InvalidInput when empty or a point is not finite and > 0.
+double bandwidth_at(const std::vector<BandwidthPoint>& curve, double working_set_bytes);
+
+struct MlpStepSetup {
+  std::vector<std::int64_t> widths;   // d_0 … d_L
+  std::int64_t rows = 1;              // B, per rank
+  int ranks = 1;                      // k
+  int zero_stage = 0;                 // 0 = DP (the reducer), 1–3 ZeRO
+  Optimizer optimizer = Optimizer::adam;  // adam or sgd
+  std::vector<double> bucket_bytes;   // DP's buckets; empty = one bucket of 4N
+  int threads_per_rank = 1;           // t
+  int cores = 1;                      // c
+  void validate() const;              // InvalidInput naming the field
+};
+
+struct MlpStepTime {
+  double compute_s = 0;               // mlp_ops
+  double gradient_s = 0;              // gradient-buffer passes
+  double optimizer_s = 0;
+  double comm_s = 0;
+  double contention = 1;              // max(1, k·t/c)
+  double memory_bps = 0;              // the curve at the working set
+  double working_set_bytes = 0;
+  double total_s = 0;
+  std::string convention() const;     // one line: what is summed, and the assumptions
+};
+
+// N of Note [host step model].
+std::int64_t mlp_parameters(const std::vector<std::int64_t>& widths);
+// The MLP's forward and backward kernels on B rows (act_bytes per element).
+std::vector<Op> mlp_ops(const std::vector<std::int64_t>& widths, std::int64_t rows,
+                        double act_bytes = 4);
+// host: a calibrated host cluster (its gpu the CPU: peak = the best measured GEMM, fp32);
+// curve: its streaming bandwidth by working set.
+MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host,
+                             const std::vector<BandwidthPoint>& curve);
+
+}  // namespace tally

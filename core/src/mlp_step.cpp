@@ -1,0 +1,209 @@
+#include "tally/core/mlp_step.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tally/core/comm.hpp"
+#include "tally/core/model_states.hpp"
+#include "tally/core/roofline.hpp"
+
+namespace tally {
+
+namespace {
+
+using i64 = std::int64_t;
+constexpr double kFp32 = 4;
+constexpr i64 kAdamChunk = i64(1) << 20;  // engine/runtime/optimizer_torch.hpp kAdamChunkElements
+
+// Note [host step model]: streams per element of each optimizer kernel.
+constexpr double kAdamStreams[] = {2, 3, 2, 3, 2, 2, 2, 4};
+constexpr double kSgdStreams[] = {3};
+
+// One streaming kernel of `streams` passes over n fp32 elements.
+Op stream_op(std::string_view name, double streams, double n) {
+  return Op{.name = name, .kind = OpKind::memory, .pass = Pass::backward,
+            .bytes = streams * kFp32 * n};
+}
+
+// The optimizer's kernels over one parameter tensor of n elements (chunked as the engine's Adam).
+void optimizer_ops(Optimizer o, i64 n, std::vector<Op>& out) {
+  if (o == Optimizer::sgd) {
+    for (double s : kSgdStreams) out.push_back(stream_op("sgd", s, double(n)));
+    return;
+  }
+  for (i64 i0 = 0; i0 < n; i0 += kAdamChunk)
+    for (double s : kAdamStreams) out.push_back(stream_op("adam", s, double(std::min(kAdamChunk, n - i0))));
+}
+
+double ops_seconds(const std::vector<Op>& ops, const GpuSpec& gpu) {
+  double t = 0;
+  for (const Op& op : ops) t += op_seconds(op, gpu, Precision::fp32);
+  return t;
+}
+
+}  // namespace
+
+double bandwidth_at(const std::vector<BandwidthPoint>& curve, double working_set_bytes) {
+  require_int(!curve.empty(), "memory curve points", 0, "need >= 1 measured bandwidth");
+  for (const BandwidthPoint& p : curve) {
+    require_real(std::isfinite(p.working_set_bytes) && p.working_set_bytes > 0,
+                 "memory curve working_set_bytes", p.working_set_bytes, "must be > 0");
+    require_real(std::isfinite(p.bytes_per_s) && p.bytes_per_s > 0, "memory curve bytes_per_s",
+                 p.bytes_per_s, "must be > 0");
+  }
+  std::vector<BandwidthPoint> c = curve;
+  std::sort(c.begin(), c.end(), [](const BandwidthPoint& a, const BandwidthPoint& b) {
+    return a.working_set_bytes < b.working_set_bytes;
+  });
+  if (working_set_bytes <= c.front().working_set_bytes) return c.front().bytes_per_s;
+  if (working_set_bytes >= c.back().working_set_bytes) return c.back().bytes_per_s;
+  const auto hi = std::upper_bound(
+      c.begin(), c.end(), working_set_bytes,
+      [](double w, const BandwidthPoint& p) { return w < p.working_set_bytes; });
+  const BandwidthPoint& b = *hi;
+  const BandwidthPoint& a = *(hi - 1);
+  const double f = std::log(working_set_bytes / a.working_set_bytes) /
+                   std::log(b.working_set_bytes / a.working_set_bytes);
+  return std::exp(std::log(a.bytes_per_s) + f * std::log(b.bytes_per_s / a.bytes_per_s));
+}
+
+void MlpStepSetup::validate() const {
+  require_int(widths.size() >= 2 && widths.size() <= 64, "widths", i64(widths.size()),
+              "must list 2..64 layer widths");
+  for (i64 w : widths) require_int(w >= 1 && w <= (i64(1) << 20), "width", w, "must be in [1, 1048576]");
+  require_int(rows >= 1 && rows <= (i64(1) << 24), "rows", rows, "must be in [1, 16777216]");
+  require_int(ranks >= 1 && ranks <= 4096, "ranks", ranks, "must be in [1, 4096]");
+  require_int(zero_stage >= 0 && zero_stage <= 3, "zero_stage", zero_stage, "must be 0..3");
+  require_int(optimizer == Optimizer::adam || optimizer == Optimizer::sgd, "optimizer",
+              int(optimizer), "must be adam or sgd");
+  require_int(zero_stage == 0 || optimizer == Optimizer::adam, "optimizer", int(optimizer),
+              "ZeRO stages run Adam");
+  for (double b : bucket_bytes)
+    require_real(std::isfinite(b) && b > 0, "bucket_bytes", b, "must be > 0");
+  require_int(threads_per_rank >= 1 && threads_per_rank <= 1024, "threads_per_rank",
+              threads_per_rank, "must be in [1, 1024]");
+  require_int(cores >= 1 && cores <= 65536, "cores", cores, "must be in [1, 65536]");
+}
+
+i64 mlp_parameters(const std::vector<i64>& widths) {
+  i64 n = 0;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) n += widths[l] * widths[l + 1] + widths[l + 1];
+  return n;
+}
+
+std::vector<Op> mlp_ops(const std::vector<i64>& widths, i64 rows, double e) {
+  std::vector<Op> ops;
+  const std::size_t layers = widths.size() - 1;
+  const auto gemm = [&](std::string_view name, Pass pass, i64 m, i64 n, i64 k) {
+    ops.push_back(Op{.name = name, .kind = OpKind::gemm, .pass = pass, .m = m, .n = n, .k = k,
+                     .flops = 2.0 * double(m) * double(n) * double(k),
+                     .bytes = e * (double(m) * k + double(k) * n + double(m) * n)});
+  };
+  const auto memory = [&](std::string_view name, Pass pass, double bytes) {
+    ops.push_back(Op{.name = name, .kind = OpKind::memory, .pass = pass, .bytes = bytes});
+  };
+  for (std::size_t l = 0; l < layers; ++l) {
+    const i64 in = widths[l], out = widths[l + 1];
+    gemm("linear", Pass::forward, rows, out, in);
+    if (l + 1 < layers) memory("relu", Pass::forward, 2 * e * double(rows * out));
+  }
+  const double logits = e * double(rows * widths.back());
+  memory("cross-entropy", Pass::forward, 3 * logits);
+  memory("cross-entropy.backward", Pass::backward, 2 * logits);
+  for (std::size_t l = layers; l-- > 0;) {
+    const i64 in = widths[l], out = widths[l + 1];
+    if (l + 1 < layers) memory("relu.backward", Pass::backward, 3 * e * double(rows * out));
+    gemm("linear.wgrad", Pass::backward, out, in, rows);        // dW = dYᵀ·X
+    memory("bias.grad", Pass::backward, e * double(rows * out + out));
+    if (l > 0) gemm("linear.dgrad", Pass::backward, rows, in, out);  // dX = dY·W
+  }
+  return ops;
+}
+
+MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host,
+                             const std::vector<BandwidthPoint>& curve) {
+  s.validate();
+  const int k = s.ranks;
+  const i64 n = mlp_parameters(s.widths);
+  const double N = double(n);
+  const double shard = std::ceil(N / k);  // the largest rank's shard_span
+  MlpStepTime t;
+
+  // The working set, and the bandwidth it streams at (Note [host step model]).
+  const ModelStateResult states =
+      model_states(N, {.precision = Precision::fp32, .optimizer = s.optimizer,
+                       .zero_stage = s.zero_stage, .shard_degree = k});
+  t.working_set_bytes = k * (states.bytes.total() + (s.zero_stage == 0 ? kFp32 * N : 0.0));
+  t.memory_bps = bandwidth_at(curve, t.working_set_bytes);
+  GpuSpec cpu = host.gpu;
+  cpu.memory_bps = t.memory_bps;
+  cpu.kernels.memory_fraction = 1;
+
+  t.compute_s = ops_seconds(mlp_ops(s.widths, s.rows), cpu);
+
+  std::vector<Op> grads;
+  switch (s.zero_stage) {
+    case 0: grads.push_back(stream_op("pack", 2, N)); break;
+    case 1:
+      grads = {stream_op("zero", 1, N), stream_op("accumulate", 3, N), stream_op("clone", 2, shard)};
+      break;
+    case 2:
+      grads = {stream_op("zeros", 1, N), stream_op("accumulate", 3, N),
+               stream_op("shard-copy", 2, shard), stream_op("clone", 2, shard)};
+      break;
+    default:
+      for (std::size_t l = 0; l + 1 < s.widths.size(); ++l) {
+        const double nu = double(s.widths[l] * s.widths[l + 1] + s.widths[l + 1]);
+        grads.push_back(stream_op("gather-copy", 4, nu));
+        grads.push_back(stream_op("shard-copy", 2, std::ceil(nu / k)));
+      }
+  }
+  t.gradient_s = ops_seconds(grads, cpu);
+
+  std::vector<Op> opt;
+  if (s.zero_stage == 0) {
+    for (std::size_t l = 0; l + 1 < s.widths.size(); ++l) {
+      optimizer_ops(s.optimizer, s.widths[l] * s.widths[l + 1], opt);
+      optimizer_ops(s.optimizer, s.widths[l + 1], opt);
+    }
+  } else if (s.zero_stage < 3) {
+    optimizer_ops(s.optimizer, i64(shard), opt);
+  } else {
+    for (std::size_t l = 0; l + 1 < s.widths.size(); ++l)
+      optimizer_ops(s.optimizer,
+                    (s.widths[l] * s.widths[l + 1] + s.widths[l + 1] + k - 1) / k, opt);
+  }
+  t.optimizer_s = ops_seconds(opt, cpu);
+
+  if (k > 1) {
+    const LinkSpec& link = host.intra_node;
+    const auto add = [&](Collective c, double bytes) {
+      t.comm_s += collective_cost(c, bytes, k, link).seconds;
+    };
+    if (s.zero_stage == 0) {
+      if (s.bucket_bytes.empty()) add(Collective::all_reduce, kFp32 * N);
+      for (double b : s.bucket_bytes) add(Collective::all_reduce, b);
+    } else if (s.zero_stage < 3) {
+      add(Collective::reduce_scatter, kFp32 * N);
+      add(Collective::all_gather, kFp32 * N);
+    } else {
+      for (std::size_t l = 0; l + 1 < s.widths.size(); ++l) {
+        const double bytes = kFp32 * double(s.widths[l] * s.widths[l + 1] + s.widths[l + 1]);
+        add(Collective::all_gather, bytes);
+        add(Collective::all_gather, bytes);
+        add(Collective::reduce_scatter, bytes);
+      }
+    }
+  }
+  t.contention = std::max(1.0, double(k) * s.threads_per_rank / s.cores);
+  t.total_s = t.contention * (t.compute_s + t.gradient_s + t.optimizer_s) + t.comm_s;
+  return t;
+}
+
+std::string MlpStepTime::convention() const {
+  return "operator model on the calibrated host: contention x (GEMM roofline + streaming passes at " +
+         format_number(memory_bps / 1e9) + " GB/s for a " + format_number(working_set_bytes / 1e6) +
+         " MB working set) + alpha-beta collectives, no overlap";
+}
+
+}  // namespace tally

@@ -1,0 +1,81 @@
+// `tally bench gemm` and `tally bench memory`: the kernel micro-benchmarks that calibrate the
+// operator model (core/roofline.hpp, core/mlp_step.hpp) on this host, in one process, with
+// libtorch's CPU kernels — the same at::mm and elementwise kernels the engine's runs call.
+//
+// gemm: for every (m, n, k) of the grid, C (m × n) = A (m × k) · B (k × n) in float32 with
+//   at::mm_out into a preallocated C, A and B from randn; per-call time by time_calls (harness);
+//   FLOP/s = 2mnk / median. The best FLOP/s over the grid is the host's "peak" the fitted
+//   fractions are relative to (a CPU has no datasheet tensor-core peak tally can read).
+// memory: for every working set W (bytes), two float32 arrays a, b of W/2 bytes each;
+//   add   a.add_(b, α)    3 streams of W/2: read a, read b, write a — the commonest kernel form of
+//                         the engine's optimizer and gradient passes (Note [host step model]);
+//   copy  a.copy_(b)      2 streams of W/2.
+//   Bandwidth = streams · W/2 / median; the add curve is the calibration's memory_curve, its
+//   largest working set (DRAM) the memory_bytes_per_s.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tally/engine/bench/harness.hpp"
+#include "tally/io/calibration.hpp"
+
+namespace tally::engine {
+
+struct BenchKernelTiming {
+  int threads = 1;                 // torch intra-op threads (and OPENBLAS via the caller's env)
+  int warmup = 2;                  // W untimed calls
+  int samples = 7;                 // S timed samples
+  double min_sample_s = 2e-3;      // each sample repeats the call to last at least this
+  void validate() const;           // InvalidInput naming the flag
+};
+
+struct BenchGemmOptions {
+  std::vector<std::int64_t> m = {8, 32, 128, 512};
+  std::vector<std::int64_t> n = {16, 128, 1024, 2048};
+  std::vector<std::int64_t> k = {16, 128, 1024, 2048};
+  BenchKernelTiming timing;
+  void validate() const;           // each dimension in [1, 16384]; at most 4096 shapes
+};
+
+struct GemmRow {
+  std::int64_t m = 0, n = 0, k = 0;
+  TimeStats time;                  // per call
+  double flops_per_s = 0;          // 2mnk / median
+};
+
+struct BenchGemmResult {
+  BenchGemmOptions options;
+  std::vector<GemmRow> rows;       // m-major, then n, then k
+  double best_flops_per_s = 0;
+};
+
+BenchGemmResult run_bench_gemm(const BenchGemmOptions& options);
+
+struct BenchMemoryOptions {
+  // 256 KiB … 256 MiB by 4×: from the core's cache to DRAM on common hosts.
+  std::vector<double> working_set_bytes = {262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0,
+                                           268435456.0};
+  BenchKernelTiming timing;
+  void validate() const;           // each in [4 KiB, 16 GiB]
+};
+
+struct MemoryRow {
+  double working_set_bytes = 0;
+  TimeStats add, copy;             // per call
+  double add_bps = 0, copy_bps = 0;
+};
+
+struct BenchMemoryResult {
+  BenchMemoryOptions options;
+  std::vector<MemoryRow> rows;     // ascending working set
+};
+
+BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options);
+
+// The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
+// device, peak_flops, sm_count and gemm; a memory result memory_curve and memory_bytes_per_s.
+void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k);
+void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k);
+
+}  // namespace tally::engine

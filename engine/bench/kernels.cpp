@@ -1,0 +1,114 @@
+// `tally bench gemm|memory` (tally/engine/bench/kernels.hpp).
+#include "tally/engine/bench/kernels.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <string>
+
+#include "tally/core/types.hpp"
+
+namespace tally::engine {
+
+namespace {
+
+void check_dims(const std::vector<std::int64_t>& dims, const char* flag) {
+  require_int(!dims.empty() && dims.size() <= 64, flag, std::int64_t(dims.size()),
+              "must list 1..64 sizes");
+  for (std::int64_t d : dims) require_int(d >= 1 && d <= 16384, flag, d, "must be in [1, 16384]");
+}
+
+// The host as the calibration names it.
+std::string device_name(int threads) {
+  return "cpu, libtorch " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
+}
+
+}  // namespace
+
+void BenchKernelTiming::validate() const {
+  require_int(threads >= 1 && threads <= 256, "--threads", threads, "must be in [1, 256]");
+  require_int(warmup >= 0 && warmup <= 1000, "--warmup", warmup, "must be in [0, 1000]");
+  require_int(samples >= 1 && samples <= 1000, "--samples", samples, "must be in [1, 1000]");
+  require_real(min_sample_s >= 0 && min_sample_s <= 10, "--min-sample-ms", min_sample_s * 1e3,
+               "must be in [0, 10000] ms");
+}
+
+void BenchGemmOptions::validate() const {
+  check_dims(m, "--m");
+  check_dims(n, "--n");
+  check_dims(k, "--k");
+  timing.validate();
+}
+
+void BenchMemoryOptions::validate() const {
+  require_int(!working_set_bytes.empty() && working_set_bytes.size() <= 64, "--sizes-mib",
+              std::int64_t(working_set_bytes.size()), "must list 1..64 sizes");
+  for (double w : working_set_bytes)
+    require_real(w >= 4096 && w <= 16.0 * (1LL << 30), "--sizes-mib", w / double(1 << 20),
+                 "must be in [0.00390625, 16384] MiB");
+  timing.validate();
+}
+
+BenchGemmResult run_bench_gemm(const BenchGemmOptions& o) {
+  o.validate();
+  at::set_num_threads(o.timing.threads);
+  BenchGemmResult r{.options = o};
+  at::manual_seed(0);
+  for (std::int64_t m : o.m)
+    for (std::int64_t n : o.n)
+      for (std::int64_t k : o.k) {
+        const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
+        at::Tensor c = at::empty({m, n});
+        GemmRow row{.m = m, .n = n, .k = k};
+        row.time = time_calls(o.timing.warmup, o.timing.samples, o.timing.min_sample_s,
+                              [&] { at::mm_out(c, a, b); });
+        row.flops_per_s = 2.0 * double(m) * double(n) * double(k) / row.time.median_s;
+        r.best_flops_per_s = std::max(r.best_flops_per_s, row.flops_per_s);
+        r.rows.push_back(row);
+      }
+  return r;
+}
+
+BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
+  o.validate();
+  at::set_num_threads(o.timing.threads);
+  BenchMemoryResult r{.options = o};
+  std::vector<double> sizes = o.working_set_bytes;
+  std::sort(sizes.begin(), sizes.end());
+  for (double w : sizes) {
+    const std::int64_t n = std::max<std::int64_t>(1, std::int64_t(w / 2 / 4));
+    at::Tensor a = at::randn({n}), b = at::randn({n});
+    MemoryRow row{.working_set_bytes = 2.0 * 4.0 * double(n)};
+    // α = −1 then +1 alternately would keep a bounded; a tiny α keeps it finite over 2^30 calls.
+    row.add = time_calls(o.timing.warmup, o.timing.samples, o.timing.min_sample_s,
+                         [&] { a.add_(b, 1e-9); });
+    row.copy = time_calls(o.timing.warmup, o.timing.samples, o.timing.min_sample_s,
+                          [&] { a.copy_(b); });
+    const double half = row.working_set_bytes / 2;
+    row.add_bps = 3 * half / row.add.median_s;
+    row.copy_bps = 2 * half / row.copy.median_s;
+    r.rows.push_back(row);
+  }
+  return r;
+}
+
+void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
+  k.device = device_name(r.options.timing.threads);
+  k.precision = "fp32";
+  k.peak_flops = r.best_flops_per_s;
+  k.sm_count = r.options.timing.threads;
+  k.gemm.clear();
+  for (const GemmRow& row : r.rows)
+    k.gemm.push_back({.m = row.m, .n = row.n, .k = row.k, .seconds = row.time.median_s});
+}
+
+void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k) {
+  if (k.device.empty()) k.device = device_name(r.options.timing.threads);
+  k.memory_curve.clear();
+  for (const MemoryRow& row : r.rows)
+    k.memory_curve.push_back({.working_set_bytes = row.working_set_bytes, .bytes_per_s = row.add_bps});
+  if (!r.rows.empty()) k.memory_bps = r.rows.back().add_bps;
+}
+
+}  // namespace tally::engine

@@ -1,0 +1,123 @@
+// core/mlp_step: the engine runs' step-time model (Note [host step model]), checked against hand
+// counts on a host whose kernels run exactly at peak (η = 1, no overhead), so every term is
+// FLOPs / peak, streams · 4 B / bandwidth or α·steps + bytes/β, summed here independently.
+#include "tally/core/mlp_step.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tally/core/types.hpp"
+
+namespace tally {
+namespace {
+
+// N = Σ d_l·d_{l+1} + d_{l+1}: zero.hpp's Note [default ZeRO model] states 1,577,455 for
+// 512 → 1021 → 1021 → 10; bench ddp's 512 → 1024 → 1024 → 1024 → 16 by hand: 525,312 +
+// 2 · 1,049,600 + 16,400 = 2,640,912 (ddp.hpp: "N = 2.64 M").
+TEST(MlpStep, ParameterCounts) {
+  EXPECT_EQ(mlp_parameters({512, 1021, 1021, 10}), 1'577'455);
+  EXPECT_EQ(mlp_parameters({512, 1024, 1024, 1024, 16}), 2'640'912);
+}
+
+// Forward 2·B·Σ d_l·d_{l+1}; backward twice that less layer 0's dgrad (its input needs none).
+TEST(MlpStep, GemmFlopsAreForwardPlusTwoBackwardLessTheFirstDgrad) {
+  const std::vector<std::int64_t> w = {6, 5, 4, 3};
+  const std::int64_t B = 7;
+  const double sum = 6 * 5 + 5 * 4 + 4 * 3;
+  double fwd = 0, bwd = 0;
+  int gemms = 0;
+  for (const Op& op : mlp_ops(w, B)) {
+    if (op.kind != OpKind::gemm) continue;
+    ++gemms;
+    (op.pass == Pass::forward ? fwd : bwd) += op.flops;
+  }
+  EXPECT_EQ(gemms, 3 + 3 + 2);
+  EXPECT_DOUBLE_EQ(fwd, 2.0 * B * sum);
+  EXPECT_DOUBLE_EQ(bwd, 2 * 2.0 * B * sum - 2.0 * B * 6 * 5);
+}
+
+TEST(MlpStep, BandwidthCurveInterpolatesLogLogAndClamps) {
+  const std::vector<BandwidthPoint> c = {{1e8, 25e9}, {1e6, 100e9}};  // any order
+  EXPECT_DOUBLE_EQ(bandwidth_at(c, 1e5), 100e9);
+  EXPECT_DOUBLE_EQ(bandwidth_at(c, 1e9), 25e9);
+  EXPECT_NEAR(bandwidth_at(c, 1e7), std::sqrt(100e9 * 25e9), 1e-3);  // geometric midpoint
+  EXPECT_THROW(bandwidth_at({}, 1e6), InvalidInput);
+  EXPECT_THROW(bandwidth_at({{1e6, 0}}, 1e6), InvalidInput);
+}
+
+ClusterSpec ideal_host(double peak, double alpha, double beta) {
+  ClusterSpec h;
+  h.gpu.peak_fp32_flops = h.gpu.peak_tf32_flops = h.gpu.peak_bf16_flops = peak;
+  h.gpu.memory_bps = 1;  // replaced by the curve
+  h.gpu.kernels = KernelPerf{.sm_count = 1, .tile_m = 1, .tile_n = 1, .gemm_fraction = 1,
+                             .gemm_half_k = 0, .gemm_half_mn = 0, .kernel_overhead_s = 0};
+  h.intra_node = {.bandwidth_bps = beta, .latency_s = alpha};
+  return h;
+}
+
+// ZeRO-1 at k = 2 on widths 8 → 6 → 4, B = 3, every term by hand.
+TEST(MlpStep, ZeroOneStepIsTheSumOfItsTerms) {
+  const double peak = 1e9, W = 2e9, alpha = 1e-5, beta = 1e8;
+  const std::vector<std::int64_t> w = {8, 6, 4};
+  const std::int64_t B = 3;
+  const int k = 2;
+  const double N = 8 * 6 + 6 + 6 * 4 + 4;  // 82
+  MlpStepSetup s{.widths = w, .rows = B, .ranks = k, .zero_stage = 1, .cores = 2};
+  const MlpStepTime t = predict_mlp_step(s, ideal_host(peak, alpha, beta), {{1, W}});
+
+  // Each GEMM costs max(FLOPs/peak, bytes/W) (roofline): forward B × 6 (k 8), B × 4 (k 6);
+  // wgrad 6 × 8 (k B), 4 × 6 (k B); dgrad of layer 1 only, B × 6 (k 4). The elementwise kernels:
+  // relu 2·B·6 streams forward and 3·B·6 backward, cross-entropy 3·B·4 + 2·B·4, the bias
+  // gradients (B·6 + 6) + (B·4 + 4).
+  struct G { double m, n, kk; };
+  const G gemms[] = {{3, 6, 8}, {3, 4, 6}, {6, 8, 3}, {4, 6, 3}, {3, 6, 4}};
+  double gemm_s = 0;
+  for (const G& g : gemms)
+    gemm_s += std::max(2 * g.m * g.n * g.kk / peak, 4 * (g.m * g.kk + g.kk * g.n + g.m * g.n) / W);
+  const double elementwise = 2 * B * 6 + 3 * B * 6 + 3 * B * 4 + 2 * B * 4 + (B * 6 + 6) +
+                             (B * 4 + 4);
+  EXPECT_NEAR(t.compute_s, gemm_s + 4 * elementwise / W, 1e-15);
+  // ZeRO-1 gradients: zero N, accumulate 3N, clone 2·⌈N/k⌉; Adam 20·⌈N/k⌉ streams.
+  EXPECT_NEAR(t.gradient_s, 4 * (N + 3 * N + 2 * 41) / W, 1e-15);
+  EXPECT_NEAR(t.optimizer_s, 4 * 20 * 41 / W, 1e-15);
+  // Reduce-scatter and all-gather of S = 4N: (k − 1) steps and S(k − 1)/k bytes each.
+  const double S = 4 * N;
+  EXPECT_NEAR(t.comm_s, 2 * (alpha * 1 + S / 2 / beta), 1e-15);
+  EXPECT_EQ(t.contention, 1);
+  EXPECT_NEAR(t.total_s, t.compute_s + t.gradient_s + t.optimizer_s + t.comm_s, 1e-15);
+  // The working set: k × ledger states (fp32 params + grads 8N, Adam m, v over the shard 8N/k).
+  EXPECT_NEAR(t.working_set_bytes, k * (8 * N + 8 * N / k), 1e-9);
+}
+
+// Four ranks of one thread on two cores: compute and memory stretch 2×; comm does not (its α–β
+// was measured at the same k). DP's buckets each pay an all-reduce's latency.
+TEST(MlpStep, ContentionAndBuckets) {
+  const ClusterSpec host = ideal_host(1e9, 1e-5, 1e8);
+  MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 4, .zero_stage = 0,
+                 .optimizer = Optimizer::sgd, .cores = 2};
+  const MlpStepTime one = predict_mlp_step(s, host, {{1, 2e9}});
+  EXPECT_EQ(one.contention, 2);
+  EXPECT_NEAR(one.total_s, 2 * (one.compute_s + one.gradient_s + one.optimizer_s) + one.comm_s,
+              1e-15);
+  const double N = 82, S = 4 * N;
+  EXPECT_NEAR(one.comm_s, 1e-5 * 6 + 2 * S * 3 / 4 / 1e8, 1e-15);  // 2(k−1) steps
+  s.bucket_bytes = {100, S - 100};
+  const MlpStepTime two = predict_mlp_step(s, host, {{1, 2e9}});
+  EXPECT_NEAR(two.comm_s - one.comm_s, 1e-5 * 6, 1e-15);
+  // SGD: p.add_(g) is 3 streams per parameter; DP packs 2 streams per gradient.
+  EXPECT_NEAR(one.optimizer_s, 4 * 3 * N / 2e9, 1e-15);
+  EXPECT_NEAR(one.gradient_s, 4 * 2 * N / 2e9, 1e-15);
+}
+
+TEST(MlpStep, RefusesWhatTheEngineCannotRun) {
+  const ClusterSpec host = ideal_host(1e9, 0, 1e8);
+  EXPECT_THROW(predict_mlp_step({.widths = {8}}, host, {{1, 1e9}}), InvalidInput);
+  EXPECT_THROW(predict_mlp_step({.widths = {8, 4}, .zero_stage = 2, .optimizer = Optimizer::sgd},
+                                host, {{1, 1e9}}),
+               InvalidInput);
+  EXPECT_THROW(predict_mlp_step({.widths = {8, 4}, .rows = 0}, host, {{1, 1e9}}), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,172 @@
+// `tally bench gemm` and `tally bench memory` (tally/engine/bench/kernels.hpp) and the loop they
+// close (issue 10): the statistics each row reports are recomputed here from its own median; the
+// calibration file is built by bench gemm + memory + allreduce (each merging into it); and
+// `tally bench ddp|run zero --calibration FILE` report a prediction whose terms add up and whose
+// ratio is measured / predicted. No speed is asserted (bench/predict_vs_measured.sh reports the
+// ratios); suite names start with "bench".
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
+#include "tally/engine/bench/kernels.hpp"
+#include "tally/io/calibration.hpp"
+
+#ifndef TALLY_BINARY
+#error "TALLY_BINARY must name the tally executable"
+#endif
+
+namespace {
+
+using namespace tally;
+using namespace tally::engine;
+using nlohmann::json;
+using tally::subprocess::rank_lines;
+using tally::subprocess::Ran;
+using tally::subprocess::run_command;
+
+const BenchKernelTiming kQuick{.threads = 1, .warmup = 1, .samples = 3, .min_sample_s = 2e-4};
+
+TEST(BenchKernels, GemmRowsAreTheirOwnArithmetic) {
+  const BenchGemmOptions o{.m = {4, 8}, .n = {16, 32}, .k = {8, 64}, .timing = kQuick};
+  const BenchGemmResult r = run_bench_gemm(o);
+  ASSERT_EQ(r.rows.size(), 8u);
+  double best = 0;
+  for (const GemmRow& row : r.rows) {
+    ASSERT_GT(row.time.median_s, 0);
+    EXPECT_LE(row.time.min_s, row.time.median_s);
+    EXPECT_LE(row.time.median_s, row.time.max_s);
+    EXPECT_DOUBLE_EQ(row.flops_per_s, 2.0 * row.m * row.n * row.k / row.time.median_s);
+    best = std::max(best, row.flops_per_s);
+  }
+  EXPECT_EQ(r.rows.front().m, 4);  // m-major, then n, then k
+  EXPECT_EQ(r.rows[1].k, 64);
+  EXPECT_DOUBLE_EQ(r.best_flops_per_s, best);
+  io::KernelCalibration k;
+  add_to_calibration(r, k);
+  EXPECT_EQ(k.precision, "fp32");
+  EXPECT_EQ(k.peak_flops, best);
+  EXPECT_EQ(k.sm_count, 1);
+  ASSERT_EQ(k.gemm.size(), 8u);
+  EXPECT_EQ(k.gemm[3].seconds, r.rows[3].time.median_s);
+  EXPECT_THROW(run_bench_gemm({.m = {0}, .timing = kQuick}), InvalidInput);
+}
+
+TEST(BenchKernels, MemoryRowsAreTheirOwnArithmetic) {
+  const BenchMemoryOptions o{.working_set_bytes = {1048576.0, 65536.0}, .timing = kQuick};
+  const BenchMemoryResult r = run_bench_memory(o);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_EQ(r.rows[0].working_set_bytes, 65536.0);  // ascending; two arrays of W/2 float32
+  for (const MemoryRow& row : r.rows) {
+    EXPECT_DOUBLE_EQ(row.add_bps, 3 * row.working_set_bytes / 2 / row.add.median_s);
+    EXPECT_DOUBLE_EQ(row.copy_bps, 2 * row.working_set_bytes / 2 / row.copy.median_s);
+  }
+  io::KernelCalibration k;
+  add_to_calibration(r, k);
+  ASSERT_EQ(k.memory_curve.size(), 2u);
+  EXPECT_EQ(k.memory_curve[1].bytes_per_s, r.rows[1].add_bps);
+  EXPECT_EQ(k.memory_bps, r.rows[1].add_bps);  // the largest working set
+  EXPECT_THROW(run_bench_memory({.working_set_bytes = {100}, .timing = kQuick}), InvalidInput);
+}
+
+Ran tally(std::vector<std::string> args, double limit_s = 120) {
+  args.insert(args.begin(), TALLY_BINARY);
+  return run_command(args, limit_s);
+}
+
+Ran launched(int k, std::vector<std::string> command) {
+  std::vector<std::string> args = {"launch", "--nproc", std::to_string(k), "--timeout", "100", "--",
+                                   TALLY_BINARY};
+  args.insert(args.end(), command.begin(), command.end());
+  return tally(args);
+}
+
+json rank0_json(const Ran& r) {
+  const auto lines = rank_lines(r.out, 0);
+  EXPECT_EQ(lines.size(), 1u) << r.out << r.err;
+  if (lines.empty()) return json();
+  return json::parse(lines[0], nullptr, false);
+}
+
+// The prediction block's terms add up to its total, and the ratio is measured over it.
+void expect_prediction(const json& j, double measured) {
+  ASSERT_TRUE(j.contains("predicted_step_seconds")) << j.dump();
+  const json& p = j["prediction"];
+  const double total = j["predicted_step_seconds"];
+  EXPECT_GT(total, 0);
+  EXPECT_NEAR(total,
+              double(p["contention"]) * (double(p["compute_s"]) + double(p["gradient_passes_s"]) +
+                                         double(p["optimizer_s"])) +
+                  double(p["comm_s"]),
+              1e-12 * total);
+  EXPECT_GT(double(p["comm_s"]), 0);  // k = 2: collectives cost something
+  EXPECT_NEAR(double(j["measured_over_predicted"]), measured / total, 1e-9);
+}
+
+TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
+  test::TempDir dir("bench_kernels");
+  const std::string cal = (dir / "cal.json").string();
+  const std::vector<std::string> quick = {"--samples", "3", "--min-sample-ms", "0.2"};
+
+  // bench memory first: it needs the section bench gemm starts (exit 2, saying so).
+  Ran r = tally({"bench", "memory", "--sizes-mib", "0.0625,1", "--calibration-out", cal});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("bench gemm"), std::string::npos) << r.err;
+
+  std::vector<std::string> gemm = {"bench", "gemm", "--m", "8,16", "--n", "16,64", "--k",
+                                   "8,64",  "--calibration-out", cal};
+  gemm.insert(gemm.end(), quick.begin(), quick.end());
+  r = tally(gemm);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> memory = {"bench", "memory", "--sizes-mib", "0.0625,1",
+                                     "--calibration-out", cal};
+  memory.insert(memory.end(), quick.begin(), quick.end());
+  r = tally(memory);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  io::Calibration c = io::load_calibration(cal);
+  ASSERT_TRUE(c.kernels.has_value());
+  EXPECT_EQ(c.kernels->gemm.size(), 8u);
+  EXPECT_EQ(c.kernels->memory_curve.size(), 2u);
+  EXPECT_FALSE(c.intra_node.has_value());
+
+  // k = 2 needs the α–β: refused before any rank trains, naming the flag and what is missing.
+  const std::vector<std::string> ddp = {"bench", "ddp", "--widths", "16,32,32,4", "--batch", "8",
+                                        "--warmup", "1", "--steps", "3", "--json",
+                                        "--calibration", cal};
+  r = launched(2, ddp);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--calibration"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("intra_node"), std::string::npos) << r.err;
+
+  r = launched(2, {"bench", "allreduce", "--algo", "gloo", "--sizes-mb", "0.01,0.1",
+                   "--iters", "5", "--calibration-out", cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  c = io::load_calibration(cal);
+  EXPECT_TRUE(c.intra_node.has_value());
+  ASSERT_TRUE(c.kernels.has_value()) << "bench allreduce must keep the kernels section";
+  EXPECT_EQ(c.kernels->gemm.size(), 8u);
+
+  r = launched(2, ddp);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json d = rank0_json(r);
+  expect_prediction(d, d["step_time_s"]["median"]);
+
+  r = launched(2, {"run", "zero", "--widths", "16,33,4", "--batch", "8", "--steps", "3", "--json",
+                   "--calibration", cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json z = rank0_json(r);
+  ASSERT_EQ(z["stages"].size(), 4u);
+  for (const json& st : z["stages"]) expect_prediction(st, st["step_seconds_median"]);
+
+  // bf16 is refused (each rank exits 2; `tally launch` reports the failed rank and exits 1).
+  r = launched(2, {"run", "zero", "--precision", "bf16", "--calibration", cal});
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("exited with status 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("float32"), std::string::npos) << r.err;
+}
+
+}  // namespace
