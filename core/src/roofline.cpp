@@ -88,9 +88,19 @@ KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops,
   double best_err = std::numeric_limits<double>::infinity();
   std::vector<double> implied;
   implied.reserve(samples.size());
+  // A kernel whose tile can halve (a GPU's) charges thin GEMMs by tile quantisation: mn½ stays 0.
+  // One whose tile cannot (a CPU's 1 × 1) has no half-tile efficiency to fit: only mn½.
+  const bool tiles_halve = base.tile_m >= 128 || base.tile_n >= 128;
+  std::vector<double> half_mns = {0.0}, tiles = {1.0};
+  if (tiles_halve) {
+    tiles.clear();
+    for (int i = 0; i <= 10; ++i) tiles.push_back(0.5 + 0.05 * i);
+  } else {
+    half_mns = {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0};
+  }
   for (const double half_k : {0.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0})
-    for (const double half_mn : {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0})
-    for (double tile = 0.5; tile <= 1.0 + 1e-9; tile += 0.05)
+    for (const double half_mn : half_mns)
+    for (const double tile : tiles)
       for (const double overhead : {0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5}) {
         KernelPerf kp = base;
         kp.gemm_half_k = half_k;

@@ -77,7 +77,7 @@ constexpr Range kWorkingSetBytes{1, 1e15};
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 24;
 constexpr std::size_t kMaxNameChars = 128;
 
-// A GEMM grid of a few hundred points is plenty; the fit costs ~600 model evaluations per point,
+// A GEMM grid of a few hundred points is plenty; the fit costs ~800 model evaluations per point,
 // so the cap keeps a hostile file from turning `plan --calibration` into minutes.
 constexpr std::size_t kMaxKernelPoints = 4096;
 
