@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <system_error>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common.hpp"
@@ -94,6 +95,36 @@ void write_file(const std::string& path, const std::string& text) {
 double us(double s) { return s * 1e6; }
 double gbs(double bps) { return bps / kGB; }
 
+std::string_view check_name(engine::BenchCheckKind kind) {
+  return kind == engine::BenchCheckKind::linearity ? "linearity" : "small_vs_large";
+}
+
+// Seed ④'s check in words, with the values it compared (engine::BenchCheck).
+std::string check_line(const engine::BenchCheck& c) {
+  const std::string_view algo = engine::to_string(c.algorithm);
+  const auto bw = [](double bps) { return sig_str(bps / kGB, 3) + " GB/s"; };
+  const auto size = [](double bytes) { return sig_str(bytes / kMB, 4) + " MB"; };
+  const bool measured = c.state != engine::CheckState::not_applicable;
+  switch (c.kind) {
+    case engine::BenchCheckKind::small_vs_large:
+      if (!measured)
+        return fmt::format("{}: small vs large busbw needs k >= 2 and >= 2 sizes", algo);
+      return fmt::format("{}: small-message busbw {} at {} vs {} at {} (need small < large: "
+                         "latency-dominated)",
+                         algo, bw(c.busbw_a_bps), size(c.size_a_bytes), bw(c.busbw_b_bps),
+                         size(c.size_b_bytes));
+    case engine::BenchCheckKind::linearity:
+      if (!measured)
+        return fmt::format("{}: linearity needs k >= 2 and >= 3 sizes (pairs past the smallest)",
+                           algo);
+      return fmt::format("{}: busbw ratio min/max of {} and {} = {} (need >= {}: time about "
+                         "linear in S)",
+                         algo, size(c.size_a_bytes), size(c.size_b_bytes), sig_str(c.ratio, 3),
+                         sig_str(c.threshold, 3));
+  }
+  return "";
+}
+
 void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f, bool one_host) {
   const int k = r.world_size;
   fmt::print("# tally bench allreduce: k = {} ranks ({}), c10d Gloo, float32, sum; {} warm-up + {} "
@@ -136,7 +167,7 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   if (auto ratio = r.ring_over_gloo_busbw())
     fmt::print("# ring/gloo busbw at {:.0f} B: {:.3f}\n", r.rows.back().size_bytes, *ratio);
   for (const auto& c : r.checks())
-    fmt::print("# seed 4: {} {}\n", engine::to_string(c.state), c.line);
+    fmt::print("# seed 4: {} {}\n", engine::to_string(c.state), check_line(c));
   if (!f.calibration_out.empty() && r.ok())
     fmt::print("# calibration written to {} ({}, fitted to {})\n", f.calibration_out,
                one_host ? "intra_node" : "inter_node", engine::to_string(fit_source(r)));
@@ -171,7 +202,10 @@ void print_json_report(const engine::BenchAllReduceResult& r, const BenchAllRedu
   for (auto a : r.algorithms) fits[std::string(engine::to_string(a))] = fit_json(r.fit(a));
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& c : r.checks())
-    checks.push_back({{"state", std::string(engine::to_string(c.state))}, {"line", c.line}});
+    checks.push_back({{"check", std::string(check_name(c.kind))},
+                      {"algorithm", std::string(engine::to_string(c.algorithm))},
+                      {"state", std::string(engine::to_string(c.state))},
+                      {"line", check_line(c)}});
   const auto ratio = r.ring_over_gloo_busbw();
   print_json({{"command", "bench allreduce"},
               {"ranks", r.world_size},

@@ -225,6 +225,8 @@ nlohmann::json unless_no_failures(const ReliabilityReport& r, double v) {
   return no_failures_expected(r) ? nlohmann::json(nullptr) : nlohmann::json(v);
 }
 
+std::string sig_str(double v, int digits) { return fmt::format("{:.{}g}", v, digits); }
+
 std::string size_str(double bytes, SizeUnit u, int decimals) {
   return format_bytes(bytes, u, decimals);
 }

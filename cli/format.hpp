@@ -26,6 +26,8 @@ struct OutputOptions {
 inline constexpr const char* kNoFailuresExpected =
     "no failures expected: no checkpoint interval is needed for reliability";
 bool no_failures_expected(const ReliabilityReport& r);
+// v to `digits` significant digits, as printf's %g: 1.23, 0.00123, 1.23e+06.
+std::string sig_str(double v, int digits = 3);
 // "12.34 GB" in the chosen unit.
 std::string size_str(double bytes, SizeUnit u, int decimals = 2);
 double in_gb(double bytes);  // JSON fields named *_gb are always decimal GB (1e9 B)

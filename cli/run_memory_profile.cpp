@@ -51,6 +51,23 @@ std::string phase_span(engine::Phase p) {
   return "";
 }
 
+// A seed criterion's number and what it compares (engine::AcceptanceCheck).
+struct CriterionWords {
+  const char* id;
+  const char* what;
+};
+CriterionWords words(engine::MemoryCriterion c) {
+  switch (c) {
+    case engine::MemoryCriterion::params:
+      return {"①", "after-model-init allocated vs core params item"};
+    case engine::MemoryCriterion::optimizer_states:
+      return {"②", "optimizer-init increment vs core m + v + master"};
+    case engine::MemoryCriterion::activations:
+      return {"③", "forward increment vs core activations"};
+  }
+  return {"?", ""};
+}
+
 std::string ratio_str(double r) { return r == 0 ? "-" : fmt::format("{:.4f}", r); }
 
 void print_text(const engine::MemoryProfileResult& r, SizeUnit u) {
@@ -72,10 +89,12 @@ void print_text(const engine::MemoryProfileResult& r, SizeUnit u) {
                ledger_item(p.phase, r.options.precision),
                sz(double(p.measured.peak_allocated_bytes)), sz(double(p.measured.reserved_bytes)),
                sz(double(p.measured.unused_reserved_bytes())), p.seconds);
-  for (const auto& c : engine::acceptance_checks(r))
-    fmt::print("  {} {}: {} vs {}: ratio {:.4f} (±{:.0f} %): {}\n", c.id, c.what,
+  for (const auto& c : engine::acceptance_checks(r)) {
+    const CriterionWords w = words(c.criterion);
+    fmt::print("  {} {}: {} vs {}: ratio {:.4f} (±{:.0f} %): {}\n", w.id, w.what,
                sz(c.measured_bytes), sz(c.predicted_bytes), c.ratio(), c.tolerance * 100,
                c.ok() ? "ok" : "FAILED");
+  }
   const auto& fwd = r.at(engine::Phase::forward);
   fmt::print("    ③ residual {:+.0f} B: what eager PyTorch saves beyond Korthikanti's inventory "
              "(LayerNorm mean and rstd per token, the (T, T) causal mask, the loss scalars)\n",
@@ -107,10 +126,12 @@ nlohmann::json to_json(const engine::MemoryProfileResult& r) {
                       {"seconds", p.seconds}});
   }
   nlohmann::json checks = nlohmann::json::array();
-  for (const auto& c : engine::acceptance_checks(r))
-    checks.push_back({{"id", c.id}, {"what", c.what}, {"measured_bytes", c.measured_bytes},
+  for (const auto& c : engine::acceptance_checks(r)) {
+    const CriterionWords w = words(c.criterion);
+    checks.push_back({{"id", w.id}, {"what", w.what}, {"measured_bytes", c.measured_bytes},
                       {"predicted_bytes", c.predicted_bytes}, {"ratio", c.ratio()},
                       {"tolerance", c.tolerance}, {"ok", c.ok()}});
+  }
   const auto& m = r.options.model;
   return {{"model", {{"name", r.model.name}, {"hidden", m.hidden}, {"layers", m.layers},
                      {"heads", m.heads}, {"vocab", m.vocab}, {"seq", m.seq},

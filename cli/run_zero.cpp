@@ -95,6 +95,31 @@ std::string widths_str(const std::vector<std::int64_t>& w) {
   return s;
 }
 
+// A check in words: the stage, the rank and what was compared (engine::ZeroCheck).
+std::string check_what(const engine::ZeroResult& r, const engine::ZeroCheck& c) {
+  const engine::StageResult* st = r.find(c.stage);
+  const std::string stage = st != nullptr ? st->name : fmt::format("stage {}", c.stage);
+  const std::string who = fmt::format("{} rank {}: ", stage, c.rank);
+  switch (c.kind) {
+    case engine::ZeroCheckKind::allocator_vs_model_states:
+      return who + fmt::format(
+                       "allocator bytes after the last step vs core model_states (±{:.0f} %)",
+                       100 * c.tolerance);
+    case engine::ZeroCheckKind::held_vs_model_states:
+      return who + fmt::format("held state bytes vs core model_states (±{:.0f} %)",
+                               100 * c.tolerance);
+    case engine::ZeroCheckKind::bytes_vs_step_traffic:
+      return who + "bytes sent per step vs core step_traffic dp_grad + zero_param_gather";
+    case engine::ZeroCheckKind::collective_calls:
+      return who + "collective calls per step (ZeRO-3: 3 per unit)";
+    case engine::ZeroCheckKind::steady_bytes:
+      return who + "the same bytes every step";
+    case engine::ZeroCheckKind::loss_vs_dp:
+      return stage + ": max relative loss difference vs DP, every rank and step";
+  }
+  return who;
+}
+
 void print_text(const engine::ZeroResult& r, const std::vector<engine::ZeroCheck>& checks) {
   const auto& o = r.options;
   const int k = r.world_size;
@@ -180,8 +205,8 @@ void print_text(const engine::ZeroResult& r, const std::vector<engine::ZeroCheck
       engine::kZeroLossTolerance);
   for (const auto& c : checks)
     if (!c.ok)
-      fmt::print("  FAILED {}: measured {} vs {} (tolerance {})\n", c.what, c.measured, c.predicted,
-                 c.tolerance);
+      fmt::print("  FAILED {}: measured {} vs {} (tolerance {})\n", check_what(r, c), c.measured,
+                 c.predicted, c.tolerance);
 }
 
 nlohmann::json items_json(const StateItems& s) {
@@ -250,7 +275,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
   bool ok = true;
   for (const auto& c : checks) {
     ok = ok && c.ok;
-    cj.push_back({{"what", c.what},
+    cj.push_back({{"what", check_what(r, c)},
+                  {"stage", c.stage},
+                  {"rank", c.rank >= 0 ? nlohmann::json(c.rank) : nlohmann::json(nullptr)},
                   {"measured", c.measured},
                   {"predicted", c.predicted},
                   {"tolerance", c.tolerance},
@@ -326,7 +353,7 @@ void run(Flags& f) {
   for (const auto& c : checks)
     if (!c.ok)
       throw std::runtime_error("zero: rank " + std::to_string(r.rank) +
-                               ": check failed: " + c.what);
+                               ": check failed: " + check_what(r, c));
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {

@@ -18,7 +18,6 @@ constexpr double kElementBytes = 4;            // float32
 constexpr double kMinSizeBytes = 4;            // one element
 constexpr double kMaxSizeBytes = 4e9;          // 4 GB per buffer; the harness holds three
 constexpr std::size_t kMaxSizes = 64;
-constexpr double kLinearBusbwRatio = 0.8;      // seed ④: 相邻点带宽比值 >= 0.8
 
 [[noreturn]] void bad(const std::string& field, double value, const std::string& allowed) {
   std::ostringstream os;
@@ -124,33 +123,29 @@ BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAll
 // Seed ④ for one algorithm's rows (ascending size).
 void add_checks(AllReduceAlgorithm a, const std::vector<BenchRow>& rows, int k,
                 std::vector<BenchCheck>& out) {
-  const std::string name(to_string(a));
-  const auto gbs = [](double bps) { return fmt_double(bps / kGB) + " GB/s"; };
-  const auto mb = [](double bytes) { return fmt_double(bytes / kMB, 4) + " MB"; };
   if (k < 2 || rows.size() < 2) {
-    out.push_back({CheckState::not_applicable,
-                   name + ": small vs large busbw needs k >= 2 and >= 2 sizes"});
+    out.push_back({.kind = BenchCheckKind::small_vs_large, .algorithm = a});
   } else {
     const BenchRow& s = rows.front();
     const BenchRow& l = rows.back();
-    out.push_back({s.busbw_bps < l.busbw_bps ? CheckState::pass : CheckState::fail,
-                   name + ": small-message busbw " + gbs(s.busbw_bps) + " at " + mb(s.size_bytes) +
-                       " vs " + gbs(l.busbw_bps) + " at " + mb(l.size_bytes) +
-                       " (need small < large: latency-dominated)"});
+    out.push_back({.kind = BenchCheckKind::small_vs_large, .algorithm = a,
+                   .state = s.busbw_bps < l.busbw_bps ? CheckState::pass : CheckState::fail,
+                   .size_a_bytes = s.size_bytes, .size_b_bytes = l.size_bytes,
+                   .busbw_a_bps = s.busbw_bps, .busbw_b_bps = l.busbw_bps});
   }
   if (k < 2 || rows.size() < 3) {
-    out.push_back({CheckState::not_applicable,
-                   name + ": linearity needs k >= 2 and >= 3 sizes (pairs past the smallest)"});
+    out.push_back({.kind = BenchCheckKind::linearity, .algorithm = a});
     return;
   }
   for (std::size_t i = 1; i + 1 < rows.size(); ++i) {
     const double lo = std::min(rows[i].busbw_bps, rows[i + 1].busbw_bps);
     const double hi = std::max(rows[i].busbw_bps, rows[i + 1].busbw_bps);
     const double ratio = hi > 0 ? lo / hi : 0.0;
-    out.push_back({ratio >= kLinearBusbwRatio ? CheckState::pass : CheckState::fail,
-                   name + ": busbw ratio min/max of " + mb(rows[i].size_bytes) + " and " +
-                       mb(rows[i + 1].size_bytes) + " = " + fmt_double(ratio) + " (need >= " +
-                       fmt_double(kLinearBusbwRatio) + ": time about linear in S)"});
+    out.push_back({.kind = BenchCheckKind::linearity, .algorithm = a,
+                   .state = ratio >= kLinearBusbwRatio ? CheckState::pass : CheckState::fail,
+                   .size_a_bytes = rows[i].size_bytes, .size_b_bytes = rows[i + 1].size_bytes,
+                   .busbw_a_bps = rows[i].busbw_bps, .busbw_b_bps = rows[i + 1].busbw_bps,
+                   .ratio = ratio, .threshold = kLinearBusbwRatio});
   }
 }
 

@@ -79,13 +79,13 @@ std::vector<AcceptanceCheck> acceptance_checks(const MemoryProfileResult& r) {
   const auto& init = r.at(Phase::model_init);
   const auto& opt = r.at(Phase::optimizer_init);
   const auto& fwd = r.at(Phase::forward);
-  return {{.id = "①", .what = "after-model-init allocated vs core params item",
+  return {{.criterion = MemoryCriterion::params,
            .measured_bytes = init.increment_bytes, .predicted_bytes = init.predicted_increment_bytes,
            .tolerance = 0.10},
-          {.id = "②", .what = "optimizer-init increment vs core m + v + master",
+          {.criterion = MemoryCriterion::optimizer_states,
            .measured_bytes = opt.increment_bytes, .predicted_bytes = opt.predicted_increment_bytes,
            .tolerance = 0.15},
-          {.id = "③", .what = "forward increment vs core activations",
+          {.criterion = MemoryCriterion::activations,
            .measured_bytes = fwd.increment_bytes, .predicted_bytes = fwd.predicted_increment_bytes,
            .tolerance = kForwardTolerance}};
 }

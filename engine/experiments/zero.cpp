@@ -352,39 +352,38 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
 std::vector<ZeroCheck> zero_checks(const ZeroResult& r) {
   std::vector<ZeroCheck> checks;
   const int k = r.world_size;
-  auto relative = [&](std::string what, double measured, double predicted, double tol) {
-    const bool ok = predicted > 0 ? std::abs(measured / predicted - 1) <= tol : measured == 0;
-    checks.push_back({std::move(what), measured, predicted, tol, ok});
-  };
   for (const auto& st : r.stages) {
     const double predicted_bytes = st.predicted_bytes_per_step();
     const std::int64_t units = std::int64_t(r.unit_params.size());
     const std::int64_t expected_calls = st.stage == 0 ? 1 : st.stage == 3 ? 3 * units : 2;
     for (int q = 0; q < k; ++q) {
-      const std::string who = st.name + " rank " + std::to_string(q) + ": ";
+      const auto relative = [&](ZeroCheckKind kind, double measured, double predicted,
+                                double tol) {
+        const bool ok =
+            predicted > 0 ? std::abs(measured / predicted - 1) <= tol : measured == 0;
+        checks.push_back({kind, st.stage, q, measured, predicted, tol, ok});
+      };
       const RankMemory& m = st.memory[q];
       const RankTraffic& t = st.traffic[q];
       const double states = st.predicted_states.bytes.total();
-      relative(who + "allocator bytes after the last step vs core model_states (±5 %)",
-               m.allocator_bytes, states, kZeroMemoryTolerance);
-      relative(who + "held state bytes vs core model_states (±5 %)", m.held.total(), states,
+      relative(ZeroCheckKind::allocator_vs_model_states, m.allocator_bytes, states,
                kZeroMemoryTolerance);
+      relative(ZeroCheckKind::held_vs_model_states, m.held.total(), states, kZeroMemoryTolerance);
       // Note [wire bytes]: DP's ring all-reduce is counted from its sends (≤ 2 elements off).
       const double tol = st.stage == 0 && predicted_bytes > 0
                              ? std::max(kZeroTrafficTolerance, 2 * 4.0 / predicted_bytes)
                              : kZeroTrafficTolerance;
-      relative(who + "bytes sent per step vs core step_traffic dp_grad + zero_param_gather",
-               t.total_bytes(), predicted_bytes, tol);
+      relative(ZeroCheckKind::bytes_vs_step_traffic, t.total_bytes(), predicted_bytes, tol);
       if (k > 1) {
-        checks.push_back({who + "collective calls per step (ZeRO-3: 3 per unit)", double(t.calls()),
+        checks.push_back({ZeroCheckKind::collective_calls, st.stage, q, double(t.calls()),
                           double(expected_calls), 0, t.calls() == expected_calls});
       }
-      checks.push_back({who + "the same bytes every step", t.steady ? 1.0 : 0.0, 1, 0, t.steady});
+      checks.push_back(
+          {ZeroCheckKind::steady_bytes, st.stage, q, t.steady ? 1.0 : 0.0, 1, 0, t.steady});
     }
     if (st.compared_to_dp && r.options.precision == Precision::fp32) {
-      checks.push_back({st.name + ": max relative loss difference vs DP, every rank and step",
-                        st.max_rel_loss_diff_vs_dp, 0, kZeroLossTolerance,
-                        st.max_rel_loss_diff_vs_dp <= kZeroLossTolerance});
+      checks.push_back({ZeroCheckKind::loss_vs_dp, st.stage, -1, st.max_rel_loss_diff_vs_dp, 0,
+                        kZeroLossTolerance, st.max_rel_loss_diff_vs_dp <= kZeroLossTolerance});
     }
   }
   return checks;

@@ -23,17 +23,15 @@ namespace tally::engine::zero {
 
 namespace {
 
-class ZeroStage1 final : public Strategy {
+class ZeroStage1 final : public ShardedOptimizerStrategy {
  public:
-  using Strategy::Strategy;
+  using ShardedOptimizerStrategy::ShardedOptimizerStrategy;
   int stage() const override { return 1; }
 
   void setup(UnitModel model) override {
-    replica_ = Replica(std::move(model));
+    setup_replica_and_shard(std::move(model));
     grad_ = at::zeros({replica_.numel()}, replica_.flat().options());  // (N,) param dtype
     replica_.set_grad_buffer(grad_);
-    span_ = my_span(replica_.numel());
-    adam_ = Adam({replica_.flat().narrow(0, span_.offset, span_.count)}, ctx_.adam);
   }
 
   double step(const Batch& batch) override {
@@ -45,22 +43,14 @@ class ZeroStage1 final : public Strategy {
     loss.backward();
     at::NoGradGuard no_grad;
     // (shard_span(N, k, r),) float32; rounded to the gradient dtype as DP's average is.
-    const at::Tensor grad_shard = reduce_scatter_average(grad_).to(grad_.scalar_type());
-    adam_.step_with({grad_shard});
-    at::Tensor& flat = replica_.flat();
-    all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
+    update_shard_and_all_gather(reduce_scatter_average(grad_).to(grad_.scalar_type()));
     return loss.item<double>();
   }
 
   StateItems measure() const override { return held_state(replica_.flat(), grad_, adam_); }
 
-  at::Tensor gather_parameters() override { return replica_.flat().to(at::kDouble); }
-
  private:
-  Replica replica_;
   at::Tensor grad_;
-  ShardSpan span_;
-  Adam adam_;
 };
 
 }  // namespace

@@ -26,15 +26,13 @@ namespace tally::engine::zero {
 
 namespace {
 
-class ZeroStage2 final : public Strategy {
+class ZeroStage2 final : public ShardedOptimizerStrategy {
  public:
-  using Strategy::Strategy;
+  using ShardedOptimizerStrategy::ShardedOptimizerStrategy;
   int stage() const override { return 2; }
 
   void setup(UnitModel model) override {
-    replica_ = Replica(std::move(model));
-    span_ = my_span(replica_.numel());
-    adam_ = Adam({replica_.flat().narrow(0, span_.offset, span_.count)}, ctx_.adam);
+    setup_replica_and_shard(std::move(model));
     grad_shard_ = at::zeros({span_.count}, replica_.flat().options());
   }
 
@@ -47,20 +45,13 @@ class ZeroStage2 final : public Strategy {
     grad_shard_.copy_(reduce_scatter_average(full_grad));  // rounded to bf16 for bf16
     replica_.drop_grads();
     full_grad = at::Tensor();  // Note [transient full gradient]: only the shard survives
-    adam_.step_with({grad_shard_});
-    at::Tensor& flat = replica_.flat();
-    all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
+    update_shard_and_all_gather(grad_shard_);
     return loss.item<double>();
   }
 
   StateItems measure() const override { return held_state(replica_.flat(), grad_shard_, adam_); }
 
-  at::Tensor gather_parameters() override { return replica_.flat().to(at::kDouble); }
-
  private:
-  Replica replica_;
-  ShardSpan span_;
-  Adam adam_;
   at::Tensor grad_shard_;  // (shard_span(N, k, r).count,) gradient dtype
 };
 

@@ -147,4 +147,16 @@ void Replica::drop_grads() {
     for (auto& p : u) p.mutable_grad() = at::Tensor();
 }
 
+void ShardedOptimizerStrategy::setup_replica_and_shard(UnitModel model) {
+  replica_ = Replica(std::move(model));
+  span_ = my_span(replica_.numel());
+  adam_ = Adam({replica_.flat().narrow(0, span_.offset, span_.count)}, ctx_.adam);
+}
+
+void ShardedOptimizerStrategy::update_shard_and_all_gather(const at::Tensor& grad_shard) {
+  adam_.step_with({grad_shard});
+  at::Tensor& flat = replica_.flat();
+  all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
+}
+
 }  // namespace tally::engine::zero

@@ -7,8 +7,9 @@
 //   zero_stage2.cpp  + gradients sharded: the full gradient is freed after the reduce-scatter
 //   zero_stage3.cpp  + parameters sharded: each unit gathered before its forward and again before
 //                    its backward, freed after each use
-// and the pieces they share: the model as a chain of units, a flat parameter replica, and the
-// collectives wrapped so every call is logged and bf16 travels as float32.
+// and the pieces they share: the model as a chain of units, a flat parameter replica, the
+// collectives wrapped so every call is logged and bf16 travels as float32, and stages 1–2's
+// sharded optimizer with its update-and-all-gather tail (ShardedOptimizerStrategy).
 //
 // Legend: N = parameters, k = ranks, r = this rank, U = units, n_u = parameters of unit u.
 // Sharding rule: tally::shard_span (core/sharding.hpp), which is the Comm's chunk_range, so rank
@@ -141,6 +142,27 @@ inline StateItems held_state(const at::Tensor& params, const at::Tensor& grads,
   adam.add_state(s);
   return s;
 }
+
+// ZeRO-1 and ZeRO-2's common part (P_os and P_os+g): every parameter in a Replica, Adam over this
+// rank's shard_span(N, k, r) of its flat buffer, and the step's tail — update the shard, then
+// all-gather the updated shards so every replica holds the new parameters. The stages differ in
+// how the averaged gradient shard is made and what gradient memory outlives the step.
+class ShardedOptimizerStrategy : public Strategy {
+ public:
+  using Strategy::Strategy;
+  at::Tensor gather_parameters() override { return replica_.flat().to(at::kDouble); }
+
+ protected:
+  // replica_ from the model, span_ = my_span(N), adam_ over the flat buffer's span_.
+  void setup_replica_and_shard(UnitModel model);
+  // Adam on span_ with grad_shard ((span_.count,) gradient dtype), then the all-gather of every
+  // rank's updated span into replica_.flat(). The caller holds a NoGradGuard.
+  void update_shard_and_all_gather(const at::Tensor& grad_shard);
+
+  Replica replica_;
+  ShardSpan span_;
+  Adam adam_;
+};
 
 // Flat copy of tensors in order, in `dtype`.
 at::Tensor flatten(const std::vector<at::Tensor>& tensors, at::ScalarType dtype);

@@ -189,6 +189,54 @@ TEST(bench_allreduce, CalibrationRoundTrips) {
   EXPECT_THROW(to_calibration(r, true), InvalidInput);
 }
 
+// Seed ④'s verdicts on a result with known busbw (GB/s) per size (1, 4, 16, 64 MB):
+//   gloo 1, 5, 10, 11: small < large passes; 5/10 = 0.5 fails the pair (4, 16); 10/11 passes;
+//   ring 12, 12, 9.6, 12: small = 12 is not below large = 12; 9.6/12 = 0.8 passes (>=); again.
+TEST(bench_allreduce, ChecksCarryTheValuesTheyCompared) {
+  BenchAllReduceResult r{.world_size = 2, .warmup_iters = 1, .iters = 3,
+                         .algorithms = {AllReduceAlgorithm::gloo, AllReduceAlgorithm::ring}};
+  const std::vector<double> sizes = {1e6, 4e6, 16e6, 64e6};
+  const std::vector<double> gloo = {1, 5, 10, 11}, ring = {12, 12, 9.6, 12};
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    for (AllReduceAlgorithm a : r.algorithms)
+      r.rows.push_back({.algorithm = a, .count = std::int64_t(sizes[i] / 4),
+                        .size_bytes = sizes[i],
+                        .busbw_bps = (a == AllReduceAlgorithm::gloo ? gloo : ring)[i] * kGB});
+  const auto checks = r.checks();
+  ASSERT_EQ(checks.size(), 6u);
+  struct Want {
+    BenchCheckKind kind;
+    AllReduceAlgorithm algorithm;
+    CheckState state;
+    double size_a, size_b, busbw_a, busbw_b, ratio;
+  };
+  const auto lin = BenchCheckKind::linearity;
+  const auto svl = BenchCheckKind::small_vs_large;
+  const auto g = AllReduceAlgorithm::gloo;
+  const auto rg = AllReduceAlgorithm::ring;
+  const std::vector<Want> want = {
+      {svl, g, CheckState::pass, 1e6, 64e6, 1, 11, 0},
+      {lin, g, CheckState::fail, 4e6, 16e6, 5, 10, 0.5},
+      {lin, g, CheckState::pass, 16e6, 64e6, 10, 11, 10.0 / 11},
+      {svl, rg, CheckState::fail, 1e6, 64e6, 12, 12, 0},
+      {lin, rg, CheckState::pass, 4e6, 16e6, 12, 9.6, 0.8},
+      {lin, rg, CheckState::pass, 16e6, 64e6, 9.6, 12, 0.8},
+  };
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE("check " + std::to_string(i));
+    const BenchCheck& c = checks[i];
+    EXPECT_EQ(c.kind, want[i].kind);
+    EXPECT_EQ(c.algorithm, want[i].algorithm);
+    EXPECT_EQ(c.state, want[i].state);
+    EXPECT_EQ(c.size_a_bytes, want[i].size_a);
+    EXPECT_EQ(c.size_b_bytes, want[i].size_b);
+    EXPECT_DOUBLE_EQ(c.busbw_a_bps, want[i].busbw_a * kGB);
+    EXPECT_DOUBLE_EQ(c.busbw_b_bps, want[i].busbw_b * kGB);
+    EXPECT_NEAR(c.ratio, want[i].ratio, 1e-12);
+    EXPECT_EQ(c.threshold, c.kind == lin ? 0.8 : 0.0);  // seed ④: 相邻点带宽比值 >= 0.8
+  }
+}
+
 // ---- the benchmark over forked ranks -------------------------------------------------------------
 
 class bench_allreduce_ranks : public ::testing::TestWithParam<int> {};
@@ -228,15 +276,23 @@ TEST_P(bench_allreduce_ranks, CorrectCountedExactAndCalibrates) {
       // busbw is the core's bus_bandwidth: algbw·2(n−1)/n (nccl-tests PERFORMANCE.md).
       EXPECT_DOUBLE_EQ(row.busbw_bps, row.algbw_bps * 2.0 * (k - 1) / k);
     }
-    // ④ reported per algorithm: 1 small-vs-large line + 2 adjacent pairs past the smallest.
+    // ④ reported per algorithm: 1 small-vs-large check + 2 adjacent pairs past the smallest,
+    // each carrying the rows it compared (ChecksCarryTheValuesTheyCompared: the verdicts).
     const auto checks = r.checks();
     ASSERT_EQ(checks.size(), 6u);
-    for (const BenchCheck& c : checks) {
-      EXPECT_NE(c.state, CheckState::not_applicable) << c.line;
-      // Each line names what it compared: busbw values, or the ratio of a pair.
-      EXPECT_TRUE(c.line.find(" GB/s") != std::string::npos ||
-                  c.line.find("ratio") != std::string::npos)
-          << c.line;
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+      const BenchCheck& c = checks[i];
+      SCOPED_TRACE("check " + std::to_string(i));
+      EXPECT_EQ(c.algorithm, i < 3 ? AllReduceAlgorithm::gloo : AllReduceAlgorithm::ring);
+      EXPECT_NE(c.state, CheckState::not_applicable);
+      const auto rows = r.rows_of(c.algorithm);
+      const std::size_t a = i % 3 == 0 ? 0 : i % 3;  // the smallest, or the pair's first
+      const std::size_t b = i % 3 == 0 ? 3 : a + 1;  // the largest, or the pair's second
+      EXPECT_EQ(c.kind, i % 3 == 0 ? BenchCheckKind::small_vs_large : BenchCheckKind::linearity);
+      EXPECT_EQ(c.size_a_bytes, rows[a].size_bytes);
+      EXPECT_EQ(c.size_b_bytes, rows[b].size_bytes);
+      EXPECT_EQ(c.busbw_a_bps, rows[a].busbw_bps);
+      EXPECT_EQ(c.busbw_b_bps, rows[b].busbw_bps);
     }
     ASSERT_TRUE(r.ring_over_gloo_busbw().has_value());
     // Calibration from the run (round-trip field for field: CalibrationRoundTrips below). Tiny
@@ -269,7 +325,15 @@ TEST(bench_allreduce, SingleRankRunsButCannotCalibrate) {
       EXPECT_EQ(row.busbw_bps, 0);
       EXPECT_EQ(row.bytes_per_rank_counted, 0);
     }
-    for (const BenchCheck& c : r.checks()) EXPECT_EQ(c.state, CheckState::not_applicable);
+    const auto checks = r.checks();
+    ASSERT_EQ(checks.size(), 4u);  // per algorithm: small vs large, linearity
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+      EXPECT_EQ(checks[i].kind,
+                i % 2 == 0 ? BenchCheckKind::small_vs_large : BenchCheckKind::linearity);
+      EXPECT_EQ(checks[i].state, CheckState::not_applicable);
+      EXPECT_EQ(checks[i].busbw_a_bps, 0);
+      EXPECT_EQ(checks[i].size_a_bytes, 0);
+    }
     EXPECT_FALSE(r.fit(AllReduceAlgorithm::gloo).ok);
     EXPECT_THROW(to_calibration(r, true), InvalidInput);
   });
@@ -314,6 +378,26 @@ TEST(bench_allreduce_cli, CalibrationFromK2DrivesTallyCommAndPlan) {
   EXPECT_EQ(j["ok"], true);
   EXPECT_EQ(j["calibration_out"], cal);
   ASSERT_EQ(j["rows"].size(), 6u);
+  // ④ per algorithm: small vs large, and the one pair past the smallest (16, 64 MB), in words.
+  ASSERT_EQ(j["checks"].size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const nlohmann::json& c = j["checks"][i];
+    const std::string algo = i < 2 ? "gloo" : "ring";
+    EXPECT_EQ(c["algorithm"], algo);
+    EXPECT_EQ(c["check"], i % 2 == 0 ? "small_vs_large" : "linearity");
+    EXPECT_TRUE(c["state"] == "PASS" || c["state"] == "FAIL") << c.dump();
+    const std::string line = c["line"];
+    if (i % 2 == 0) {
+      EXPECT_EQ(line.rfind(algo + ": small-message busbw ", 0), 0u) << line;
+      EXPECT_NE(line.find(" GB/s at 4 MB vs "), std::string::npos) << line;
+      EXPECT_NE(line.find(" GB/s at 64 MB (need small < large: latency-dominated)"),
+                std::string::npos)
+          << line;
+    } else {
+      EXPECT_EQ(line.rfind(algo + ": busbw ratio min/max of 16 MB and 64 MB = ", 0), 0u) << line;
+      EXPECT_NE(line.find(" (need >= 0.8: time about linear in S)"), std::string::npos) << line;
+    }
+  }
   double measured_64mb = 0;
   for (const auto& row : j["rows"])
     if (row["algorithm"] == "gloo" && row["size_bytes"] == 64e6) measured_64mb = row["time_s_median"];
@@ -370,8 +454,39 @@ TEST(bench_allreduce_cli, TextTableAtK4HasUnitsChecksAndFits) {
   for (std::string line; std::getline(lines, line);)
     if (line.rfind("# seed 4: PASS ", 0) == 0 || line.rfind("# seed 4: FAIL ", 0) == 0) ++check_lines;
   EXPECT_EQ(check_lines, 6) << text;  // sizes 16k, 64k, 256k, 1024k B: 1 + 2 per algorithm
+  // Each check in words with the values it compared (sizes in MB = 1e6 B, 4 digits).
+  for (const char* algo : {"gloo", "ring"}) {
+    const std::string a(algo);
+    EXPECT_NE(text.find(a + ": small-message busbw "), std::string::npos) << text;
+    for (const char* pair : {"0.064 MB and 0.256 MB = ", "0.256 MB and 1.024 MB = "})
+      EXPECT_NE(text.find(a + ": busbw ratio min/max of " + pair), std::string::npos)
+          << pair << "\n" << text;
+  }
+  EXPECT_NE(text.find(" GB/s at 0.016 MB vs "), std::string::npos) << text;
+  EXPECT_NE(text.find(" GB/s at 1.024 MB (need small < large: latency-dominated)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(" (need >= 0.8: time about linear in S)"), std::string::npos) << text;
   // 16 kB = 4000 elements per rank-divisible chunking: 4 rows per algorithm.
   EXPECT_NE(text.find("16000        4000  gloo"), std::string::npos) << text;
+  EXPECT_NE(text.find("# ok"), std::string::npos) << text;
+}
+
+// k = 1 moves nothing: the table is printed and ④'s checks say why they do not apply.
+TEST(bench_allreduce_cli, SingleRankChecksSayWhyNotApplicable) {
+  const Ran r = run_command(
+      launch_bench(1, {"--sizes-mb", "0.004,0.016", "--warmup", "0", "--iters", "2", "--algo",
+                       "gloo"}),
+      60);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string text = joined(rank_lines(r.out, 0));
+  EXPECT_NE(text.find("# seed 4: n/a gloo: small vs large busbw needs k >= 2 and >= 2 sizes"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# seed 4: n/a gloo: linearity needs k >= 2 and >= 3 sizes (pairs past "
+                      "the smallest)"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("# ok"), std::string::npos) << text;
 }
 

@@ -236,7 +236,22 @@ void expect_seed_criteria(const MemoryProfileResult& r) {
   }
   EXPECT_EQ(r.teardown_allocated_bytes, 0);  // every tensor of the run came back
   EXPECT_NEAR(r.loss, std::log(double(r.options.model.vocab)), 0.5);  // ≈ ln V at init
-  for (const auto& c : acceptance_checks(r)) EXPECT_TRUE(c.ok()) << c.id << " " << c.ratio();
+  // ①②③ as checks: each phase's increment against its prediction, the seed's tolerances for ①
+  // and ②, and ±2 % for ③ (Note [memory-profile tolerances]).
+  const auto checks = acceptance_checks(r);
+  ASSERT_EQ(checks.size(), 3u);
+  const MemoryCriterion criteria[] = {MemoryCriterion::params, MemoryCriterion::optimizer_states,
+                                      MemoryCriterion::activations};
+  const Phase phases[] = {Phase::model_init, Phase::optimizer_init, Phase::forward};
+  const double tolerances[] = {0.10, 0.15, 0.02};
+  for (std::size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(to_string(phases[i]));
+    EXPECT_EQ(checks[i].criterion, criteria[i]);
+    EXPECT_EQ(checks[i].measured_bytes, r.at(phases[i]).increment_bytes);
+    EXPECT_EQ(checks[i].predicted_bytes, r.at(phases[i]).predicted_increment_bytes);
+    EXPECT_EQ(checks[i].tolerance, tolerances[i]);
+    EXPECT_TRUE(checks[i].ok()) << checks[i].ratio();
+  }
 }
 
 TEST(MemoryProfile, Fp32MeetsSeedCriteria) {
@@ -293,6 +308,14 @@ TEST(MemoryProfileCli, JsonReportsBothPrecisions) {
     EXPECT_FALSE(run["peak_phase"].get<std::string>().empty());
     EXPECT_NE(run["memory_convention"].get<std::string>().find("reserved"), std::string::npos);
     for (const auto& c : run["checks"]) EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
+    // The seed's criteria in words (cli/run_memory_profile.cpp).
+    ASSERT_EQ(run["checks"].size(), 3u);
+    EXPECT_EQ(run["checks"][0]["id"], "①");
+    EXPECT_EQ(run["checks"][0]["what"], "after-model-init allocated vs core params item");
+    EXPECT_EQ(run["checks"][1]["id"], "②");
+    EXPECT_EQ(run["checks"][1]["what"], "optimizer-init increment vs core m + v + master");
+    EXPECT_EQ(run["checks"][2]["id"], "③");
+    EXPECT_EQ(run["checks"][2]["what"], "forward increment vs core activations");
   }
 }
 
@@ -302,6 +325,9 @@ TEST(MemoryProfileCli, TextNamesPeakPhaseAndBadInputExits2) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("after-forward"), std::string::npos);
   EXPECT_NE(r.out.find("⑥ peak"), std::string::npos);
+  EXPECT_NE(r.out.find("  ① after-model-init allocated vs core params item: "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  ③ forward increment vs core activations: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("reserved − allocated"), std::string::npos);
   EXPECT_EQ(run_tally("run memory-profile --hidden 64 --heads 5").exit_code, 2);
   EXPECT_EQ(run_tally("run memory-profile --precision fp16").exit_code, 2);

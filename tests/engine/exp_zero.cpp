@@ -41,7 +41,9 @@ std::string failures(const ZeroResult& r) {
   std::string s;
   for (const auto& c : zero_checks(r))
     if (!c.ok)
-      s += c.what + ": " + std::to_string(c.measured) + " vs " + std::to_string(c.predicted) + "\n";
+      s += "stage " + std::to_string(c.stage) + " rank " + std::to_string(c.rank) + " check " +
+           std::to_string(int(c.kind)) + ": " + std::to_string(c.measured) + " vs " +
+           std::to_string(c.predicted) + "\n";
   return s;
 }
 
@@ -59,6 +61,66 @@ TEST(ZeroPieces, ParameterCountAndWireBytes) {
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather})
     EXPECT_DOUBLE_EQ(wire_bytes(c, 976, 4, 4, 1), collective_bytes_per_rank(c, 976 * 4, 4));
   EXPECT_EQ(wire_bytes(Collective::all_gather, 977, 4, 1, 0), 0);
+}
+
+// zero_checks on a hand-built result at k = 2 with 3 units: DP and ZeRO-3, four faults planted
+// (DP rank 1's allocator 10 % over and its bytes unsteady; ZeRO-3 rank 1 one call short; ZeRO-3's
+// loss 2e-5 off DP's). Each check names its kind, stage and rank and carries both values.
+TEST(ZeroPieces, ChecksNameKindStageAndRank) {
+  ZeroResult r{.world_size = 2, .n_params = 977, .unit_params = {231, 646, 100}};
+  StageResult dp{.stage = 0, .name = "DP (ZeRO-0)"};
+  dp.predicted_states.bytes.params = 1000;
+  dp.predicted_traffic.dp_grad.bytes_per_rank = 800;
+  dp.memory = {{.allocator_bytes = 1000}, {.allocator_bytes = 1100}};
+  for (auto& m : dp.memory) m.held.params = 1000;
+  dp.traffic.resize(2);
+  for (auto& t : dp.traffic) t.all_reduce = {.calls = 1, .bytes_sent = 800};
+  dp.traffic[1].steady = false;
+  StageResult z3{.stage = 3, .name = "ZeRO-3", .compared_to_dp = true,
+                 .max_rel_loss_diff_vs_dp = 2e-5};
+  z3.predicted_states.bytes.params = 500;
+  z3.predicted_traffic.dp_grad.bytes_per_rank = 400;
+  z3.predicted_traffic.zero_param_gather.bytes_per_rank = 800;
+  z3.memory = {{.allocator_bytes = 500}, {.allocator_bytes = 500}};
+  for (auto& m : z3.memory) m.held.params = 500;
+  z3.traffic.resize(2);
+  for (auto& t : z3.traffic) {
+    t.reduce_scatter = {.calls = 3, .bytes_sent = 400};
+    t.all_gather = {.calls = 6, .bytes_sent = 800};
+  }
+  z3.traffic[1].all_gather.calls = 5;
+  r.stages = {dp, z3};
+
+  const auto checks = zero_checks(r);
+  using K = ZeroCheckKind;
+  const std::vector<K> per_rank = {K::allocator_vs_model_states, K::held_vs_model_states,
+                                   K::bytes_vs_step_traffic, K::collective_calls, K::steady_bytes};
+  ASSERT_EQ(checks.size(), 2 * 2 * per_rank.size() + 1);
+  for (std::size_t i = 0; i + 1 < checks.size(); ++i) {
+    SCOPED_TRACE("check " + std::to_string(i));
+    EXPECT_EQ(checks[i].kind, per_rank[i % 5]);
+    EXPECT_EQ(checks[i].stage, i < 10 ? 0 : 3);
+    EXPECT_EQ(checks[i].rank, int(i / 5) % 2);
+    EXPECT_EQ(checks[i].ok, i != 5 && i != 9 && i != 18);
+  }
+  // DP rank 1's allocator: 1100 vs 1000 at ±5 %.
+  EXPECT_EQ(checks[5].measured, 1100);
+  EXPECT_EQ(checks[5].predicted, 1000);
+  EXPECT_EQ(checks[5].tolerance, kZeroMemoryTolerance);
+  // DP's bytes: the ring all-reduce may be 2 float32 elements off (8 B of 800).
+  EXPECT_DOUBLE_EQ(checks[2].tolerance, 8.0 / 800);
+  // ZeRO-3: 3 collectives per unit; rank 1 issued 8.
+  EXPECT_EQ(checks[18].measured, 8);
+  EXPECT_EQ(checks[18].predicted, 9);
+  EXPECT_EQ(checks[12].measured, 1200);  // bytes: reduce-scatter + all-gather
+  EXPECT_EQ(checks[12].predicted, 1200);
+  const ZeroCheck& loss = checks.back();
+  EXPECT_EQ(loss.kind, K::loss_vs_dp);
+  EXPECT_EQ(loss.stage, 3);
+  EXPECT_EQ(loss.rank, -1);
+  EXPECT_EQ(loss.measured, 2e-5);
+  EXPECT_EQ(loss.tolerance, kZeroLossTolerance);
+  EXPECT_FALSE(loss.ok);
 }
 
 TEST(ZeroPieces, BadOptionsNameTheFlag) {
@@ -281,7 +343,24 @@ TEST(ZeroCli, JsonFieldsFromRankZero) {
   EXPECT_EQ(z2["mean_losses"].size(), 4u);
   EXPECT_LE(z2["max_rel_loss_diff_vs_dp"].get<double>(), 1e-5);
   EXPECT_NE(j["conclusion"].get<std::string>().find("ZeRO-2 1.000"), std::string::npos);
-  EXPECT_FALSE(j["checks"].empty());
+  // The checks in words (cli/run_zero.cpp): per stage and rank allocator, held, bytes, calls,
+  // steady; then ZeRO-2's loss against DP.
+  const json& checks = j["checks"];
+  ASSERT_EQ(checks.size(), 21u);
+  const auto what = [&](std::size_t i) { return checks[i]["what"].get<std::string>(); };
+  EXPECT_EQ(what(0),
+            "DP (ZeRO-0) rank 0: allocator bytes after the last step vs core model_states (±5 %)");
+  EXPECT_EQ(what(6), "DP (ZeRO-0) rank 1: held state bytes vs core model_states (±5 %)");
+  EXPECT_EQ(what(12),
+            "ZeRO-2 rank 0: bytes sent per step vs core step_traffic dp_grad + zero_param_gather");
+  EXPECT_EQ(what(13), "ZeRO-2 rank 0: collective calls per step (ZeRO-3: 3 per unit)");
+  EXPECT_EQ(what(19), "ZeRO-2 rank 1: the same bytes every step");
+  EXPECT_EQ(what(20), "ZeRO-2: max relative loss difference vs DP, every rank and step");
+  EXPECT_EQ(checks[13]["stage"], 2);
+  EXPECT_EQ(checks[13]["rank"], 0);
+  EXPECT_EQ(checks[13]["predicted"], 2);  // reduce-scatter + all-gather
+  EXPECT_TRUE(checks[20]["rank"].is_null());
+  for (const json& c : checks) EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
 }
 
 TEST(ZeroCli, TextReportAtFourRanks) {

@@ -96,9 +96,26 @@ AlphaBetaFit fit_alpha_beta(std::span<const FitPoint> points);
 
 enum class CheckState { pass, fail, not_applicable };
 std::string_view to_string(CheckState s);  // "PASS", "FAIL", "n/a"
+
+// Seed ④'s checks, one algorithm's rows at a time (BenchAllReduceResult::checks()).
+enum class BenchCheckKind {
+  small_vs_large,  // the smallest size's busbw below the largest's: small messages are
+                   // latency-dominated. n/a at k = 1 or fewer than 2 sizes.
+  linearity,       // min/max busbw of two adjacent sizes past the smallest >= threshold: time
+                   // about linear in S. n/a at k = 1 or fewer than 3 sizes.
+};
+inline constexpr double kLinearBusbwRatio = 0.8;  // seed ④: 相邻点带宽比值 >= 0.8
+
+// One check and the numbers it compared (all 0 when n/a); cli/bench_commands.cpp words it.
 struct BenchCheck {
+  BenchCheckKind kind = BenchCheckKind::small_vs_large;
+  AllReduceAlgorithm algorithm = AllReduceAlgorithm::gloo;
   CheckState state = CheckState::not_applicable;
-  std::string line;  // what was compared, with both values
+  // small_vs_large: a = the smallest size, b = the largest; linearity: the adjacent pair, a < b.
+  double size_a_bytes = 0, size_b_bytes = 0;
+  double busbw_a_bps = 0, busbw_b_bps = 0;
+  double ratio = 0;      // linearity: min(busbw)/max(busbw) of the pair (0 when both are 0)
+  double threshold = 0;  // linearity: kLinearBusbwRatio
 };
 
 struct BenchAllReduceResult {

@@ -76,11 +76,18 @@ struct MemoryProfileResult {
 // core's fp32 4sbV in both precisions (the module upcasts the logits for the loss).
 ActivationSetup gpt_activation_setup(const GptConfig& c, Precision p);
 
+// The seed's criteria ①②③, each a phase's measured increment against a core ledger item.
+enum class MemoryCriterion {
+  params,            // ① after-model-init increment vs core params item
+  optimizer_states,  // ② after-optimizer-init increment vs core m + v + master
+  activations,       // ③ forward increment vs core activations()
+};
+
 // The seed's criteria ①②③ as checks on one result: measured vs predicted bytes and a tolerance on
-// the ratio (Note [memory-profile tolerances] in memory_profile.cpp).
+// the ratio (Note [memory-profile tolerances] in memory_profile.cpp); cli/run_memory_profile.cpp
+// words them.
 struct AcceptanceCheck {
-  std::string id;            // "①", "②", "③"
-  std::string what;          // "after-model-init allocated vs core params item"
+  MemoryCriterion criterion = MemoryCriterion::params;
   double measured_bytes = 0;
   double predicted_bytes = 0;
   double tolerance = 0;      // allowed |ratio − 1|

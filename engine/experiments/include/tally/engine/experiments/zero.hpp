@@ -124,14 +124,30 @@ inline constexpr double kZeroMemoryTolerance = 0.05;     // allocator bytes vs c
 inline constexpr double kZeroLossTolerance = 1e-5;       // fp32 loss vs DP per step, relative
 inline constexpr double kZeroTrafficTolerance = 1e-12;   // counters vs core (same formula), rel.
 
-// One acceptance check of a run, evaluated on the gathered data (so every rank agrees).
+// What a ZeroCheck compares (measured vs predicted; tolerance as stated).
+enum class ZeroCheckKind {
+  allocator_vs_model_states,   // RankMemory::allocator_bytes vs core model_states total (±5 %)
+  held_vs_model_states,        // RankMemory::held total vs core model_states total (±5 %)
+  bytes_vs_step_traffic,       // RankTraffic::total_bytes vs core step_traffic dp_grad +
+                               // zero_param_gather (Note [zero tolerances])
+  collective_calls,            // collectives per step: DP 1, ZeRO-1/2 2, ZeRO-3 3 per unit (k > 1)
+  steady_bytes,                // the same bytes every step: measured 1 or 0, predicted 1
+  loss_vs_dp,                  // max relative loss difference vs DP, every rank and step
+                               // (fp32 stages compared to DP); predicted 0, tolerance absolute
+};
+
+// One acceptance check of a run, evaluated on the gathered data (so every rank agrees);
+// cli/run_zero.cpp words it.
 struct ZeroCheck {
-  std::string what;       // "ZeRO-2 rank 1 allocator bytes vs core model_states"
+  ZeroCheckKind kind = ZeroCheckKind::allocator_vs_model_states;
+  int stage = 0;          // StageResult::stage
+  int rank = -1;          // the rank measured; -1 for loss_vs_dp (over every rank)
   double measured = 0;
   double predicted = 0;
   double tolerance = 0;   // on |measured/predicted − 1|, or the absolute bound for differences
   bool ok = false;
 };
+// Per stage, per rank: allocator, held, bytes, calls (k > 1), steady; then the stage's loss_vs_dp.
 std::vector<ZeroCheck> zero_checks(const ZeroResult& r);
 
 // The measured per-step bytes of `stage` over DP's (rank 0), 0 when either did not run. The seed's
