@@ -9,7 +9,7 @@
 #      tally bench gemm   --calibration-out cal.json   float32 at::mm over the default grid
 #      tally bench memory --calibration-out cal.json   a.add_(b) bandwidth by working set
 #      then per k >= 2, a copy cal-k<k>.json plus
-#      tally launch --nproc k -- tally bench allreduce --algo gloo --sizes-mb 0.25,1,4,16
+#      tally launch --nproc k -- tally bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 --iters 50
 #      (α–β at that k; the sizes span the runs' gradients: 6.3 MB and 10.6 MB).
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
 # 2. Per k and round: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
@@ -47,7 +47,7 @@ rm -f "$OUT/cal.json"
 for k in $WORLD_SIZES; do
   cp "$OUT/cal.json" "$OUT/cal-k$k.json"
   if [[ $k -ge 2 ]]; then
-    "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 \
+    "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 --iters 50 \
       --calibration-out "$OUT/cal-k$k.json" >"$OUT/allreduce-k$k.txt"
   fi
 done
@@ -65,7 +65,7 @@ done
 python3 - "$OUT" "$WORLD_SIZES" "$ROUNDS" <<'EOF'
 import json, statistics, sys
 out, ks, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
-rows = []
+rows, phases = [], []
 def row(name, k, runs):
     m = statistics.median(x["measured"] for x in runs)
     p = statistics.median(x["predicted"] for x in runs)
@@ -77,13 +77,15 @@ for k in ks:
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/ddp-k{k}-r{r}.json"))
         ddp.append({"measured": d["step_time_s"]["median"], "predicted": d["predicted_step_seconds"],
-                    "ratio": d["measured_over_predicted"], "terms": d["prediction"]})
+                    "ratio": d["measured_over_predicted"], "terms": d["prediction"],
+                    "phases": d["phase_seconds_median"]})
         z = json.load(open(f"{out}/zero-k{k}-r{r}.json"))
         for st in z["stages"]:
             zero.setdefault(st["name"], []).append(
                 {"measured": st["step_seconds_median"], "predicted": st["predicted_step_seconds"],
                  "ratio": st["measured_over_predicted"], "terms": st["prediction"]})
     row("bench ddp (SGD)", k, ddp)
+    phases.append((k, ddp))
     for name, runs in zero.items():
         row(f"run zero {name}", k, runs)
 print("| run | k | measured ms | predicted ms | measured/predicted | compute | grad passes | optimizer | comm | contention |")
@@ -92,6 +94,15 @@ for name, k, m, p, q, t in rows:
     print(f"| {name} | {k} | {m*1e3:.2f} | {p*1e3:.2f} | {q:.3f} | {t['compute_s']*1e3:.2f} | "
           f"{t['gradient_passes_s']*1e3:.2f} | {t['optimizer_s']*1e3:.2f} | {t['comm_s']*1e3:.2f} | "
           f"{t['contention']:g} |")
+print("\nbench ddp by phase (rank 0's own medians; pooled over rounds by the median), ms: measured / predicted")
+print("| k | forward+backward / contention x (compute + grad passes) | sync wait / comm | optimizer / contention x optimizer |")
+print("|---|---|---|---|")
+for k, runs in phases:
+    med = lambda key: statistics.median(x["phases"][key] for x in runs) * 1e3
+    t = runs[0]["terms"]
+    c = t["contention"]
+    print(f"| {k} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
+          f"{med('sync_wait'):.2f} / {t['comm_s']*1e3:.2f} | {med('optimizer'):.2f} / {c*t['optimizer_s']*1e3:.2f} |")
 ratios = [q for *_, q, _ in rows]
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")

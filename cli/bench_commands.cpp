@@ -386,6 +386,12 @@ nlohmann::json bench_ddp_json(const engine::BenchDdpResult& r) {
             {"min", r.step.min_s},
             {"max", r.step.max_s}}},
           {"step_times_s", r.step_times_s},
+          {"phase_seconds_median",
+           {{"forward_backward", r.phases.forward_backward_s},
+            {"sync_wait", r.phases.sync_wait_s},
+            {"optimizer", r.phases.optimizer_s},
+            {"convention", "rank 0's own phases of each timed step, medians; forward_backward "
+                           "includes packing gradients into buckets"}}},
           {"samples_per_s", r.samples_per_s},
           {"final_loss", r.final_loss},
           {"param_sum", r.param_sum},

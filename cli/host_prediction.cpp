@@ -22,9 +22,7 @@ HostModel load_host_model(const std::string& flag, const std::string& path, int 
 
 MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup) {
   setup.cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  return predict_mlp_step(setup, m.host, m.calibration.kernels->memory_curve.empty()
-                                             ? std::vector<BandwidthPoint>{{1, m.host.gpu.memory_bps}}
-                                             : m.calibration.kernels->memory_curve);
+  return predict_mlp_step(setup, m.host);
 }
 
 void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepTime& t,
@@ -37,7 +35,6 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
                        {"comm_s", t.comm_s},
                        {"contention", t.contention},
                        {"memory_bytes_per_s", t.memory_bps},
-                       {"working_set_bytes", t.working_set_bytes},
                        {"convention", t.convention()},
                        {"calibration", m.path}};
 }

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "tally/core/comm.hpp"
-#include "tally/core/model_states.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally {
@@ -42,30 +41,6 @@ double ops_seconds(const std::vector<Op>& ops, const GpuSpec& gpu) {
 }
 
 }  // namespace
-
-double bandwidth_at(const std::vector<BandwidthPoint>& curve, double working_set_bytes) {
-  require_int(!curve.empty(), "memory curve points", 0, "need >= 1 measured bandwidth");
-  for (const BandwidthPoint& p : curve) {
-    require_real(std::isfinite(p.working_set_bytes) && p.working_set_bytes > 0,
-                 "memory curve working_set_bytes", p.working_set_bytes, "must be > 0");
-    require_real(std::isfinite(p.bytes_per_s) && p.bytes_per_s > 0, "memory curve bytes_per_s",
-                 p.bytes_per_s, "must be > 0");
-  }
-  std::vector<BandwidthPoint> c = curve;
-  std::sort(c.begin(), c.end(), [](const BandwidthPoint& a, const BandwidthPoint& b) {
-    return a.working_set_bytes < b.working_set_bytes;
-  });
-  if (working_set_bytes <= c.front().working_set_bytes) return c.front().bytes_per_s;
-  if (working_set_bytes >= c.back().working_set_bytes) return c.back().bytes_per_s;
-  const auto hi = std::upper_bound(
-      c.begin(), c.end(), working_set_bytes,
-      [](double w, const BandwidthPoint& p) { return w < p.working_set_bytes; });
-  const BandwidthPoint& b = *hi;
-  const BandwidthPoint& a = *(hi - 1);
-  const double f = std::log(working_set_bytes / a.working_set_bytes) /
-                   std::log(b.working_set_bytes / a.working_set_bytes);
-  return std::exp(std::log(a.bytes_per_s) + f * std::log(b.bytes_per_s / a.bytes_per_s));
-}
 
 void MlpStepSetup::validate() const {
   require_int(widths.size() >= 2 && widths.size() <= 64, "widths", i64(widths.size()),
@@ -120,8 +95,7 @@ std::vector<Op> mlp_ops(const std::vector<i64>& widths, i64 rows, double e) {
   return ops;
 }
 
-MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host,
-                             const std::vector<BandwidthPoint>& curve) {
+MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   s.validate();
   const int k = s.ranks;
   const i64 n = mlp_parameters(s.widths);
@@ -129,15 +103,8 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host,
   const double shard = std::ceil(N / k);  // the largest rank's shard_span
   MlpStepTime t;
 
-  // The working set, and the bandwidth it streams at (Note [host step model]).
-  const ModelStateResult states =
-      model_states(N, {.precision = Precision::fp32, .optimizer = s.optimizer,
-                       .zero_stage = s.zero_stage, .shard_degree = k});
-  t.working_set_bytes = k * (states.bytes.total() + (s.zero_stage == 0 ? kFp32 * N : 0.0));
-  t.memory_bps = bandwidth_at(curve, t.working_set_bytes);
-  GpuSpec cpu = host.gpu;
-  cpu.memory_bps = t.memory_bps;
-  cpu.kernels.memory_fraction = 1;
+  const GpuSpec& cpu = host.gpu;
+  t.memory_bps = cpu.memory_bps * cpu.kernels.memory_fraction;
 
   t.compute_s = ops_seconds(mlp_ops(s.widths, s.rows), cpu);
 
@@ -202,8 +169,7 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host,
 
 std::string MlpStepTime::convention() const {
   return "operator model on the calibrated host: contention x (GEMM roofline + streaming passes at " +
-         format_number(memory_bps / 1e9) + " GB/s for a " + format_number(working_set_bytes / 1e6) +
-         " MB working set) + alpha-beta collectives, no overlap";
+         format_number(memory_bps / 1e9) + " GB/s) + alpha-beta collectives, no overlap";
 }
 
 }  // namespace tally

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <sstream>
@@ -135,17 +136,31 @@ BenchDdpResult run_bench_ddp(const DistEnv& env, const BenchDdpOptions& o) {
   const RankData data = make_data(o, comm.rank(), k);                                  // step 4
   Optimizer optimizer(o, params);
 
-  // Steps 5 and 6 on the harness: barrier, time one step, the slowest rank's time per step.
+  // Steps 5 and 6 on the harness: barrier, time one step, the slowest rank's time per step; and
+  // this rank's phases of each timed step.
+  using clock = std::chrono::steady_clock;
+  const auto seconds = [](clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  std::vector<double> forward_backward, sync_wait, optimizer_s;
   const TimedLoopResult timed = run_timed_loop(
       comm, {.warmup_iters = o.warmup_steps,
              .iters = o.steps,
              .run = [&](int i) {
+               const auto t0 = clock::now();
                const std::size_t p = std::size_t(i % o.data_batches);
                const at::Tensor loss = at::cross_entropy_loss(model.forward(data.x[p]), data.y[p]);
                loss.backward();
+               const auto t1 = clock::now();
                ddp.finish_gradient_sync();
+               const auto t2 = clock::now();
                optimizer.step();
                optimizer.zero_grad();
+               if (i >= o.warmup_steps) {
+                 forward_backward.push_back(seconds(t0, t1));
+                 sync_wait.push_back(seconds(t1, t2));
+                 optimizer_s.push_back(seconds(t2, clock::now()));
+               }
              }});
 
   BenchDdpResult r{.world_size = k,
@@ -154,6 +169,9 @@ BenchDdpResult run_bench_ddp(const DistEnv& env, const BenchDdpOptions& o) {
                    .buckets = ddp.buckets().size()};
   r.step_times_s = timed.slowest_s;
   r.step = timed.time;
+  r.phases = {.forward_backward_s = time_stats(forward_backward).median_s,
+              .sync_wait_s = time_stats(sync_wait).median_s,
+              .optimizer_s = time_stats(optimizer_s).median_s};
   r.samples_per_s = r.step.median_s > 0 ? double(k * o.batch_per_rank) / r.step.median_s : 0.0;
   r.ddp = ddp.stats();
   check_result(comm, model, data, r);  // step 7

@@ -37,21 +37,13 @@ TEST(MlpStep, GemmFlopsAreForwardPlusTwoBackwardLessTheFirstDgrad) {
   EXPECT_DOUBLE_EQ(bwd, 2 * 2.0 * B * sum - 2.0 * B * 6 * 5);
 }
 
-TEST(MlpStep, BandwidthCurveInterpolatesLogLogAndClamps) {
-  const std::vector<BandwidthPoint> c = {{1e8, 25e9}, {1e6, 100e9}};  // any order
-  EXPECT_DOUBLE_EQ(bandwidth_at(c, 1e5), 100e9);
-  EXPECT_DOUBLE_EQ(bandwidth_at(c, 1e9), 25e9);
-  EXPECT_NEAR(bandwidth_at(c, 1e7), std::sqrt(100e9 * 25e9), 1e-3);  // geometric midpoint
-  EXPECT_THROW(bandwidth_at({}, 1e6), InvalidInput);
-  EXPECT_THROW(bandwidth_at({{1e6, 0}}, 1e6), InvalidInput);
-}
-
-ClusterSpec ideal_host(double peak, double alpha, double beta) {
+ClusterSpec ideal_host(double peak, double alpha, double beta, double W) {
   ClusterSpec h;
   h.gpu.peak_fp32_flops = h.gpu.peak_tf32_flops = h.gpu.peak_bf16_flops = peak;
-  h.gpu.memory_bps = 1;  // replaced by the curve
+  h.gpu.memory_bps = W;
   h.gpu.kernels = KernelPerf{.sm_count = 1, .tile_m = 1, .tile_n = 1, .gemm_fraction = 1,
-                             .gemm_half_k = 0, .gemm_half_mn = 0, .kernel_overhead_s = 0};
+                             .gemm_half_k = 0, .gemm_half_mn = 0, .memory_fraction = 1,
+                             .kernel_overhead_s = 0};
   h.intra_node = {.bandwidth_bps = beta, .latency_s = alpha};
   return h;
 }
@@ -64,7 +56,7 @@ TEST(MlpStep, ZeroOneStepIsTheSumOfItsTerms) {
   const int k = 2;
   const double N = 8 * 6 + 6 + 6 * 4 + 4;  // 82
   MlpStepSetup s{.widths = w, .rows = B, .ranks = k, .zero_stage = 1, .cores = 2};
-  const MlpStepTime t = predict_mlp_step(s, ideal_host(peak, alpha, beta), {{1, W}});
+  const MlpStepTime t = predict_mlp_step(s, ideal_host(peak, alpha, beta, W));
 
   // Each GEMM costs max(FLOPs/peak, bytes/W) (roofline): forward B × 6 (k 8), B × 4 (k 6);
   // wgrad 6 × 8 (k B), 4 × 6 (k B); dgrad of layer 1 only, B × 6 (k 4). The elementwise kernels:
@@ -86,24 +78,22 @@ TEST(MlpStep, ZeroOneStepIsTheSumOfItsTerms) {
   EXPECT_NEAR(t.comm_s, 2 * (alpha * 1 + S / 2 / beta), 1e-15);
   EXPECT_EQ(t.contention, 1);
   EXPECT_NEAR(t.total_s, t.compute_s + t.gradient_s + t.optimizer_s + t.comm_s, 1e-15);
-  // The working set: k × ledger states (fp32 params + grads 8N, Adam m, v over the shard 8N/k).
-  EXPECT_NEAR(t.working_set_bytes, k * (8 * N + 8 * N / k), 1e-9);
 }
 
 // Four ranks of one thread on two cores: compute and memory stretch 2×; comm does not (its α–β
 // was measured at the same k). DP's buckets each pay an all-reduce's latency.
 TEST(MlpStep, ContentionAndBuckets) {
-  const ClusterSpec host = ideal_host(1e9, 1e-5, 1e8);
+  const ClusterSpec host = ideal_host(1e9, 1e-5, 1e8, 2e9);
   MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 4, .zero_stage = 0,
                  .optimizer = Optimizer::sgd, .cores = 2};
-  const MlpStepTime one = predict_mlp_step(s, host, {{1, 2e9}});
+  const MlpStepTime one = predict_mlp_step(s, host);
   EXPECT_EQ(one.contention, 2);
   EXPECT_NEAR(one.total_s, 2 * (one.compute_s + one.gradient_s + one.optimizer_s) + one.comm_s,
               1e-15);
   const double N = 82, S = 4 * N;
   EXPECT_NEAR(one.comm_s, 1e-5 * 6 + 2 * S * 3 / 4 / 1e8, 1e-15);  // 2(k−1) steps
   s.bucket_bytes = {100, S - 100};
-  const MlpStepTime two = predict_mlp_step(s, host, {{1, 2e9}});
+  const MlpStepTime two = predict_mlp_step(s, host);
   EXPECT_NEAR(two.comm_s - one.comm_s, 1e-5 * 6, 1e-15);
   // SGD: p.add_(g) is 3 streams per parameter; DP packs 2 streams per gradient.
   EXPECT_NEAR(one.optimizer_s, 4 * 3 * N / 2e9, 1e-15);
@@ -111,12 +101,12 @@ TEST(MlpStep, ContentionAndBuckets) {
 }
 
 TEST(MlpStep, RefusesWhatTheEngineCannotRun) {
-  const ClusterSpec host = ideal_host(1e9, 0, 1e8);
-  EXPECT_THROW(predict_mlp_step({.widths = {8}}, host, {{1, 1e9}}), InvalidInput);
+  const ClusterSpec host = ideal_host(1e9, 0, 1e8, 1e9);
+  EXPECT_THROW(predict_mlp_step({.widths = {8}}, host), InvalidInput);
   EXPECT_THROW(predict_mlp_step({.widths = {8, 4}, .zero_stage = 2, .optimizer = Optimizer::sgd},
-                                host, {{1, 1e9}}),
+                                host),
                InvalidInput);
-  EXPECT_THROW(predict_mlp_step({.widths = {8, 4}, .rows = 0}, host, {{1, 1e9}}), InvalidInput);
+  EXPECT_THROW(predict_mlp_step({.widths = {8, 4}, .rows = 0}, host), InvalidInput);
 }
 
 }  // namespace

@@ -23,11 +23,13 @@
 //                it: m.mul_ 2, add_ 3, v.mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4 —
 //                20 streams per element it updates (N for DP, N/k sharded); SGD p.add_ 3.
 //                Each is one kernel per parameter tensor (and per 2^20-element chunk).
-//   memory       streams × e bytes at the host's streaming bandwidth for the step's working set:
-//                `tally bench memory` measures an in-place a += α·b (the commonest kernel above)
-//                over working sets from cache to DRAM; the step's working set is k × the ledger's
-//                model states per rank (+ DP's bucket, 4N), the ranks sharing the host's caches.
-//                The curve is interpolated log-log, clamped at its ends.
+//   memory       streams × e bytes at the host's DRAM streaming bandwidth (`tally bench memory`:
+//                a.add_(b) over its largest working set, the calibration's memory_bytes_per_s).
+//                Not the in-cache figure of the same curve, although the step's buffers would fit
+//                a large cache: between two passes over a buffer the step's GEMMs stream the rest
+//                of the model through the caches. (Measured: bench ddp's SGD step, 3 streams over
+//                2.64 M parameters, ran at 55 GB/s where the in-cache add_ reached 112–148 GB/s and
+//                the 256 MiB one 57 GB/s.)
 //   comm         collective_cost on the host's calibrated α–β link (`tally bench allreduce` at
 //                the same k): DP one all-reduce per bucket; ZeRO-1/2 a reduce-scatter and an
 //                all-gather of S = 4N; ZeRO-3 per layer two all-gathers and a reduce-scatter of
@@ -48,16 +50,6 @@
 
 namespace tally {
 
-// One point of a host's streaming-bandwidth curve (`tally bench memory`).
-struct BandwidthPoint {
-  double working_set_bytes = 0;
-  double bytes_per_s = 0;
-};
-
-// Bandwidth at `working_set_bytes`: log-log interpolation between the nearest points, the end
-// values outside. Throws InvalidInput when empty or a point is not finite and > 0.
-double bandwidth_at(const std::vector<BandwidthPoint>& curve, double working_set_bytes);
-
 struct MlpStepSetup {
   std::vector<std::int64_t> widths;   // d_0 … d_L
   std::int64_t rows = 1;              // B, per rank
@@ -76,8 +68,7 @@ struct MlpStepTime {
   double optimizer_s = 0;
   double comm_s = 0;
   double contention = 1;              // max(1, k·t/c)
-  double memory_bps = 0;              // the curve at the working set
-  double working_set_bytes = 0;
+  double memory_bps = 0;              // the host's streaming bandwidth used
   double total_s = 0;
   std::string convention() const;     // one line: what is summed, and the assumptions
 };
@@ -87,9 +78,8 @@ std::int64_t mlp_parameters(const std::vector<std::int64_t>& widths);
 // The MLP's forward and backward kernels on B rows (act_bytes per element).
 std::vector<Op> mlp_ops(const std::vector<std::int64_t>& widths, std::int64_t rows,
                         double act_bytes = 4);
-// host: a calibrated host cluster (its gpu the CPU: peak = the best measured GEMM, fp32);
-// curve: its streaming bandwidth by working set.
-MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host,
-                             const std::vector<BandwidthPoint>& curve);
+// host: a calibrated host cluster (io::host_cluster: its gpu the CPU, peak = the best measured
+// GEMM, memory_bps the DRAM streaming bandwidth, fp32).
+MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host);
 
 }  // namespace tally

@@ -32,7 +32,6 @@
 #include <vector>
 
 #include "tally/core/hardware.hpp"
-#include "tally/core/mlp_step.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally::io {
@@ -55,6 +54,13 @@ struct AttentionPoint {
   double forward_seconds = 0, backward_seconds = 0;
 };
 
+// One point of a host's streaming-bandwidth curve (`tally bench memory`): a record of the host
+// from cache to DRAM; the host step model uses the DRAM end (memory_bps).
+struct BandwidthPoint {
+  double working_set_bytes = 0;
+  double bytes_per_s = 0;
+};
+
 // Kernel micro-benchmarks of one device at one precision (`tally bench gemm|memory`,
 // bench/gpu/probe.py): they replace the preset's kernel constants (Note [GEMM calibration]).
 struct KernelCalibration {
@@ -62,7 +68,7 @@ struct KernelCalibration {
   double peak_flops = 0;                    // the peak the fractions are relative to
   std::optional<int> sm_count;
   std::optional<double> memory_bps;         // measured streaming bandwidth (read + write)
-  std::vector<BandwidthPoint> memory_curve; // by working set (core/mlp_step.hpp), may be empty
+  std::vector<BandwidthPoint> memory_curve; // by working set, may be empty
   std::vector<GemmSample> gemm;
   std::vector<AttentionPoint> attention;
 };

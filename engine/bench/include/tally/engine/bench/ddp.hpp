@@ -69,6 +69,13 @@ struct BenchDdpOptions {
   void validate() const;
 };
 
+// This rank's phases of a timed step, medians over the timed steps: forward + backward (the
+// bucket hooks pack gradients and start all-reduces), the wait in finish_gradient_sync (what the
+// all-reduces did not hide), optimizer step + zero_grad. They sum to about the step's time.
+struct DdpPhases {
+  double forward_backward_s = 0, sync_wait_s = 0, optimizer_s = 0;
+};
+
 struct BenchDdpResult {
   int world_size = 1;
   BenchDdpOptions options;
@@ -76,6 +83,7 @@ struct BenchDdpResult {
   std::size_t buckets = 0;              // tally's plan for bucket_cap_bytes
   std::vector<double> step_times_s;     // per timed step, the slowest rank's
   TimeStats step;                       // over step_times_s (harness.hpp)
+  DdpPhases phases;                     // rank 0's in results (each rank has its own)
   double samples_per_s = 0;             // k·B / step.median_s
   double final_loss = 0;                // see the header comment, step 7
   double param_sum = 0;
