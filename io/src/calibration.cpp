@@ -244,6 +244,13 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
   if (k.sm_count) kp.sm_count = *k.sm_count;
   const Precision p = *parse_precision(k.precision);
   const double rescale = k.peak_flops / gpu.peak_flops(p);  // fraction of the benchmark's peak
+  // Another device's kernels (a CPU's on a GPU preset) would turn every GEMM into a crawl, or a
+  // sprint: one line instead of a silently wrong plan.
+  if (!(rescale >= 0.02 && rescale <= 50))
+    throw InvalidInput("kernels measured on '" + k.device + "' (peak_flops " +
+                       format_number(k.peak_flops) + " FLOP/s) cannot describe gpu '" + gpu.name +
+                       "' (" + format_number(gpu.peak_flops(p)) + " FLOP/s at " + k.precision +
+                       "): use a calibration of that device");
   if (k.gemm.size() >= 3) {
     const KernelPerf fit = fit_gemm_perf(kp, k.peak_flops, k.gemm);
     kp.gemm_half_k = fit.gemm_half_k;

@@ -249,6 +249,9 @@ TEST(Calibration, HostClusterFromAHostCalibration) {
   Calibration few = back;
   few.kernels->gemm.resize(2);
   expect_invalid([&] { host_cluster(few, false); }, {"kernels.gemm", ">= 3"});
+  // A host's kernels on a GPU preset: refused, naming both devices.
+  expect_invalid([&] { apply_calibration(*cluster_preset("a100-80g"), back); },
+                 {"test-cpu", "cannot describe", "a100"});
 }
 
 }  // namespace
