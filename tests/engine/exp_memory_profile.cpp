@@ -7,11 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
 #include <vector>
 
+#include "../support/subprocess.hpp"
 #include "gpt_model.hpp"
 #include "tally/core/activations.hpp"
 #include "tally/engine/experiments/memory_profile.hpp"
@@ -279,18 +280,12 @@ TEST(MemoryProfile, PredictionComesFromCore) {
 
 // ---- the command ---------------------------------------------------------------------------
 
-struct Ran {
-  int exit_code = -1;
-  std::string out;
-};
-Ran run_tally(const std::string& args) {
-  Ran r;
-  FILE* p = popen((std::string(TALLY_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// The one test runner (tests/support/subprocess.hpp): words split on spaces, a 120 s deadline.
+tally::subprocess::Ran run_tally(const std::string& args) {
+  std::vector<std::string> argv = {TALLY_BINARY};
+  std::istringstream words(args);
+  for (std::string w; words >> w;) argv.push_back(w);
+  return tally::subprocess::run_command(argv, 120);
 }
 
 TEST(MemoryProfileCli, JsonReportsBothPrecisions) {

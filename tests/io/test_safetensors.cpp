@@ -12,6 +12,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "io_test_util.hpp"
 #include "tally/io/safetensors.hpp"
@@ -220,14 +221,10 @@ std::optional<std::string> run_python_reader(const fs::path& file) {
       std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0)
     return std::nullopt;
   const fs::path script = fs::path(TALLY_IO_TEST_DATA).parent_path() / "read_safetensors.py";
-  const std::string cmd = "/usr/bin/python3 '" + script.string() + "' '" + file.string() + "'";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  while (const std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  EXPECT_EQ(::pclose(p), 0) << "read_safetensors.py failed; output:\n" << out;
-  return out;
+  const tally::subprocess::Ran r =
+      tally::subprocess::run_command({"/usr/bin/python3", script.string(), file.string()}, 120);
+  EXPECT_EQ(r.exit_code, 0) << "read_safetensors.py failed; output:\n" << r.out << r.err;
+  return r.out;
 }
 
 // The values of a tensor as doubles (BF16: the upper half of a float32; F16: IEEE half).
