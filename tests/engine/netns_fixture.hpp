@@ -104,7 +104,9 @@ class TwoHosts : public ::testing::Test {
     a = {.ns = stem + "a", .address = "10.77.0.1", .veth = "veth-tally-a"};
     b = {.ns = stem + "b", .address = "10.77.0.2", .veth = "veth-tally-b"};
     const subprocess::Ran first = ip({"netns", "add", a.ns});
-    if (first.exit_code != 0) GTEST_SKIP() << "skipped: needs CAP_NET_ADMIN (" << first.err << ")";
+    if (first.exit_code != 0)
+      GTEST_SKIP() << "skipped: needs CAP_NET_ADMIN ("
+                   << first.err.substr(0, first.err.find('\n')) << ")";
     created_.push_back(a.ns);
     ASSERT_EQ(step({"netns", "add", b.ns}), "");
     created_.push_back(b.ns);
