@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -37,27 +38,74 @@ std::string gloo_smoke_report(const engine::GlooSmokeResult& r) {
   std::exit(code);
 }
 
+// The launch flags as typed: --nproc (one host) and --nproc-per-node (its name with --nnodes) are
+// one value, so which was given is the parser's answer, never a sentinel.
+struct LaunchFlags {
+  engine::LaunchOptions options;
+  std::optional<int> nproc, nproc_per_node;
+  std::optional<std::string> master_addr;
+
+  // Throws InvalidInput naming the flags when they conflict; LaunchOptions::validate does the rest.
+  engine::LaunchOptions resolve() const {
+    engine::LaunchOptions o = options;
+    if (nproc && nproc_per_node)
+      throw InvalidInput("--nproc = " + std::to_string(*nproc) + " and --nproc-per-node = " +
+                         std::to_string(*nproc_per_node) +
+                         ": give one (--nproc-per-node is --nproc's name across hosts)");
+    if (nproc && o.nnodes > 1)
+      throw InvalidInput("--nproc = " + std::to_string(*nproc) + " with --nnodes = " +
+                         std::to_string(o.nnodes) +
+                         ": --nproc is for one host; give --nproc-per-node (ranks on each host)");
+    if (!nproc && !nproc_per_node)
+      throw InvalidInput("--nproc-per-node is required: ranks on this host, in [1, " +
+                         std::to_string(engine::kMaxLaunchRanks) + "] (--nproc on one host)");
+    if (nproc_per_node && (*nproc_per_node < 1 || *nproc_per_node > engine::kMaxLaunchRanks))
+      throw InvalidInput("--nproc-per-node = " + std::to_string(*nproc_per_node) +
+                         ": must be in [1, " + std::to_string(engine::kMaxLaunchRanks) + "]");
+    if (o.nnodes > 1 && !master_addr)
+      throw InvalidInput("--nnodes = " + std::to_string(o.nnodes) +
+                         " needs --master-addr: node 0's address, as every host reaches it");
+    o.nproc = nproc_per_node.value_or(nproc.value_or(0));
+    if (master_addr) o.master_addr = *master_addr;
+    return o;
+  }
+};
+
 void register_launch(CLI::App& app) {
-  auto opts = std::make_shared<engine::LaunchOptions>();
+  auto flags = std::make_shared<LaunchFlags>();
+  engine::LaunchOptions& opts = flags->options;
   CLI::App* cmd = app.add_subcommand(
-      "launch", "start N local ranks of a program under torchrun's environment and supervise them");
+      "launch", "start this host's ranks of a program under torchrun's environment and supervise them");
   cmd->footer(
-      "tally launch --nproc N [--timeout S] [--master-port P] -- <command...>\n"
-      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and "
-      "MASTER_PORT; its output is prefixed \"[rank r] \". If a rank fails the others are stopped "
-      "(SIGTERM, then SIGKILL) and launch exits 1 naming it; on --timeout it exits 124.");
-  cmd->add_option("--nproc", opts->nproc, "ranks to start, 1..256")->required();
-  cmd->add_option("--timeout", opts->timeout_s,
+      "one host:   tally launch --nproc K [--timeout S] [--master-port P] -- <command...>\n"
+      "each host:  tally launch --nnodes N --node-rank i --nproc-per-node K --master-addr A "
+      "--master-port P -- <command...>\n"
+      "Local rank l gets RANK = i·K + l, WORLD_SIZE = N·K, LOCAL_RANK = l, LOCAL_WORLD_SIZE = K, "
+      "GROUP_RANK = i, MASTER_ADDR (127.0.0.1 on one host) and MASTER_PORT; its output is prefixed "
+      "\"[rank RANK] \". If a rank fails the others on this host are stopped (SIGTERM, then "
+      "SIGKILL) and launch exits 1 naming it; on --timeout it exits 124.");
+  cmd->add_option("--nproc", flags->nproc, "ranks to start on this one host, 1..256");
+  cmd->add_option("--nproc-per-node", flags->nproc_per_node,
+                  "ranks on each host (--nproc's name with --nnodes), 1..256");
+  cmd->add_option("--nnodes", opts.nnodes, "hosts, each running this launch with its --node-rank")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", opts.node_rank, "this host's index, 0..nnodes-1 (node 0 serves "
+                  "the rendezvous)")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", flags->master_addr,
+                  "node 0's address as every host reaches it (required with --nnodes > 1; "
+                  "default 127.0.0.1 on one host)");
+  cmd->add_option("--timeout", opts.timeout_s,
                   "seconds before every rank is stopped and launch exits 124 (0 = no limit)")
       ->check(finite_number(">= 0 s; 0 = no limit"))  // the range: engine::LaunchOptions
       ->capture_default_str();
-  cmd->add_option("--master-port", opts->master_port,
-                  "MASTER_PORT for the ranks' TCPStore rendezvous (0 = a free port)")
+  cmd->add_option("--master-port", opts.master_port,
+                  "MASTER_PORT for the ranks' TCPStore rendezvous (0 = a free port; one host only)")
       ->capture_default_str();
-  cmd->add_option("command", opts->command, "the program and its arguments, after --")
+  cmd->add_option("command", opts.command, "the program and its arguments, after --")
       ->required();
-  cmd->callback([opts] {
-    const engine::LaunchResult result = engine::launch(*opts);
+  cmd->callback([flags] {
+    const engine::LaunchResult result = engine::launch(flags->resolve());
     if (!result.message.empty()) std::cerr << result.message << "\n";
     if (result.exit_code != 0) exit_now(result.exit_code);
   });

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package tally's build, tests and benchmarks need; clang-14 and
-# libclang-rt-14-dev (which holds libclang_rt.fuzzer) are for scripts/fuzz.sh's libFuzzer harnesses.
+# libclang-rt-14-dev (which holds libclang_rt.fuzzer) are for scripts/fuzz.sh's libFuzzer harnesses;
+# iproute2's `ip netns` makes the two "hosts" of the multi-host tests (tests/engine/netns_fixture.hpp).
 # Safe to run twice: apt-get skips what is already installed, and the package-list refresh is
 # skipped when every package is present.
 set -euo pipefail
@@ -12,6 +13,7 @@ PKGS=(
   libopenblas0-pthread
   python3-torch python3-numpy
   clang-14 libclang-rt-14-dev
+  iproute2
 )
 
 missing=()

@@ -29,6 +29,7 @@
 #include "ring.hpp"
 #include "tally/core/sharding.hpp"
 #include "tally/core/types.hpp"
+#include "tally/engine/local_route.hpp"
 
 namespace tally::engine {
 
@@ -65,6 +66,40 @@ bool mentions_timeout(const std::string& s) {
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
   return lower.find("timed out") != std::string::npos ||
          lower.find("timeout") != std::string::npos;
+}
+
+// The Gloo device a rank binds, and the words naming it in a failed rendezvous
+// (Note [the address peers dial], local_route.hpp).
+struct GlooDeviceChoice {
+  std::string hostname;   // an IP literal to bind; empty: the interface below
+  std::string interface;  // GLOO_SOCKET_IFNAME, when set
+  std::string described;  // "local address 10.77.0.2 (interface eth0), its route to MASTER_ADDR"
+
+  std::shared_ptr<::gloo::transport::Device> make() const {
+    return hostname.empty() ? c10d::ProcessGroupGloo::createDeviceForInterface(interface)
+                            : c10d::ProcessGroupGloo::createDeviceForHostname(hostname);
+  }
+};
+
+constexpr const char* kSetIfname =
+    "; if another interface reaches the other hosts, set GLOO_SOCKET_IFNAME to it";
+
+// Loopback MASTER_ADDR: the whole job is on this host. Otherwise GLOO_SOCKET_IFNAME when set, else
+// the source address of this host's route to MASTER_ADDR (never the hostname's address, often a
+// loopback one).
+GlooDeviceChoice choose_gloo_device(const std::string& master_addr) {
+  if (is_loopback_address(master_addr)) {
+    const LocalRoute lo{.address = "127.0.0.1", .interface = interface_holding("127.0.0.1")};
+    return {.hostname = lo.address,
+            .described = "local address " + lo.describe() + ", as MASTER_ADDR is loopback"};
+  }
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0')
+    return {.interface = ifname,
+            .described = std::string("interface ") + ifname + " (GLOO_SOCKET_IFNAME)"};
+  const LocalRoute route = local_route_to(master_addr);
+  return {.hostname = route.address,
+          .described = "local address " + route.describe() + ", its route to MASTER_ADDR"};
 }
 
 at::ScalarType scalar_type(DType d) { return d == DType::f32 ? at::kFloat : at::kDouble; }
@@ -128,12 +163,13 @@ struct Comm::Impl {
 
   int k() const { return env.world_size; }
 
+  // `hint`, when given, ends the message: "…; this rank uses local address …".
   [[noreturn]] void fail(const std::string& op, int peer, const std::string& what_failed,
-                         const std::string& detail) {
+                         const std::string& detail, const std::string& hint = "") {
     std::string reason = mentions_timeout(detail) ? "timed out after " + seconds_str(options.timeout_s)
                                                   : "peer failure or broken connection";
     std::string message = "rank " + std::to_string(env.rank) + ": " + what_failed + " failed: " +
-                          reason + " (" + detail + ")";
+                          reason + " (" + detail + ")" + (hint.empty() ? "" : "; " + hint);
     failure = message;
     throw CommError(op, peer, message);
   }
@@ -414,6 +450,14 @@ Comm::Comm(const DistEnv& env, const CommOptions& options) : impl_(std::make_uni
     signal(SIGPIPE, SIG_IGN);
 
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  GlooDeviceChoice device;
+  try {
+    device = choose_gloo_device(env.master_addr);
+  } catch (...) {
+    m.failure = "rank " + std::to_string(env.rank) + ": rendezvous via " + where +
+                " failed: " + current_error() + kSetIfname;
+    throw CommError("rendezvous", -1, m.failure);
+  }
   try {
     c10d::TCPStoreOptions store_opts;
     store_opts.port = std::uint16_t(env.master_port);
@@ -425,22 +469,18 @@ Comm::Comm(const DistEnv& env, const CommOptions& options) : impl_(std::make_uni
   } catch (...) {
     const std::string what = env.rank == 0 ? "serving the TCPStore on " + where
                                            : "reaching rank 0's TCPStore at " + where;
-    m.fail("rendezvous", env.rank == 0 ? -1 : 0, what, current_error());
+    m.fail("rendezvous", env.rank == 0 ? -1 : 0, what, current_error(),
+           "this rank uses " + device.described);
   }
   try {
     auto pg_opts = c10d::ProcessGroupGloo::Options::create(m.timeout);
-    if (is_loopback_address(env.master_addr))
-      pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
-      pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    else
-      pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    pg_opts->devices.push_back(device.make());
     m.group = c10::make_intrusive<c10d::ProcessGroupGloo>(m.store, env.rank, env.world_size,
                                                          pg_opts);
   } catch (...) {
     m.fail("rendezvous", -1,
            "Gloo rendezvous of " + std::to_string(env.world_size) + " ranks via " + where,
-           current_error());
+           current_error(), "this rank uses " + device.described + kSetIfname);
   }
 }
 

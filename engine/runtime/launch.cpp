@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -101,20 +102,21 @@ struct Stream {
 };
 
 struct Rank {
-  int rank = 0;
+  int local_rank = 0;
+  int rank = 0;  // global
   pid_t pid = -1;
   bool running = false;
   RankExit exit;
   Stream out, err;
 };
 
-std::vector<std::string> rank_environment(const LaunchOptions& o, int rank, int port) {
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int port) {
   const std::vector<std::pair<std::string, std::string>> ours = {
-      {"RANK", std::to_string(rank)},
-      {"WORLD_SIZE", std::to_string(o.nproc)},
-      {"LOCAL_RANK", std::to_string(rank)},
+      {"RANK", std::to_string(o.global_rank(local_rank))},
+      {"WORLD_SIZE", std::to_string(o.world_size())},
+      {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
-      {"GROUP_RANK", "0"},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(port)},
   };
@@ -166,7 +168,7 @@ void start_rank(Rank& r, const LaunchOptions& o, int port, int out_fd, int err_f
     throw std::runtime_error("tally launch: pipe failed");
   }
   // Everything the child needs is built before fork.
-  std::vector<std::string> env = rank_environment(o, r.rank, port);
+  std::vector<std::string> env = rank_environment(o, r.local_rank, port);
   std::vector<char*> envp, argv;
   for (auto& s : env) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -229,9 +231,22 @@ void LaunchOptions::validate() const {
                        std::to_string(kMaxLaunchRanks) + "]");
   if (!std::isfinite(timeout_s) || timeout_s < 0)
     throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be >= 0 s (0 = no limit)");
+  if (nnodes < 1 || nnodes > kMaxWorldSize)
+    throw InvalidInput("--nnodes = " + std::to_string(nnodes) + ": must be in [1, " +
+                       std::to_string(kMaxWorldSize) + "]");
+  if (std::int64_t(nnodes) * nproc > kMaxWorldSize)
+    throw InvalidInput("--nnodes = " + std::to_string(nnodes) + " × --nproc-per-node = " +
+                       std::to_string(nproc) + " = " + std::to_string(std::int64_t(nnodes) * nproc) +
+                       " ranks: must be at most " + std::to_string(kMaxWorldSize));
+  if (node_rank < 0 || node_rank >= nnodes)
+    throw InvalidInput("--node-rank = " + std::to_string(node_rank) + ": must be in [0, " +
+                       std::to_string(nnodes - 1) + "] (--nnodes = " + std::to_string(nnodes) + ")");
   if (master_port < 0 || master_port > 65535)
     throw InvalidInput("--master-port = " + std::to_string(master_port) +
                        ": must be in [0, 65535] (0 = a free port)");
+  if (nnodes > 1 && master_port == 0)
+    throw InvalidInput("--master-port = 0: with --nnodes = " + std::to_string(nnodes) +
+                       " every host needs the same port: must be in [1, 65535]");
   if (!std::isfinite(kill_grace_s) || kill_grace_s < 0)
     throw InvalidInput("kill grace = " + format_number(kill_grace_s) + " s: must be >= 0 s");
   if (master_addr.empty()) throw InvalidInput("master address is empty");
@@ -259,7 +274,11 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
 
   const auto start = Clock::now();
   std::vector<Rank> ranks(std::size_t(options.nproc));
-  for (int r = 0; r < options.nproc; ++r) ranks[r].rank = ranks[r].exit.rank = r;
+  for (int l = 0; l < options.nproc; ++l) {
+    ranks[l].local_rank = l;
+    ranks[l].rank = ranks[l].exit.rank = options.global_rank(l);
+  }
+  std::size_t failed_local = 0;  // index of the failed rank in `ranks`
   bool stopping = false, killed = false;
   Clock::time_point kill_at{};
   auto begin_stop = [&] {
@@ -315,6 +334,7 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
       if (failed(r.exit) && !stopping) {
         result.outcome = LaunchOutcome::rank_failed;
         result.failed_rank = r.rank;
+        failed_local = std::size_t(r.local_rank);
         begin_stop();
       }
     }
@@ -362,7 +382,7 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
     case LaunchOutcome::rank_failed:
       result.exit_code = 1;
       result.message = "tally launch: rank " + std::to_string(result.failed_rank) + " failed (" +
-                       result.ranks[std::size_t(result.failed_rank)].describe() + "); " + others;
+                       result.ranks[failed_local].describe() + "); " + others;
       break;
     case LaunchOutcome::timed_out:
       result.exit_code = 124;

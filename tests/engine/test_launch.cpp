@@ -155,6 +155,73 @@ TEST(Launch, BadInputIsOneLineAndExitCode2) {
   }
 }
 
+// torchrun's numbering on node 1 of 3 with 2 ranks each: RANK = 1·2 + l, WORLD_SIZE = 3·2,
+// GROUP_RANK = 1. The ranks only print, so no other node is needed.
+TEST(Launch, NodeRankSetsTorchrunEnvironmentAcrossHosts) {
+  const Ran r = run_command(tally(
+      {"launch", "--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
+       "10.0.0.1", "--master-port", "29517", "--", "/bin/sh", "-c",
+       "echo env $RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE/$GROUP_RANK "
+       "$MASTER_ADDR:$MASTER_PORT"}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 2] env 2/6/0/2/1 10.0.0.1:29517\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 3] env 3/6/1/2/1 10.0.0.1:29517\n"), std::string::npos) << r.out;
+  EXPECT_EQ(count_of(r.out, "\n"), 2) << r.out;
+}
+
+TEST(Launch, FailingRankOnASecondNodeIsNamedByItsGlobalRank) {
+  const Ran r = run_command(tally({"launch", "--nnodes", "2", "--node-rank", "1",
+                                   "--nproc-per-node", "2", "--master-addr", "10.0.0.1",
+                                   "--master-port", "29517", "--", "/bin/sh", "-c",
+                                   "if [ $LOCAL_RANK = 1 ]; then exit 3; fi; sleep 30"}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("tally launch: rank 3 failed (exited with status 3); stopped 1 running rank"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(Launch, MultiHostBadInputIsOneLineAndExitCode2) {
+  const std::vector<std::string> node1 = {"--nnodes", "2", "--node-rank", "1", "--master-addr",
+                                          "10.0.0.1", "--master-port", "29500"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"launch"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", "true"});
+    return args;
+  };
+  auto node1_with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), node1.begin(), node1.end());
+    return with(extra);
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {with({"--nproc", "2", "--nproc-per-node", "2"}),
+       "--nproc = 2 and --nproc-per-node = 2: give one"},
+      {node1_with({"--nproc", "2"}), "--nproc = 2 with --nnodes = 2: --nproc is for one host"},
+      {with({}), "--nproc-per-node is required: ranks on this host, in [1, 256]"},
+      {with({"--nproc-per-node", "0"}), "--nproc-per-node = 0: must be in [1, 256]"},
+      {with({"--nproc-per-node", "2", "--nnodes", "0"}), "--nnodes = 0: must be in [1, 4096]"},
+      {with({"--nproc-per-node", "256", "--nnodes", "17", "--master-addr", "10.0.0.1",
+             "--master-port", "29500"}),
+       "--nnodes = 17 × --nproc-per-node = 256 = 4352 ranks: must be at most 4096"},
+      {with({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "--master-addr",
+             "10.0.0.1", "--master-port", "29500"}),
+       "--node-rank = 2: must be in [0, 1] (--nnodes = 2)"},
+      {with({"--nproc", "2", "--node-rank", "1"}), "--node-rank = 1: must be in [0, 0] (--nnodes = 1)"},
+      {with({"--nproc-per-node", "2", "--nnodes", "2", "--master-addr", "10.0.0.1"}),
+       "--master-port = 0: with --nnodes = 2 every host needs the same port: must be in [1, 65535]"},
+      {with({"--nproc-per-node", "2", "--nnodes", "2", "--master-port", "29500"}),
+       "--nnodes = 2 needs --master-addr"},
+      {node1_with({"--nproc-per-node", "x"}), "--nproc-per-node"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Ran r = run_command(tally(args));
+    EXPECT_EQ(r.exit_code, 2) << message << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(count_of(r.err, "\n"), 1) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
 TEST(RunGlooSmoke, WithoutLauncherNamesTheMissingVariable) {
   const Ran r = run_command({"/usr/bin/env", "-u", "RANK", "-u", "WORLD_SIZE", TALLY_BINARY, "run",
                              "gloo-smoke"});

@@ -156,8 +156,10 @@ class Comm {
  public:
   // Rendezvous: rank 0 serves a c10d TCPStore on env.master_addr:env.master_port, every rank
   // joins a Gloo process group over it (the loopback device when master_addr is loopback, else
-  // GLOO_SOCKET_IFNAME's interface or this host's address). Throws InvalidInput for bad env or
-  // options, CommError("rendezvous") when the group does not form within the timeout.
+  // GLOO_SOCKET_IFNAME's interface when set, else the local address of this host's route to
+  // master_addr: Note [the address peers dial], local_route.hpp). Throws InvalidInput for bad env
+  // or options, CommError("rendezvous") when the group does not form within the timeout; its
+  // message names the local address and interface this rank used and suggests GLOO_SOCKET_IFNAME.
   explicit Comm(const DistEnv& env, const CommOptions& options = {});
   ~Comm();
   Comm(const Comm&) = delete;

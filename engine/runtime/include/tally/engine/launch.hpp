@@ -1,10 +1,16 @@
-// `tally launch`: start N local ranks of any program under torchrun's environment contract
+// `tally launch`: start this host's ranks of any program under torchrun's environment contract
 // (DESIGN.md §3) and supervise them so a multi-process run never hangs and never leaves
 // processes behind (DESIGN.md §5).
 //
-// Each rank runs in its own process group with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT set (plus the launcher's own environment). Its stdout and stderr
-// are forwarded line by line with a "[rank r] " prefix. When a rank fails (non-zero exit or a
+// Across hosts, as torchrun: N = nnodes hosts each run the same launch with their own node_rank i
+// and K = nproc ranks per host; local rank l gets
+//   RANK = i·K + l    WORLD_SIZE = N·K    LOCAL_RANK = l    LOCAL_WORLD_SIZE = K    GROUP_RANK = i
+// and MASTER_ADDR / MASTER_PORT (node 0's host serves the rendezvous; every host gives the same).
+// One host is N = 1, i = 0.
+//
+// Each rank runs in its own process group with those variables set (plus the launcher's own
+// environment). Its stdout and stderr are forwarded line by line with a "[rank r] " prefix (the
+// global rank). When a rank fails (non-zero exit or a
 // signal) the others are stopped: SIGTERM to every rank's process group, SIGKILL after
 // kill_grace_s. When timeout_s passes, all ranks are stopped the same way. Whatever happens, every
 // rank's process group is SIGKILLed before launch() returns, so a rank's stray children go too.
@@ -18,20 +24,25 @@ namespace tally::engine {
 inline constexpr int kMaxLaunchRanks = 256;
 
 struct LaunchOptions {
-  int nproc = 1;                          // ranks to start, [1, kMaxLaunchRanks]
+  int nproc = 1;                          // K: ranks on this host, [1, kMaxLaunchRanks]
+  int nnodes = 1;                         // N: hosts, N·K <= kMaxWorldSize
+  int node_rank = 0;                      // i: this host, [0, N)
   double timeout_s = 0;                   // whole run; 0 = no limit
-  int master_port = 0;                    // 0 = a free port on 127.0.0.1
-  std::string master_addr = "127.0.0.1";
+  int master_port = 0;                    // 0 = a free port on 127.0.0.1 (N = 1 only)
+  std::string master_addr = "127.0.0.1";  // node 0's host, as every host reaches it
   double kill_grace_s = 3;                // SIGTERM → SIGKILL
   std::vector<std::string> command;       // program and arguments; the program is looked up in PATH
-  // Throws tally::InvalidInput with the flag's name, e.g. "--nproc = 0: must be in [1, 256]".
+  // Throws tally::InvalidInput with the flag's name, e.g. "--nproc = 0: must be in [1, 256]",
+  // "--node-rank = 2: must be in [0, 1] (--nnodes = 2)".
   void validate() const;
+  int world_size() const { return nnodes * nproc; }
+  int global_rank(int local_rank) const { return node_rank * nproc + local_rank; }
 };
 
 enum class LaunchOutcome { ok, rank_failed, timed_out, interrupted };
 
 struct RankExit {
-  int rank = 0;
+  int rank = 0;             // global rank
   bool exited = false;      // true: exit_code is set; false: killed by term_signal
   int exit_code = 0;
   int term_signal = 0;
@@ -45,7 +56,7 @@ struct LaunchResult {
   int failed_rank = -1;       // the first rank seen failing (rank_failed)
   int master_port = 0;        // the port the ranks were given
   double elapsed_s = 0;
-  std::vector<RankExit> ranks;
+  std::vector<RankExit> ranks;  // this host's, by local rank
   std::string message;        // one line for the user; empty when outcome is ok
 };
 

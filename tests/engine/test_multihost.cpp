@@ -1,0 +1,157 @@
+// `tally launch --nnodes 2` across two hosts with separate network stacks (netns_fixture.hpp), all
+// WITHOUT GLOO_SOCKET_IFNAME: each host runs the same launch with its --node-rank, as a user
+// would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, and a host that never joins
+// (the other fails at the rendezvous timeout, naming the address it used). Plus two launchers on
+// this host's loopback, which needs no namespaces. No torch here: the ranks are processes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../support/subprocess.hpp"
+#include "netns_fixture.hpp"
+#include "tally/engine/dist_env.hpp"
+
+#ifndef TALLY_BINARY
+#error "TALLY_BINARY must name the tally executable"
+#endif
+
+namespace {
+
+using nlohmann::json;
+using tally::subprocess::rank_lines;
+using tally::subprocess::Ran;
+using tally::subprocess::run_command;
+
+constexpr double kLimit_s = 120;  // one host's whole launch (--timeout 90 inside); backstop
+// A fresh namespace has no listening sockets, so any port is free there.
+constexpr int kPort = 29500;
+
+std::vector<std::string> launch_node(int node_rank, int nproc_per_node, const std::string& master,
+                                     int port, const std::vector<std::string>& command) {
+  std::vector<std::string> args = {TALLY_BINARY,     "launch",
+                                   "--nnodes",       "2",
+                                   "--node-rank",    std::to_string(node_rank),
+                                   "--nproc-per-node", std::to_string(nproc_per_node),
+                                   "--master-addr",  master,
+                                   "--master-port",  std::to_string(port),
+                                   "--timeout",      "90",
+                                   "--",             TALLY_BINARY};
+  args.insert(args.end(), command.begin(), command.end());
+  return args;
+}
+
+// Runs both commands at once (two hosts starting their launch), each with its own deadline.
+std::array<Ran, 2> run_together(const std::array<std::vector<std::string>, 2>& commands) {
+  std::array<Ran, 2> ran;
+  std::thread second([&] { ran[1] = run_command(commands[1], kLimit_s); });
+  ran[0] = run_command(commands[0], kLimit_s);
+  second.join();
+  return ran;
+}
+
+class TwoHosts : public tally::netns::TwoHosts {
+ protected:
+  // Node i runs `tally launch --nnodes 2 --node-rank i --nproc-per-node 2 --master-addr A` in
+  // host i's namespace.
+  std::vector<std::string> on_node(int i, const std::vector<std::string>& command) const {
+    return tally::netns::in_namespace(i == 0 ? a.ns : b.ns,
+                                      launch_node(i, 2, a.address, kPort, command));
+  }
+  void expect_alone_fails(int node, const std::vector<std::string>& messages) const;
+};
+
+TEST_F(TwoHosts, DdpCheckAcrossTwoHostsOfTwoRanks) {
+  const std::vector<std::string> check = {"run", "ddp-check", "--json", "--timeout", "40"};
+  const std::array<Ran, 2> ran = run_together({on_node(0, check), on_node(1, check)});
+  double grad_norm_rank0 = -1;
+  for (int node = 0; node < 2; ++node) {
+    const Ran& r = ran[node];
+    ASSERT_EQ(r.exit_code, 0) << "node " << node << ":\n" << r.out << r.err;
+    for (int local = 0; local < 2; ++local) {
+      const int rank = node * 2 + local;  // torchrun: RANK = node_rank·K + local rank
+      const auto lines = rank_lines(r.out, rank);
+      ASSERT_EQ(lines.size(), 1u) << "rank " << rank << " on node " << node << ":\n" << r.out;
+      const json j = json::parse(lines[0]);
+      SCOPED_TRACE("rank " + std::to_string(rank) + ": " + j.dump());
+      EXPECT_EQ(j["rank"], rank);
+      EXPECT_EQ(j["world_size"], 4);
+      EXPECT_EQ(j["samples"], 64 / 4);
+      EXPECT_LT(j["max_grad_error"].get<double>(), 1e-5);   // ① full-batch gradient
+      EXPECT_EQ(j["max_param_diff_vs_rank0"].get<double>(), 0.0);  // ② replicas equal
+      EXPECT_TRUE(j["ok"].get<bool>());
+      if (rank == 0) grad_norm_rank0 = j["ddp_grad_norm"].get<double>();
+      EXPECT_EQ(j["ddp_grad_norm"].get<double>(), grad_norm_rank0);
+    }
+  }
+}
+
+TEST_F(TwoHosts, ZeroStage3AcrossTwoHostsOfTwoRanks) {
+  const std::vector<std::string> zero = {"run",      "zero",     "--stage", "3",      "--widths",
+                                         "6,33,19,5", "--batch", "8",       "--steps", "3",
+                                         "--json",   "--timeout", "40"};
+  const std::array<Ran, 2> ran = run_together({on_node(0, zero), on_node(1, zero)});
+  ASSERT_EQ(ran[0].exit_code, 0) << ran[0].out << ran[0].err;
+  ASSERT_EQ(ran[1].exit_code, 0) << ran[1].out << ran[1].err;
+  EXPECT_EQ(ran[1].out, "") << "rank 0 (node 0) reports for every rank";
+  const auto lines = rank_lines(ran[0].out, 0);
+  ASSERT_EQ(lines.size(), 1u) << ran[0].out;
+  const json j = json::parse(lines[0]);
+  EXPECT_EQ(j["world_size"], 4);
+  EXPECT_TRUE(j["ok"].get<bool>());
+  ASSERT_EQ(j["stages"].size(), 1u);
+  const json& z3 = j["stages"][0];
+  EXPECT_EQ(z3["stage"], 3);
+  EXPECT_EQ(z3["ranks"].size(), 4u);
+  EXPECT_EQ(z3["mean_losses"].size(), 3u);
+  for (const json& c : j["checks"]) EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
+}
+
+// Node `node` alone runs ddp-check with a 5 s rendezvous timeout: launch must exit 1, well within
+// the bound, with every message in the ranks' errors.
+void TwoHosts::expect_alone_fails(int node, const std::vector<std::string>& messages) const {
+  const Ran r = run_command(on_node(node, {"run", "ddp-check", "--timeout", "5"}), kLimit_s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_LT(r.elapsed_s, 60) << "not bounded by the 5 s rendezvous timeout";
+  for (const std::string& m : messages)
+    EXPECT_NE(r.err.find(m), std::string::npos) << m << "\n" << r.err;
+}
+
+// Node 1 never starts: node 0's ranks serve the store and wait for ranks 2 and 3 until the
+// rendezvous timeout, then fail with a message naming the address they used.
+TEST_F(TwoHosts, HostThatNeverJoinsFailsTheOtherAtTheRendezvousTimeout) {
+  expect_alone_fails(
+      0, {"Gloo rendezvous of 4 ranks via 10.77.0.1:29500 failed: timed out after 5 s",
+          "this rank uses local address 10.77.0.1 (interface veth-tally-a), its route to "
+          "MASTER_ADDR; if another interface reaches the other hosts, set GLOO_SOCKET_IFNAME to it",
+          "tally launch: rank "});
+}
+
+// Node 0 never starts: node 1's ranks find no store at MASTER_ADDR and fail at the timeout.
+TEST_F(TwoHosts, MissingNodeZeroFailsTheOtherAtTheRendezvousTimeout) {
+  expect_alone_fails(1, {"reaching rank 0's TCPStore at 10.77.0.1:29500 failed: timed out after 5 s",
+                         "this rank uses local address 10.77.0.2 (interface veth-tally-b)"});
+}
+
+// Two launchers on one host (the loopback): the multi-host contract without namespaces.
+TEST(TwoNodesOnLoopback, GlooSmokeSumsOverBothLaunchers) {
+  unsetenv("GLOO_SOCKET_IFNAME");
+  const int port = tally::engine::find_free_port();
+  const std::vector<std::string> smoke = {"run", "gloo-smoke", "--timeout", "40"};
+  const std::array<Ran, 2> ran = run_together(
+      {launch_node(0, 1, "127.0.0.1", port, smoke), launch_node(1, 1, "127.0.0.1", port, smoke)});
+  for (int node = 0; node < 2; ++node) {
+    ASSERT_EQ(ran[node].exit_code, 0) << ran[node].out << ran[node].err;
+    // k = 2 ranks, one per launcher: the sum of rank+1 is k(k+1)/2 = 3.
+    EXPECT_NE(ran[node].out.find("[rank " + std::to_string(node) + "] gloo-smoke: rank " +
+                                 std::to_string(node) + " of 2: all-reduce sum 3 vs expected "
+                                 "k(k+1)/2 = 3: ok"),
+              std::string::npos)
+        << ran[node].out;
+  }
+}
+
+}  // namespace
