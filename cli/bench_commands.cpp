@@ -243,10 +243,9 @@ void run_bench_allreduce_command(const BenchAllReduceFlags& f) {
   const engine::BenchAllReduceResult r = engine::run_bench_allreduce(env, options);
   const bool one_host = single_host(env);
   if (env.rank == 0 && !f.calibration_out.empty() && r.ok()) {
-    io::Calibration c = engine::to_calibration(r, one_host, fit_source(r));
     // An existing file's kernels section (`tally bench gemm|memory`) is kept: one file per host.
-    if (std::filesystem::exists(f.calibration_out))
-      c.kernels = io::load_calibration(f.calibration_out).kernels;
+    const io::Calibration c = io::merged_with_file(
+        engine::to_calibration(r, one_host, fit_source(r)), f.calibration_out);
     write_file(f.calibration_out, io::calibration_to_json(c));
   }
   if (env.rank == 0) {

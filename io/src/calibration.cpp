@@ -1,6 +1,7 @@
 #include "tally/io/calibration.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <vector>
 #include <string>
@@ -293,6 +294,17 @@ ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c) {
     detail::rethrow_with_source("calibration " + c.source, e);
   }
   return cluster;
+}
+
+Calibration merged_with_file(Calibration c, const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) return c;
+  Calibration old = load_calibration(path);
+  if (!c.intra_node) c.intra_node = old.intra_node;
+  if (!c.inter_node) c.inter_node = old.inter_node;
+  if (!c.mfu) c.mfu = old.mfu;
+  if (!c.kernels) c.kernels = std::move(old.kernels);
+  if (c.points.empty()) c.points = std::move(old.points);
+  return c;
 }
 
 ClusterSpec host_cluster(const Calibration& c, bool need_link) {

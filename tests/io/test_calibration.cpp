@@ -249,6 +249,21 @@ TEST(Calibration, HostClusterFromAHostCalibration) {
   Calibration few = back;
   few.kernels->gemm.resize(2);
   expect_invalid([&] { host_cluster(few, false); }, {"kernels.gemm", ">= 3"});
+  // bench allreduce writing into this file keeps its kernels (merged_with_file); its own link
+  // and points win over the file's.
+  Calibration with_link = back;
+  with_link.intra_node = LinkSpec{.bandwidth_bps = 1e9, .latency_s = 2e-5};
+  const auto path = test::temp_file("calibration_merge.json", calibration_to_json(with_link));
+  const Calibration fresh{.source = "allreduce",
+                          .intra_node = LinkSpec{.bandwidth_bps = 3e9, .latency_s = 1e-5},
+                          .points = {{"allreduce", 2, 1e6, 1e-3, 1e9}}};
+  const Calibration merged = merged_with_file(fresh, path);
+  ASSERT_TRUE(merged.kernels.has_value());
+  EXPECT_EQ(merged.kernels->gemm.size(), back.kernels->gemm.size());
+  EXPECT_EQ(merged.intra_node->bandwidth_bps, 3e9);
+  EXPECT_EQ(merged.points.size(), 1u);
+  EXPECT_EQ(merged.source, "allreduce");
+  EXPECT_FALSE(merged_with_file(fresh, path.parent_path() / "absent.json").kernels.has_value());
   // A host's kernels on a GPU preset: refused, naming both devices.
   expect_invalid([&] { apply_calibration(*cluster_preset("a100-80g"), back); },
                  {"test-cpu", "cannot describe", "a100"});

@@ -94,6 +94,12 @@ Calibration load_calibration(const std::filesystem::path& path);
 // executed FLOPs / (peak · seconds).
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c);
 
+// `c` completed from the calibration already at `path`, when that file exists: each of intra_node,
+// inter_node, mfu, kernels and points that `c` lacks is taken from the file, so `bench allreduce`,
+// `bench gemm` and `bench memory` gather one host's figures in one file. Throws InvalidInput when
+// the existing file does not read.
+Calibration merged_with_file(Calibration c, const std::filesystem::path& path);
+
 // The calibrated host itself as a one-node cluster, for machines no preset describes (this CPU):
 // its "GPU" has the kernels section's device name, peak_flops at every precision (the best GEMM
 // `tally bench gemm` measured), memory_bytes_per_s, sm_count (threads) and 1 × 1 tiles (a CPU
