@@ -430,11 +430,8 @@ void print_bench_ddp_text(const engine::BenchDdpResult& r) {
 // The step core/mlp_step.hpp predicts for this run: the MLP, B rows, DP with the reducer's
 // buckets (the engine's own plan for the same caps).
 MlpStepTime predict_bench_ddp(const HostModel& m, const engine::BenchDdpOptions& o, int k) {
-  std::vector<double> param_bytes;
-  for (std::size_t l = 0; l + 1 < o.widths.size(); ++l) {
-    param_bytes.push_back(4.0 * double(o.widths[l] * o.widths[l + 1]));
-    param_bytes.push_back(4.0 * double(o.widths[l + 1]));
-  }
+  std::vector<double> param_bytes;  // float32, registration order: the reducer's input
+  for (std::int64_t n : mlp_tensor_sizes(o.widths)) param_bytes.push_back(4.0 * double(n));
   MlpStepSetup s{.widths = o.widths, .rows = o.batch_per_rank, .ranks = k, .zero_stage = 0,
                  .optimizer = o.optimizer == engine::BenchOptimizer::adam ? Optimizer::adam
                                                                           : Optimizer::sgd,

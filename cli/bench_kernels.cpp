@@ -47,7 +47,7 @@ void add_timing_flags(CLI::App& cmd, TimingFlags& f) {
       ->capture_default_str();
   cmd.add_option("--min-sample-ms", f.min_sample_ms,
                  "each sample repeats the kernel until it lasts this long, ms")
-      ->check(finite_in(0, 1e4))
+      ->check(finite_in(0.01, 1e4))
       ->capture_default_str();
   cmd.add_flag("--json", f.json, "print one JSON object instead of the table");
   cmd.add_option("--calibration-out", f.calibration_out,

@@ -20,8 +20,10 @@ HostModel load_host_model(const std::string& flag, const std::string& path, int 
   return m;
 }
 
+int host_cores() { return int(std::max(1u, std::thread::hardware_concurrency())); }
+
 MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup) {
-  setup.cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  setup.cores = host_cores();
   return predict_mlp_step(setup, m.host);
 }
 

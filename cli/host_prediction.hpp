@@ -22,7 +22,10 @@ struct HostModel {
 // needs the calibration's intra_node α–β.
 HostModel load_host_model(const std::string& flag, const std::string& path, int ranks);
 
-// setup.cores is set here: this host's hardware threads.
+// This host's hardware threads (at least 1).
+int host_cores();
+
+// setup.cores is set here: host_cores().
 MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup);
 
 // {"predicted_step_seconds", "measured_over_predicted", "prediction": {terms, convention,

@@ -9,7 +9,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <thread>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -335,9 +334,8 @@ void run(Flags& f) {
             *model, {.widths = f.run.widths, .rows = f.run.batch / r.world_size,
                      .ranks = r.world_size, .zero_stage = st.stage,
                      .optimizer = Optimizer::adam,
-                     .threads_per_rank = f.run.threads > 0
-                                             ? f.run.threads
-                                             : int(std::max(1u, std::thread::hardware_concurrency()))});
+                     // --threads 0: libtorch's default, one per hardware thread
+                     .threads_per_rank = f.run.threads > 0 ? f.run.threads : host_cores()});
         if (f.json) {
           j["stages"][i]["step_seconds_median"] = measured;
           add_prediction_json(j["stages"][i], *model, t, measured);

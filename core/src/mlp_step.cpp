@@ -12,7 +12,6 @@ namespace {
 
 using i64 = std::int64_t;
 constexpr double kFp32 = 4;
-constexpr i64 kAdamChunk = i64(1) << 20;  // engine/runtime/optimizer_torch.hpp kAdamChunkElements
 
 // Note [host step model]: streams per element of each optimizer kernel.
 constexpr double kAdamStreams[] = {2, 3, 2, 3, 2, 2, 2, 4};
@@ -30,8 +29,9 @@ void optimizer_ops(Optimizer o, i64 n, std::vector<Op>& out) {
     for (double s : kSgdStreams) out.push_back(stream_op("sgd", s, double(n)));
     return;
   }
-  for (i64 i0 = 0; i0 < n; i0 += kAdamChunk)
-    for (double s : kAdamStreams) out.push_back(stream_op("adam", s, double(std::min(kAdamChunk, n - i0))));
+  for (i64 i0 = 0; i0 < n; i0 += kAdamChunkElements)
+    for (double s : kAdamStreams)
+      out.push_back(stream_op("adam", s, double(std::min(kAdamChunkElements, n - i0))));
 }
 
 double ops_seconds(const std::vector<Op>& ops, const GpuSpec& gpu) {
@@ -60,9 +60,18 @@ void MlpStepSetup::validate() const {
   require_int(cores >= 1 && cores <= 65536, "cores", cores, "must be in [1, 65536]");
 }
 
+std::vector<i64> mlp_tensor_sizes(const std::vector<i64>& widths) {
+  std::vector<i64> sizes;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    sizes.push_back(widths[l] * widths[l + 1]);
+    sizes.push_back(widths[l + 1]);
+  }
+  return sizes;
+}
+
 i64 mlp_parameters(const std::vector<i64>& widths) {
   i64 n = 0;
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) n += widths[l] * widths[l + 1] + widths[l + 1];
+  for (i64 t : mlp_tensor_sizes(widths)) n += t;
   return n;
 }
 
@@ -101,6 +110,10 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   const i64 n = mlp_parameters(s.widths);
   const double N = double(n);
   const double shard = std::ceil(N / k);  // the largest rank's shard_span
+  // ZeRO-3's units: one layer each, its weight and bias.
+  const std::vector<i64> tensors = mlp_tensor_sizes(s.widths);
+  std::vector<i64> units;
+  for (std::size_t i = 0; i + 1 < tensors.size(); i += 2) units.push_back(tensors[i] + tensors[i + 1]);
   MlpStepTime t;
 
   const GpuSpec& cpu = host.gpu;
@@ -119,26 +132,20 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
                stream_op("shard-copy", 2, shard), stream_op("clone", 2, shard)};
       break;
     default:
-      for (std::size_t l = 0; l + 1 < s.widths.size(); ++l) {
-        const double nu = double(s.widths[l] * s.widths[l + 1] + s.widths[l + 1]);
-        grads.push_back(stream_op("gather-copy", 4, nu));
-        grads.push_back(stream_op("shard-copy", 2, std::ceil(nu / k)));
+      for (i64 nu : units) {
+        grads.push_back(stream_op("gather-copy", 4, double(nu)));
+        grads.push_back(stream_op("shard-copy", 2, std::ceil(double(nu) / k)));
       }
   }
   t.gradient_s = ops_seconds(grads, cpu);
 
   std::vector<Op> opt;
   if (s.zero_stage == 0) {
-    for (std::size_t l = 0; l + 1 < s.widths.size(); ++l) {
-      optimizer_ops(s.optimizer, s.widths[l] * s.widths[l + 1], opt);
-      optimizer_ops(s.optimizer, s.widths[l + 1], opt);
-    }
+    for (i64 n_tensor : tensors) optimizer_ops(s.optimizer, n_tensor, opt);
   } else if (s.zero_stage < 3) {
     optimizer_ops(s.optimizer, i64(shard), opt);
   } else {
-    for (std::size_t l = 0; l + 1 < s.widths.size(); ++l)
-      optimizer_ops(s.optimizer,
-                    (s.widths[l] * s.widths[l + 1] + s.widths[l + 1] + k - 1) / k, opt);
+    for (i64 nu : units) optimizer_ops(s.optimizer, (nu + k - 1) / k, opt);
   }
   t.optimizer_s = ops_seconds(opt, cpu);
 
@@ -154,8 +161,8 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
       add(Collective::reduce_scatter, kFp32 * N);
       add(Collective::all_gather, kFp32 * N);
     } else {
-      for (std::size_t l = 0; l + 1 < s.widths.size(); ++l) {
-        const double bytes = kFp32 * double(s.widths[l] * s.widths[l + 1] + s.widths[l + 1]);
+      for (i64 nu : units) {
+        const double bytes = kFp32 * double(nu);
         add(Collective::all_gather, bytes);
         add(Collective::all_gather, bytes);
         add(Collective::reduce_scatter, bytes);

@@ -165,7 +165,7 @@ BenchDdpResult run_bench_ddp(const DistEnv& env, const BenchDdpOptions& o) {
 
   BenchDdpResult r{.world_size = k,
                    .options = o,
-                   .parameters = mlp_parameter_count(o.widths),
+                   .parameters = mlp_parameters(o.widths),
                    .buckets = ddp.buckets().size()};
   r.step_times_s = timed.slowest_s;
   r.step = timed.time;

@@ -30,8 +30,9 @@ void BenchKernelTiming::validate() const {
   require_int(threads >= 1 && threads <= 256, "--threads", threads, "must be in [1, 256]");
   require_int(warmup >= 0 && warmup <= 1000, "--warmup", warmup, "must be in [0, 1000]");
   require_int(samples >= 1 && samples <= 1000, "--samples", samples, "must be in [1, 1000]");
-  require_real(min_sample_s >= 0 && min_sample_s <= 10, "--min-sample-ms", min_sample_s * 1e3,
-               "must be in [0, 10000] ms");
+  // > 0: a sample of one call to a tiny GEMM could read 0 s on the clock and its FLOP/s inf.
+  require_real(min_sample_s >= 1e-5 && min_sample_s <= 10, "--min-sample-ms", min_sample_s * 1e3,
+               "must be in [0.01, 10000] ms");
 }
 
 void BenchGemmOptions::validate() const {

@@ -1,6 +1,6 @@
 // The engine's one MLP in plain ATen, for the DDP, ZeRO and checkpoint runs, the benchmark and the
 // tests (internal, header-only; no torch::nn, whose headers cost a minute of compile time per TU on
-// a 2-core box). Its size: tally/engine/mlp.hpp's mlp_parameter_count.
+// a 2-core box). Its size: core's mlp_parameters (tally/core/mlp_step.hpp).
 //
 //   widths = {d_0, d_1, ..., d_L}: L Linear layers d_{l} → d_{l+1} with ReLU between them, i.e.
 //   nn.Sequential(Linear(d_0, d_1), ReLU(), ..., Linear(d_{L-1}, d_L)).

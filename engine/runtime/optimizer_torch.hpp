@@ -26,12 +26,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "tally/core/mlp_step.hpp"
 #include "tally/core/model_states.hpp"
 #include "tally/engine/optimizer.hpp"
 
 namespace tally::engine {
 
-inline constexpr std::int64_t kAdamChunkElements = std::int64_t(1) << 20;
+// kAdamChunkElements: core/mlp_step.hpp (the host step model counts the chunks too).
 
 class Adam {
  public:

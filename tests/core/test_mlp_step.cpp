@@ -18,6 +18,8 @@ namespace {
 TEST(MlpStep, ParameterCounts) {
   EXPECT_EQ(mlp_parameters({512, 1021, 1021, 10}), 1'577'455);
   EXPECT_EQ(mlp_parameters({512, 1024, 1024, 1024, 16}), 2'640'912);
+  // nn.Sequential's registration order: 0.weight (d_1 × d_0), 0.bias, 2.weight, 2.bias.
+  EXPECT_EQ(mlp_tensor_sizes({6, 5, 4}), (std::vector<std::int64_t>{30, 5, 20, 4}));
 }
 
 // Forward 2·B·Σ d_l·d_{l+1}; backward twice that less layer 0's dgrad (its input needs none).

@@ -103,10 +103,10 @@ TEST(bench_ddp, QuantilesInterpolateAsNumpy) {
 }
 
 TEST(bench_ddp, ParameterCountAndDefaults) {
-  EXPECT_EQ(mlp_parameter_count({16, 32, 4}), 16 * 32 + 32 + 32 * 4 + 4);  // ddp-check's 676
-  EXPECT_EQ(mlp_parameter_count({16, 32, 32, 4}), 1732);
+  EXPECT_EQ(mlp_parameters({16, 32, 4}), 16 * 32 + 32 + 32 * 4 + 4);  // ddp-check's 676
+  EXPECT_EQ(mlp_parameters({16, 32, 32, 4}), 1732);
   // Note [default bench model]: 2.64 M parameters.
-  EXPECT_EQ(mlp_parameter_count(BenchDdpOptions{}.widths), 2'640'912);
+  EXPECT_EQ(mlp_parameters(BenchDdpOptions{}.widths), 2'640'912);
   EXPECT_NO_THROW(BenchDdpOptions{}.validate());
 }
 

@@ -55,6 +55,10 @@ TEST(BenchKernels, GemmRowsAreTheirOwnArithmetic) {
   ASSERT_EQ(k.gemm.size(), 8u);
   EXPECT_EQ(k.gemm[3].seconds, r.rows[3].time.median_s);
   EXPECT_THROW(run_bench_gemm({.m = {0}, .timing = kQuick}), InvalidInput);
+  // A zero-length sample could read 0 s and print an infinite FLOP/s: refused.
+  EXPECT_THROW(run_bench_gemm({.m = {4}, .n = {4}, .k = {4},
+                               .timing = {.threads = 1, .samples = 1, .min_sample_s = 0}}),
+               InvalidInput);
 }
 
 TEST(BenchKernels, MemoryRowsAreTheirOwnArithmetic) {

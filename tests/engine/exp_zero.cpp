@@ -48,9 +48,9 @@ std::string failures(const ZeroResult& r) {
 }
 
 TEST(ZeroPieces, ParameterCountAndWireBytes) {
-  EXPECT_EQ(mlp_parameter_count(kTiny), 977);
-  EXPECT_EQ(mlp_parameter_count(kMedium), 163615);
-  EXPECT_EQ(mlp_parameter_count({512, 1021, 1021, 10}), 1577455);
+  EXPECT_EQ(mlp_parameters(kTiny), 977);
+  EXPECT_EQ(mlp_parameters(kMedium), 163615);
+  EXPECT_EQ(mlp_parameters({512, 1021, 1021, 10}), 1577455);
   // 977 elements over k = 4: chunks 245, 244, 244, 244 (shard_span / chunk_range).
   EXPECT_DOUBLE_EQ(wire_bytes(Collective::reduce_scatter, 977, 4, 4, 0), (977 - 245) * 4.0);
   EXPECT_DOUBLE_EQ(wire_bytes(Collective::reduce_scatter, 977, 4, 4, 1), (977 - 244) * 4.0);

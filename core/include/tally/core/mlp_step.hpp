@@ -73,8 +73,15 @@ struct MlpStepTime {
   std::string convention() const;     // one line: what is summed, and the assumptions
 };
 
-// N of Note [host step model].
+// The MLP's parameter tensors in registration order (nn.Sequential's 0.weight, 0.bias, 2.weight,
+// …): d_l·d_{l+1} and d_{l+1} elements per layer l. The one sizing of the engine's MLP.
+std::vector<std::int64_t> mlp_tensor_sizes(const std::vector<std::int64_t>& widths);
+// N of Note [host step model]: the sum of mlp_tensor_sizes.
 std::int64_t mlp_parameters(const std::vector<std::int64_t>& widths);
+
+// The engine's Adam walks each parameter in chunks of this many elements (engine/runtime/
+// optimizer_torch.hpp: its temporaries stay under 8 MiB); each chunk is one call of each kernel.
+inline constexpr std::int64_t kAdamChunkElements = std::int64_t(1) << 20;
 // The MLP's forward and backward kernels on B rows (act_bytes per element).
 std::vector<Op> mlp_ops(const std::vector<std::int64_t>& widths, std::int64_t rows,
                         double act_bytes = 4);

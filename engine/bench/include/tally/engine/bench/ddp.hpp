@@ -39,7 +39,7 @@
 
 #include "tally/engine/bench/harness.hpp"
 #include "tally/engine/ddp.hpp"
-#include "tally/engine/mlp.hpp"
+#include "tally/core/mlp_step.hpp"
 #include "tally/engine/dist_env.hpp"
 
 namespace tally::engine {

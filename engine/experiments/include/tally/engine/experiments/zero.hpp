@@ -32,7 +32,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
-#include "tally/engine/mlp.hpp"
+#include "tally/core/mlp_step.hpp"
 
 namespace tally::engine {
 
