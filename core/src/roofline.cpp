@@ -29,6 +29,7 @@ void validate_kernel_perf(const GpuSpec& gpu) {
     require_real(std::isfinite(v) && v > 0 && v <= 1, field, v, "must be in (0, 1]");
   };
   fraction(k.gemm_fraction, "gpu gemm_fraction");
+  fraction(k.gemm_ceiling, "gpu gemm_ceiling");
   fraction(k.half_tile_efficiency, "gpu half_tile_efficiency");
   fraction(k.attention_forward_fraction, "gpu attention_forward_fraction");
   fraction(k.attention_backward_fraction, "gpu attention_backward_fraction");
@@ -63,8 +64,9 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
       best = std::max(best, q * std::pow(kp.half_tile_efficiency, hm + hn));
     }
   const double outer = double(std::min(m, n));
-  return kp.gemm_fraction * best * (double(k) / (double(k) + kp.gemm_half_k)) *
-         (outer / (outer + kp.gemm_half_mn));
+  return std::min(kp.gemm_ceiling, kp.gemm_fraction * best *
+                                       (double(k) / (double(k) + kp.gemm_half_k)) *
+                                       (outer / (outer + kp.gemm_half_mn)));
 }
 
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes) {
@@ -107,6 +109,7 @@ KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops,
         kp.gemm_half_mn = half_mn;
         kp.half_tile_efficiency = std::min(tile, 1.0);
         kp.gemm_fraction = 1.0;
+        kp.gemm_ceiling = 1.0;  // fractions here are of peak_flops, the best measured
         kp.kernel_overhead_s = overhead;
         implied.clear();
         for (const GemmSample& g : samples) {

@@ -259,6 +259,11 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
     kp.half_tile_efficiency = fit.half_tile_efficiency;
     kp.kernel_overhead_s = fit.kernel_overhead_s;
     kp.gemm_fraction = std::min(1.0, fit.gemm_fraction * rescale);
+    // No shape faster than the best one measured.
+    double best = 0;
+    for (const GemmSample& g : k.gemm)
+      best = std::max(best, 2.0 * g.batch * double(g.m) * double(g.n) * double(g.k) / g.seconds);
+    kp.gemm_ceiling = std::clamp(best / gpu.peak_flops(p), 1e-6, 1.0);
   }
   if (k.memory_bps) {
     if (gpu.memory_bps <= 0) gpu.memory_bps = *k.memory_bps;

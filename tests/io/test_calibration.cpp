@@ -203,6 +203,11 @@ TEST(Calibration, KernelsRoundTripAndApply) {
 
   const ClusterSpec a = apply_calibration(*cluster_preset("a100-80g"), back);
   EXPECT_NEAR(a.gpu.kernels.gemm_fraction, 0.7, 1e-9);  // the preset's peak is the same 312T
+  // The ceiling is the fastest GEMM measured: here 8192 × 8192 × 8192, one kernel of 2·8192³ FLOPs.
+  const double fastest = 2.0 * 8192 * 8192 * 8192 /
+                         (2.0 * 8192 * 8192 * 8192 / (peak * gemm_efficiency(truth, 8192, 8192, 8192)) +
+                          2e-6);
+  EXPECT_NEAR(a.gpu.kernels.gemm_ceiling, fastest / peak, 1e-9);
   EXPECT_EQ(a.gpu.kernels.gemm_half_k, 64);
   EXPECT_NEAR(a.gpu.kernels.half_tile_efficiency, 0.85, 1e-9);
   EXPECT_NEAR(a.gpu.kernels.memory_fraction, 1.7e12 / 2.039e12, 1e-12);

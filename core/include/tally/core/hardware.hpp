@@ -48,6 +48,11 @@ struct KernelPerf {
   int tile_m = 256, tile_n = 128;   // output tile one SM computes in the large-GEMM kernel
   // Achieved fraction of the tensor-core peak by a large, tile-aligned GEMM (cuBLAS, bf16).
   double gemm_fraction = 0.8;
+  // The most any GEMM reaches, fraction of the peak: a published "maximum achievable matmul FLOPS"
+  // (the best over a brute-force shape search) or the best measured GEMM of a calibration. The
+  // shape terms below can exceed the anchor shape's efficiency on better-quantised shapes; no
+  // shape may run faster than the hardware was ever measured to.
+  double gemm_ceiling = 1.0;
   // Inner-dimension saturation: a GEMM with inner size k runs at k / (k + gemm_half_k) of
   // gemm_fraction (prologue/epilogue and pipeline fill are amortised over k).
   double gemm_half_k = 64;

@@ -16,11 +16,14 @@
 // per byte loaded), and keeps the best. The inner dimension amortises each tile's fixed costs:
 // k / (k + k½); the smaller outer dimension amortises packing an operand (KernelPerf::gemm_half_mn,
 // 0 on the GPU presets: tile quantisation charges thin GEMMs there). So
-//     η(m, n, k, B) = gemm_fraction · max over tiles [q · half_tile_efficiency^halvings]
-//                     · k/(k + k½) · min(m, n)/(min(m, n) + mn½)
+//     η(m, n, k, B) = min(ceiling, gemm_fraction · max over tiles [q · half_tile_efficiency^halvings]
+//                                  · k/(k + k½) · min(m, n)/(min(m, n) + mn½))
 // and time = max(2·B·m·n·k / (peak · η), bytes / (W · memory_fraction)) + kernel overhead.
 // gemm_fraction is the large-GEMM throughput over peak from published or measured cuBLAS figures
-// (cited per preset in presets.cpp); no end-to-end utilisation enters anywhere.
+// (cited per preset in presets.cpp); the ceiling (KernelPerf::gemm_ceiling) is the best any shape
+// was measured to reach — without it a shape that quantises better than the anchor shape would
+// run faster than the published maximum (A100: 280 of 312 TFLOP/s for a 2304 × 9216 × 32768
+// weight gradient, above the 271.2 maximum). No end-to-end utilisation enters anywhere.
 #pragma once
 
 #include <cstdint>
