@@ -26,7 +26,7 @@ struct MemoryOptions {
   std::optional<std::int64_t> seq;   // unset: model states only, no activations
   std::int64_t micro_batch = 1;
   std::optional<std::string> gpu;    // unset: no capacity line
-  double headroom = 0.2;             // with --gpu: usable = capacity × (1 − headroom), as the planner
+  MemoryBudgetOptions memory;        // with --gpu: Note [does it fit], as the planner
 };
 
 void run_memory(const MemoryOptions& o) {
@@ -108,12 +108,16 @@ void run_memory(const MemoryOptions& o) {
             ? 0.0  // ZeRO-3's gathered-layer buffers need the layer count
             : buffer_bytes(o.zero, n_gpu, layers_known ? model.layers / o.pp : 1,
                            dtype_bytes(precision));
-    fit = check_fit(b.total(), act_bytes, buffers, gpu->gpu.memory_bytes, o.headroom);
+    fit = check_fit(b.total(), act_bytes, buffers, memory_budget(o.memory, gpu->gpu.memory_bytes));
     j["capacity"] = {{"gpu", gpu->gpu.name},
                      {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
-                     {"headroom", o.headroom},
+                     {"headroom", o.memory.headroom},
+                     {"allocator_allowance", o.memory.allocator_allowance},
                      {"usable_gb", in_gb(fit->usable_bytes)},
                      {"buffers_gb", in_gb(fit->buffer_bytes)},
+                     {"allocated_gb", in_gb(fit->allocated_bytes)},
+                     {"allocator_gb", in_gb(fit->allocator_bytes)},
+                     {"runtime_gb", in_gb(fit->runtime_bytes)},
                      {"total_gb", in_gb(fit->total_bytes)},
                      {"used_fraction", fit->total_bytes / gpu->gpu.memory_bytes},
                      {"fits", fit->fits}};
@@ -160,10 +164,14 @@ void run_memory(const MemoryOptions& o) {
   if (fit) {
     fmt::print("  + buffers            {:>14}   (DDP buckets / ZeRO-3 gathered layers)\n",
                size_str(fit->buffer_bytes, unit));
-    fmt::print("capacity {}: {}, usable {} at {:.0f} % headroom → {} ({} = {:.1f} % of "
+    fmt::print("  + allocator cache    {:>14}   ({:.1f} % of allocated: reserved − allocated)\n",
+               size_str(fit->allocator_bytes, unit), 100 * o.memory.allocator_allowance);
+    fmt::print("  + CUDA runtime       {:>14}   (context and libraries, outside the allocator)\n",
+               size_str(fit->runtime_bytes, unit));
+    fmt::print("capacity {}: {}, usable {} at {:.0f} % headroom → {} ({} held = {:.1f} % of "
                "capacity; the same check as tally plan)\n",
                gpu->gpu.name, size_str(gpu->gpu.memory_bytes, unit),
-               size_str(fit->usable_bytes, unit), 100 * o.headroom,
+               size_str(fit->usable_bytes, unit), 100 * o.memory.headroom,
                fit->fits ? "fits" : "does not fit", size_str(fit->total_bytes, unit),
                100 * fit->total_bytes / gpu->gpu.memory_bytes);
   }
@@ -211,10 +219,7 @@ void register_memory(CLI::App& app) {
       ->excludes(cmd->add_flag("--dropout", o->dropout,
                                "count dropout masks even if the model's config has none"));
   cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
-  cmd->add_option("--headroom", o->headroom,
-                  "with --gpu: memory kept free, usable = capacity × (1 − headroom), as tally plan")
-      ->check(finite_in(0, 0.99))
-      ->capture_default_str();
+  add_memory_budget_flags(cmd, o->memory);  // with --gpu
   cmd->callback([o] { run_memory(*o); });
 }
 

@@ -29,7 +29,8 @@ struct PlanOptions {
   std::int64_t global_batch = 256, seq = 2048;
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
   std::optional<std::string> time_model;  // unset: operators, or utilisation if --utilisation
-  double headroom = 0.2, restart_minutes = 8;
+  MemoryBudgetOptions memory;
+  double restart_minutes = 8;
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
   bool no_overlap_dp = false, overlap_dp = false, no_overlap_param_gather = false,
@@ -48,7 +49,9 @@ PlanRequest make_request(const PlanOptions& o) {
   PlanRequest r{.model = *resolve_model(o.model), .cluster = resolve_cluster(o.cluster),
                 .gpus = o.gpus, .global_batch = o.global_batch, .seq = o.seq,
                 .precision = precision_from(o.precision), .optimizer = optimizer_from(o.optimizer),
-                .headroom = o.headroom, .overlap_dp = !o.no_overlap_dp,
+                .headroom = o.memory.headroom,
+                .allocator_allowance = o.memory.allocator_allowance,
+                .runtime_bytes = o.memory.runtime_mib * kMiB, .overlap_dp = !o.no_overlap_dp,
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
@@ -156,9 +159,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--optimizer", o.optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
       ->check(one_of(allowed_optimizers()))
       ->capture_default_str();
-  cmd->add_option("--headroom", o.headroom, "memory kept free: usable = capacity × (1 − headroom)")
-      ->check(finite_in(0, 0.99))
-      ->capture_default_str();
+  add_memory_budget_flags(cmd, o.memory);
   cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
                 "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
                 "default: overlapped with backward but for the last bucket, as PyTorch DDP)")

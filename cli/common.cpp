@@ -83,6 +83,29 @@ ClusterSpec resolve_cluster(const ClusterOptions& c) {
   return spec;
 }
 
+void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m) {
+  cmd->add_option("--headroom", m.headroom,
+                  "extra memory kept free, a fraction of capacity (the seed's rule: 0.2)")
+      ->check(finite_in(0, 0.99))
+      ->capture_default_str();
+  cmd->add_option("--allocator-allowance", m.allocator_allowance,
+                  "PyTorch caching allocator's reserved / allocated − 1 (default: the largest "
+                  "measured, docs/ledgers.md)")
+      ->check(finite_in(0, 1))
+      ->capture_default_str();
+  cmd->add_option("--runtime-mib", m.runtime_mib,
+                  "CUDA context and libraries outside the allocator, MiB (at most 16 GiB, "
+                  "below every preset's memory)")
+      ->check(finite_in(0, 16384))
+      ->capture_default_str();
+}
+
+MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes) {
+  return MemoryBudget{.capacity_bytes = capacity_bytes, .headroom = m.headroom,
+                      .allocator_allowance = m.allocator_allowance,
+                      .runtime_bytes = m.runtime_mib * kMiB};
+}
+
 CLI::Validator one_of(const std::vector<std::string>& names) {
   return CLI::Validator(
       [names](std::string& s) -> std::string {

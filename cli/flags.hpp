@@ -11,6 +11,7 @@
 #include "format.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
+#include "tally/core/planner.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::cli {
@@ -35,6 +36,17 @@ struct ClusterOptions {
 };
 void add_cluster_flags(CLI::App* cmd, ClusterOptions& c);
 ClusterSpec resolve_cluster(const ClusterOptions& c);
+
+// Note [reserved memory] (core/planner.hpp) on the command line: --headroom, --allocator-allowance
+// and --runtime-mib, for `tally plan`, `tally compare` and `tally memory --gpu`, so both commands
+// answer "does it fit" alike.
+struct MemoryBudgetOptions {
+  double headroom = 0;
+  double allocator_allowance = kAllocatorAllowance;
+  double runtime_mib = kCudaRuntimeBytes / kMiB;
+};
+void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m);
+MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes);
 
 // Note [numbers on the command line]
 // CLI::Range tests `v < lo || v > hi`; every comparison with NaN is false, so `--utilisation nan`

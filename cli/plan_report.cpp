@@ -35,6 +35,9 @@ nlohmann::json eval_json(const PlanEval& e) {
                          {"total", in_gb(e.states.total())}}},
           {"activations_gb", in_gb(e.activation_bytes)},
           {"buffers_gb", in_gb(e.buffer_bytes)},
+          {"allocated_gb", in_gb(e.allocated_bytes)},
+          {"allocator_gb", in_gb(e.allocator_bytes)},
+          {"runtime_gb", in_gb(e.runtime_bytes)},
           {"comm_gb_per_gpu", in_gb(e.comm_bytes_per_gpu)},
           {"compute_seconds", e.compute_s},
           {"optimizer_seconds", e.optimizer_s},
@@ -121,7 +124,9 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
                        {"seq", q.seq},
                        {"precision", std::string(to_string(q.precision))},
                        {"optimizer", std::string(to_string(q.optimizer))},
-                       {"headroom", q.headroom}}},
+                       {"headroom", q.headroom},
+                       {"allocator_allowance", q.allocator_allowance},
+                       {"runtime_gb", in_gb(q.runtime_bytes)}}},
           {"feasible", r.feasible()},
           {"best", best},
           {"error_band", r.band ? nlohmann::json{{"measured_over_predicted_low", r.band->low},
@@ -176,7 +181,11 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
              size_str(b.activation_bytes, u));
   fmt::print("  buffers       {:>12}  (gradient buckets / ZeRO-3 gathered layers)\n",
              size_str(b.buffer_bytes, u));
-  fmt::print("  total         {:>12}  of {} usable ({} headroom kept) → {} spare\n",
+  fmt::print("  allocator     {:>12}  cached and fragmented blocks ({} of allocated)\n",
+             size_str(b.allocator_bytes, u), pct(q.allocator_allowance));
+  fmt::print("  CUDA runtime  {:>12}  context and libraries, outside the allocator\n",
+             size_str(b.runtime_bytes, u));
+  fmt::print("  total         {:>12}  held, of {} usable ({} headroom kept) → {} spare\n",
              size_str(b.total_bytes, u), size_str(b.usable_bytes, u), pct(q.headroom),
              size_str(b.usable_bytes - b.total_bytes, u));
   fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
@@ -212,7 +221,8 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
   fmt::print("\nFAILURE CRITERIA\n");
   fmt::print("  1. scaling efficiency E < 0.7 at the same global batch (predicted {:.3f})\n",
              b.efficiency);
-  fmt::print("  2. peak memory > {} of capacity, i.e. > {} (predicted {}), or OOM\n",
+  fmt::print("  2. peak reserved memory + CUDA runtime > {} of capacity, i.e. > {} (predicted {}), "
+             "or OOM\n",
              pct(1 - q.headroom), size_str(b.usable_bytes, u), size_str(b.total_bytes, u));
   fmt::print("  3. loss spikes or NaN in the first 100 steps (learning-rate scaling too aggressive)\n");
   fmt::print("  4. step-time jitter > 10 % (data pipeline or communication)\n");

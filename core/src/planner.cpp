@@ -86,7 +86,6 @@ struct Prepared {
   double hw_flops[kRecomputePolicies] = {};  // per step, by Recompute
   double head_flops = 0;       // per step, LM head only
   double tokens = 0;
-  double usable = 0;
   double param_bytes = 0, act_bytes = 0;
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
@@ -127,7 +126,6 @@ Prepared prepare(const PlanRequest& r) {
                        Recompute::save_matmuls})
     p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
   p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
-  p.usable = r.cluster.gpu.memory_bytes * (1.0 - r.headroom);
   p.count = count_params(r.model);
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
@@ -242,8 +240,11 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                      L.last_stage_layers + L.pp - 3) / std::max(L.pp - 2, 1)});
   const FitCheck fit = check_fit(e.states.total(), e.activation_bytes,
                                  buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes),
-                                 r.cluster.gpu.memory_bytes, r.headroom);
+                                 r.memory_budget());
   e.buffer_bytes = fit.buffer_bytes;
+  e.allocated_bytes = fit.allocated_bytes;
+  e.allocator_bytes = fit.allocator_bytes;
+  e.runtime_bytes = fit.runtime_bytes;
   e.total_bytes = fit.total_bytes;
   e.usable_bytes = fit.usable_bytes;
   e.fits = fit.fits;
@@ -460,15 +461,30 @@ double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_p
 }
 
 FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
-                   double capacity_bytes, double headroom) {
-  require_real(std::isfinite(headroom) && headroom >= 0 && headroom < 1, "headroom", headroom,
-               "must be in [0, 1)");
+                   const MemoryBudget& b) {
+  require_real(std::isfinite(b.headroom) && b.headroom >= 0 && b.headroom < 1, "headroom",
+               b.headroom, "must be in [0, 1)");
+  require_real(std::isfinite(b.allocator_allowance) && b.allocator_allowance >= 0 &&
+                   b.allocator_allowance <= 1,
+               "allocator allowance", b.allocator_allowance, "must be in [0, 1]");
+  require_real(std::isfinite(b.runtime_bytes) && b.runtime_bytes >= 0 &&
+                   b.runtime_bytes < b.capacity_bytes,
+               "runtime bytes", b.runtime_bytes,
+               "must be in [0, " + format_number(b.capacity_bytes) + ") bytes (the GPU's capacity)");
   FitCheck f{.states_bytes = states_bytes, .activation_bytes = activation_bytes,
-             .buffer_bytes = buffers, .capacity_bytes = capacity_bytes, .headroom = headroom};
-  f.total_bytes = states_bytes + activation_bytes + buffers;
-  f.usable_bytes = capacity_bytes * (1.0 - headroom);
+             .buffer_bytes = buffers, .capacity_bytes = b.capacity_bytes, .headroom = b.headroom};
+  f.allocated_bytes = states_bytes + activation_bytes + buffers;
+  f.allocator_bytes = b.allocator_allowance * f.allocated_bytes;
+  f.runtime_bytes = b.runtime_bytes;
+  f.total_bytes = f.allocated_bytes + f.allocator_bytes + f.runtime_bytes;
+  f.usable_bytes = b.capacity_bytes * (1.0 - b.headroom);
   f.fits = f.total_bytes <= f.usable_bytes;
   return f;
+}
+
+MemoryBudget PlanRequest::memory_budget() const {
+  return MemoryBudget{.capacity_bytes = cluster.gpu.memory_bytes, .headroom = headroom,
+                      .allocator_allowance = allocator_allowance, .runtime_bytes = runtime_bytes};
 }
 
 std::optional<ErrorBand> step_time_band(TimeModel t) {
@@ -511,6 +527,13 @@ void PlanRequest::validate() const {
   if (seq < 1) throw InvalidInput("--seq = " + std::to_string(seq) + ": must be >= 1");
   if (!(headroom >= 0 && headroom < 1))
     throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");
+  if (!(allocator_allowance >= 0 && allocator_allowance <= 1))
+    throw InvalidInput("--allocator-allowance = " + std::to_string(allocator_allowance) +
+                       ": must be in [0, 1]");
+  if (!(runtime_bytes >= 0 && runtime_bytes < cluster.gpu.memory_bytes))
+    throw InvalidInput("--runtime-mib = " + format_number(runtime_bytes / kMiB) +
+                       ": must be in [0, " + format_number(cluster.gpu.memory_bytes / kMiB) +
+                       ") MiB (the GPU's memory)");
   if (!(restart_hours >= 0)) throw InvalidInput("restart time must be >= 0");
   if (time_model == TimeModel::operators) {
     try {
@@ -655,7 +678,9 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
       .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps_for(r.gpus),
       .restart_hours = r.restart_hours, .run_hours = run_hours});
   res.convention = std::string(to_string(r.precision)) + (r.precision == Precision::fp32 ? "" : " mixed") +
-                   " | " + std::string(to_string(r.optimizer)) + " | usable memory " +
+                   " | " + std::string(to_string(r.optimizer)) + " | memory held: allocated × " +
+                   format_number(1 + r.allocator_allowance) + " + " +
+                   format_number(r.runtime_bytes / kMiB) + " MiB runtime, usable " +
                    std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
                    " % of capacity | activations: Korthikanti 2022 inventory" +
                    (r.uses_dropout() ? " with dropout masks" : " without dropout") +

@@ -534,6 +534,14 @@ TEST(Cli, MemoryAndPlanAgreeOnWhatFits) {
   EXPECT_NEAR(cap["total_gb"].get<double>(), b["per_gpu_gb"].get<double>(), 1e-9) << args;
   EXPECT_NEAR(cap["usable_gb"].get<double>(), b["usable_gb"].get<double>(), 1e-9);
   EXPECT_EQ(cap["fits"], b["fits"]);
+  // Note [reserved memory]: held = allocated × 1.115 + 300 MiB by default, in both reports.
+  for (const auto* j : {&cap, &b}) {
+    const double allocated = (*j)["allocated_gb"].get<double>();
+    EXPECT_NEAR((*j)["allocator_gb"].get<double>(), 0.115 * allocated, 1e-9);
+    EXPECT_NEAR((*j)["runtime_gb"].get<double>(), 300 * 1048576.0 / 1e9, 1e-9);
+  }
+  EXPECT_NEAR(b["per_gpu_gb"].get<double>(),
+              b["allocated_gb"].get<double>() * 1.115 + 300 * 1048576.0 / 1e9, 1e-9);
 }
 
 }  // namespace

@@ -35,6 +35,32 @@
 
 namespace tally {
 
+// Note [reserved memory]
+// The memory a training process holds on a GPU is more than its tensors: PyTorch's caching
+// allocator keeps freed blocks and splits others (reserved − allocated), and the CUDA context with
+// its kernels and libraries sits outside the allocator. nvidia-smi, and the OOM, see all of it;
+// frameworks publish the reserved figure. tally's ledgers predict what is allocated, so "does it fit"
+// adds both (Note [does it fit]):
+//  - allocator allowance: peak reserved / peak allocated − 1. Measured 0.024–0.070 on one H200
+//    over six GPT-2-medium runs (tests/data/h200_memory_probe.json, bench/gpu/memory_probe.py) and
+//    0.112–0.115 in two published runs (pytorch/pytorch#40989: 16726 / 15006 and 19354 / 17402 MB
+//    peak reserved / allocated). The default is the largest seen, 0.115: the check must not pass a
+//    layout that runs out of memory.
+//  - runtime: ~300 MB for the CUDA context with lazy module loading (CUDA ≥ 11.7; > 1000 MB
+//    before), ptrblck on pytorch/pytorch#107667 — taken as 300 MiB.
+// The user's headroom (default 0) is any further margin; the seed's scenarios use its 20 % with
+// no allowance, as the seed's rule.
+inline constexpr double kAllocatorAllowance = 0.115;
+inline constexpr double kCudaRuntimeBytes = 300 * kMiB;
+
+// The memory one GPU offers a layout (Note [does it fit]).
+struct MemoryBudget {
+  double capacity_bytes = 0;
+  double headroom = 0;                   // [0, 1)
+  double allocator_allowance = kAllocatorAllowance;  // [0, 1]
+  double runtime_bytes = kCudaRuntimeBytes;          // [0, capacity)
+};
+
 // How a layout's compute turns into seconds (Note [planner time model] in planner.cpp).
 enum class TimeModel {
   operators,    // each layer's kernels on the GPU's roofline (core/operators.hpp); the default
@@ -51,7 +77,11 @@ struct PlanRequest {
   std::int64_t seq = 2048;               // s
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
-  double headroom = 0.2;                 // the seed's "peak > 80 % of capacity is a failure"
+  // Note [reserved memory]: what the process holds beyond what its tensors need. The seed's rule
+  // ("peak > 80 % of capacity is a failure", headroom 0.2) is kept as its scenarios' explicit input.
+  double headroom = 0;                   // extra margin kept free, a fraction of capacity
+  double allocator_allowance = kAllocatorAllowance;  // reserved / allocated − 1
+  double runtime_bytes = kCudaRuntimeBytes;          // CUDA context, outside the allocator
   // Dropout masks and kernels: unset = the model's (ModelSpec::dropout; Llama-family configs have
   // none, GPT and the seed's model do, as Korthikanti counts them).
   std::optional<bool> dropout;
@@ -76,23 +106,30 @@ struct PlanRequest {
   std::optional<double> run_tokens;      // or a token budget, run at the best plan's tokens/s
   std::optional<double> checkpoint_bytes;  // default: params + m + v + master (no gradients)
   void validate() const;                 // throws InvalidInput naming the field
+  MemoryBudget memory_budget() const;
 };
 
 // Note [does it fit] — the one answer to "does this fit on the GPU", for `tally plan` (every layout)
-// and `tally memory --gpu`: model states + activations + buffers <= capacity × (1 − headroom).
+// and `tally memory --gpu`:
+//     allocated = model states + activations + buffers      (torch's peak memory_allocated)
+//     held      = allocated · (1 + allocator allowance) + runtime bytes
+//     fits      ⇔ held <= capacity × (1 − headroom)
 // Buffers: two PyTorch DDP gradient buckets in flight (2 × 25 MiB, kDdpBucketBytes) for ZeRO 0–2;
 // two layers of gathered parameters (current + prefetched) for ZeRO-3.
 double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
                     double param_bytes);
 struct FitCheck {
   double states_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
-  double total_bytes = 0;
+  double allocated_bytes = 0;            // states + activations + buffers
+  double allocator_bytes = 0;            // cached and fragmented blocks: allowance · allocated
+  double runtime_bytes = 0;              // CUDA context and libraries, outside the allocator
+  double total_bytes = 0;                // held: allocated + allocator + runtime
   double capacity_bytes = 0, headroom = 0;
   double usable_bytes = 0;               // capacity · (1 − headroom)
   bool fits = false;                     // total <= usable
 };
 FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
-                   double capacity_bytes, double headroom);
+                   const MemoryBudget& budget);
 
 // Which dimensions the search may use; defaults search everything.
 struct SearchSpace {
@@ -136,7 +173,9 @@ struct PlanEval {
   StateItems states;
   double activation_bytes = 0;
   double buffer_bytes = 0;
-  double total_bytes = 0;
+  double allocated_bytes = 0;            // states + activations + buffers
+  double allocator_bytes = 0, runtime_bytes = 0;  // Note [reserved memory]
+  double total_bytes = 0;                // held: allocated + allocator + runtime
   double usable_bytes = 0;               // capacity · (1 − headroom)
   bool fits = false;
   // time, seconds per optimizer step
