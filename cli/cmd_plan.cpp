@@ -102,22 +102,9 @@ void run_compare(const PlanOptions& o) {
                          std::to_string(req.gpus));
     base.dp = int(req.gpus / mp);
   }
-  if (!o.pp_layers.empty()) {
-    // tally's stages: first and last as given, the middle ones within one layer of each other
-    // (core/pipeline.hpp stage_layers); the list must be one of those.
-    if (int(o.pp_layers.size()) != o.pp)
-      throw InvalidInput("--pp-layers: " + std::to_string(o.pp_layers.size()) +
-                         " stages given for --pp = " + std::to_string(o.pp));
-    const std::vector<int> expected = stage_layers(int(req.model.layers), o.pp,
-                                                   o.pp_layers.front(), o.pp_layers.back());
-    if (expected != o.pp_layers) {
-      std::string list;
-      for (int n : expected) list += (list.empty() ? "" : ",") + std::to_string(n);
-      throw InvalidInput("--pp-layers: the middle stages must share the rest within one layer, "
-                         "extra layers toward the end: for these end stages, " + list);
-    }
-    base.first_stage_layers = o.pp_layers.front();
-    base.last_stage_layers = o.pp_layers.back();
+  if (!o.pp_layers.empty()) {  // any split: every stage's layers (core/pipeline.hpp)
+    check_stage_list(o.pp_layers, int(req.model.layers), o.pp);
+    base.stage_layer_list = std::make_shared<const std::vector<int>>(o.pp_layers);
   }
   if (o.grad_accum) {
     base.grad_accum = *o.grad_accum;

@@ -17,6 +17,11 @@ std::string i2s(std::int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
+int ActivationSetup::layers_on_stage(const ModelSpec& m, int s) const {
+  if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
+  return layers_of_stage(int(m.layers), pp, first_stage_layers, last_stage_layers, s);
+}
+
 void ActivationSetup::validate(const ModelSpec& m) const {
   if (m.params_only)
     throw InvalidInput("activations need an architecture: give --model PRESET|config.json, not "
@@ -38,12 +43,16 @@ void ActivationSetup::validate(const ModelSpec& m) const {
     throw InvalidInput("--tp = " + i2s(tp) + ": must divide intermediate_size = " + i2s(m.ffn));
   if (seq % cp != 0)
     throw InvalidInput("--cp = " + i2s(cp) + ": must divide seq = " + i2s(seq));
-  const bool uneven = first_stage_layers != 0 || last_stage_layers != 0;
+  const bool uneven =
+      first_stage_layers != 0 || last_stage_layers != 0 || stage_layer_list != nullptr;
   if (uneven) {
     if (interleave != 1)
       throw InvalidInput("--interleave = " + i2s(interleave) +
                          ": uneven pipeline stages need interleave 1");
-    (void)stage_layers(int(m.layers), pp, first_stage_layers, last_stage_layers);  // validates
+    if (stage_layer_list != nullptr)
+      check_stage_list(*stage_layer_list, int(m.layers), pp);
+    else
+      (void)stage_layers(int(m.layers), pp, first_stage_layers, last_stage_layers);  // validates
   } else if (m.layers % (std::int64_t(pp) * interleave) != 0)
     throw InvalidInput("--pp = " + i2s(pp) + " × interleave = " + i2s(interleave) +
                        ": must divide num_hidden_layers = " + i2s(m.layers));
@@ -148,21 +157,22 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   if (a.pp == 1) {
     r.peak_stage_bytes =
         r.transformer_bytes + r.embedding_bytes + r.output_bytes + r.recompute_transient_bytes;
-  } else if (a.first_stage_layers != 0 || a.last_stage_layers != 0) {
+  } else if (a.first_stage_layers != 0 || a.last_stage_layers != 0 ||
+             a.stage_layer_list != nullptr) {
     // Uneven stages (core/pipeline.hpp stage_layers, validated): stage s holds min(p − s, m)
     // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
     const int P = a.pp;
     double peak = 0;
     for (int s = 0; s < P; ++s) {
-      const int n = layers_of_stage(int(m.layers), P, a.first_stage_layers, a.last_stage_layers, s);
+      const int n = a.layers_on_stage(m, s);
       const double held = std::min<double>(P - s, a.micro_batches);
       double bytes = r.per_layer_bytes * n * held;
       if (s == 0) bytes += r.embedding_bytes;
       if (s == P - 1) bytes += r.output_bytes;
       peak = std::max(peak, bytes);
     }
-    r.layers_on_stage = a.first_stage_layers;
-    r.transformer_bytes = r.per_layer_bytes * a.first_stage_layers * in_flight;
+    r.layers_on_stage = a.layers_on_stage(m, 0);
+    r.transformer_bytes = r.per_layer_bytes * r.layers_on_stage * in_flight;
     r.peak_stage_bytes = peak + r.recompute_transient_bytes;
   } else {
     const double first = r.transformer_bytes + r.embedding_bytes;

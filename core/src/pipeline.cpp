@@ -198,6 +198,22 @@ int layers_of_stage(int layers, int stages, int first, int last, int s) {
   return rest / middle + (s > middle - rest % middle ? 1 : 0);
 }
 
+void check_stage_list(const std::vector<int>& list, int layers, int stages) {
+  if (int(list.size()) != stages)
+    throw InvalidInput("--pp-layers: " + std::to_string(list.size()) + " stages given for --pp = " +
+                       std::to_string(stages));
+  long long sum = 0;
+  for (std::size_t s = 0; s < list.size(); ++s) {
+    if (list[s] < 1)
+      throw InvalidInput("--pp-layers: stage " + std::to_string(s) + " holds " +
+                         std::to_string(list[s]) + " layers: every stage needs >= 1");
+    sum += list[s];
+  }
+  if (sum != layers)
+    throw InvalidInput("--pp-layers: the stages hold " + std::to_string(sum) +
+                       " layers; the model has " + std::to_string(layers));
+}
+
 std::vector<int> stage_layers(int layers, int stages, int first, int last) {
   require_int(stages >= 1, "pp", stages, "must be >= 1");
   require_int(layers >= stages, "layers", layers,

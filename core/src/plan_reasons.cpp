@@ -52,6 +52,9 @@ std::vector<Reason> explain_plan(const PlanRequest& r, const PlanEval& chosen) {
     Layout v = c;
     const bool ok = move_from_dp(v, v.pp, c.pp == 1);
     if (v.pp == 1) v.interleave = 1;
+    // Another stage count: its split is the planner's (Note [planner stages]), not this one's.
+    v.first_stage_layers = v.last_stage_layers = 0;
+    v.stage_layer_list.reset();
     add("PP", c.pp > 1, v, ok, r);
   }
   {

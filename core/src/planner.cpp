@@ -202,8 +202,7 @@ std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
 // with uneven stages, each stage's layers plus the embedding (first) or the head (last; a tied
 // head keeps a copy of the embedding there, as Megatron-LM does), scaled to the state ledger's N.
 double params_per_gpu(const Prepared& P, const Layout& L) {
-  if (L.first_stage_layers == 0 && L.last_stage_layers == 0)
-    return P.n_state / (double(L.tp) * L.pp);
+  if (!L.uneven_stages()) return P.n_state / (double(L.tp) * L.pp);
   const ParamCount& c = P.count;
   const double per_layer = (c.attention + c.mlp + c.norms) / double(P.req->model.layers);
   const double head = P.req->model.tied_embeddings ? c.embedding : c.output_head;
@@ -211,8 +210,7 @@ double params_per_gpu(const Prepared& P, const Layout& L) {
   double heaviest = 0;
   for (int s = 0; s < L.pp; ++s)
     heaviest = std::max(heaviest,
-                        layers_of_stage(layers, L.pp, L.first_stage_layers, L.last_stage_layers, s) *
-                                per_layer +
+                        L.layers_on_stage(layers, s) * per_layer +
                             (s == 0 ? c.embedding : 0.0) + (s + 1 == L.pp ? head : 0.0));
   return heaviest * (P.n_state / c.total()) / L.tp;
 }
@@ -231,13 +229,13 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .recompute = L.recompute, .attention = L.attention,
                                .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
                                .first_stage_layers = L.first_stage_layers,
-                               .last_stage_layers = L.last_stage_layers});
-  const std::int64_t stage_layers_max =
-      L.first_stage_layers == 0 && L.last_stage_layers == 0
-          ? r.model.layers / L.pp
-          : std::max<std::int64_t>({L.first_stage_layers, L.last_stage_layers,
-                                    (r.model.layers - L.first_stage_layers -
-                                     L.last_stage_layers + L.pp - 3) / std::max(L.pp - 2, 1)});
+                               .last_stage_layers = L.last_stage_layers,
+                               .stage_layer_list = L.stage_layer_list.get()});
+  std::int64_t stage_layers_max = r.model.layers / L.pp;
+  if (L.uneven_stages())
+    for (int s = 0; s < L.pp; ++s)
+      stage_layers_max = std::max<std::int64_t>(stage_layers_max,
+                                                L.layers_on_stage(int(r.model.layers), s));
   const FitCheck fit = check_fit(e.states.total(), e.activation_bytes,
                                  buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes),
                                  r.memory_budget());
@@ -294,7 +292,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const ClusterSpec& c = r.cluster;
   const int model_layers = int(r.model.layers);
   auto layers_on = [&](int s) {
-    return layers_of_stage(model_layers, L.pp, L.first_stage_layers, L.last_stage_layers, s);
+    return L.layers_on_stage(model_layers, s);
   };
   int busiest = 0;
   for (int s = 0; s < L.pp; ++s) busiest = std::max(busiest, layers_on(s));
@@ -385,7 +383,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
 
 // The layout with its stage split settled (Note [planner stages]): an explicit split is kept.
 Layout with_stages(const Prepared& P, Layout L) {
-  if (L.pp > 1 && L.interleave == 1 && L.first_stage_layers == 0 && L.last_stage_layers == 0)
+  if (L.pp > 1 && L.interleave == 1 && !L.uneven_stages())
     std::tie(L.first_stage_layers, L.last_stage_layers) = choose_split(P, L.pp, L.recompute);
   return L;
 }
@@ -435,6 +433,11 @@ bool tp_divides(const ModelSpec& m, int tp) {
 
 }  // namespace
 
+int Layout::layers_on_stage(int model_layers, int s) const {
+  if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
+  return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
+}
+
 int Layout::dimensions() const {
   return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (interleave > 1) + sp + (zero > 0) +
          (recompute != Recompute::none) + (grad_accum > 1);
@@ -444,7 +447,12 @@ std::string Layout::describe() const {
   std::string s = "DP " + std::to_string(dp) + " × TP " + std::to_string(tp) + (sp ? "+SP" : "") +
                   " × PP " + std::to_string(pp);
   if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
-  if (first_stage_layers != 0 || last_stage_layers != 0)
+  if (stage_layer_list != nullptr) {
+    s += " (stages";
+    for (std::size_t i = 0; i < stage_layer_list->size(); ++i)
+      s += (i == 0 ? " " : ",") + std::to_string((*stage_layer_list)[i]);
+    s += " layers)";
+  } else if (first_stage_layers != 0 || last_stage_layers != 0)
     s += " (end stages " + std::to_string(first_stage_layers) + " + " +
          std::to_string(last_stage_layers) + " layers)";
   s += " × CP " + std::to_string(cp) + ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
@@ -571,7 +579,8 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
                   .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp, .interleave = L.interleave,
                   .micro_batches = int(L.grad_accum),
                   .first_stage_layers = staged.first_stage_layers,
-                  .last_stage_layers = staged.last_stage_layers}
+                  .last_stage_layers = staged.last_stage_layers,
+                  .stage_layer_list = staged.stage_layer_list.get()}
       .validate(m);
   if (L.interleave > 1 && L.grad_accum % L.pp != 0)
     bad("interleave = " + std::to_string(L.interleave) + " needs accum (" +

@@ -478,6 +478,38 @@ TEST(Planner, HeavyHeadLightensTheEndStages) {
   EXPECT_LT(e.step_s, evaluate_layout(r, even).step_s);
 }
 
+// Any split (issue 10: BLOOM's 70 layers on 12 stages, `--pp-layers 5,6,6,…`): a list that
+// spells tally's own (first, last) split costs the same; one that moves layers onto a middle stage
+// holds more activations and parameters there; a list that is not a split is refused; flipping the
+// stage count for a reason drops the split.
+TEST(Planner, AnyStageListIsALayout) {
+  const PlanRequest r{.model = *model_preset("llama-3.1-405b"), .cluster = *cluster_preset("h100-80g"), .gpus = 1024,
+                      .global_batch = 128, .seq = 8192};
+  Layout ends{.dp = 8, .tp = 8, .pp = 16, .micro_batch = 1, .grad_accum = 16,
+              .recompute = Recompute::full, .first_stage_layers = 7, .last_stage_layers = 7};
+  Layout listed = ends;
+  listed.first_stage_layers = listed.last_stage_layers = 0;
+  listed.stage_layer_list = std::make_shared<const std::vector<int>>(stage_layers(126, 16, 7, 7));
+  const PlanEval a = evaluate_layout(r, ends), b = evaluate_layout(r, listed);
+  EXPECT_DOUBLE_EQ(a.step_s, b.step_s);
+  EXPECT_DOUBLE_EQ(a.total_bytes, b.total_bytes);
+  Layout heavy = listed;
+  heavy.stage_layer_list = std::make_shared<const std::vector<int>>(
+      std::vector<int>{7, 12, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 3});
+  const PlanEval c = evaluate_layout(r, heavy);
+  EXPECT_GT(c.states.total(), a.states.total());  // 12 layers' states on one stage
+  EXPECT_GT(c.activation_bytes, a.activation_bytes);
+  EXPECT_NE(c.layout.describe().find("stages 7,12,8"), std::string::npos) << c.layout.describe();
+  Layout wrong = listed;
+  wrong.stage_layer_list = std::make_shared<const std::vector<int>>(std::vector<int>(16, 8));
+  EXPECT_THROW(evaluate_layout(r, wrong), InvalidInput);  // 128 layers for a 126-layer model
+  for (const Reason& x : explain_plan(r, c))
+    if (x.dimension == "PP") {
+      EXPECT_TRUE(x.eval.has_value()) << x.invalid_reason;
+      EXPECT_EQ(x.variant.find("stages 7,12"), std::string::npos) << x.variant;
+    }
+}
+
 // Interleaved schedules keep equal stages (Megatron-LM needs pp·v | layers).
 TEST(Planner, InterleavedStagesStayEqual) {
   const PlanRequest r{.model = *model_preset("gpt3-175b"), .cluster = *cluster_preset("a100-80g"),

@@ -67,6 +67,9 @@ double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, 
 // stages: 7 + 14 × 8 + 7) and the middle stages share the rest, extra layers toward the end.
 // Throws InvalidInput when a stage would get no layer.
 std::vector<int> stage_layers(int layers, int stages, int first = 0, int last = 0);
+// An explicit split of any shape (`tally compare --pp-layers 5,6,6,…,5`): `stages` entries, each
+// >= 1, summing to the model's layers. Throws InvalidInput naming --pp-layers otherwise.
+void check_stage_list(const std::vector<int>& list, int layers, int stages);
 // Stage s's entry of stage_layers(layers, stages, first, last), without allocating (the planner's
 // hot path); the arguments must already have passed stage_layers' checks.
 int layers_of_stage(int layers, int stages, int first, int last, int s);

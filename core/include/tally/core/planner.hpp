@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -160,6 +161,14 @@ struct Layout {
   // the layers allow. The planner lightens the end stages when the embedding and the LM head make
   // them the slowest (Note [planner stages]).
   int first_stage_layers = 0, last_stage_layers = 0;
+  // Or any split (`tally compare --pp-layers 5,6,6,…`): every stage's layers, overriding the two
+  // above (core/pipeline.hpp check_stage_list). Shared and immutable so a Layout stays cheap to
+  // copy; the search never sets it.
+  std::shared_ptr<const std::vector<int>> stage_layer_list;
+  bool uneven_stages() const {
+    return first_stage_layers != 0 || last_stage_layers != 0 || stage_layer_list != nullptr;
+  }
+  int layers_on_stage(int model_layers, int s) const;  // pipeline stage s
   int dimensions() const;                // parallel/feature dimensions in use (simplicity)
   std::string describe() const;          // "DP 8 × TP 1 × PP 1 × CP 1, ZeRO-2, b 4 × m 8, ..."
 };
