@@ -82,15 +82,24 @@ const std::vector<ModelSpec>& models() {
 //    published ratio, and the ratio is the ceiling no shape exceeds, since it is the best of the
 //    search (tests/core/test_roofline.cpp checks both); nothing else is fitted.
 //  - Tiles: 256×128 is cuBLAS's most efficient tile (NVIDIA, "Matrix Multiplication Background
-//    User's Guide" §2.3); each halving is assumed to cost 10 % (the guide ranks smaller tiles as
-//    less efficient without a figure) and the inner-dimension half-saturation k½ = 128 elements is
-//    two 64-wide k-blocks of pipeline fill — both assumptions until `bench/gpu/` measures them.
+//    User's Guide" §2.3). On the A100 each halving is assumed to cost 10 % (the guide ranks smaller
+//    tiles as less efficient without a figure) and the inner-dimension half-saturation k½ = 128
+//    elements is two 64-wide k-blocks of pipeline fill — both assumptions: no measured A100 table.
+//  - H100/H200 and B200: every kernel constant is the fit of Note [GEMM calibration] to XLA's
+//    measured bf16 GEMM table (openxla/xla default_matmul_perf_table.txtpb; 375 shapes, b 1–4 and
+//    m, n, k 256–4096, per GPU; tests/data/xla_gemm_bf16.json), and the ceiling is the table's best:
+//    H100 804.7 of 989.4 TFLOP/s (stas00's MAMF search found 794.5, 1.3 % apart), B200 1670.5 of
+//    2250. The fit: H100 fraction 0.9589, k½ 512, each tile halving 0.70, 2 µs per kernel; B200
+//    0.9519, k½ 1024, 0.65, 2 µs (tests/validation/test_gemm_tables.cpp re-fits and compares).
+//    Before, the H100 preset (A100's assumed k½ and tile cost) ran these GEMMs a median 1.7× faster
+//    than measured; small and thin GEMMs are where the assumptions were wrong.
 //  - Flash attention: FlashAttention-2 (Dao 2023, §4.1) reaches 50–73 % of A100 peak forward and
 //    lower backward; tally takes 0.6 forward and 0.45 backward of peak on A100 and, for Hopper with
 //    FlashAttention-2 kernels (no FA3), 0.35 / 0.3 (Dao 2023 Fig. 7: ≈335 of 989 TFLOP/s forward).
 //  - Streaming kernels: 0.85 of HBM bandwidth (an A100 memcopy reaches 1355 of 1555 GB/s, 87 %,
 //    PTsolvers/gpu-workshop-JuliaCon23#7).
-// Links: NVLink 3 600 GB/s and NVLink 4 900 GB/s bidirectional → 300 / 450 GB/s per direction;
+// Links: NVLink 3 600 GB/s, NVLink 4 900 GB/s and NVLink 5 1.8 TB/s bidirectional → 300 / 450 /
+// 900 GB/s per direction;
 // one HDR (200 Gb/s = 25 GB/s) or NDR (400 Gb/s = 50 GB/s) InfiniBand NIC per GPU (DGX A100 / H100:
 // eight compute HCAs per node, Narayanan et al. 2021 §5). Achieved NCCL bus bandwidth: A100 NVLink
 // ≈230 of 300 GB/s (NCCL maintainer, NVIDIA/nccl-tests#149); H100 NVLink ≈370 of 450 GB/s with ring
@@ -122,16 +131,43 @@ GpuSpec a100(std::string name, double mib, double hbm_bps) {
                                                 .memory_fraction = 0.85},
                                      1024, 10240, 5120, 271.2 / 312)};
 }
+// Kernel constants fitted to a measured GEMM table (Note [GEMM calibration]); the ceiling is the
+// table's best GEMM over the peak.
+KernelPerf measured(KernelPerf k, double fraction, double half_k, double tile, double overhead_s,
+                    double best_flops, double peak_flops) {
+  k.gemm_fraction = fraction;
+  k.gemm_half_k = half_k;
+  k.half_tile_efficiency = tile;
+  k.kernel_overhead_s = overhead_s;
+  k.gemm_ceiling = best_flops / peak_flops;
+  return k;
+}
+
 GpuSpec hopper(std::string name, double mib, double hbm_bps) {
   return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 67e12,
                  .peak_tf32_flops = 494.7e12, .peak_bf16_flops = 989.4e12,
                  .peak_fp8_flops = 1978.9e12, .memory_bps = hbm_bps,
-                 .kernels = anchored(KernelPerf{.sm_count = 132, .gemm_half_k = 128,
-                                                .half_tile_efficiency = 0.9,
+                 .kernels = measured(KernelPerf{.sm_count = 132,
                                                 .attention_forward_fraction = 0.35,
                                                 .attention_backward_fraction = 0.3,
                                                 .memory_fraction = 0.85},
-                                     2048, 2048, 13312, 794.5 / 989.4)};
+                                     0.9589, 512, 0.70, 2e-6, 804.715405124361e12, 989.4e12)};
+}
+
+// B200 (HGX/DGX, 1000 W): peaks without sparsity bf16 2.25, fp8 4.5 PFLOP/s (NVIDIA's B200
+// figures as pytorch/ao's roofline utilities carry them), tf32 1.1, fp32 0.08 PFLOP/s (NVIDIA
+// Blackwell architecture technical brief, HGX B200 at 1000 W); 148 SMs, 178.35 GiB and
+// 7680-bit × 3996 MHz × 2 = 7.672 TB/s HBM3e from a device query (pytorch/ao#4002). Attention and
+// streaming fractions: Hopper's (assumed; no published Blackwell figure used yet).
+GpuSpec b200() {
+  return GpuSpec{.name = "b200", .memory_bytes = 178.35 * kGiB, .peak_fp32_flops = 80e12,
+                 .peak_tf32_flops = 1.1e15, .peak_bf16_flops = 2.25e15, .peak_fp8_flops = 4.5e15,
+                 .memory_bps = 7.672e12,
+                 .kernels = measured(KernelPerf{.sm_count = 148,
+                                                .attention_forward_fraction = 0.35,
+                                                .attention_backward_fraction = 0.3,
+                                                .memory_fraction = 0.85},
+                                     0.9519, 1024, 0.65, 2e-6, 1670.467342710337e12, 2.25e15)};
 }
 
 std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
@@ -139,6 +175,7 @@ std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
   const LinkSpec nvlink4{.bandwidth_bps = 450e9, .latency_s = 3.4e-6};
   const LinkSpec hdr{.bandwidth_bps = 25e9, .latency_s = 14e-6};
   const LinkSpec ndr{.bandwidth_bps = 50e9, .latency_s = 14e-6};
+  const LinkSpec nvlink5{.bandwidth_bps = 900e9, .latency_s = 3.4e-6};
   auto make = [](GpuSpec g, LinkSpec intra, LinkSpec inter, double intra_fraction,
                  double inter_fraction, double mfu) {
     return ClusterSpec{.gpu = std::move(g), .gpus_per_node = 8, .intra_node = intra,
@@ -151,6 +188,9 @@ std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
       {"a100-80g", make(a100("a100-80g", 81920, 2.039e12), nvlink3, hdr, 230.0 / 300, 24.0 / 25, 0.5)},
       {"h100-80g", make(hopper("h100-80g", 81559, 3.35e12), nvlink4, ndr, 370.0 / 450, 0.94, 0.4)},
       {"h200", make(hopper("h200", 143771, 4.8e12), nvlink4, ndr, 370.0 / 450, 0.94, 0.4)},
+      // DGX B200: NVLink 5, 1.8 TB/s per GPU bidirectional; eight ConnectX-7 400 Gb/s NICs. NVLink's
+      // achieved bus fraction, the latencies and u are Hopper's (assumed until measured).
+      {"b200", make(b200(), nvlink5, ndr, 370.0 / 450, 0.94, 0.4)},
   };
 }
 

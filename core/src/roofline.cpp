@@ -100,7 +100,7 @@ KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops,
   } else {
     half_mns = {0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0};
   }
-  for (const double half_k : {0.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0})
+  for (const double half_k : {0.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0})
     for (const double half_mn : half_mns)
     for (const double tile : tiles)
       for (const double overhead : {0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5}) {

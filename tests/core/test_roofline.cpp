@@ -14,25 +14,30 @@ namespace tally {
 namespace {
 
 // stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS": bf16
-// torch.matmul, best shape of a brute-force search.
+// torch.matmul, best shape of a brute-force search: A100 271.2 TFLOP/s at 1024×10240×5120, the
+// A100 preset's anchor; H100 794.5 at 2048×2048×13312, where the H100 and H200 presets (fitted to
+// XLA's measured table, whose best is 804.7: tests/validation/test_gemm_tables.cpp) come within
+// 1.5 %.
 TEST(Roofline, PresetsReproduceThePublishedBestGemm) {
   const GpuSpec a100 = cluster_preset("a100-80g")->gpu;
   EXPECT_NEAR(gemm_efficiency(a100.kernels, 1024, 10240, 5120) * a100.peak_bf16_flops / 1e12,
               271.2, 0.01);
   for (const char* name : {"h100-80g", "h200"}) {
     const GpuSpec h = cluster_preset(name)->gpu;
-    EXPECT_NEAR(gemm_efficiency(h.kernels, 2048, 2048, 13312) * h.peak_bf16_flops / 1e12, 794.5,
-                0.01)
+    EXPECT_NEAR(gemm_efficiency(h.kernels, 2048, 2048, 13312) * h.peak_bf16_flops / 1e12 / 794.5,
+                1.0, 0.015)
         << name;
   }
 }
 
-// The published figure is the best of a shape search, so no shape may beat it. Without the
+// The published figure is the best of a shape search (A100: stas00's MAMF; H100/H200 and B200:
+// the best of XLA's measured table), so no shape may beat it. Without the
 // ceiling the A100 preset ran a 2304 × 9216 × 32768 weight gradient (Narayanan 2021's 1.7B MLP) at
 // 280 TFLOP/s, above the 271.2 measured maximum: that shape quantises better than the anchor's.
 TEST(Roofline, NoShapeBeatsThePublishedBest) {
   const struct { const char* name; double best; } gpus[] = {
-      {"a100-80g", 271.2}, {"h100-80g", 794.5}, {"h200", 794.5}};
+      {"a100-80g", 271.2}, {"h100-80g", 804.715405124361}, {"h200", 804.715405124361},
+      {"b200", 1670.467342710337}};
   for (const auto& g : gpus) {
     const GpuSpec gpu = cluster_preset(g.name)->gpu;
     double top = 0;
@@ -40,7 +45,7 @@ TEST(Roofline, NoShapeBeatsThePublishedBest) {
       for (std::int64_t n : {1024, 2304, 6912, 9216, 13824})
         for (std::int64_t k : {2304, 8192, 32768, 131072})
           top = std::max(top, gemm_efficiency(gpu.kernels, m, n, k) * gpu.peak_bf16_flops / 1e12);
-    EXPECT_LE(top, g.best + 1e-9) << g.name;
+    EXPECT_LE(top, g.best * (1 + 1e-12)) << g.name;
     EXPECT_GT(top, 0.99 * g.best) << g.name;  // and large GEMMs do reach it
   }
   const GpuSpec a100 = cluster_preset("a100-80g")->gpu;

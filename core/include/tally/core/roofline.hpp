@@ -52,7 +52,7 @@ struct GemmSample {
 
 // Note [GEMM calibration]: the kernel constants of Note [GEMM efficiency] fitted to measured GEMMs
 // of one GPU at one precision — what the issue calls calibrating by micro-benchmarks, never by
-// training runs. For each k½ in {0 … 1024}, per-kernel overhead in {0 … 50 µs} and either the
+// training runs. For each k½ in {0 … 2048}, per-kernel overhead in {0 … 50 µs} and either the
 // half-tile efficiency in {0.5 … 1} (a tile that can halve: a GPU's, mn½ = 0) or mn½ in {0 … 32}
 // (a 1 × 1 tile: a CPU's) on a grid, gemm_fraction is the median of what each sample implies; the
 // combination with the least squared log-error of predicted over measured time wins. sm_count and
