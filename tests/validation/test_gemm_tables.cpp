@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "fixture.hpp"
 
 #include "tally/core/presets.hpp"
 #include "tally/core/roofline.hpp"
@@ -20,13 +20,7 @@
 namespace tally {
 namespace {
 
-const nlohmann::json& tables() {
-  static const nlohmann::json data = [] {
-    std::ifstream f(std::string(TALLY_DATA) + "/xla_gemm_bf16.json");
-    return nlohmann::json::parse(f);
-  }();
-  return data;
-}
+const nlohmann::json& tables() { return fixture("xla_gemm_bf16.json"); }
 
 struct Table {
   std::vector<GemmSample> samples;

@@ -7,9 +7,7 @@
 // memory_allocated; the tolerances are the measured agreement, rounded up.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <nlohmann/json.hpp>
-
+#include "fixture.hpp"
 #include "tally/core/activations.hpp"
 #include "tally/core/model_states.hpp"
 #include "tally/core/planner.hpp"
@@ -18,15 +16,7 @@
 namespace tally {
 namespace {
 
-// The recorded probe, read once. A reference to one object that outlives every loop: a range-for
-// over `probe()["runs"]` of a returned temporary would read freed memory (ASan: heap-use-after-free).
-const nlohmann::json& probe() {
-  static const nlohmann::json data = [] {
-    std::ifstream f(std::string(TALLY_DATA) + "/h200_memory_probe.json");
-    return nlohmann::json::parse(f);
-  }();
-  return data;
-}
+const nlohmann::json& probe() { return fixture("h200_memory_probe.json"); }
 
 ModelSpec probed_model(const nlohmann::json& run) {
   return ModelSpec{.name = "gpt2-medium-probe", .hidden = run["h"], .layers = run["L"],
