@@ -62,6 +62,9 @@ void add_cluster_flags(CLI::App* cmd, ClusterOptions& c) {
       ->capture_default_str();
   cmd->add_option("--gpus-per-node", c.gpus_per_node, "GPUs per node (default: the preset's)")
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--nvlink-domain", c.nvlink_domain,
+                  "GPUs on one NVLink fabric, whole hosts (default: the preset's; NVL72 racks: 72)")
+      ->check(CLI::Range(1, 65536));
   cmd->add_option("--calibration", c.calibration,
                   "calibration JSON from `tally bench allreduce` (overrides link α/β)");
 }
@@ -78,6 +81,7 @@ ClusterSpec resolve_cluster(const ClusterOptions& c) {
     spec = io::load_cluster(p);
   }
   if (c.gpus_per_node) spec.gpus_per_node = *c.gpus_per_node;
+  if (c.nvlink_domain) spec.nvlink_domain = *c.nvlink_domain;
   if (c.calibration) spec = io::apply_calibration(spec, io::load_calibration(*c.calibration));
   spec.validate();
   return spec;

@@ -32,6 +32,7 @@ std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none = 
 struct ClusterOptions {
   std::string gpu = "a100-80g";
   std::optional<int> gpus_per_node;        // unset: the preset's value
+  std::optional<int> nvlink_domain;        // unset: the preset's value
   std::optional<std::string> calibration;  // a file written by `tally bench allreduce`
 };
 void add_cluster_flags(CLI::App* cmd, ClusterOptions& c);

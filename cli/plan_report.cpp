@@ -120,6 +120,7 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
                        {"gpu", q.cluster.gpu.name},
                        {"gpus", q.gpus},
                        {"gpus_per_node", q.cluster.gpus_per_node},
+                       {"nvlink_domain", q.cluster.nvlink_domain_size()},
                        {"global_batch", q.global_batch},
                        {"seq", q.seq},
                        {"precision", std::string(to_string(q.precision))},
@@ -154,9 +155,13 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
 
 void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
   const auto& q = r.request;
-  fmt::print("tally plan — {} on {} × {} ({} per node), global batch {} × {} tokens\n",
-             q.model.name, q.gpus, q.cluster.gpu.name, q.cluster.gpus_per_node, q.global_batch,
-             q.seq);
+  const int domain = q.cluster.nvlink_domain_size();
+  const std::string topology =
+      domain == q.cluster.gpus_per_node
+          ? fmt::format("{} per node", q.cluster.gpus_per_node)
+          : fmt::format("{} per host, NVLink domains of {}", q.cluster.gpus_per_node, domain);
+  fmt::print("tally plan — {} on {} × {} ({}), global batch {} × {} tokens\n", q.model.name,
+             q.gpus, q.cluster.gpu.name, topology, q.global_batch, q.seq);
   fmt::print("convention: {}\n\n", r.convention);
   if (!r.feasible()) {
     fmt::print("NO LAYOUT FITS. Closest layouts and the wall each hits:\n");

@@ -141,7 +141,7 @@ LinkSpec link_for_group(const ClusterSpec& cluster, int group_size, int stride) 
   // A group of one rank sends nothing; report the node-local link rather than a spurious IB hop.
   if (group_size == 1) return cluster.intra_node;
   const std::int64_t span = std::int64_t(group_size) * stride;
-  return span <= cluster.gpus_per_node ? cluster.intra_node : cluster.inter_node;
+  return span <= cluster.nvlink_domain_size() ? cluster.intra_node : cluster.inter_node;
 }
 
 // ---- Per-step traffic ------------------------------------------------------------------------
@@ -341,6 +341,8 @@ double traffic_seconds(const TrafficItem& item, const LinkSpec& link) {
 }
 
 // Note [NCCL collective model] (ClusterSpec::comm_model == CommModel::nccl)
+// A "node" here is one NVLink domain (ClusterSpec::nvlink_domain_size: a host, or a rack of hosts
+// on one NVLink switch fabric such as GB200 NVL72), and g its GPU count; rails are NICs per GPU.
 // NCCL runs a collective over a group that spans nodes as rings (one per channel) through every
 // member: the hops inside a node go over NVLink, the hops between nodes over the NICs of the
 // members at each node boundary, each channel on its own rail. So the inter-node traffic of one
@@ -366,15 +368,17 @@ struct GroupPath {
 };
 
 GroupPath group_path(const ClusterSpec& c, int group, int stride) {
-  const int g = c.gpus_per_node;
+  const int g = c.nvlink_domain_size();  // "node" of the note: one NVLink domain
   GroupPath p;
   const double intra = c.intra_node.bandwidth_bps * c.intra_bus_fraction;
   if (group <= 1 || std::int64_t(group) * stride <= g) {
     p.bus_bps = intra;
     return p;
   }
-  const int q = std::clamp(stride < g ? g / stride : 1, 1, group);  // members per node
-  const double rails = (c.nics_per_node > 0 ? c.nics_per_node : g) / double(g);
+  const int q = std::clamp(stride < g ? g / stride : 1, 1, group);  // members per domain
+  // NICs per GPU, from the host's NICs (a rack domain's GPUs keep their own hosts' NICs).
+  const int host = c.gpus_per_node;
+  const double rails = (c.nics_per_node > 0 ? c.nics_per_node : host) / double(host);
   const double inter = q * rails * c.inter_node.bandwidth_bps * c.inter_bus_fraction;
   p.bus_bps = q > 1 ? std::min(intra, inter) : inter;
   p.nodes = (group + q - 1) / q;

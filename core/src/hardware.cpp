@@ -37,6 +37,10 @@ void ClusterSpec::validate() const {
     check(gpu.peak_fp8_flops, kPeakFlopsBounds, "gpu peak_fp8_flops", "FLOP/s (or 0: none)");
   if (gpus_per_node < 1)
     throw InvalidInput("gpus_per_node = " + std::to_string(gpus_per_node) + ": must be >= 1");
+  if (nvlink_domain != 0 && (nvlink_domain < gpus_per_node || nvlink_domain % gpus_per_node != 0))
+    throw InvalidInput("nvlink_domain = " + std::to_string(nvlink_domain) +
+                       ": must be 0 (one host) or a multiple of gpus_per_node = " +
+                       std::to_string(gpus_per_node) + " (whole hosts share a fabric)");
   check(intra_node.bandwidth_bps, kBandwidthBpsBounds, "intra-node bandwidth", "bytes/s");
   check(inter_node.bandwidth_bps, kBandwidthBpsBounds, "inter-node bandwidth", "bytes/s");
   check(intra_node.latency_s, kLatencySBounds, "intra-node latency", "seconds");

@@ -564,9 +564,9 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
   if (std::int64_t(L.dp) * L.tp * L.pp * L.cp != r.gpus)
     bad("dp·tp·pp·cp = " + std::to_string(std::int64_t(L.dp) * L.tp * L.pp * L.cp) +
         " must equal --gpus = " + std::to_string(r.gpus));
-  if (L.tp > r.cluster.gpus_per_node)
-    bad("tp = " + std::to_string(L.tp) + ": must stay within a node (gpus per node = " +
-        std::to_string(r.cluster.gpus_per_node) + ")");
+  if (L.tp > r.cluster.nvlink_domain_size())
+    bad("tp = " + std::to_string(L.tp) + ": must stay within an NVLink domain (" +
+        std::to_string(r.cluster.nvlink_domain_size()) + " GPUs)");
   if (L.micro_batch < 1 || L.grad_accum < 1 ||
       std::int64_t(L.dp) * L.micro_batch * L.grad_accum != r.global_batch)
     bad("dp × micro-batch × accum = " +
@@ -595,7 +595,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
   PlanResult res;
   res.request = r;
   auto& rej = res.rejected;
-  const int max_tp = space.max_tp > 0 ? space.max_tp : r.cluster.gpus_per_node;
+  const int max_tp = space.max_tp > 0 ? space.max_tp : r.cluster.nvlink_domain_size();
   const std::size_t top = std::size_t(std::max(space.top, 1));
   std::uint64_t shape_ok = 0;
 
@@ -660,7 +660,8 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
     const auto n = [](std::uint64_t v) { return std::to_string(v); };
     throw InvalidInput(
         "no layout of --gpus = " + std::to_string(r.gpus) + " passes the shape rules (rejected: " +
-        n(rej.topology) + " TP beyond a node of " + std::to_string(r.cluster.gpus_per_node) +
+        n(rej.topology) + " TP beyond an NVLink domain of " +
+        std::to_string(r.cluster.nvlink_domain_size()) +
         ", " + n(rej.tp_divisibility) + " TP not dividing heads " + std::to_string(m.heads) +
         "/kv " + std::to_string(m.kv_heads) + "/ffn " + std::to_string(m.ffn) + ", " +
         n(rej.pp_divisibility) + " PP not dividing layers " + std::to_string(m.layers) + ", " +

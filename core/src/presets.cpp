@@ -159,15 +159,38 @@ GpuSpec hopper(std::string name, double mib, double hbm_bps) {
 // Blackwell architecture technical brief, HGX B200 at 1000 W); 148 SMs, 178.35 GiB and
 // 7680-bit × 3996 MHz × 2 = 7.672 TB/s HBM3e from a device query (pytorch/ao#4002). Attention and
 // streaming fractions: Hopper's (assumed; no published Blackwell figure used yet).
+
+// Blackwell's GEMM constants: B200's fit to XLA's measured table, the ceiling the same fraction of
+// each part's peak (B300 and the 1200/1400 W GB parts: no measured table yet — an assumption).
+KernelPerf blackwell_kernels(int sms, double peak_bf16) {
+  return measured(KernelPerf{.sm_count = sms, .attention_forward_fraction = 0.35,
+                             .attention_backward_fraction = 0.3, .memory_fraction = 0.85},
+                  0.9519, 1024, 0.65, 2e-6, 1670.467342710337e12 / 2.25e15 * peak_bf16,
+                  peak_bf16);
+}
+
+// Blackwell parts without a device query here; peaks without sparsity. Sources:
+//  - GB200 (B200 at 1200 W in GB200 NVL72): bf16 2.5, fp8 5, tf32 1.25 PFLOP/s, fp32 90 TFLOP/s
+//    (NVIDIA Blackwell architecture technical brief, as tabulated by G. Lockwood,
+//    glennklockwood.com/garden/processors/B200); 186 GB and 8 TB/s = the rack's 13.4 TB and
+//    576 TB/s over 72 GPUs (NVIDIA GB200 NVL72 specifications); 148 SMs (the B200 die).
+//  - B300 (HGX, 1100 W): bf16 2.25, fp8 4.5, tf32 1.125 PFLOP/s, fp32 75 TFLOP/s (NVIDIA, via
+//    glennklockwood.com/garden/processors/B300); 288 GB HBM3e (DGX B300: 2.3 TB over 8) at 8 TB/s.
+//  - GB300 (1400 W in GB300 NVL72): bf16 2.5, fp8 5 PFLOP/s (the rack's 180 and 360 PFLOP/s over
+//    72), 287.5 GB and 8 TB/s (the rack's 20.7 TB and 576 TB/s over 72; NVIDIA GB300 NVL72
+//    specifications, tabulated at verda.com/blog/gb300-nvl72-architecture); tf32 and fp32 taken
+//    as B300's. B300/GB300: 160 SMs (Blackwell Ultra).
 GpuSpec b200() {
   return GpuSpec{.name = "b200", .memory_bytes = 178.35 * kGiB, .peak_fp32_flops = 80e12,
                  .peak_tf32_flops = 1.1e15, .peak_bf16_flops = 2.25e15, .peak_fp8_flops = 4.5e15,
-                 .memory_bps = 7.672e12,
-                 .kernels = measured(KernelPerf{.sm_count = 148,
-                                                .attention_forward_fraction = 0.35,
-                                                .attention_backward_fraction = 0.3,
-                                                .memory_fraction = 0.85},
-                                     0.9519, 1024, 0.65, 2e-6, 1670.467342710337e12, 2.25e15)};
+                 .memory_bps = 7.672e12, .kernels = blackwell_kernels(148, 2.25e15)};
+}
+
+GpuSpec blackwell(std::string name, double bytes, double bps, double fp32, double tf32,
+                  double bf16, double fp8, int sms) {
+  return GpuSpec{.name = std::move(name), .memory_bytes = bytes, .peak_fp32_flops = fp32,
+                 .peak_tf32_flops = tf32, .peak_bf16_flops = bf16, .peak_fp8_flops = fp8,
+                 .memory_bps = bps, .kernels = blackwell_kernels(sms, bf16)};
 }
 
 std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
@@ -176,6 +199,13 @@ std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
   const LinkSpec hdr{.bandwidth_bps = 25e9, .latency_s = 14e-6};
   const LinkSpec ndr{.bandwidth_bps = 50e9, .latency_s = 14e-6};
   const LinkSpec nvlink5{.bandwidth_bps = 900e9, .latency_s = 3.4e-6};
+  const LinkSpec xdr{.bandwidth_bps = 100e9, .latency_s = 14e-6};  // 800 Gb/s (ConnectX-8)
+  auto rack = [](ClusterSpec c) {
+    c.gpus_per_node = 4;
+    c.nics_per_node = 4;
+    c.nvlink_domain = 72;
+    return c;
+  };
   auto make = [](GpuSpec g, LinkSpec intra, LinkSpec inter, double intra_fraction,
                  double inter_fraction, double mfu) {
     return ClusterSpec{.gpu = std::move(g), .gpus_per_node = 8, .intra_node = intra,
@@ -191,6 +221,14 @@ std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
       // DGX B200: NVLink 5, 1.8 TB/s per GPU bidirectional; eight ConnectX-7 400 Gb/s NICs. NVLink's
       // achieved bus fraction, the latencies and u are Hopper's (assumed until measured).
       {"b200", make(b200(), nvlink5, ndr, 370.0 / 450, 0.94, 0.4)},
+      {"b300", make(blackwell("b300", 288e9, 8e12, 75e12, 1.125e15, 2.25e15, 4.5e15, 160), nvlink5,
+                    xdr, 370.0 / 450, 0.94, 0.4)},
+      // Rack systems: 18 hosts (compute trays) of 4 GPUs, one NIC per GPU (GB200: ConnectX-7
+      // 400 Gb/s; GB300: ConnectX-8 800 Gb/s), all 72 GPUs on one NVLink 5 switch fabric.
+      {"gb200-nvl72", rack(make(blackwell("gb200", 186e9, 8e12, 90e12, 1.25e15, 2.5e15, 5e15, 148),
+                                nvlink5, ndr, 370.0 / 450, 0.94, 0.4))},
+      {"gb300-nvl72", rack(make(blackwell("gb300", 287.5e9, 8e12, 75e12, 1.125e15, 2.5e15, 5e15, 160),
+                                nvlink5, xdr, 370.0 / 450, 0.94, 0.4))},
   };
 }
 

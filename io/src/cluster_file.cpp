@@ -34,6 +34,7 @@ constexpr Range kFailureRate{kFailureRateBounds.lo, kFailureRateBounds.hi};  // 
 constexpr Range kCheckpointGbps{kBandwidthBpsBounds.lo / kGBBytes, 1e6};
 constexpr Range kMfu{kUtilisationBounds.lo, kUtilisationBounds.hi};
 constexpr std::int64_t kMaxGpusPerNode = 1024;
+constexpr std::int64_t kMaxNvlinkDomain = 1 << 16;  // GPUs on one NVLink fabric (NVL72: 72)
 constexpr std::size_t kMaxNameChars = 64;
 
 const char* const kNoPresetHint = "required when no \"preset\" is given";
@@ -89,7 +90,8 @@ void read_link(const ObjectReader& r, std::string_view key, bool required, LinkS
 ClusterSpec parse(std::string_view text, std::string_view source) {
   const detail::json root = detail::parse_object(text, source);
   const ObjectReader r(root, source);
-  r.allow_only({"preset", "comment", "gpu", "gpus_per_node", "intra_node", "inter_node",
+  r.allow_only({"preset", "comment", "gpu", "gpus_per_node", "nvlink_domain", "intra_node",
+                "inter_node",
                 "failure_rate_per_gpu_hour", "checkpoint_write_gbps",
                 "checkpoint_write_gbps_per_node", "mfu"});
   (void)r.opt_string("comment", 4096);  // free text for humans; checked only for type
@@ -114,6 +116,7 @@ ClusterSpec parse(std::string_view text, std::string_view source) {
   else if (required)
     detail::fail_missing(source, "gpu", std::string(kNoPresetHint) + ", an object {...}");
   if (const auto n = r.opt_integer("gpus_per_node", 1, kMaxGpusPerNode)) c.gpus_per_node = int(*n);
+  if (const auto n = r.opt_integer("nvlink_domain", 0, kMaxNvlinkDomain)) c.nvlink_domain = int(*n);
   read_link(r, "intra_node", required, c.intra_node);
   read_link(r, "inter_node", required, c.inter_node);
   if (const auto v = r.opt_number("failure_rate_per_gpu_hour", kFailureRate))

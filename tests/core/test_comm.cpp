@@ -315,6 +315,33 @@ TEST(CommNccl, FlatRingIsTheSeedsModel) {
   EXPECT_NEAR(flat / nccl, 192.0 / 25, 0.1);
 }
 
+// An NVLink domain larger than a host (GB200 NVL72: 72 GPUs, hosts of 4): a 64-rank group stays
+// on NVLink, where on 8-GPU hosts (B200) the same group crosses 8 nodes; a 144-rank group spans two
+// racks, whose 72 members each drive their own NIC: busbw = min(NVLink, 72 · 1 · NIC) by the note.
+TEST(CommNccl, RackScaleNvlinkDomain) {
+  const ClusterSpec rack = *cluster_preset("gb200-nvl72"), hgx = *cluster_preset("b200");
+  const double S = 8e9;
+  auto seconds = [&](const ClusterSpec& c, int group) {
+    const double bytes = collective_bytes_per_rank(Collective::all_reduce, S, group);
+    return collective_seconds(Collective::all_reduce, bytes, group, 1, c);
+  };
+  const double nvlink = 900e9 * 370.0 / 450;  // NVLink 5 per direction × Hopper's ring fraction
+  // 64 ranks in one rack: 2·63 ring steps at 3.4 µs and 2S·63/64 bytes over NVLink.
+  EXPECT_NEAR(seconds(rack, 64), 126 * 3.4e-6 + 2 * S * 63 / 64 / nvlink, 1e-12);
+  EXPECT_GT(seconds(hgx, 64), 1.6 * seconds(rack, 64));  // 8 × 50 GB/s NICs per host
+  // 144 ranks over two racks: 2 network steps at 14 µs, 284 NVLink steps, and the bytes at
+  // min(NVLink, 72 members × 1 NIC × 50 GB/s × 0.94).
+  EXPECT_NEAR(seconds(rack, 144),
+              2 * 14e-6 + 284 * 3.4e-6 + 2 * S * 143 / 144 / std::min(nvlink, 72 * 50e9 * 0.94),
+              1e-12);
+  EXPECT_EQ(link_for_group(rack, 72).bandwidth_bps, rack.intra_node.bandwidth_bps);
+  EXPECT_EQ(link_for_group(rack, 73).bandwidth_bps, rack.inter_node.bandwidth_bps);
+  // A domain must hold whole hosts.
+  ClusterSpec bad = rack;
+  bad.nvlink_domain = 70;
+  EXPECT_THROW(bad.validate(), InvalidInput);
+}
+
 // NCCL's ring latency (src/graph/tuning.cc): 2(n−1) network steps of an all-reduce over n nodes at
 // the network latency, the rest at NVLink latency.
 TEST(CommNccl, LatencySplitsIntraAndInterNodeSteps) {

@@ -510,6 +510,23 @@ TEST(Planner, AnyStageListIsALayout) {
     }
 }
 
+// TP may span an NVLink domain, not only a host: 16-way TP is a layout on a GB200 NVL72 rack (hosts
+// of 4) and is refused on 8-GPU B200 hosts, with the domain named.
+TEST(Planner, TensorParallelismSpansTheNvlinkDomain) {
+  PlanRequest r{.model = *model_preset("llama-3.1-405b"), .cluster = *cluster_preset("gb200-nvl72"),
+                .gpus = 144, .global_batch = 144, .seq = 8192};
+  const Layout L{.dp = 9, .tp = 16, .micro_batch = 1, .grad_accum = 16,
+                 .recompute = Recompute::full};
+  EXPECT_NO_THROW(evaluate_layout(r, L));
+  r.cluster = *cluster_preset("b200");
+  try {
+    (void)evaluate_layout(r, L);
+    ADD_FAILURE() << "TP 16 accepted on 8-GPU hosts";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("NVLink domain (8 GPUs)"), std::string::npos) << e.what();
+  }
+}
+
 // Interleaved schedules keep equal stages (Megatron-LM needs pp·v | layers).
 TEST(Planner, InterleavedStagesStayEqual) {
   const PlanRequest r{.model = *model_preset("gpt3-175b"), .cluster = *cluster_preset("a100-80g"),

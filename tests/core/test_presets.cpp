@@ -57,7 +57,30 @@ TEST(Presets, LinksArePerDirectionBytes) {
   EXPECT_EQ(cluster_preset("a100-80g")->inter_node.bandwidth_bps, 200e9 / 8);
   EXPECT_EQ(cluster_preset("h100-80g")->intra_node.bandwidth_bps, 900e9 / 2);
   EXPECT_EQ(cluster_preset("h100-80g")->inter_node.bandwidth_bps, 400e9 / 8);
-  for (const auto& n : cluster_preset_names()) EXPECT_EQ(cluster_preset(n)->gpus_per_node, 8) << n;
+  // NVLink 5: 1.8 TB/s bidirectional; ConnectX-8: 800 Gb/s.
+  EXPECT_EQ(cluster_preset("b200")->intra_node.bandwidth_bps, 1.8e12 / 2);
+  EXPECT_EQ(cluster_preset("gb300-nvl72")->inter_node.bandwidth_bps, 800e9 / 8);
+  // HGX/DGX hosts of 8 are their own NVLink domain; GB200/GB300 NVL72 racks join 18 hosts of 4.
+  for (const auto& n : cluster_preset_names()) {
+    const ClusterSpec c = *cluster_preset(n);
+    const bool rack = n.rfind("-nvl72") == n.size() - 6;
+    EXPECT_EQ(c.gpus_per_node, rack ? 4 : 8) << n;
+    EXPECT_EQ(c.nvlink_domain_size(), rack ? 72 : 8) << n;
+    EXPECT_NO_THROW(c.validate()) << n;
+  }
+}
+
+// Blackwell peaks without sparsity (presets.cpp cites each): bf16 and fp8 per part, and the rack
+// figures over 72 GPUs (GB300 NVL72: 180 PFLOP/s bf16, 360 fp8, 20.7 TB, 576 TB/s).
+TEST(Presets, BlackwellPeaksAndRackShares) {
+  EXPECT_EQ(cluster_preset("b200")->gpu.peak_bf16_flops, 2.25e15);
+  EXPECT_EQ(cluster_preset("b200")->gpu.peak_fp8_flops, 4.5e15);
+  const GpuSpec gb300 = cluster_preset("gb300-nvl72")->gpu;
+  EXPECT_NEAR(gb300.peak_bf16_flops * 72, 180e15, 1e6);
+  EXPECT_NEAR(gb300.peak_fp8_flops * 72, 360e15, 1e6);
+  EXPECT_NEAR(gb300.memory_bytes * 72, 20.7e12, 1e3);
+  EXPECT_NEAR(gb300.memory_bps * 72, 576e12, 1e3);
+  EXPECT_NEAR(cluster_preset("gb200-nvl72")->gpu.memory_bytes * 72, 13.4e12, 1e10);
 }
 
 }  // namespace

@@ -50,6 +50,16 @@ TEST(ClusterFile, PresetWithOverrides) {
   EXPECT_EQ(c.mfu, 0.35);
 }
 
+// A rack-scale NVLink domain (hosts of 4 on a 72-GPU fabric) from a file; a domain that is not
+// whole hosts is refused naming the field.
+TEST(ClusterFile, NvlinkDomain) {
+  const ClusterSpec c = parse(R"({"preset": "h100-80g", "gpus_per_node": 4, "nvlink_domain": 72})");
+  EXPECT_EQ(c.nvlink_domain_size(), 72);
+  EXPECT_EQ(parse(R"({"preset": "h100-80g"})").nvlink_domain_size(), 8);
+  expect_invalid([] { parse(R"({"preset": "h100-80g", "nvlink_domain": 12})"); },
+                 {kSrc, "nvlink_domain = 12", "multiple of gpus_per_node = 8"});
+}
+
 TEST(ClusterFile, PresetAloneEqualsPreset) {
   for (const auto& name : cluster_preset_names()) {
     const ClusterSpec c = parse("{\"preset\": \"" + name + "\"}");

@@ -68,7 +68,7 @@ CollectiveCost collective_cost(Collective c, double size_bytes, int ranks, const
 double bus_bandwidth(Collective c, double algbw_bps, int ranks);
 
 // The link a ring over `group_size` ranks spaced `stride` apart in the global rank order runs on:
-// intra_node iff group_size·stride <= gpus_per_node (the whole group fits in one node), else
+// intra_node iff group_size·stride <= the NVLink domain (the whole group shares one fabric), else
 // inter_node (the slowest link bounds a ring). A group of 1 sends nothing: intra_node.
 LinkSpec link_for_group(const ClusterSpec& cluster, int group_size, int stride = 1);
 

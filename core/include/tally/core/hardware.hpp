@@ -87,7 +87,12 @@ struct GpuSpec {
 
 struct ClusterSpec {
   GpuSpec gpu;
-  int gpus_per_node = 8;
+  int gpus_per_node = 8;             // per host: its NICs, its checkpoint writer
+  // GPUs joined by one NVLink fabric; 0 = one host's (HGX/DGX: 8). Rack systems join hosts:
+  // GB200/GB300 NVL72 put 72 GPUs, 18 hosts of 4, on one NVLink switch fabric. TP and every group
+  // inside a domain run over intra_node; NCCL's rings leave a domain over its members' NICs.
+  int nvlink_domain = 0;
+  int nvlink_domain_size() const { return nvlink_domain > 0 ? nvlink_domain : gpus_per_node; }
   LinkSpec intra_node;               // NVLink / NVSwitch
   LinkSpec inter_node;               // InfiniBand / RoCE, one NIC (rail)
   int nics_per_node = 0;             // rails per node; 0 = one per GPU (DGX-style)

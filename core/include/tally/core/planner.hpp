@@ -134,7 +134,7 @@ FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
 
 // Which dimensions the search may use; defaults search everything.
 struct SearchSpace {
-  int max_tp = 0;                        // 0 = GPUs per node
+  int max_tp = 0;                        // 0 = the NVLink domain's GPUs
   int max_pp = 0;                        // 0 = layers
   int max_cp = 0;                        // 0 = unlimited (cp | s)
   int max_interleave = 8;
