@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "tally/core/activations.hpp"
+#include "tally/core/finetune.hpp"
 #include "tally/core/model_states.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
@@ -27,7 +28,56 @@ struct MemoryOptions {
   std::int64_t micro_batch = 1;
   std::optional<std::string> gpu;    // unset: no capacity line
   MemoryBudgetOptions memory;        // with --gpu: Note [does it fit], as the planner
+  // Fine-tuning (core/finetune.hpp, Note [QLoRA ledger]).
+  std::string method = "full", quant = "nf4";
+  int lora_rank = 8, quant_block = 64;
+  double lora_alpha = 16;
+  std::vector<std::string> lora_targets = {"q", "v"};
+  bool no_double_quant = false, no_upcast = false;
 };
+
+// The LoRA / QLoRA ledger of the options; nullopt for full fine-tuning.
+std::optional<FineTuneLedger> finetune_of(const MemoryOptions& o, const ModelSpec& model,
+                                          Precision precision) {
+  const FineTune method = *parse_finetune(o.method);
+  if (method == FineTune::full) return std::nullopt;
+  if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.zero > 0)
+    throw InvalidInput("--method " + o.method +
+                       ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--zero)");
+  if (precision == Precision::fp32 && method == FineTune::qlora)
+    throw InvalidInput("--method qlora --precision fp32: the compute dtype must be bf16 or fp16");
+  LoraSetup s{.method = method, .rank = o.lora_rank, .alpha = o.lora_alpha, .targets = {},
+              .quant = *parse_quant(o.quant), .double_quant = !o.no_double_quant,
+              .block = o.quant_block, .compute = precision, .upcast_unquantized = !o.no_upcast,
+              .optimizer = optimizer_from(o.optimizer)};
+  for (const std::string& t : o.lora_targets) s.targets.push_back(*parse_lora_target(t));
+  return finetune_ledger(model, s);
+}
+
+void print_finetune(const FineTuneLedger& f, const std::string& convention, SizeUnit unit) {
+  fmt::print("fine-tuning state  [{}]\n", convention);
+  // PEFT's print_trainable_parameters() line.
+  fmt::print("  trainable params: {:.0f} || all params: {:.0f} || trainable%: {:.4f}\n",
+             f.trainable_params, f.total_params, 100 * f.trainable_fraction());
+  auto row = [&](const char* name, double bytes, const std::string& what) {
+    fmt::print("  {:<18} {:>14}   {}\n", name, size_str(bytes, unit), what);
+  };
+  if (f.quantized_params > 0) {
+    row("quantized weights", f.quantized_weight_bytes,
+        fmt::format("({:.4g} params of the decoder layers' linears)", f.quantized_params));
+    row("quant constants", f.quant_constant_bytes,
+        fmt::format("({:.3f} bits per quantized param in all)", f.bits_per_quantized_param));
+  }
+  row("frozen", f.frozen_bytes,
+      fmt::format("({:.4g} params: {})", f.frozen_params,
+                  f.quantized_params > 0 ? "embeddings, head, norms, biases" : "the backbone"));
+  row("adapters", f.adapter_bytes, "(fp32)");
+  row("adapter grads", f.adapter_grad_bytes, "(fp32)");
+  row("adapter optimizer", f.adapter_optimizer_bytes, "");
+  if (f.dequant_transient_bytes > 0)
+    row("dequantized layer", f.dequant_transient_bytes, "(the largest matrix, while it runs)");
+  row("static", f.static_bytes(), "");
+}
 
 void run_memory(const MemoryOptions& o) {
   const ModelSpec model = *resolve_model(o.model);
@@ -40,7 +90,9 @@ void run_memory(const MemoryOptions& o) {
                                                      .optimizer = optimizer_from(o.optimizer),
                                                      .zero_stage = o.zero,
                                                      .shard_degree = o.dp});
-  const std::string convention = convention_with_unit(states.convention(), unit);
+  const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
+  const std::string convention =
+      convention_with_unit(ft ? ft->convention : states.convention(), unit);
 
   std::optional<ActivationResult> act;
   if (o.seq) {
@@ -57,7 +109,8 @@ void run_memory(const MemoryOptions& o) {
                        "sequence length)");
   }
   const double act_bytes = act ? act->peak_stage_bytes : 0.0;
-  const double total = states.bytes.total() + act_bytes;
+  const double states_total = ft ? ft->static_bytes() : states.bytes.total();
+  const double total = states_total + act_bytes;
   std::optional<ClusterSpec> gpu;
   if (o.gpu) gpu = resolve_cluster(ClusterOptions{.gpu = *o.gpu});
 
@@ -65,21 +118,26 @@ void run_memory(const MemoryOptions& o) {
   nlohmann::json items_gb = {{"params", in_gb(b.params)}, {"grads", in_gb(b.grads)},
                              {"m", in_gb(b.m)},           {"v", in_gb(b.v)},
                              {"master", in_gb(b.master)}};
+  if (ft)
+    items_gb = {{"quantized_weights", in_gb(ft->quantized_weight_bytes)},
+                {"quant_constants", in_gb(ft->quant_constant_bytes)},
+                {"frozen", in_gb(ft->frozen_bytes)},
+                {"adapters", in_gb(ft->adapter_bytes)},
+                {"adapter_grads", in_gb(ft->adapter_grad_bytes)},
+                {"adapter_optimizer", in_gb(ft->adapter_optimizer_bytes)},
+                {"dequant_transient", in_gb(ft->dequant_transient_bytes)}};
   nlohmann::json j = {{"command", "memory"},
                       {"model", model.name},
                       {"convention", convention},
                       {"unit_of_gb_fields", "GB = 1e9 bytes"},
-                      // A count is an integer in JSON (7615616512, not 7615616512.0).
-                      {"n_params", n_total == std::floor(n_total) && n_total < 9.007199254740992e15
-                                       ? nlohmann::json(std::int64_t(n_total))
-                                       : nlohmann::json(n_total)},
+                      {"n_params", count_json(n_total)},
                       {"params_per_gpu", n_gpu},
                       {"bytes_per_param", {{"params", states.per_param.params},
                                            {"grads", states.per_param.grads},
                                            {"m", states.per_param.m},
                                            {"v", states.per_param.v},
                                            {"master", states.per_param.master}}},
-                      {"states_gb", in_gb(b.total())},
+                      {"states_gb", in_gb(states_total)},
                       {"total_gb", in_gb(total)},
                       {"total_bytes", total}};
   if (act) {
@@ -99,16 +157,26 @@ void run_memory(const MemoryOptions& o) {
                         {"layer_terms", terms}};
   }
   j["items_gb"] = items_gb;
+  j["method"] = o.method;
+  if (ft)
+    j["finetune"] = {{"trainable_params", count_json(ft->trainable_params)},
+                     {"trainable_fraction", ft->trainable_fraction()},
+                     {"quantized_params", count_json(ft->quantized_params)},
+                     {"frozen_params", count_json(ft->frozen_params)},
+                     {"bits_per_quantized_param", ft->bits_per_quantized_param},
+                     {"backbone_gb", in_gb(ft->backbone_bytes())},
+                     {"adapters_with_states_gb", in_gb(ft->adapter_total_bytes())}};
   // Note [does it fit] (core/planner.hpp): the planner's own check, buffers and headroom included.
   std::optional<FitCheck> fit;
   if (gpu) {
     const bool layers_known = !model.params_only;
     const double buffers =
-        o.zero == 3 && !layers_known
-            ? 0.0  // ZeRO-3's gathered-layer buffers need the layer count
+        ft || (o.zero == 3 && !layers_known)
+            ? 0.0  // one GPU has no DDP buckets; ZeRO-3's gathered layers need the layer count
             : buffer_bytes(o.zero, n_gpu, layers_known ? model.layers / o.pp : 1,
                            dtype_bytes(precision));
-    fit = check_fit(b.total(), act_bytes, buffers, memory_budget(o.memory, gpu->gpu.memory_bytes));
+    fit = check_fit(states_total, act_bytes, buffers,
+                    memory_budget(o.memory, gpu->gpu.memory_bytes));
     j["capacity"] = {{"gpu", gpu->gpu.name},
                      {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
                      {"headroom", o.memory.headroom},
@@ -130,18 +198,22 @@ void run_memory(const MemoryOptions& o) {
 
   fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {})\n", model.name,
              n_total, n_gpu, o.tp, o.pp);
-  fmt::print("model states per GPU  [{}]\n", convention);
-  const auto& pp = states.per_param;
-  auto row = [&](const char* name, double bytes, double per_param) {
-    fmt::print("  {:<12} {:>14}   ({} B/param before sharding)\n", name, size_str(bytes, unit),
-               per_param);
-  };
-  row("params", b.params, pp.params);
-  row("grads", b.grads, pp.grads);
-  row("m", b.m, pp.m);
-  row("v", b.v, pp.v);
-  row("master", b.master, pp.master);
-  fmt::print("  {:<12} {:>14}\n", "states", size_str(b.total(), unit));
+  if (ft) {
+    print_finetune(*ft, convention, unit);
+  } else {
+    fmt::print("model states per GPU  [{}]\n", convention);
+    const auto& pp = states.per_param;
+    auto row = [&](const char* name, double bytes, double per_param) {
+      fmt::print("  {:<12} {:>14}   ({} B/param before sharding)\n", name, size_str(bytes, unit),
+                 per_param);
+    };
+    row("params", b.params, pp.params);
+    row("grads", b.grads, pp.grads);
+    row("m", b.m, pp.m);
+    row("v", b.v, pp.v);
+    row("master", b.master, pp.master);
+    fmt::print("  {:<12} {:>14}\n", "states", size_str(b.total(), unit));
+  }
   if (act) {
     fmt::print("activations per GPU   [{}]\n", act->convention());
     for (const auto& t : act->layer_terms)
@@ -220,6 +292,33 @@ void register_memory(CLI::App& app) {
                                "count dropout masks even if the model's config has none"));
   cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
   add_memory_budget_flags(cmd, o->memory);  // with --gpu
+  cmd->add_option("--method", o->method,
+                  "full | lora (frozen backbone in the compute dtype) | qlora (frozen 4-bit "
+                  "backbone; the seed's program)")
+      ->check(one_of({"full", "lora", "qlora"}))
+      ->capture_default_str();
+  cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank r")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", o->lora_alpha, "LoRA α (scale α/r; no memory of its own)")
+      ->check(finite_in(1e-6, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--lora-targets", o->lora_targets,
+                  "adapted matrices, Hugging Face Llama names: q,k,v,o,gate,up,down")
+      ->delimiter(',')
+      ->check(one_of({"q", "k", "v", "o", "gate", "up", "down"}))
+      ->capture_default_str();
+  cmd->add_option("--quant", o->quant, "qlora backbone format: nf4 | fp4 | int8")
+      ->check(one_of({"nf4", "fp4", "int8"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-double-quant", o->no_double_quant,
+                "one fp32 absmax per block (default: double quantization, QLoRA §3)");
+  cmd->add_option("--quant-block", o->quant_block, "first-level quantization block")
+      ->check(CLI::Range(16, 4096))
+      ->capture_default_str();
+  cmd->add_flag("--no-upcast", o->no_upcast,
+                "keep embeddings, head and norms in the compute dtype (default: fp32, as PEFT's "
+                "prepare_model_for_kbit_training casts them)");
   cmd->callback([o] { run_memory(*o); });
 }
 

@@ -246,6 +246,11 @@ void require_finite(const nlohmann::json& j) {
 
 void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }
 
+nlohmann::json count_json(double n) {
+  return n == std::floor(n) && std::fabs(n) < 9.007199254740992e15 ? nlohmann::json(std::int64_t(n))
+                                                                  : nlohmann::json(n);
+}
+
 bool no_failures_expected(const ReliabilityReport& r) { return std::isinf(r.mtbf_hours); }
 
 nlohmann::json unless_no_failures(const ReliabilityReport& r, double v) {

@@ -19,6 +19,8 @@ namespace tally::cli {
 // an observation to report, and do not call it.
 void require_finite(const nlohmann::json& j);
 void print_json(const nlohmann::json& j);
+// A count is an integer in JSON (7615616512, not 7615616512.0) when it is one and exact in a double.
+nlohmann::json count_json(double n);
 
 // `v`, or null when no failure is expected (the MTBF and the intervals).
 nlohmann::json unless_no_failures(const ReliabilityReport& r, double v);

@@ -586,3 +586,32 @@ TEST(Cli, CompareTakesPipelineStageLayers) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 12: `tally memory --method qlora` — the seed's program on Llama-2-7B (r = 8 on q, v):
+// PEFT's trainable line, integer counts, NF4 + double quantization's 4.127 bits (QLoRA §3), one-GPU
+// only, and targets the layout lacks refused with one line.
+TEST(Cli, MemoryQloraLedger) {
+  const auto j = json_of(tally("memory --model llama-2-7b --method qlora --json"));
+  EXPECT_EQ(j["method"], "qlora");
+  EXPECT_TRUE(j["finetune"]["trainable_params"].is_number_integer());
+  EXPECT_EQ(j["finetune"]["trainable_params"].get<std::int64_t>(), 32 * 2 * 8 * (4096 + 4096));
+  EXPECT_NEAR(j["finetune"]["bits_per_quantized_param"].get<double>(), 4 + 8.0 / 64 + 32.0 / 16384,
+              1e-9);
+  EXPECT_LT(j["finetune"]["trainable_fraction"].get<double>(), 0.002);
+  const auto text = tally("memory --model llama-2-7b --method qlora");
+  EXPECT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("trainable params: 4194304 || all params: 6738415616"), std::string::npos)
+      << text.out;
+  for (const char* bad : {"memory --model llama-2-7b --method qlora --tp 2 --seq 128",
+                          "memory --model gpt2-124m --method lora --lora-targets gate",
+                          "memory --model llama-2-7b --method qlora --lora-targets q,x",
+                          "memory --model llama-2-7b --method qlora --precision fp32"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+  }
+}
+
+}  // namespace
