@@ -34,6 +34,7 @@ struct MemoryOptions {
   double lora_alpha = 16;
   std::vector<std::string> lora_targets = {"q", "v"};
   bool no_double_quant = false, no_upcast = false;
+  bool max_seq = false;              // with --gpu: the longest sequence that fits
 };
 
 // The LoRA / QLoRA ledger of the options; nullopt for full fine-tuning.
@@ -94,25 +95,59 @@ void run_memory(const MemoryOptions& o) {
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
 
+  auto activations_at = [&](std::int64_t seq) {
+    return activations(model, ActivationSetup{
+                                  .seq = seq, .micro_batch = o.micro_batch, .tp = o.tp,
+                                  .sequence_parallel = o.sp, .cp = o.cp, .pp = o.pp,
+                                  .interleave = o.interleave,
+                                  .micro_batches = o.micro_batches.value_or(o.pp),
+                                  .recompute = recompute_from(o.recompute),
+                                  .attention = attention_from(o.attention),
+                                  .dropout = o.dropout || (!o.no_dropout && model.dropout)});
+  };
+  const double states_total = ft ? ft->static_bytes() : states.bytes.total();
+  std::optional<ClusterSpec> gpu;
+  if (o.gpu) gpu = resolve_cluster(ClusterOptions{.gpu = *o.gpu});
+  const bool layers_known = !model.params_only;
+  const double buffers =
+      ft || (o.zero == 3 && !layers_known)
+          ? 0.0  // one GPU has no DDP buckets; ZeRO-3's gathered layers need the layer count
+          : buffer_bytes(o.zero, n_gpu, layers_known ? model.layers / o.pp : 1,
+                         dtype_bytes(precision));
+  auto fit_with = [&](double act_bytes) {
+    return check_fit(states_total, act_bytes, buffers,
+                     memory_budget(o.memory, gpu->gpu.memory_bytes));
+  };
+
+  // --max-seq: the largest multiple of --cp whose activations still fit (they never shrink as the
+  // sequence grows), by bisection; none when the states alone overflow.
+  std::optional<std::int64_t> seq = o.seq;
+  std::optional<std::int64_t> max_seq;
+  if (o.max_seq) {
+    if (!gpu) throw InvalidInput("--max-seq needs --gpu (the capacity to fit)");
+    if (o.seq) throw InvalidInput("--max-seq searches the sequence length: give it or --seq");
+    std::int64_t lo = 0, hi = (std::int64_t(1) << 24) / o.cp;  // in units of cp
+    if (layers_known && model.position == PositionKind::learned)  // the table caps the length
+      hi = std::min<std::int64_t>(hi, model.max_positions / o.cp);
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo + 1) / 2;
+      if (fit_with(activations_at(mid * o.cp).peak_stage_bytes).fits)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    if (lo > 0) seq = max_seq = lo * o.cp;
+  }
+
   std::optional<ActivationResult> act;
-  if (o.seq) {
-    act = activations(model, ActivationSetup{
-                                 .seq = *o.seq, .micro_batch = o.micro_batch, .tp = o.tp,
-                                 .sequence_parallel = o.sp, .cp = o.cp, .pp = o.pp,
-                                 .interleave = o.interleave,
-                                 .micro_batches = o.micro_batches.value_or(o.pp),
-                                 .recompute = recompute_from(o.recompute),
-                                 .attention = attention_from(o.attention),
-                                 .dropout = o.dropout || (!o.no_dropout && model.dropout)});
-  } else if (o.tp > 1 || o.sp || o.cp > 1 || o.micro_batch != 1) {
+  if (seq) {
+    act = activations_at(*seq);
+  } else if (!o.max_seq && (o.tp > 1 || o.sp || o.cp > 1 || o.micro_batch != 1)) {
     throw InvalidInput("--seq is required with --tp/--sp/--cp/--micro-batch (activations need a "
                        "sequence length)");
   }
   const double act_bytes = act ? act->peak_stage_bytes : 0.0;
-  const double states_total = ft ? ft->static_bytes() : states.bytes.total();
   const double total = states_total + act_bytes;
-  std::optional<ClusterSpec> gpu;
-  if (o.gpu) gpu = resolve_cluster(ClusterOptions{.gpu = *o.gpu});
 
   const auto& b = states.bytes;
   nlohmann::json items_gb = {{"params", in_gb(b.params)}, {"grads", in_gb(b.grads)},
@@ -167,16 +202,10 @@ void run_memory(const MemoryOptions& o) {
                      {"backbone_gb", in_gb(ft->backbone_bytes())},
                      {"adapters_with_states_gb", in_gb(ft->adapter_total_bytes())}};
   // Note [does it fit] (core/planner.hpp): the planner's own check, buffers and headroom included.
+  if (o.max_seq) j["max_seq"] = max_seq ? nlohmann::json(*max_seq) : nlohmann::json(nullptr);
   std::optional<FitCheck> fit;
   if (gpu) {
-    const bool layers_known = !model.params_only;
-    const double buffers =
-        ft || (o.zero == 3 && !layers_known)
-            ? 0.0  // one GPU has no DDP buckets; ZeRO-3's gathered layers need the layer count
-            : buffer_bytes(o.zero, n_gpu, layers_known ? model.layers / o.pp : 1,
-                           dtype_bytes(precision));
-    fit = check_fit(states_total, act_bytes, buffers,
-                    memory_budget(o.memory, gpu->gpu.memory_bytes));
+    fit = fit_with(act_bytes);
     j["capacity"] = {{"gpu", gpu->gpu.name},
                      {"memory_gb", in_gb(gpu->gpu.memory_bytes)},
                      {"headroom", o.memory.headroom},
@@ -198,6 +227,15 @@ void run_memory(const MemoryOptions& o) {
 
   fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {})\n", model.name,
              n_total, n_gpu, o.tp, o.pp);
+  if (o.max_seq) {
+    if (max_seq)
+      fmt::print("longest sequence that fits on {}: {} tokens (micro-batch {}; the report below is "
+                 "at that length)\n",
+                 gpu->gpu.name, *max_seq, o.micro_batch);
+    else
+      fmt::print("no sequence length fits on {}: the states alone need {}\n", gpu->gpu.name,
+                 size_str(states_total, unit));
+  }
   if (ft) {
     print_finetune(*ft, convention, unit);
   } else {
@@ -316,6 +354,9 @@ void register_memory(CLI::App& app) {
   cmd->add_option("--quant-block", o->quant_block, "first-level quantization block")
       ->check(CLI::Range(16, 4096))
       ->capture_default_str();
+  cmd->add_flag("--max-seq", o->max_seq,
+                "with --gpu: the longest sequence (a multiple of --cp) whose activations fit, and "
+                "the report at that length");
   cmd->add_flag("--no-upcast", o->no_upcast,
                 "keep embeddings, head and norms in the compute dtype (default: fp32, as PEFT's "
                 "prepare_model_for_kbit_training casts them)");

@@ -615,3 +615,30 @@ TEST(Cli, MemoryQloraLedger) {
 }
 
 }  // namespace
+
+namespace {
+
+// `--max-seq`: the longest sequence whose report still fits — one token more does not; learned
+// positions cap it at the table (GPT-2: 1024); it needs --gpu and excludes --seq.
+TEST(Cli, MemoryMaxSeq) {
+  const std::string base = "memory --model llama-2-7b --method qlora --recompute full --gpu a100-40g";
+  const auto j = json_of(tally(base + " --max-seq --json"));
+  ASSERT_TRUE(j["max_seq"].is_number_integer()) << j["max_seq"];
+  const std::int64_t T = j["max_seq"];
+  EXPECT_GT(T, 4096);
+  EXPECT_TRUE(j["capacity"]["fits"].get<bool>());
+  const auto at = json_of(tally(base + " --seq " + std::to_string(T) + " --json"));
+  EXPECT_NEAR(at["capacity"]["total_gb"].get<double>(), j["capacity"]["total_gb"].get<double>(),
+              1e-9);
+  const auto over = json_of(tally(base + " --seq " + std::to_string(T + 1) + " --json"));
+  EXPECT_FALSE(over["capacity"]["fits"].get<bool>());
+  EXPECT_EQ(json_of(tally("memory --model gpt2-124m --gpu a100-80g --max-seq --json"))["max_seq"],
+            1024);
+  EXPECT_EQ(tally("memory --model llama-2-7b --max-seq").rc, 2);
+  EXPECT_EQ(tally(base + " --max-seq --seq 128").rc, 2);
+  // States alone too big: a result, not an error.
+  const auto none = json_of(tally("memory --model llama-2-70b --gpu a100-40g --max-seq --json"));
+  EXPECT_TRUE(none["max_seq"].is_null());
+}
+
+}  // namespace
