@@ -82,12 +82,14 @@ void run_plan(const PlanOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const PlanResult res = plan(req, space);
   const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const nlohmann::json j = plan_json(res, search_s);
+  const std::vector<Suggestion> suggestions =
+      res.feasible() ? std::vector<Suggestion>{} : suggest_changes(req, space);
+  const nlohmann::json j = plan_json(res, search_s, suggestions);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json)
     print_json(j);
   else
-    print_plan(res, search_s, o.out.size_unit());
+    print_plan(res, search_s, o.out.size_unit(), suggestions);
 }
 
 void run_compare(const PlanOptions& o) {

@@ -84,7 +84,21 @@ void print_reliability(const ReliabilityReport& r) {
 
 }  // namespace
 
-nlohmann::json plan_json(const PlanResult& r, double search_s) {
+nlohmann::json suggestions_json(const std::vector<Suggestion>& suggestions) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Suggestion& s : suggestions)
+    out.push_back({{"change", s.change},
+                   {"fits", s.fits},
+                   {"per_gpu_gb", in_gb(s.per_gpu_bytes)},
+                   {"usable_gb", in_gb(s.usable_bytes)},
+                   {"step_seconds", s.step_s ? nlohmann::json(*s.step_s) : nlohmann::json(nullptr)},
+                   {"layout", s.layout},
+                   {"cost", s.cost}});
+  return out;
+}
+
+nlohmann::json plan_json(const PlanResult& r, double search_s,
+                         const std::vector<Suggestion>& suggestions) {
   nlohmann::json best = r.best.empty() ? nlohmann::json(nullptr) : eval_json(r.best.front());
   nlohmann::json alts = nlohmann::json::array(), misses = nlohmann::json::array();
   for (std::size_t i = 1; i < r.best.size(); ++i) alts.push_back(eval_json(r.best[i]));
@@ -139,6 +153,7 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
           {"indistinguishable_top_plans", r.indistinguishable},
           {"alternatives", alts},
           {"near_misses", misses},
+          {"suggestions", suggestions_json(suggestions)},
           {"reasons", reasons},
           {"reliability", reliability},
           {"search", {{"evaluated", r.evaluated},
@@ -153,7 +168,8 @@ nlohmann::json plan_json(const PlanResult& r, double search_s) {
                                     {"memory", r.rejected.memory}}}}}};
 }
 
-void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
+void print_plan(const PlanResult& r, double search_s, SizeUnit u,
+                const std::vector<Suggestion>& suggestions) {
   const auto& q = r.request;
   const int domain = q.cluster.nvlink_domain_size();
   const std::string topology =
@@ -168,6 +184,16 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u) {
     for (const auto& e : r.near_misses)
       fmt::print("  {} — {}: needs {} of {} usable\n", e.layout.describe(), to_string(e.wall),
                  size_str(e.total_bytes, u), size_str(e.usable_bytes, u));
+    if (!suggestions.empty()) {
+      fmt::print("\nSMALLEST CHANGES (each costed with the same ledgers)\n");
+      for (const Suggestion& s : suggestions) {
+        fmt::print("  {:<58} {} — {} of {} per GPU", s.change, s.fits ? "fits" : "does not fit",
+                   size_str(s.per_gpu_bytes, u), size_str(s.usable_bytes, u));
+        if (s.step_s) fmt::print(", step {:.3f} s", *s.step_s);
+        fmt::print("; {}\n", s.cost);
+        if (!s.layout.empty()) fmt::print("      {}\n", s.layout);
+      }
+    }
     print_reliability(r.reliability);
     return;
   }

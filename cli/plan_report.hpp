@@ -8,8 +8,11 @@
 
 namespace tally::cli {
 
-nlohmann::json plan_json(const PlanResult& r, double search_s);
-void print_plan(const PlanResult& r, double search_s, SizeUnit u);
+// `suggestions`: suggest_changes() when nothing fits (empty otherwise).
+nlohmann::json plan_json(const PlanResult& r, double search_s,
+                         const std::vector<Suggestion>& suggestions = {});
+void print_plan(const PlanResult& r, double search_s, SizeUnit u,
+                const std::vector<Suggestion>& suggestions = {});
 nlohmann::json compare_json(const std::vector<Comparison>& rows);
 void print_compare(const std::vector<Comparison>& rows, SizeUnit u);
 

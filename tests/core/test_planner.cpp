@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "tally/core/activations.hpp"
+#include "tally/core/finetune.hpp"
 #include "tally/core/pipeline.hpp"
 #include "tally/core/presets.hpp"
 
@@ -525,6 +527,38 @@ TEST(Planner, TensorParallelismSpansTheNvlinkDomain) {
   } catch (const InvalidInput& e) {
     EXPECT_NE(std::string(e.what()).find("NVLink domain (8 GPUs)"), std::string::npos) << e.what();
   }
+}
+
+// Issue 12: full fine-tuning of Llama-2-70B on 8 × H100 fits no layout; the plan names the
+// smallest changes — the first GPU count that fits (16: checked with its own search), an 8-bit
+// optimizer, LoRA and QLoRA, each held memory from the same ledgers.
+TEST(Planner, SuggestsTheSmallestChangesWhenNothingFits) {
+  const PlanRequest r{.model = *model_preset("llama-2-70b"), .cluster = *cluster_preset("h100-80g"),
+                      .gpus = 8, .global_batch = 64, .seq = 4096};
+  ASSERT_FALSE(plan(r).feasible());
+  const auto s = suggest_changes(r);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].change, "GPUs 8 → 16");
+  PlanRequest sixteen = r;
+  sixteen.gpus = 16;
+  const PlanResult p16 = plan(sixteen);
+  ASSERT_TRUE(p16.feasible());
+  EXPECT_TRUE(s[0].fits);
+  EXPECT_DOUBLE_EQ(*s[0].step_s, p16.best.front().step_s);
+  PlanRequest eight = r;
+  eight.optimizer = Optimizer::adam8bit;
+  EXPECT_EQ(s[1].fits, plan(eight).feasible());
+  // QLoRA on one GPU: the ledger's static bytes + micro-batch-1 activations with checkpointing,
+  // held as Note [does it fit] says.
+  const FineTuneLedger q = finetune_ledger(r.model, LoraSetup{});
+  const double act = activations(r.model, ActivationSetup{.seq = 4096, .micro_batch = 1,
+                                                          .recompute = Recompute::full,
+                                                          .dropout = false})
+                         .peak_stage_bytes;
+  EXPECT_NEAR(s[3].per_gpu_bytes,
+              (q.static_bytes() + act) * (1 + kAllocatorAllowance) + kCudaRuntimeBytes, 1);
+  EXPECT_TRUE(s[3].fits);
+  EXPECT_FALSE(s[2].fits);  // LoRA keeps 140 GB of bf16 weights on the GPU
 }
 
 // Interleaved schedules keep equal stages (Megatron-LM needs pp·v | layers).

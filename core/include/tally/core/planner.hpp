@@ -261,6 +261,20 @@ struct Reason {
 };
 std::vector<Reason> explain_plan(const PlanRequest& request, const PlanEval& chosen);
 
+// When nothing fits (issue 12): the smallest changes that would, each costed with the same ledgers
+// — the GPU count at which a layout fits (doubling at the same global batch, up to 16×), an 8-bit
+// optimizer, LoRA and QLoRA (r = 8 on q, v, gradient checkpointing, micro-batch 1 on every GPU).
+struct Suggestion {
+  std::string change;              // "GPUs 8 → 16", "8-bit Adam …", "LoRA r=8 on q,v …"
+  bool fits = false;
+  double per_gpu_bytes = 0;        // held (Note [does it fit]); 0 when nothing could be costed
+  double usable_bytes = 0;
+  std::optional<double> step_s;    // the planned alternatives' best step, when it fits
+  std::string layout;              // the planned alternatives' best (or closest) layout
+  std::string cost;                // what the change costs, in words
+};
+std::vector<Suggestion> suggest_changes(const PlanRequest& request, const SearchSpace& space = {});
+
 // `tally compare`: the seed's decision (方案 3) made computable. Each alternative changes one thing
 // of a base plan while holding the global batch, and is costed with the same ledgers.
 enum class Alternative {
