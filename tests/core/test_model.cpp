@@ -71,36 +71,34 @@ TEST(Model, DeepSeekV3TotalAndActive) {
 // Qwen3 model cards (HF Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): "30.5B in total and 3.3B
 // activated", non-embedding 29.9B; "235B in total and 22B activated", non-embedding 234B. Qwen
 // counts the embedding in the active figure (without it 3.0B, not 3.3B).
-double qwen3_attention(double h, double a, double kv) {
-  const double d = 128;
-  return 2 * h * (a * d) + 2 * h * (kv * d) + 2 * d;  // q, o; k, v; q_norm, k_norm
+// Total and active by hand: per layer q, o (h × a·128), k, v (h × 4·128), q_norm and k_norm (128
+// each), router h×128, two block norms; 128 SwiGLU experts of 3·h·f, 8 active; final norm; untied
+// embeddings of V = 151936.
+struct HandCount {
+  double total, active, embeddings;
+};
+HandCount qwen3_moe_by_hand(double h, double L, double a, double f) {
+  const double V = 151936, d = 128, expert = 3 * h * f;
+  const double rest = 2 * h * (a * d) + 2 * h * (4 * d) + 2 * d + 128 * h + 2 * h;
+  return {L * (rest + 128 * expert) + h + 2 * V * h, L * (rest + 8 * expert) + h + 2 * V * h,
+          2 * V * h};
 }
 TEST(Model, Qwen3MoeTotalAndActive) {
-  const double V = 151936;
-  {
-    const double h = 2048, L = 48, expert = 3 * h * 768, router = 128 * h;
-    const double layer_rest = qwen3_attention(h, 32, 4) + router + 2 * h;
-    const double total = L * (layer_rest + 128 * expert) + h + 2 * V * h;
-    const double active = L * (layer_rest + 8 * expert) + h + 2 * V * h;
-    const auto c = count_params(*model_preset("qwen3-30b-a3b"));
-    EXPECT_DOUBLE_EQ(c.total(), total);
-    EXPECT_DOUBLE_EQ(c.active(), active);
-    EXPECT_EQ(std::round(c.total() / 1e8), 305);
-    EXPECT_EQ(std::floor(c.active() / 1e8), 33);  // 3.353B, which the card gives as 3.3B
-    EXPECT_EQ(std::round((c.total() - c.embedding - c.output_head) / 1e8), 299);
-  }
-  {
-    const double h = 4096, L = 94, expert = 3 * h * 1536, router = 128 * h;
-    const double layer_rest = qwen3_attention(h, 64, 4) + router + 2 * h;
-    const double total = L * (layer_rest + 128 * expert) + h + 2 * V * h;
-    const double active = L * (layer_rest + 8 * expert) + h + 2 * V * h;
-    const auto c = count_params(*model_preset("qwen3-235b-a22b"));
-    EXPECT_DOUBLE_EQ(c.total(), total);
-    EXPECT_DOUBLE_EQ(c.active(), active);
-    EXPECT_EQ(std::round(c.total() / 1e9), 235);
-    EXPECT_EQ(std::round(c.active() / 1e9), 22);
-    EXPECT_EQ(std::round((c.total() - c.embedding - c.output_head) / 1e9), 234);
-  }
+  const HandCount small = qwen3_moe_by_hand(2048, 48, 32, 768);
+  const auto c = count_params(*model_preset("qwen3-30b-a3b"));
+  EXPECT_DOUBLE_EQ(c.total(), small.total);
+  EXPECT_DOUBLE_EQ(c.active(), small.active);
+  EXPECT_EQ(std::round(small.total / 1e8), 305);
+  EXPECT_EQ(std::floor(small.active / 1e8), 33);  // 3.353B, which the card gives as 3.3B
+  EXPECT_EQ(std::round((small.total - small.embeddings) / 1e8), 299);
+
+  const HandCount big = qwen3_moe_by_hand(4096, 94, 64, 1536);
+  const auto d = count_params(*model_preset("qwen3-235b-a22b"));
+  EXPECT_DOUBLE_EQ(d.total(), big.total);
+  EXPECT_DOUBLE_EQ(d.active(), big.active);
+  EXPECT_EQ(std::round(big.total / 1e9), 235);
+  EXPECT_EQ(std::round(big.active / 1e9), 22);
+  EXPECT_EQ(std::round((big.total - big.embeddings) / 1e9), 234);
 }
 
 // OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (arXiv 2508.10925), Table 1, parameters per
@@ -147,58 +145,42 @@ TEST(Model, MixtralExact) {
 }
 
 TEST(Model, ValidateNamesMoeAndMlaFields) {
-  const auto expect_field = [](ModelSpec m, const char* field) {
+  struct Case {
+    const char* preset;
+    const char* field;  // the name the one-line message must carry
+    void (*break_it)(ModelSpec&);
+  };
+  const Case cases[] = {
+      {"deepseek-v3", "n_shared_experts", [](ModelSpec& m) { m.shared_experts = -1; }},
+      {"deepseek-v3", "shared_expert_intermediate_size", [](ModelSpec& m) { m.shared_expert_ffn = 0; }},
+      {"deepseek-v3", "first_k_dense_replace", [](ModelSpec& m) { m.dense_layers = 61; }},
+      {"deepseek-v3", "intermediate_size", [](ModelSpec& m) { m.dense_ffn = 0; }},
+      {"deepseek-v3", "q_lora_rank", [](ModelSpec& m) { m.q_lora_rank = 0; }},
+      {"deepseek-v3", "kv_lora_rank", [](ModelSpec& m) { m.kv_lora_rank = -1; }},
+      {"deepseek-v3", "qk_nope_head_dim", [](ModelSpec& m) { m.qk_nope_head_dim = 0; }},
+      {"deepseek-v3", "qk_rope_head_dim", [](ModelSpec& m) { m.qk_rope_head_dim = 0; }},
+      {"deepseek-v3", "v_head_dim", [](ModelSpec& m) { m.v_head_dim = 0; }},
+      {"deepseek-v3", "num_key_value_heads", [](ModelSpec& m) { m.kv_heads = 8; }},
+      {"deepseek-v3", "attention_bias", [](ModelSpec& m) { m.qk_norm = true; }},
+      // A dense model has no shared experts, router bias or MLA ranks without kv_lora_rank.
+      {"llama-2-7b", "n_shared_experts", [](ModelSpec& m) { m.shared_experts = 1; m.shared_expert_ffn = 11008; }},
+      {"llama-2-7b", "first_k_dense_replace", [](ModelSpec& m) { m.dense_layers = 1; m.dense_ffn = 11008; }},
+      {"llama-2-7b", "router_bias", [](ModelSpec& m) { m.router_bias = true; }},
+      {"llama-2-7b", "q_lora_rank", [](ModelSpec& m) { m.q_lora_rank = 1536; }},
+      {"qwen3-30b-a3b", "head_dim", [](ModelSpec& m) { m.attn_head_dim = -1; }},
+  };
+  for (const Case& c : cases) {
+    ModelSpec m = *model_preset(c.preset);
+    c.break_it(m);
     try {
       m.validate();
-      ADD_FAILURE() << "accepted " << field;
+      ADD_FAILURE() << "accepted " << c.field;
     } catch (const InvalidInput& e) {
-      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(c.field), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     }
-  };
-  const ModelSpec ds = *model_preset("deepseek-v3");
-  auto m = ds;
-  m.shared_experts = -1;
-  expect_field(m, "n_shared_experts");
-  m = ds;
-  m.shared_expert_ffn = 0;
-  expect_field(m, "shared_expert_intermediate_size");
-  m = ds;
-  m.dense_layers = 61;
-  expect_field(m, "first_k_dense_replace");
-  m = ds;
-  m.dense_ffn = 0;
-  expect_field(m, "intermediate_size");
-  m = ds;
-  m.q_lora_rank = 0;
-  expect_field(m, "q_lora_rank");
-  m = ds;
-  m.kv_lora_rank = -1;
-  expect_field(m, "kv_lora_rank");
-  m = ds;
-  m.qk_nope_head_dim = 0;
-  expect_field(m, "qk_nope_head_dim");
-  m = ds;
-  m.qk_rope_head_dim = 0;
-  expect_field(m, "qk_rope_head_dim");
-  m = ds;
-  m.v_head_dim = 0;
-  expect_field(m, "v_head_dim");
-  m = ds;
-  m.kv_heads = 8;
-  expect_field(m, "num_key_value_heads");
-  m = *model_preset("llama-2-7b");  // dense: no shared experts, dense layers or router bias
-  m.shared_experts = 1;
-  m.shared_expert_ffn = 11008;
-  expect_field(m, "n_shared_experts");
-  m = *model_preset("llama-2-7b");
-  m.router_bias = true;
-  expect_field(m, "router_bias");
-  m = *model_preset("llama-2-7b");
-  m.q_lora_rank = 1536;
-  expect_field(m, "q_lora_rank");
-  m = *model_preset("qwen3-30b-a3b");
-  m.attn_head_dim = -1;
-  expect_field(m, "head_dim");
+  }
 }
 // MLA without q compression (DeepSeek-V2-Lite style): W_q h × a·(d_n + d_r), no q norm.
 TEST(Model, MlaWithoutQCompression) {
