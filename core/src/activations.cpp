@@ -83,6 +83,12 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
                                          m.shared_experts * m.shared_expert_ffn)
                                 : double(m.ffn);
   const double heads = double(m.heads), e = a.act_bytes;
+  // Formula labels name the widths where they are not h (MLA, a stated head_dim); the MLP's f is
+  // E_act·f + E_s·f_s in a MoE layer and f_d in a dense leading layer.
+  const bool own_widths = m.is_mla() || m.heads * m.head_dim() != m.hidden;
+  const char* q_label = own_widths ? "2sb·a·d_qk /t" : "2sbh /t";
+  const char* kv_label = own_widths ? "2sb·a_kv·(d_qk + d_v) /t" : "2·2sb·h_kv /t";
+  const char* o_label = own_widths ? "2sb·a·d_v /t" : "2sbh /t";
   const double tokens = sl * b;
   // Replicated-under-TP terms are divided by t only with sequence parallelism.
   const double rep = a.sequence_parallel ? t : 1.0;
@@ -102,8 +108,8 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     // block input (the residual sum), and the up-projection output.
     add("layer input (norm-1 replay)", "2sbh", e * tokens * h / rep);
     add("MLA latents (q, kv down outputs)", "2sb·(r_q + r_kv + d_r)", e * tokens * mla_latent);
-    add("Q", "2sbh /t", e * tokens * hq / t);
-    add("K, V", "2·2sb·h_kv /t", 2 * e * tokens * hkv / t);
+    add("Q", q_label, e * tokens * hq / t);
+    add("K, V", kv_label, 2 * e * tokens * hkv / t);
     if (a.attention == Attention::materialized) {
       const double scores = heads * sl * s * b / t;
       add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
@@ -111,7 +117,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     } else {
       add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
     }
-    add("attention output (projection input)", "2sbh /t", e * tokens * ho / t);
+    add("attention output (projection input)", o_label, e * tokens * ho / t);
     add("projection dropout mask", "sbh", mask * tokens * h / rep);
     add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep);
     if (m.mlp == MlpKind::gelu)
@@ -124,8 +130,8 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
   add("QKV input (norm output)", "2sbh", e * tokens * h / rep);
   add("MLA latents and their norms", "2sb·(2r_q + 2r_kv + d_r)", e * tokens * mla_latents);
-  add("Q", "2sbh /t", e * tokens * hq / t);
-  add("K, V", "2·2sb·h_kv /t", 2 * e * tokens * hkv / t);
+  add("Q", q_label, e * tokens * hq / t);
+  add("K, V", kv_label, 2 * e * tokens * hkv / t);
   if (a.attention == Attention::materialized && a.recompute != Recompute::selective) {
     const double scores = heads * sl * s * b / t;  // each rank holds its s/c queries × all s keys
     add("attention scores (softmax output)", "2·a·s²·b /t", e * scores);
@@ -134,7 +140,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   }
   if (a.attention == Attention::flash)
     add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
-  add("attention output (projection input)", "2sbh /t", e * tokens * ho / t);
+  add("attention output (projection input)", o_label, e * tokens * ho / t);
   add("projection dropout mask", "sbh", mask * tokens * h / rep);
   add("MLP input (norm output)", "2sbh", e * tokens * h / rep);
   if (m.mlp == MlpKind::gelu)
