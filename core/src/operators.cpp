@@ -336,4 +336,19 @@ OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
   return t;
 }
 
+OpsTime average_layer_time(const ModelSpec& m, const OperatorSetup& s, const GpuSpec& gpu,
+                           Precision p) {
+  OpsTime t = time_ops(layer_ops(m, s), gpu, p);
+  if (m.dense_layers == 0) return t;
+  OperatorSetup dense_setup = s;
+  dense_setup.dense_layer = true;
+  const OpsTime d = time_ops(layer_ops(m, dense_setup), gpu, p);
+  const double w = double(m.dense_layers) / double(m.layers);
+  t.forward_s += w * (d.forward_s - t.forward_s);
+  t.backward_s += w * (d.backward_s - t.backward_s);
+  t.recompute_s += w * (d.recompute_s - t.recompute_s);
+  t.flops += w * (d.flops - t.flops);
+  return t;
+}
+
 }  // namespace tally

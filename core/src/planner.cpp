@@ -78,24 +78,6 @@ struct MicroTimes {
 };
 
 // Invariants of one request, computed once; operator times are computed once per distinct shape.
-// One layer's kernels timed; a MoE model with dense leading layers (ModelSpec::dense_layers) gets
-// the layer average, (L_d·dense + (L − L_d)·MoE) / L: stage times then sum to the model's, but which
-// stage holds the dense layers is not modelled (for DeepSeek-V3 the dense FFN, 18432, equals the
-// active MoE width, 9 × 2048, so the two layers differ little).
-OpsTime average_layer_time(const PlanRequest& r, const OperatorSetup& os) {
-  OpsTime t = time_ops(layer_ops(r.model, os), r.cluster.gpu, r.precision);
-  if (r.model.dense_layers == 0) return t;
-  OperatorSetup dense_setup = os;
-  dense_setup.dense_layer = true;
-  const OpsTime d = time_ops(layer_ops(r.model, dense_setup), r.cluster.gpu, r.precision);
-  const double w = double(r.model.dense_layers) / double(r.model.layers);
-  t.forward_s += w * (d.forward_s - t.forward_s);
-  t.backward_s += w * (d.backward_s - t.backward_s);
-  t.recompute_s += w * (d.recompute_s - t.recompute_s);
-  t.flops += w * (d.flops - t.flops);
-  return t;
-}
-
 struct Prepared {
   const PlanRequest* req = nullptr;
   double n_state = 0;          // N of the state ledger
@@ -121,7 +103,7 @@ struct Prepared {
                            .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
                            .dropout = r.uses_dropout(), .act_bytes = act_bytes};
     const GpuSpec& gpu = r.cluster.gpu;
-    const OpsTime layer = average_layer_time(r, os);
+    const OpsTime layer = average_layer_time(r.model, os, r.cluster.gpu, r.precision);
     const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
     MicroTimes t{.layer_s = layer.total_s(),
                  .layer_backward_s = layer.backward_s + layer.recompute_s,
@@ -164,7 +146,8 @@ Prepared prepare(const PlanRequest& r) {
     for (Attention att : {Attention::flash, Attention::materialized}) {
       const OperatorSetup os{.seq = r.seq, .micro_batch = 1, .recompute = rc, .attention = att,
                              .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = p.act_bytes};
-      const double layer_flops = average_layer_time(r, os).flops;  // memory kernels carry none
+      const double layer_flops =
+          average_layer_time(r.model, os, r.cluster.gpu, r.precision).flops;  // memory kernels carry none
       double out_flops = 0;
       for (const Op& op : output_ops(r.model, os))
         if (op.kind != OpKind::memory) out_flops += op.flops;

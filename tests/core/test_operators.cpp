@@ -172,6 +172,25 @@ TEST(Operators, MlaFlashFlops) {
   }
 }
 
+// The planner's per-layer time for a model with dense leading layers weighs each kind by its count:
+// DeepSeek-V3 has 3 dense and 58 MoE layers.
+TEST(Operators, AverageLayerTimeWeighsDenseAndMoeLayers) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
+  OperatorSetup os{.seq = 4096, .tp = 8, .dropout = false};
+  const OpsTime moe = time_ops(layer_ops(m, os), gpu, Precision::bf16);
+  os.dense_layer = true;
+  const OpsTime dense = time_ops(layer_ops(m, os), gpu, Precision::bf16);
+  os.dense_layer = false;
+  const OpsTime avg = average_layer_time(m, os, gpu, Precision::bf16);
+  EXPECT_NEAR(avg.flops, (3 * dense.flops + 58 * moe.flops) / 61, 1e-6 * moe.flops);
+  EXPECT_NEAR(avg.total_s(), (3 * dense.total_s() + 58 * moe.total_s()) / 61, 1e-9);
+  // A model without dense layers is its one layer.
+  const ModelSpec llama = *model_preset("llama-2-7b");
+  EXPECT_EQ(average_layer_time(llama, os, gpu, Precision::bf16).flops,
+            time_ops(layer_ops(llama, os), gpu, Precision::bf16).flops);
+}
+
 TEST(Operators, OptimizerStepBytes) {
   EXPECT_DOUBLE_EQ(optimizer_update_bytes(Precision::bf16, Optimizer::adam), 2 + 2 * 12 + 2);
   EXPECT_DOUBLE_EQ(optimizer_update_bytes(Precision::fp32, Optimizer::adam), 4 + 2 * 12);

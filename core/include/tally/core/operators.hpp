@@ -109,4 +109,11 @@ struct OpsTime {
 };
 OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p);
 
+// One layer's kernels timed (layer_ops, time_ops). A MoE model with dense leading layers
+// (ModelSpec::dense_layers) gets the average over its layers, (L_d·dense + (L − L_d)·MoE) / L:
+// stage times then sum to the model's, but which stage holds the dense layers is not modelled (for
+// DeepSeek-V3 the dense FFN, 18432, equals the active MoE width, 9 × 2048, so they differ little).
+OpsTime average_layer_time(const ModelSpec& m, const OperatorSetup& s, const GpuSpec& gpu,
+                           Precision p);
+
 }  // namespace tally
