@@ -41,6 +41,9 @@ void ActivationSetup::validate(const ModelSpec& m) const {
                        "num_key_value_heads = " + i2s(m.kv_heads));
   if (m.ffn % tp != 0)
     throw InvalidInput("--tp = " + i2s(tp) + ": must divide intermediate_size = " + i2s(m.ffn));
+  if (m.dense_ffn % tp != 0 || (m.shared_experts * m.shared_expert_ffn) % tp != 0)
+    throw InvalidInput("--tp = " + i2s(tp) + ": must divide the dense layers' and the shared " +
+                       "experts' FFN widths");
   if (seq % cp != 0)
     throw InvalidInput("--cp = " + i2s(cp) + ": must divide seq = " + i2s(seq));
   const bool uneven =
@@ -64,14 +67,35 @@ void ActivationSetup::validate(const ModelSpec& m) const {
 // The per-layer inventory of Note [activation inventory] for one micro-batch. `add(name, formula,
 // bytes)` receives each term; the planner's hot path sums bytes and ignores the names (no
 // allocation), the report keeps them. One definition serves both.
+// MoE layers hold the MLP hidden of each token's E_act routed experts plus the shared experts
+// (width E_act·f + E_s·f_s per token); a dense leading layer, f_d. Q is a·d_qk wide, K and V
+// a_kv·(d_qk + d_v), the attention output a·d_v (h, 2·h_kv and h without MLA or a stated head_dim).
+// MLA also keeps its latents, replicated on every TP rank: q-down output and its norm (2·r_q), the
+// kv-down output (r_kv + d_r) and its norm (r_kv).
 template <class Sink>
-static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&& add) {
+static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool dense_layer,
+                            Sink&& add) {
   const double t = a.tp, sl = double(a.seq) / a.cp, s = double(a.seq), b = double(a.micro_batch);
-  const double h = double(m.hidden), hkv = double(m.kv_heads * m.head_dim());
-  const double f = double(m.ffn), heads = double(m.heads), e = a.act_bytes;
+  const double h = double(m.hidden), hkv = double(m.kv_heads * (m.qk_dim() + m.value_dim())) / 2;
+  const double hq = double(m.heads * m.qk_dim()), ho = double(m.heads * m.value_dim());
+  const double f = dense_layer ? double(m.dense_ffn)
+                   : m.is_moe() ? double(m.experts_per_token * m.ffn +
+                                         m.shared_experts * m.shared_expert_ffn)
+                                : double(m.ffn);
+  const double heads = double(m.heads), e = a.act_bytes;
+  // Formula labels name the widths where they are not h (MLA, a stated head_dim); the MLP's f is
+  // E_act·f + E_s·f_s in a MoE layer and f_d in a dense leading layer.
+  const bool own_widths = m.is_mla() || m.heads * m.head_dim() != m.hidden;
+  const char* q_label = own_widths ? "2sb·a·d_qk /t" : "2sbh /t";
+  const char* kv_label = own_widths ? "2sb·a_kv·(d_qk + d_v) /t" : "2·2sb·h_kv /t";
+  const char* o_label = own_widths ? "2sb·a·d_v /t" : "2sbh /t";
   const double tokens = sl * b;
   // Replicated-under-TP terms are divided by t only with sequence parallelism.
   const double rep = a.sequence_parallel ? t : 1.0;
+  const double rq = double(m.q_lora_rank.value_or(0)), rkv = double(m.kv_lora_rank);
+  const double dr = m.is_mla() ? double(m.qk_rope_head_dim) : 0.0;
+  const double mla_latent = m.is_mla() ? rq + rkv + dr : 0.0;           // saved GEMM outputs
+  const double mla_latents = m.is_mla() ? 2 * rq + 2 * rkv + dr : 0.0;  // + their norm outputs
   const double mask = a.dropout ? 1.0 : 0.0;
 
   if (a.recompute == Recompute::full) {
@@ -83,8 +107,9 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&&
     // the activation function are replayed from the layer input, the attention output and the MLP
     // block input (the residual sum), and the up-projection output.
     add("layer input (norm-1 replay)", "2sbh", e * tokens * h / rep);
-    add("Q", "2sbh /t", e * tokens * h / t);
-    add("K, V", "2·2sb·h_kv /t", 2 * e * tokens * hkv / t);
+    add("MLA latents (q, kv down outputs)", "2sb·(r_q + r_kv + d_r)", e * tokens * mla_latent);
+    add("Q", q_label, e * tokens * hq / t);
+    add("K, V", kv_label, 2 * e * tokens * hkv / t);
     if (a.attention == Attention::materialized) {
       const double scores = heads * sl * s * b / t;
       add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
@@ -92,7 +117,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&&
     } else {
       add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
     }
-    add("attention output (projection input)", "2sbh /t", e * tokens * h / t);
+    add("attention output (projection input)", o_label, e * tokens * ho / t);
     add("projection dropout mask", "sbh", mask * tokens * h / rep);
     add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep);
     if (m.mlp == MlpKind::gelu)
@@ -104,8 +129,9 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&&
   }
   add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
   add("QKV input (norm output)", "2sbh", e * tokens * h / rep);
-  add("Q", "2sbh /t", e * tokens * h / t);
-  add("K, V", "2·2sb·h_kv /t", 2 * e * tokens * hkv / t);
+  add("MLA latents and their norms", "2sb·(2r_q + 2r_kv + d_r)", e * tokens * mla_latents);
+  add("Q", q_label, e * tokens * hq / t);
+  add("K, V", kv_label, 2 * e * tokens * hkv / t);
   if (a.attention == Attention::materialized && a.recompute != Recompute::selective) {
     const double scores = heads * sl * s * b / t;  // each rank holds its s/c queries × all s keys
     add("attention scores (softmax output)", "2·a·s²·b /t", e * scores);
@@ -114,7 +140,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, Sink&&
   }
   if (a.attention == Attention::flash)
     add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
-  add("attention output (projection input)", "2sbh /t", e * tokens * h / t);
+  add("attention output (projection input)", o_label, e * tokens * ho / t);
   add("projection dropout mask", "sbh", mask * tokens * h / rep);
   add("MLP input (norm output)", "2sbh", e * tokens * h / rep);
   if (m.mlp == MlpKind::gelu)
@@ -134,10 +160,19 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   if (a.recompute == Recompute::full) {
     ActivationSetup replay = a;
     replay.recompute = Recompute::none;
-    layer_inventory(m, replay, [&](const char*, const char*, double bytes) {
-      r.recompute_transient_bytes += bytes;
-    });
+    for (const bool dense : {false, true}) {
+      if (dense && m.dense_layers == 0) continue;
+      double bytes = 0;
+      layer_inventory(m, replay, dense, [&](const char*, const char*, double b) { bytes += b; });
+      r.recompute_transient_bytes = std::max(r.recompute_transient_bytes, bytes);
+    }
   }
+  // A MoE model's dense leading layers sit on the first stage(s); each differs from a MoE layer by
+  // dense_extra. Stage s holds those of its layers with index < L_d.
+  const double dense_extra = m.dense_layers > 0 ? r.dense_layer_bytes - r.per_layer_bytes : 0.0;
+  const auto dense_on_first = [&](int n_first) {
+    return double(std::min<std::int64_t>(m.dense_layers, n_first));
+  };
   const double p = a.pp, v = a.interleave;
   r.layers_on_stage = double(m.layers) / p;
   // Korthikanti §4.2.3: the first 1F1B stage holds p micro-batches (fewer if m < p); interleaving
@@ -145,7 +180,8 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   double in_flight = std::min<double>(p, a.micro_batches);
   if (a.pp > 1 && a.interleave > 1) in_flight *= 1.0 + (p - 1) / (p * v);
   r.in_flight_micro_batches = in_flight;
-  r.transformer_bytes = r.per_layer_bytes * r.layers_on_stage * in_flight;
+  r.transformer_bytes = (r.per_layer_bytes * r.layers_on_stage +
+                         dense_extra * dense_on_first(int(r.layers_on_stage))) * in_flight;
 
   const double tokens = double(a.seq) / a.cp * double(a.micro_batch);
   const double rep = a.sequence_parallel ? a.tp : 1.0;
@@ -163,16 +199,20 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
     // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
     const int P = a.pp;
     double peak = 0;
+    std::int64_t first_layer = 0;
     for (int s = 0; s < P; ++s) {
       const int n = a.layers_on_stage(m, s);
       const double held = std::min<double>(P - s, a.micro_batches);
-      double bytes = r.per_layer_bytes * n * held;
+      const double dense = double(std::clamp<std::int64_t>(m.dense_layers - first_layer, 0, n));
+      first_layer += n;
+      double bytes = (r.per_layer_bytes * n + dense_extra * dense) * held;
       if (s == 0) bytes += r.embedding_bytes;
       if (s == P - 1) bytes += r.output_bytes;
       peak = std::max(peak, bytes);
     }
     r.layers_on_stage = a.layers_on_stage(m, 0);
-    r.transformer_bytes = r.per_layer_bytes * r.layers_on_stage * in_flight;
+    r.transformer_bytes = (r.per_layer_bytes * r.layers_on_stage +
+                           dense_extra * dense_on_first(int(r.layers_on_stage))) * in_flight;
     r.peak_stage_bytes = peak + r.recompute_transient_bytes;
   } else {
     const double first = r.transformer_bytes + r.embedding_bytes;
@@ -185,17 +225,25 @@ ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
   a.validate(m);
   ActivationResult r;
   r.setup = a;
-  layer_inventory(m, a, [&](const char* name, const char* formula, double bytes) {
-    if (bytes > 0) r.layer_terms.push_back({name, formula, bytes});
-  });
+  layer_inventory(m, a, /*dense_layer=*/false,
+                  [&](const char* name, const char* formula, double bytes) {
+                    if (bytes > 0) r.layer_terms.push_back({name, formula, bytes});
+                  });
   for (const auto& term : r.layer_terms) r.per_layer_bytes += term.bytes;
+  if (m.dense_layers > 0)
+    layer_inventory(m, a, /*dense_layer=*/true,
+                    [&](const char*, const char*, double bytes) { r.dense_layer_bytes += bytes; });
   stage_totals(m, a, r);
   return r;
 }
 
 double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& a) {
   ActivationResult r;
-  layer_inventory(m, a, [&](const char*, const char*, double bytes) { r.per_layer_bytes += bytes; });
+  layer_inventory(m, a, /*dense_layer=*/false,
+                  [&](const char*, const char*, double bytes) { r.per_layer_bytes += bytes; });
+  if (m.dense_layers > 0)
+    layer_inventory(m, a, /*dense_layer=*/true,
+                    [&](const char*, const char*, double bytes) { r.dense_layer_bytes += bytes; });
   stage_totals(m, a, r);
   return r.peak_stage_bytes;
 }

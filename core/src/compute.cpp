@@ -17,8 +17,10 @@ struct TokenFlops {
 TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
   require_real(seq >= 1, "seq_len", double(seq), "must be >= 1");
   const double N = compute_params(m);
-  const double attn_fwd =
-      m.params_only ? 0.0 : 4.0 * double(m.layers) * double(m.hidden) * double(seq);
+  // 2·s·a·(d_qk + d_v) per layer: QKᵀ and PV; 4·h·s when a·d = h (no MLA, no stated head_dim).
+  const double attn_fwd = m.params_only ? 0.0
+                                        : 2.0 * double(m.layers) * double(m.heads) *
+                                              double(m.qk_dim() + m.value_dim()) * double(seq);
   TokenFlops f;
   f.model = 6.0 * N + 3.0 * attn_fwd;
   f.hardware = f.model;

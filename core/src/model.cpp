@@ -11,6 +11,36 @@ void require(bool ok, const std::string& field, std::int64_t value, const std::s
   if (!ok)
     throw InvalidInput("model field " + field + " = " + std::to_string(value) + ": " + allowed);
 }
+
+// MoE and MLA fields (model.hpp legend).
+void validate_moe_and_mla(const ModelSpec& m) {
+  const std::string dense_hint = "needs num_local_experts > 1 (a MoE model)";
+  require(m.shared_experts >= 0, "n_shared_experts", m.shared_experts, "must be >= 0");
+  require(m.shared_experts == 0 || m.is_moe(), "n_shared_experts", m.shared_experts, dense_hint);
+  require(m.shared_experts == 0 || m.shared_expert_ffn > 0, "shared_expert_intermediate_size",
+          m.shared_expert_ffn, "must be > 0 with shared experts");
+  require(m.dense_layers >= 0 && m.dense_layers < m.layers, "first_k_dense_replace", m.dense_layers,
+          "must be in [0, num_hidden_layers = " + std::to_string(m.layers) + ")");
+  require(m.dense_layers == 0 || m.is_moe(), "first_k_dense_replace", m.dense_layers, dense_hint);
+  require(m.dense_layers == 0 || m.dense_ffn > 0, "intermediate_size", m.dense_ffn,
+          "must be > 0 for the dense leading layers");
+  require(!m.router_bias || m.is_moe(), "router_bias", 1, dense_hint);
+  require(m.kv_lora_rank >= 0, "kv_lora_rank", m.kv_lora_rank, "must be >= 0 (0 = no MLA)");
+  if (!m.is_mla()) {
+    require(!m.q_lora_rank, "q_lora_rank", m.q_lora_rank.value_or(0), "needs kv_lora_rank > 0 (MLA)");
+    return;
+  }
+  require(!m.q_lora_rank || *m.q_lora_rank > 0, "q_lora_rank", m.q_lora_rank.value_or(0),
+          "must be > 0 (or absent: no q compression)");
+  require(m.qk_nope_head_dim > 0, "qk_nope_head_dim", m.qk_nope_head_dim, "must be > 0 with MLA");
+  require(m.qk_rope_head_dim > 0, "qk_rope_head_dim", m.qk_rope_head_dim, "must be > 0 with MLA");
+  require(m.v_head_dim > 0, "v_head_dim", m.v_head_dim, "must be > 0 with MLA");
+  require(m.kv_heads == m.heads, "num_key_value_heads", m.kv_heads,
+          "must equal num_attention_heads with MLA (every head has its own k, v)");
+  require(!m.linear_bias && !m.qkv_bias && !m.attention_sinks && !m.qk_norm, "attention_bias", 1,
+          "biases, sinks and q/k norms are not modelled with MLA");
+}
+
 }  // namespace
 
 void ModelSpec::validate() const {
@@ -22,7 +52,8 @@ void ModelSpec::validate() const {
   require(hidden > 0, "hidden_size", hidden, "must be > 0");
   require(layers > 0, "num_hidden_layers", layers, "must be > 0");
   require(heads > 0, "num_attention_heads", heads, "must be > 0");
-  require(hidden % heads == 0, "hidden_size", hidden,
+  require(attn_head_dim >= 0, "head_dim", attn_head_dim, "must be >= 0 (0 = hidden_size / heads)");
+  require(attn_head_dim > 0 || hidden % heads == 0, "hidden_size", hidden,
           "must be divisible by num_attention_heads = " + std::to_string(heads));
   require(kv_heads > 0 && kv_heads <= heads && heads % kv_heads == 0, "num_key_value_heads",
           kv_heads, "must divide num_attention_heads = " + std::to_string(heads));
@@ -31,15 +62,55 @@ void ModelSpec::validate() const {
   require(experts >= 1, "num_local_experts", experts, "must be >= 1");
   require(experts_per_token >= 1 && experts_per_token <= experts, "num_experts_per_tok",
           experts_per_token, "must be in [1, num_local_experts = " + std::to_string(experts) + "]");
+  validate_moe_and_mla(*this);
   require(position != PositionKind::learned || max_positions > 0, "max_position_embeddings",
           max_positions, "must be > 0 for learned position embeddings");
 }
 
+namespace {
+
+// Attention of one layer, its parameters outside the norms.
+double attention_params(const ModelSpec& m) {
+  const double h = double(m.hidden), a = double(m.heads);
+  if (m.is_mla()) {
+    const double dn = double(m.qk_nope_head_dim), dr = double(m.qk_rope_head_dim);
+    const double dv = double(m.v_head_dim), rkv = double(m.kv_lora_rank);
+    const double q = m.q_lora_rank ? h * double(*m.q_lora_rank) + double(*m.q_lora_rank) * a * (dn + dr)
+                                   : h * a * (dn + dr);
+    return q + h * (rkv + dr) + rkv * a * (dn + dv) + a * dv * h;
+  }
+  const double hq = double(m.heads * m.head_dim()), kv = double(m.kv_heads * m.head_dim());
+  const double bias = m.linear_bias ? 1.0 : 0.0;
+  const double qkv_bias = m.qkv_bias && !m.linear_bias ? hq + 2 * kv : 0.0;  // Qwen2
+  const double sinks = m.attention_sinks ? a : 0.0;
+  return 2 * h * hq + 2 * h * kv + bias * (hq + h + 2 * kv) + qkv_bias + sinks;
+}
+
+// One MLP of width f (an expert, a shared expert or a dense layer's FFN).
+double mlp_params(const ModelSpec& m, double f, bool biased) {
+  const double h = double(m.hidden), bias = biased ? 1.0 : 0.0;
+  return m.mlp == MlpKind::swiglu ? 3 * h * f + bias * (2 * f + h) : 2 * h * f + bias * (f + h);
+}
+
+// Norm vectors of one layer: the two block norms, q/k norms, MLA's low-rank norms.
+double layer_norm_params(const ModelSpec& m) {
+  const double h = double(m.hidden);
+  double n = m.norm == NormKind::layernorm ? 2 * (2 * h) : 2 * h;
+  if (m.qk_norm) n += 2 * double(m.head_dim());
+  if (m.is_mla()) n += double(m.kv_lora_rank) + double(m.q_lora_rank.value_or(0));
+  return n;
+}
+
+}  // namespace
+
 // Counting follows the layer definitions of the Llama / Mistral / Mixtral / GPT-3 reference code:
-//   attention: W_q h×h, W_k and W_v h×(a_kv·d), W_o h×h (+ biases when linear_bias; q, k, v
-//              biases only when qkv_bias)
-//   mlp:       gelu 2·h·f (+ f + h biases); swiglu 3·h·f; MoE: E experts + router h×E
-//   norms:     2 per layer + 1 final, h each (×2 for LayerNorm's bias)
+//   attention: W_q h×(a·d), W_k and W_v h×(a_kv·d), W_o (a·d)×h (+ biases when linear_bias; q, k,
+//              v biases only when qkv_bias; a sink logit per head with attention_sinks); MLA as
+//              in model.hpp
+//   mlp:       gelu 2·h·f (+ f + h biases); swiglu 3·h·f (+ 2f + h biases); MoE: L_d dense layers
+//              of width f_d, then per MoE layer E experts + E_s shared experts + router h×E (+ E)
+//   norms:     2 per layer + 1 final, h each (×2 for LayerNorm's bias); q/k norms d each; MLA's
+//              r_q and r_kv norms
 ParamCount count_params(const ModelSpec& m) {
   m.validate();
   ParamCount c;
@@ -48,24 +119,27 @@ ParamCount count_params(const ModelSpec& m) {
     c.mlp = c.mlp_active = *m.nominal_params;  // unknown split: all counted in one item
     return c;
   }
-  const double h = double(m.hidden), L = double(m.layers), f = double(m.ffn);
-  const double kv = double(m.kv_heads * m.head_dim());
-  const double bias = m.linear_bias ? 1.0 : 0.0;
+  const double h = double(m.hidden), L = double(m.layers);
 
   c.embedding = double(m.vocab) * h;
   if (m.position == PositionKind::learned) c.embedding += double(m.max_positions) * h;
 
-  const double qkv_bias = m.qkv_bias && !m.linear_bias ? h + 2 * kv : 0.0;  // Qwen2
-  const double attn = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv) + qkv_bias;
-  c.attention = L * attn;
+  c.attention = L * attention_params(m);
 
-  const double expert = m.mlp == MlpKind::swiglu ? 3 * h * f : 2 * h * f + bias * (f + h);
-  const double router = m.is_moe() ? h * double(m.experts) : 0.0;
-  c.mlp = L * (double(m.experts) * expert + router);
-  c.mlp_active = L * (double(m.experts_per_token) * expert + router);
+  const double expert = mlp_params(m, double(m.ffn), m.linear_bias || m.expert_bias);
+  if (!m.is_moe()) {
+    c.mlp = c.mlp_active = L * expert;
+  } else {
+    const double E = double(m.experts), moe_L = double(m.moe_layers());
+    const double router = h * E + (m.router_bias ? E : 0.0);
+    const double shared = double(m.shared_experts) *
+                          mlp_params(m, double(m.shared_expert_ffn), m.linear_bias || m.expert_bias);
+    const double dense = double(m.dense_layers) * mlp_params(m, double(m.dense_ffn), m.linear_bias);
+    c.mlp = dense + moe_L * (E * expert + shared + router);
+    c.mlp_active = dense + moe_L * (double(m.experts_per_token) * expert + shared + router);
+  }
 
-  const double norm = m.norm == NormKind::layernorm ? 2 * h : h;
-  c.norms = (2 * L + 1) * norm;
+  c.norms = L * layer_norm_params(m) + (m.norm == NormKind::layernorm ? 2 * h : h);
 
   c.output_head = m.tied_embeddings ? 0.0 : double(m.vocab) * h;
   return c;

@@ -65,6 +65,7 @@ class Builder {
 
 struct Dims {
   i64 T, h, hq, hkv, d, sq, s, f, heads_local;
+  i64 dv, hv;  // value head dim; v and attention-output width on a rank (= d, h_kv, h_q unless MLA)
   double Tn;  // tokens of the norm/dropout/residual kernels on one rank (T/t with SP)
   double e;
 };
@@ -76,11 +77,14 @@ Dims dims(const ModelSpec& m, const OperatorSetup& s) {
   d.T = s.micro_batch * d.sq;
   d.Tn = s.sequence_parallel ? double(d.T) / s.tp : double(d.T);
   d.h = m.hidden;
-  d.d = m.head_dim();
+  d.d = m.qk_dim();
+  d.dv = m.value_dim();
   d.heads_local = m.heads / s.tp;
   d.hq = d.heads_local * d.d;
-  d.hkv = std::max<i64>(m.kv_heads / s.tp, 1) * d.d;  // a_kv < t: each rank holds one kv head
-  d.f = m.ffn / s.tp;
+  const i64 kv_local = std::max<i64>(m.kv_heads / s.tp, 1);  // a_kv < t: each rank holds one
+  d.hkv = kv_local * d.d;
+  d.hv = kv_local * d.dv;
+  d.f = (s.dense_layer ? m.dense_ffn : m.ffn) / s.tp;
   d.e = s.act_bytes;
   return d;
 }
@@ -91,8 +95,10 @@ void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, B
   const double batch = double(s.micro_batch) * double(d.heads_local);
   const double probs = batch * double(d.sq) * double(d.s);  // score elements
   if (s.attention == Attention::flash) {
-    const double flops = 4.0 * probs * double(d.d) * (s.causal ? 0.5 : 1.0);
-    const double bytes = d.e * double(d.T) * (2.0 * d.hq + 2.0 * d.hkv);  // q, k, v in; o out
+    // QKᵀ over d_qk and PV over d_v: 2·(d_qk + d_v) FLOPs per score (4·d without MLA).
+    const double flops = 2.0 * probs * double(d.d + d.dv) * (s.causal ? 0.5 : 1.0);
+    const double out = double(d.heads_local * d.dv);
+    const double bytes = d.e * double(d.T) * (d.hq + d.hkv + d.hv + out);  // q, k, v in; o out
     if (with_backward)
       b.flash("flash-attention", "flash-attention.backward", d.sq, d.s, d.d, batch, flops, bytes);
     else
@@ -106,13 +112,60 @@ void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, B
     b.gemm("scores", "scores.dgrad", "scores.wgrad", d.sq, d.s, d.d, batch);
     b.memory("softmax", "softmax.backward", softmax_bytes);
     if (s.dropout) b.memory("attention-dropout", "attention-dropout.backward", dropout_bytes);
-    b.gemm("context", "context.dgrad", "context.wgrad", d.sq, d.d, d.s, batch);
+    b.gemm("context", "context.dgrad", "context.wgrad", d.sq, d.dv, d.s, batch);
   } else {
     b.forward_gemm("scores", d.sq, d.s, d.d, batch);
     b.forward_memory("softmax", softmax_bytes);
     if (s.dropout) b.forward_memory("attention-dropout", dropout_bytes);
-    b.forward_gemm("context", d.sq, d.d, d.s, batch);
+    b.forward_gemm("context", d.sq, d.dv, d.s, batch);
   }
+}
+
+// MLA's projections (Note [operator inventory]): the down projections are replicated on every
+// TP rank (Megatron-Core MLA: linear_q_down_proj, linear_kv_down_proj are not split), the up
+// projections split by heads.
+template <class Gemm, class Memory>
+void mla_projections(const ModelSpec& m, const Dims& d, Gemm&& gemm, Memory&& memory) {
+  const i64 rkv = m.kv_lora_rank, dr = m.qk_rope_head_dim;
+  if (m.q_lora_rank) {
+    const i64 rq = *m.q_lora_rank;
+    gemm("q-down", "q-down.dgrad", "q-down.wgrad", d.T, rq, d.h);
+    memory("q-norm", "q-norm.backward", 2.0 * d.e * double(d.T) * double(rq));
+    gemm("q-up", "q-up.dgrad", "q-up.wgrad", d.T, d.hq, rq);
+  } else {
+    gemm("q-proj", "q-proj.dgrad", "q-proj.wgrad", d.T, d.hq, d.h);
+  }
+  gemm("kv-down", "kv-down.dgrad", "kv-down.wgrad", d.T, rkv + dr, d.h);
+  memory("kv-norm", "kv-norm.backward", 2.0 * d.e * double(d.T) * double(rkv));
+  gemm("kv-up", "kv-up.dgrad", "kv-up.wgrad", d.T,
+       d.heads_local * (m.qk_nope_head_dim + m.v_head_dim), rkv);
+}
+
+// Kernel names of one MLP block (static strings: Op::name is a view).
+struct MlpNames {
+  std::string_view up, up_dgrad, up_wgrad, act, act_backward, down, down_dgrad, down_wgrad;
+};
+constexpr MlpNames kSwiglu{"mlp-gate-up", "mlp-gate-up.dgrad", "mlp-gate-up.wgrad", "swiglu",
+                           "swiglu.backward", "mlp-down", "mlp-down.dgrad", "mlp-down.wgrad"};
+constexpr MlpNames kGelu{"mlp-up", "mlp-up.dgrad", "mlp-up.wgrad", "gelu", "gelu.backward",
+                         "mlp-down", "mlp-down.dgrad", "mlp-down.wgrad"};
+constexpr MlpNames kSharedSwiglu{"shared-gate-up", "shared-gate-up.dgrad", "shared-gate-up.wgrad",
+                                 "shared-swiglu", "shared-swiglu.backward", "shared-down",
+                                 "shared-down.dgrad", "shared-down.wgrad"};
+constexpr MlpNames kSharedGelu{"shared-up", "shared-up.dgrad", "shared-up.wgrad", "shared-gelu",
+                               "shared-gelu.backward", "shared-down", "shared-down.dgrad",
+                               "shared-down.wgrad"};
+
+// One MLP (routed experts batched, the shared experts, or a dense FFN) of width f per rank on
+// `rows` tokens per expert; `tokens` = rows summed over experts, the activation kernel's rows.
+template <class Gemm, class Memory>
+void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Memory&& memory, i64 rows, i64 f,
+               double experts, double tokens, bool shared) {
+  const bool gated = m.mlp == MlpKind::swiglu;
+  const MlpNames& n = gated ? (shared ? kSharedSwiglu : kSwiglu) : (shared ? kSharedGelu : kGelu);
+  gemm(n.up, n.up_dgrad, n.up_wgrad, rows, (gated ? 2 : 1) * f, d.h, experts);
+  memory(n.act, n.act_backward, (gated ? 3.0 : 2.0) * d.e * tokens * double(f));
+  gemm(n.down, n.down_dgrad, n.down_wgrad, rows, d.h, f, experts);
 }
 
 // Every forward kernel of a layer; with_backward adds their gradients.
@@ -131,28 +184,32 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     else b.forward_memory(n, bytes);
   };
   memory("norm-1", "norm-1.backward", norm_bytes);
-  gemm("qkv", "qkv.dgrad", "qkv.wgrad", d.T, d.hq + 2 * d.hkv, d.h);
-  if (m.position == PositionKind::rotary)
-    memory("rotary", "rotary.backward", 2.0 * d.e * double(d.T) * double(d.hq + d.hkv));
+  if (m.is_mla())
+    mla_projections(m, d, gemm, memory);
+  else
+    gemm("qkv", "qkv.dgrad", "qkv.wgrad", d.T, d.hq + 2 * d.hkv, d.h);
+  if (m.position == PositionKind::rotary) {
+    // MLA rotates only the d_r rope part of each q head and the one shared rope key.
+    const double width = m.is_mla() ? double(d.heads_local + 1) * double(m.qk_rope_head_dim)
+                                    : double(d.hq + d.hkv);
+    memory("rotary", "rotary.backward", 2.0 * d.e * double(d.T) * width);
+  }
   attention_core(m, s, d, b, with_backward);
-  gemm("out-proj", "out-proj.dgrad", "out-proj.wgrad", d.T, d.h, d.hq);
+  gemm("out-proj", "out-proj.dgrad", "out-proj.wgrad", d.T, d.h, d.heads_local * d.dv);
   memory("dropout-residual-1", "dropout-residual-1.backward", residual_bytes);
   memory("norm-2", "norm-2.backward", norm_bytes);
+  const bool moe = m.is_moe() && !s.dense_layer;
   // MoE: tokens spread over E experts, E_act per token, batched as a grouped GEMM.
-  const double experts = double(m.experts);
-  const i64 rows = m.is_moe() ? std::max<i64>(1, (d.T * m.experts_per_token + m.experts - 1) /
-                                                     m.experts)
-                              : d.T;
-  if (m.is_moe()) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
-  const double routed = double(d.T) * double(m.experts_per_token);
-  if (m.mlp == MlpKind::swiglu) {
-    gemm("mlp-gate-up", "mlp-gate-up.dgrad", "mlp-gate-up.wgrad", rows, 2 * d.f, d.h, experts);
-    memory("swiglu", "swiglu.backward", 3.0 * d.e * routed * double(d.f));
-  } else {
-    gemm("mlp-up", "mlp-up.dgrad", "mlp-up.wgrad", rows, d.f, d.h, experts);
-    memory("gelu", "gelu.backward", 2.0 * d.e * routed * double(d.f));
-  }
-  gemm("mlp-down", "mlp-down.dgrad", "mlp-down.wgrad", rows, d.h, d.f, experts);
+  const double experts = moe ? double(m.experts) : 1.0;
+  const i64 rows = moe ? std::max<i64>(1, (d.T * m.experts_per_token + m.experts - 1) / m.experts)
+                       : d.T;
+  if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
+  const double routed = double(d.T) * double(moe ? m.experts_per_token : 1);
+  mlp_block(m, d, gemm, memory, rows, d.f, experts, routed, /*shared=*/false);
+  // Shared experts: one always-active MLP of width E_s·f_s beside the routed ones (TP-split).
+  if (moe && m.shared_experts > 0)
+    mlp_block(m, d, gemm, memory, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
+              double(d.T), /*shared=*/true);
   memory("dropout-residual-2", "dropout-residual-2.backward", residual_bytes);
 }
 
@@ -168,6 +225,10 @@ void OperatorSetup::validate(const ModelSpec& m) const {
   require_int(tp >= 1 && m.heads % tp == 0 && m.ffn % tp == 0 &&
                   (m.kv_heads % tp == 0 || tp % m.kv_heads == 0),
               "tp", tp, "must divide heads, ffn and kv heads (or be a multiple of kv heads)");
+  require_int((m.shared_experts * m.shared_expert_ffn) % tp == 0 && m.dense_ffn % tp == 0, "tp",
+              tp, "must divide the shared experts' and the dense layers' FFN widths");
+  require_int(!dense_layer || m.dense_layers > 0, "dense_layer", 1,
+              "the model has no dense leading layers (first_k_dense_replace = 0)");
   require_int(cp >= 1 && seq % cp == 0, "cp", cp, "must be >= 1 and divide seq");
   require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
 }
@@ -272,6 +333,21 @@ OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
       case Pass::recompute: t.recompute_s += s; break;
     }
   }
+  return t;
+}
+
+OpsTime average_layer_time(const ModelSpec& m, const OperatorSetup& s, const GpuSpec& gpu,
+                           Precision p) {
+  OpsTime t = time_ops(layer_ops(m, s), gpu, p);
+  if (m.dense_layers == 0) return t;
+  OperatorSetup dense_setup = s;
+  dense_setup.dense_layer = true;
+  const OpsTime d = time_ops(layer_ops(m, dense_setup), gpu, p);
+  const double w = double(m.dense_layers) / double(m.layers);
+  t.forward_s += w * (d.forward_s - t.forward_s);
+  t.backward_s += w * (d.backward_s - t.backward_s);
+  t.recompute_s += w * (d.recompute_s - t.recompute_s);
+  t.flops += w * (d.flops - t.flops);
   return t;
 }
 

@@ -103,7 +103,7 @@ struct Prepared {
                            .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
                            .dropout = r.uses_dropout(), .act_bytes = act_bytes};
     const GpuSpec& gpu = r.cluster.gpu;
-    const OpsTime layer = time_ops(layer_ops(r.model, os), gpu, r.precision);
+    const OpsTime layer = average_layer_time(r.model, os, r.cluster.gpu, r.precision);
     const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
     MicroTimes t{.layer_s = layer.total_s(),
                  .layer_backward_s = layer.backward_s + layer.recompute_s,
@@ -146,9 +146,9 @@ Prepared prepare(const PlanRequest& r) {
     for (Attention att : {Attention::flash, Attention::materialized}) {
       const OperatorSetup os{.seq = r.seq, .micro_batch = 1, .recompute = rc, .attention = att,
                              .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = p.act_bytes};
-      double layer_flops = 0, out_flops = 0;
-      for (const Op& op : layer_ops(r.model, os))
-        if (op.kind != OpKind::memory) layer_flops += op.flops;
+      const double layer_flops =
+          average_layer_time(r.model, os, r.cluster.gpu, r.precision).flops;  // memory kernels carry none
+      double out_flops = 0;
       for (const Op& op : output_ops(r.model, os))
         if (op.kind != OpKind::memory) out_flops += op.flops;
       per_sequence = std::min(per_sequence, layer_flops * double(r.model.layers) + out_flops);
@@ -428,7 +428,9 @@ void keep_top(std::vector<PlanEval>& v, const PlanEval& e, std::size_t cap, Less
 }
 
 bool tp_divides(const ModelSpec& m, int tp) {
-  return m.heads % tp == 0 && m.ffn % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0);
+  return m.heads % tp == 0 && m.ffn % tp == 0 && m.dense_ffn % tp == 0 &&
+         (m.shared_experts * m.shared_expert_ffn) % tp == 0 &&
+         (m.kv_heads % tp == 0 || tp % m.kv_heads == 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "tally/core/presets.hpp"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "tally/core/roofline.hpp"
@@ -45,6 +46,61 @@ std::vector<ModelSpec> build_models() {
     ModelSpec m = llama_like("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000);
     m.experts = 8;
     m.experts_per_token = 2;
+    v.push_back(m);
+  }
+  // DeepSeek-V3 (HF deepseek-ai/DeepSeek-V3 config.json, model_type deepseek_v3): h 7168, 61 layers,
+  // 128 heads, MLA with q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128; the
+  // first 3 layers dense (intermediate_size 18432), then 256 routed experts of 2048, 8 per token,
+  // and 1 shared expert of 2048; router with e_score_correction_bias; vocab 129280, untied. The
+  // 14B multi-token-prediction module (num_nextn_predict_layers 1) is not part of the 671B main
+  // model (DeepSeek-V3 technical report §4.2 / README_WEIGHTS.md) and is not counted.
+  {
+    ModelSpec m = llama_like("deepseek-v3", 7168, 61, 128, 128, 2048, 129280);
+    m.experts = 256;
+    m.experts_per_token = 8;
+    m.shared_experts = 1;
+    m.shared_expert_ffn = 2048;
+    m.dense_layers = 3;
+    m.dense_ffn = 18432;
+    m.router_bias = true;
+    m.q_lora_rank = 1536;
+    m.kv_lora_rank = 512;
+    m.qk_nope_head_dim = 128;
+    m.qk_rope_head_dim = 64;
+    m.v_head_dim = 128;
+    v.push_back(m);
+  }
+  // Qwen3-30B-A3B and Qwen3-235B-A22B (HF Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B config.json,
+  // model_type qwen3_moe; the same shapes in zyzshishui/slime scripts/models/qwen3-30B-A3B.sh and
+  // qwen3-235B-A22B.sh): head_dim 128, q/k RMSNorm, 128 experts, 8 per token, no shared experts,
+  // every layer MoE (mlp_only_layers empty), vocab 151936, untied.
+  {
+    ModelSpec m = llama_like("qwen3-30b-a3b", 2048, 48, 32, 4, 768, 151936);
+    m.attn_head_dim = 128;
+    m.qk_norm = true;
+    m.experts = 128;
+    m.experts_per_token = 8;
+    v.push_back(m);
+    m = llama_like("qwen3-235b-a22b", 4096, 94, 64, 4, 1536, 151936);
+    m.attn_head_dim = 128;
+    m.qk_norm = true;
+    m.experts = 128;
+    m.experts_per_token = 8;
+    v.push_back(m);
+  }
+  // gpt-oss-120b and gpt-oss-20b (HF openai/gpt-oss-{120b,20b} config.json, model_type gpt_oss;
+  // transformers GptOssConfig): h 2880, 64 heads of 64, 8 kv heads, attention_bias true, a sink
+  // per head, experts of 2880 with biases and a biased router, 4 per token; 36 layers × 128
+  // experts and 24 × 32; vocab 201088, untied. Alternating sliding-window layers change no count.
+  for (const auto& [name, layers, experts] :
+       {std::tuple{"gpt-oss-120b", 36, 128}, std::tuple{"gpt-oss-20b", 24, 32}}) {
+    ModelSpec m = llama_like(name, 2880, layers, 64, 8, 2880, 201088);
+    m.attn_head_dim = 64;
+    m.linear_bias = true;
+    m.attention_sinks = true;
+    m.experts = experts;
+    m.experts_per_token = 4;
+    m.router_bias = true;
     v.push_back(m);
   }
   // GPT-3 175B: Brown et al. 2020, Table 2.1 (h 12288, 96 layers, 96 heads, context 2048); GPT-2 BPE

@@ -24,7 +24,16 @@ constexpr std::int64_t kMaxFfn = std::int64_t{1} << 24;         // 16,777,216
 constexpr std::int64_t kMaxVocab = std::int64_t{1} << 24;       // 16,777,216
 constexpr std::int64_t kMaxPositions = std::int64_t{1} << 24;   // 16,777,216
 constexpr std::int64_t kMaxExperts = std::int64_t{1} << 16;     // 65,536
+constexpr std::int64_t kMaxRank = std::int64_t{1} << 20;        // MLA ranks and head dims
 constexpr std::size_t kMaxNameChars = 64;
+
+// Parts of a family's layers that its config class implies rather than states.
+enum class Extras {
+  none,
+  qwen3_moe,    // q/k RMSNorm per head (modeling_qwen3_moe.py q_norm, k_norm)
+  gpt_oss,      // sink logit per head, biased experts and router (modeling_gpt_oss.py)
+  deepseek_v3,  // MLA, shared experts, dense leading layers (modeling_deepseek_v3.py)
+};
 
 // What model_type implies beyond the sizes in the file.
 struct Family {
@@ -36,20 +45,29 @@ struct Family {
   bool tied_default;
   bool gpt2_keys;                 // n_embd / n_layer / n_head / n_inner / n_positions
   std::string_view default_act;   // Hugging Face's default for the config class
+  Extras extras = Extras::none;
 };
 
 // Llama, Mistral, Mixtral, Qwen2: transformers' modeling_<type>.py (RMSNorm, bias-free q/k/v/o and
 // MLP, rotary); Qwen2 adds q/k/v biases (modeling_qwen2.py: bias=True on q_proj, k_proj, v_proj).
 // GPT-2:
 // modeling_gpt2.py (Conv1D with bias, LayerNorm, wpe table, lm_head tied to wte). GPT-NeoX:
-// modeling_gpt_neox.py (biased linears, LayerNorm, rotary, untied embed_out).
-constexpr std::array<Family, 6> kFamilies{{
+// modeling_gpt_neox.py (biased linears, LayerNorm, rotary, untied embed_out). Qwen3-MoE, GPT-OSS,
+// DeepSeek-V3: RMSNorm, rotary, untied by default (their configuration_*.py), with the Extras
+// above; GPT-OSS's attention biases follow its attention_bias key (default true).
+constexpr std::array<Family, 9> kFamilies{{
     {"llama", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu"},
     {"mistral", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu"},
     {"mixtral", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu"},
     {"qwen2", NormKind::rmsnorm, false, true, PositionKind::rotary, false, false, "silu"},
     {"gpt2", NormKind::layernorm, true, false, PositionKind::learned, true, true, "gelu_new"},
     {"gpt_neox", NormKind::layernorm, true, false, PositionKind::rotary, false, false, "gelu"},
+    {"qwen3_moe", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu",
+     Extras::qwen3_moe},
+    {"gpt_oss", NormKind::rmsnorm, true, false, PositionKind::rotary, false, false, "silu",
+     Extras::gpt_oss},
+    {"deepseek_v3", NormKind::rmsnorm, false, false, PositionKind::rotary, false, false, "silu",
+     Extras::deepseek_v3},
 }};
 
 const Family& family_for(const ObjectReader& r, const std::optional<std::string>& model_type) {
@@ -89,24 +107,76 @@ void read_gpt2_names(const ObjectReader& r, ModelSpec& m) {
   m.mlp = mlp_for(r, "activation_function", "gelu_new");
 }
 
-// Mixture of experts, Mixtral style: every layer has E routed experts of size f, E_act per token.
+// Mixture of experts: E routed experts of width f (moe_intermediate_size, else intermediate_size),
+// E_act per token; DeepSeek's n_shared_experts of width moe_intermediate_size (Qwen2-MoE's single
+// shared_expert_intermediate_size otherwise) and first_k_dense_replace dense layers of width
+// intermediate_size. Layer patterns other than "dense first, then every layer MoE" are refused.
 void read_experts(const ObjectReader& r, ModelSpec& m) {
-  for (const std::string_view key :
-       {"n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace"}) {
-    const detail::json* v = r.find(key);
-    if (v && !(v->is_number() && v->get<double>() == 0))
-      detail::fail(r.source(), r.field(key), detail::show(*v),
-                   "shared experts and dense leading layers are not representable (expected 0 or "
-                   "absent; use --params N)");
-  }
   std::string_view experts_key;
   for (const std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts"})
     if (experts_key.empty() && r.has(key)) experts_key = key;
   if (experts_key.empty()) return;
   m.experts = r.integer(experts_key, 1, kMaxExperts);
   if (m.experts == 1) return;
-  m.experts_per_token = r.integer("num_experts_per_tok", 1, m.experts);
+  const std::string_view top_k_key = r.has("num_experts_per_tok") || !r.has("experts_per_token")
+                                         ? "num_experts_per_tok"
+                                         : "experts_per_token";  // GPT-OSS states both
+  m.experts_per_token = r.integer(top_k_key, 1, m.experts);
   if (const auto f = r.opt_integer("moe_intermediate_size", 1, kMaxFfn)) m.ffn = *f;
+  if (const auto n = r.opt_integer("n_shared_experts", 0, kMaxExperts); n && *n > 0) {
+    m.shared_experts = *n;
+    m.shared_expert_ffn = r.integer("moe_intermediate_size", 1, kMaxFfn);
+  } else if (const auto f = r.opt_integer("shared_expert_intermediate_size", 0, kMaxFfn);
+             f && *f > 0) {
+    m.shared_experts = 1;
+    m.shared_expert_ffn = *f;
+  }
+  m.dense_layers = r.opt_integer("first_k_dense_replace", 0, kMaxLayers).value_or(0);
+  for (const std::string_view key : {"moe_layer_freq", "decoder_sparse_step"})
+    if (const auto step = r.opt_integer(key, 1, kMaxLayers); step && *step != 1)
+      detail::fail(r.source(), r.field(key), std::to_string(*step),
+                   "only 1 (every layer after the dense ones is MoE) is modelled");
+  if (const detail::json* only = r.opt_array("mlp_only_layers", std::size_t(kMaxLayers));
+      only && !only->empty())
+    detail::fail(r.source(), r.field("mlp_only_layers"), detail::show(*only),
+                 "dense layers other than the first ones are not modelled (expected [])");
+}
+
+// DeepSeek's multi-head latent attention; q_lora_rank null (DeepSeek-V2-Lite) = no q compression.
+void read_mla(const ObjectReader& r, ModelSpec& m) {
+  if (!r.has("kv_lora_rank")) return;
+  m.kv_lora_rank = r.integer("kv_lora_rank", 1, kMaxRank);
+  m.q_lora_rank = r.opt_integer("q_lora_rank", 1, kMaxRank);
+  m.qk_nope_head_dim = r.integer("qk_nope_head_dim", 1, kMaxRank);
+  m.qk_rope_head_dim = r.integer("qk_rope_head_dim", 1, kMaxRank);
+  m.v_head_dim = r.integer("v_head_dim", 1, kMaxRank);
+}
+
+void read_extras(const ObjectReader& r, const Family& fam, ModelSpec& m) {
+  switch (fam.extras) {
+    case Extras::none: break;
+    case Extras::qwen3_moe:
+      m.qk_norm = true;
+      if (r.opt_boolean("attention_bias").value_or(false))
+        detail::fail(r.source(), r.field("attention_bias"), "true",
+                     "biases on Qwen3's q, k, v, o are not modelled (expected false)");
+      break;
+    case Extras::gpt_oss:
+      m.attention_sinks = m.expert_bias = true;
+      m.router_bias = m.is_moe();
+      m.linear_bias = r.opt_boolean("attention_bias").value_or(true);
+      break;
+    case Extras::deepseek_v3: {
+      read_mla(r, m);
+      // noaux_tc routing (the V3 default) keeps a per-expert e_score_correction_bias.
+      const auto method = r.opt_string("topk_method", kMaxNameChars).value_or("noaux_tc");
+      m.router_bias = m.is_moe() && method == "noaux_tc";
+      if (r.opt_boolean("attention_bias").value_or(false))
+        detail::fail(r.source(), r.field("attention_bias"), "true",
+                     "biases on MLA's projections are not modelled (expected false)");
+      break;
+    }
+  }
 }
 
 void read_hf_names(const ObjectReader& r, const Family& fam, ModelSpec& m) {
@@ -118,6 +188,9 @@ void read_hf_names(const ObjectReader& r, const Family& fam, ModelSpec& m) {
   read_experts(r, m);
   const bool moe_ffn = m.is_moe() && r.has("moe_intermediate_size");
   if (!moe_ffn) m.ffn = r.integer("intermediate_size", 1, kMaxFfn);
+  if (m.dense_layers > 0) m.dense_ffn = r.integer("intermediate_size", 1, kMaxFfn);
+  if (const auto d = r.opt_integer("head_dim", 1, kMaxHidden); d && *d != m.head_dim())
+    m.attn_head_dim = *d;  // Qwen3, GPT-OSS, Mistral-Nemo: a·d ≠ h
   if (fam.position == PositionKind::learned)
     m.max_positions = r.integer("max_position_embeddings", 1, kMaxPositions);
   m.mlp = mlp_for(r, "hidden_act", fam.default_act);
@@ -149,6 +222,7 @@ ModelSpec parse(std::string_view text, std::string_view source) {
     read_gpt2_names(r, m);
   else
     read_hf_names(r, fam, m);
+  read_extras(r, fam, m);
   m.tied_embeddings = r.opt_boolean("tie_word_embeddings").value_or(fam.tied_default);
   m.dropout = trains_with_dropout(r);
 
@@ -157,11 +231,6 @@ ModelSpec parse(std::string_view text, std::string_view source) {
   } catch (const InvalidInput& e) {
     detail::rethrow_with_source(source, e);
   }
-  // Newer configs state head_dim; where it differs from h / a (Gemma, Mistral-Nemo) the attention
-  // shapes are not the ones ModelSpec counts.
-  if (const auto d = r.opt_integer("head_dim", 1, kMaxHidden); d && *d != m.head_dim())
-    detail::fail(source, "head_dim", std::to_string(*d),
-                 "must equal hidden_size / num_attention_heads = " + std::to_string(m.head_dim()));
   return m;
 }
 

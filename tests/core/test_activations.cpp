@@ -154,6 +154,29 @@ TEST(Activations, PropertyLinearInBatchQuadraticInSeq) {
   }
 }
 
+// A DeepSeek-V3 MoE layer (HF config.json, the preset), no parallelism, flash attention, no
+// dropout, 2-byte activations, by hand per token: two norm inputs, the QKV-block input and the MLP
+// input (4h); MLA's latents and their norms (2·1536 + 2·512 + 64); Q 128·192; K 128·192 and V
+// 128·128; the attention output 128·128; SwiGLU's three f-wide tensors with f = 8 routed × 2048 +
+// 1 shared × 2048; and flash's fp32 log-sum-exp per head.
+TEST(Activations, DeepSeekV3MoeLayerByHand) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const ActivationSetup a{.seq = 4096, .dropout = false};
+  const double T = 4096, h = 7168, e = 2;
+  const double per_token = e * (4 * h + (2 * 1536 + 2 * 512 + 64) + 128 * 192 +
+                                128 * (192 + 128) + 128 * 128 + 3 * (8 + 1) * 2048.0) +
+                           4.0 * 128;
+  const ActivationResult r = activations(m, a);
+  EXPECT_DOUBLE_EQ(r.per_layer_bytes, T * per_token);
+  // Its dense layers' FFN (18432) equals the active MoE width, 9 × 2048: the same bytes.
+  EXPECT_DOUBLE_EQ(r.dense_layer_bytes, r.per_layer_bytes);
+  // A narrower dense FFN lowers the first stage by 3 layers × 3·e·T·(18432 − 4096).
+  ModelSpec narrow = m;
+  narrow.dense_ffn = 4096;
+  const ActivationResult n = activations(narrow, a);
+  EXPECT_DOUBLE_EQ(r.peak_stage_bytes - n.peak_stage_bytes, 3 * 3 * e * T * (18432.0 - 4096));
+}
+
 TEST(Activations, GqaShrinksKeyValueTerm) {
   const auto mha = *model_preset("llama-2-7b");   // a_kv = 32
   const auto gqa = *model_preset("mistral-7b");   // a_kv = 8

@@ -119,6 +119,78 @@ TEST(Operators, QkvWidthUnderGqa) {
 
 // Read g, m, v, master; write m, v, master and the 16-bit copy (model_states.hpp bytes per
 // parameter: grads 2, m 4, v 4, master 4, params 2).
+// One DeepSeek-V3 layer (HF deepseek-ai/DeepSeek-V3 config.json, the preset), forward FLOPs by hand:
+// T tokens, each GEMM 2·T·(in)·(out). MLA: q down 7168→1536, q up 1536→128·(128+64), kv down
+// 7168→(512+64), kv up 512→128·(128+128), out 128·128→7168; materialised attention QKᵀ over
+// d_qk = 192 and PV over d_v = 128 for every (query, key) pair of each head: 2·s²·a·(192 + 128)
+// per sequence. MoE layer: router 7168→256; each token's 8 routed experts and the shared one,
+// SwiGLU 3 matrices of 7168×2048 each. Dense layer: SwiGLU with 18432.
+TEST(Operators, MlaAndMoeLayerForwardFlopsByHand) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const double T = 256, a = 128;  // micro-batch 1, seq 256: an even 256·8/256 = 8 rows per expert
+  OperatorSetup os{.seq = 256, .micro_batch = 1, .attention = Attention::materialized,
+                   .dropout = false};
+  const double mla = 2 * T * (7168.0 * 1536 + 1536.0 * 128 * 192 + 7168.0 * 576 +
+                              512.0 * 128 * 256 + 128.0 * 128 * 7168);
+  const double core = 2 * T * T * a * (192 + 128);
+  const double moe = 2 * T * 7168.0 * 256 + 2 * T * (8 + 1) * 3 * 7168.0 * 2048;
+  const double dense = 2 * T * 3 * 7168.0 * 18432;
+  const auto forward = [&](const OperatorSetup& s) {
+    double f = 0;
+    for (const Op& op : layer_ops(m, s))
+      if (op.pass == Pass::forward) f += op.flops;
+    return f;
+  };
+  EXPECT_DOUBLE_EQ(forward(os), mla + core + moe);
+  os.dense_layer = true;
+  EXPECT_DOUBLE_EQ(forward(os), mla + core + dense);
+  // TP 8 splits the heads, the experts' and the dense FFN width; MLA's down projections (q down,
+  // kv down) stay whole on every rank.
+  os.tp = 8;
+  const double down = 2 * T * (7168.0 * 1536 + 7168.0 * 576);
+  EXPECT_DOUBLE_EQ(forward(os), down + (mla - down + core + dense) / 8);
+  os.dense_layer = false;
+  const double router = 2 * T * 7168.0 * 256;  // whole on every rank, as for Mixtral
+  EXPECT_DOUBLE_EQ(forward(os), down + router + (mla - down + core + moe - router) / 8);
+}
+
+// Flash attention's FLOPs with MLA: 2·(d_qk + d_v) per score, half of them under the causal mask.
+TEST(Operators, MlaFlashFlops) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const OperatorSetup os{.seq = 4096, .micro_batch = 2, .tp = 4, .dropout = false};
+  for (const Op& op : layer_ops(m, os)) {
+    if (op.name == "flash-attention") {
+      EXPECT_DOUBLE_EQ(op.flops, 2.0 * (2 * 128 / 4) * 4096.0 * 4096 * (192 + 128) * 0.5);
+    }
+  }
+  // Dense models keep 4·d per score (d_qk = d_v = d).
+  const ModelSpec llama = *model_preset("llama-2-7b");
+  for (const Op& op : layer_ops(llama, os)) {
+    if (op.name == "flash-attention") {
+      EXPECT_DOUBLE_EQ(op.flops, 4.0 * (2 * 32 / 4) * 4096.0 * 4096 * 128 * 0.5);
+    }
+  }
+}
+
+// The planner's per-layer time for a model with dense leading layers weighs each kind by its count:
+// DeepSeek-V3 has 3 dense and 58 MoE layers.
+TEST(Operators, AverageLayerTimeWeighsDenseAndMoeLayers) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
+  OperatorSetup os{.seq = 4096, .tp = 8, .dropout = false};
+  const OpsTime moe = time_ops(layer_ops(m, os), gpu, Precision::bf16);
+  os.dense_layer = true;
+  const OpsTime dense = time_ops(layer_ops(m, os), gpu, Precision::bf16);
+  os.dense_layer = false;
+  const OpsTime avg = average_layer_time(m, os, gpu, Precision::bf16);
+  EXPECT_NEAR(avg.flops, (3 * dense.flops + 58 * moe.flops) / 61, 1e-6 * moe.flops);
+  EXPECT_NEAR(avg.total_s(), (3 * dense.total_s() + 58 * moe.total_s()) / 61, 1e-9);
+  // A model without dense layers is its one layer.
+  const ModelSpec llama = *model_preset("llama-2-7b");
+  EXPECT_EQ(average_layer_time(llama, os, gpu, Precision::bf16).flops,
+            time_ops(layer_ops(llama, os), gpu, Precision::bf16).flops);
+}
+
 TEST(Operators, OptimizerStepBytes) {
   EXPECT_DOUBLE_EQ(optimizer_update_bytes(Precision::bf16, Optimizer::adam), 2 + 2 * 12 + 2);
   EXPECT_DOUBLE_EQ(optimizer_update_bytes(Precision::fp32, Optimizer::adam), 4 + 2 * 12);

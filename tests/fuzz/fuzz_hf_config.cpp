@@ -19,6 +19,13 @@ bool same_model(const ModelSpec& a, const ModelSpec& b) {
          a.experts_per_token == b.experts_per_token && a.tied_embeddings == b.tied_embeddings &&
          a.linear_bias == b.linear_bias && a.mlp == b.mlp && a.norm == b.norm &&
          a.position == b.position && a.params_only == b.params_only &&
+         a.attn_head_dim == b.attn_head_dim && a.shared_experts == b.shared_experts &&
+         a.shared_expert_ffn == b.shared_expert_ffn && a.dense_layers == b.dense_layers &&
+         a.dense_ffn == b.dense_ffn && a.router_bias == b.router_bias &&
+         a.expert_bias == b.expert_bias && a.attention_sinks == b.attention_sinks &&
+         a.qk_norm == b.qk_norm && a.q_lora_rank == b.q_lora_rank &&
+         a.kv_lora_rank == b.kv_lora_rank && a.qk_nope_head_dim == b.qk_nope_head_dim &&
+         a.qk_rope_head_dim == b.qk_rope_head_dim && a.v_head_dim == b.v_head_dim &&
          a.nominal_params.has_value() == b.nominal_params.has_value() &&
          (!a.nominal_params || same_bits(*a.nominal_params, *b.nominal_params));
 }

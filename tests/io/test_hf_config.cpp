@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -73,6 +74,77 @@ TEST(HfConfig, Mixtral8x7b) {
   EXPECT_EQ(m.experts_per_token, 2);
   EXPECT_NEAR(count_params(m).total() / 1e9, 46.7, 0.05);
   EXPECT_NEAR(count_params(m).active() / 1e9, 12.9, 0.05);
+}
+
+// The MoE fixtures are the published config.json files trimmed to the keys that shape the model
+// (tokens, rope scaling, quantization and layer_types left out). Counts: tests/core/test_model.cpp
+// derives each by hand; here the file must describe the same model as the preset, item by item.
+
+// deepseek-ai/DeepSeek-V3 config.json (HF): MLA, 1 shared + 256 routed experts, 3 dense layers;
+// technical report §4.2: 671B total, 37B activated (36.6B without the input embedding).
+TEST(HfConfig, DeepSeekV3) {
+  const ModelSpec m = load_hf_config(data_path("deepseek-v3.json"));
+  expect_same_count(m, "deepseek-v3");
+  EXPECT_EQ(m.name, "deepseek_v3");
+  EXPECT_EQ(m.experts, 256);
+  EXPECT_EQ(m.experts_per_token, 8);
+  EXPECT_EQ(m.ffn, 2048);
+  EXPECT_EQ(m.shared_experts, 1);
+  EXPECT_EQ(m.shared_expert_ffn, 2048);
+  EXPECT_EQ(m.dense_layers, 3);
+  EXPECT_EQ(m.dense_ffn, 18432);
+  EXPECT_TRUE(m.router_bias);
+  EXPECT_EQ(m.q_lora_rank, 1536);
+  EXPECT_EQ(m.kv_lora_rank, 512);
+  EXPECT_EQ(m.qk_nope_head_dim, 128);
+  EXPECT_EQ(m.qk_rope_head_dim, 64);
+  EXPECT_EQ(m.v_head_dim, 128);
+  const ParamCount c = count_params(m);
+  EXPECT_EQ(std::round(c.total() / 1e9), 671);
+  EXPECT_EQ(std::round(c.active_without_embedding() / 1e9), 37);
+}
+
+// Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json (HF): head_dim 128 ≠ h / a, q/k norms;
+// model cards: 30.5B / 3.3B activated, 235B / 22B activated.
+TEST(HfConfig, Qwen3Moe) {
+  const ModelSpec small = load_hf_config(data_path("qwen3-30b-a3b.json"));
+  expect_same_count(small, "qwen3-30b-a3b");
+  EXPECT_EQ(small.head_dim(), 128);
+  EXPECT_TRUE(small.qk_norm);
+  EXPECT_EQ(small.ffn, 768);
+  EXPECT_EQ(std::round(count_params(small).total() / 1e8), 305);
+  const ModelSpec big = load_hf_config(data_path("qwen3-235b-a22b.json"));
+  expect_same_count(big, "qwen3-235b-a22b");
+  EXPECT_EQ(std::round(count_params(big).total() / 1e9), 235);
+  EXPECT_EQ(std::round(count_params(big).active() / 1e9), 22);
+}
+
+// openai/gpt-oss-120b and openai/gpt-oss-20b config.json (HF); gpt-oss model card Table 1:
+// 116.83B total / 5.13B active, 20.91B / 3.61B.
+TEST(HfConfig, GptOss) {
+  const ModelSpec big = load_hf_config(data_path("gpt-oss-120b.json"));
+  expect_same_count(big, "gpt-oss-120b");
+  EXPECT_TRUE(big.attention_sinks && big.expert_bias && big.router_bias && big.linear_bias);
+  EXPECT_EQ(big.head_dim(), 64);
+  EXPECT_EQ(std::round(count_params(big).total() / 1e7), 11683);
+  EXPECT_EQ(std::round(count_params(big).active_without_embedding() / 1e7), 513);
+  const ModelSpec small = load_hf_config(data_path("gpt-oss-20b.json"));
+  expect_same_count(small, "gpt-oss-20b");
+  EXPECT_EQ(std::round(count_params(small).total() / 1e7), 2091);
+  EXPECT_EQ(std::round(count_params(small).active_without_embedding() / 1e7), 361);
+  // attention_bias false drops the q, k, v, o biases (4096 + 512 + 512 + 2880 per layer) only.
+  const auto unbiased = parse(replaced(fixture("gpt-oss-20b.json"), "\"attention_bias\": true",
+                                       "\"attention_bias\": false"));
+  EXPECT_EQ(count_params(small).attention - count_params(unbiased).attention, 24.0 * 8000);
+  EXPECT_EQ(count_params(small).mlp, count_params(unbiased).mlp);
+}
+
+// MLA without q compression: q_lora_rank null (DeepSeek-V2-Lite's config states it so).
+TEST(HfConfig, MlaQLoraRankNull) {
+  const auto text = replaced(fixture("deepseek-v3.json"), "\"q_lora_rank\": 1536", "\"q_lora_rank\": null");
+  const ModelSpec m = parse(text);
+  EXPECT_FALSE(m.q_lora_rank.has_value());
+  EXPECT_EQ(m.kv_lora_rank, 512);
 }
 
 // openai-community/gpt2 config.json (GPT-2 key names, no n_inner): 124,439,808 parameters.
@@ -203,8 +275,9 @@ TEST(HfConfigBad, ArchitectureInconsistent) {  // ModelSpec::validate, prefixed 
   const auto text = replaced(fixture("llama-3-8b.json"), "\"num_key_value_heads\": 8",
                              "\"num_key_value_heads\": 5");
   expect_invalid([&] { parse(text); }, {kSrc, "num_key_value_heads = 5", "divide"});
+  // A stated head_dim other than h / a (Mistral-Nemo, Qwen3) shapes q, k, v and o.
   const auto head_dim = replaced(fixture("llama-3-8b.json"), "\"hidden_act\"", "\"head_dim\": 256, \"hidden_act\"");
-  expect_invalid([&] { parse(head_dim); }, {kSrc, "head_dim = 256", "128"});
+  EXPECT_EQ(parse(head_dim).head_dim(), 256);
 }
 
 TEST(HfConfigBad, UnsupportedModelTypeAndActivation) {
@@ -222,7 +295,21 @@ TEST(HfConfigBad, MoeFields) {
   expect_invalid([&] { parse(missing); }, {kSrc, "num_experts_per_tok missing"});
   const auto shared = replaced(fixture("mixtral-8x7b.json"), "\"num_local_experts\": 8",
                                "\"num_local_experts\": 8, \"n_shared_experts\": 2");
-  expect_invalid([&] { parse(shared); }, {kSrc, "n_shared_experts = 2", "not representable"});
+  expect_invalid([&] { parse(shared); }, {kSrc, "moe_intermediate_size missing"});
+  const std::string ds = fixture("deepseek-v3.json");
+  const auto all_dense = replaced(ds, "\"first_k_dense_replace\": 3", "\"first_k_dense_replace\": 61");
+  expect_invalid([&] { parse(all_dense); }, {kSrc, "first_k_dense_replace = 61", "[0, num_hidden_layers"});
+  const auto freq = replaced(ds, "\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2");
+  expect_invalid([&] { parse(freq); }, {kSrc, "moe_layer_freq", "only 1"});
+  const auto rank = replaced(ds, "\"kv_lora_rank\": 512", "\"kv_lora_rank\": 0");
+  expect_invalid([&] { parse(rank); }, {kSrc, "kv_lora_rank"});
+  const auto v_dim = replaced(ds, "\"v_head_dim\": 128,", "");
+  expect_invalid([&] { parse(v_dim); }, {kSrc, "v_head_dim missing"});
+  const auto bias = replaced(ds, "\"attention_bias\": false", "\"attention_bias\": true");
+  expect_invalid([&] { parse(bias); }, {kSrc, "attention_bias", "MLA"});
+  const auto only = replaced(fixture("qwen3-30b-a3b.json"), "\"mlp_only_layers\": []",
+                             "\"mlp_only_layers\": [5]");
+  expect_invalid([&] { parse(only); }, {kSrc, "mlp_only_layers", "not modelled"});
 }
 
 TEST(HfConfigBad, DuplicateKeyAndDeepNesting) {

@@ -73,7 +73,8 @@ struct ActivationTerm {
 
 struct ActivationResult {
   std::vector<ActivationTerm> layer_terms;   // one layer, one micro-batch
-  double per_layer_bytes = 0;                // Σ layer_terms
+  double per_layer_bytes = 0;                // Σ layer_terms (a MoE model's MoE layer)
+  double dense_layer_bytes = 0;              // one dense leading layer of a MoE model (else 0)
   double layers_on_stage = 0;                // L / p
   double in_flight_micro_batches = 0;        // first 1F1B stage (× interleave factor)
   double transformer_bytes = 0;              // per_layer × layers_on_stage × in-flight

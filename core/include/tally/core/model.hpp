@@ -2,6 +2,10 @@
 //
 // Legend: h = hidden size, L = layers, a = attention heads, a_kv = key/value heads (GQA), d = h/a head
 // dim, f = FFN intermediate size, V = vocabulary, E = experts, E_act = experts routed per token.
+// Mixture of experts (docs/ledgers.md § Mixture of experts): E_s = shared experts of width f_s,
+// always active; L_d = dense leading layers (FFN width f_d) before the L − L_d MoE layers.
+// Multi-head latent attention (DeepSeek-V2/V3, MLA): r_q = q_lora_rank (q compression, optional),
+// r_kv = kv_lora_rank, d_n = qk_nope_head_dim, d_r = qk_rope_head_dim, d_v = v_head_dim.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +30,27 @@ struct ModelSpec {
   std::int64_t max_positions = 0;    // only for PositionKind::learned
   std::int64_t experts = 1;          // E (1 = dense)
   std::int64_t experts_per_token = 1;  // E_act
+  // Attention head dim when the config states one that differs from h / a (Qwen3: 128 with
+  // h 2048, a 32; GPT-OSS: 64 with h 2880, a 64); 0 = h / a.
+  std::int64_t attn_head_dim = 0;
+  std::int64_t shared_experts = 0;     // E_s: always-active experts beside the routed ones
+  std::int64_t shared_expert_ffn = 0;  // f_s, per shared expert (DeepSeek: moe_intermediate_size)
+  std::int64_t dense_layers = 0;       // L_d: first_k_dense_replace, dense FFN layers first
+  std::int64_t dense_ffn = 0;          // f_d: their intermediate_size
+  // Router: h×E weights always; router_bias adds E per MoE layer (GPT-OSS's router Linear bias,
+  // DeepSeek-V3's e_score_correction_bias — a parameter in the checkpoint, so counted in both
+  // total and active, as every token's routing reads it).
+  bool router_bias = false;
+  bool expert_bias = false;            // biases on each expert's linears (GPT-OSS: 2f + h)
+  bool attention_sinks = false;        // a learned sink logit per head per layer (GPT-OSS)
+  bool qk_norm = false;                // RMSNorm over q and k per head (Qwen3): 2·d per layer
+  // MLA (kv_lora_rank > 0): W_q h×(a·(d_n+d_r)) or, with r_q, W_qa h×r_q + norm r_q + W_qb
+  // r_q×(a·(d_n+d_r)); W_kva h×(r_kv+d_r) + norm r_kv; W_kvb r_kv×(a·(d_n+d_v)); W_o (a·d_v)×h.
+  std::optional<std::int64_t> q_lora_rank;  // r_q; none = q projected directly
+  std::int64_t kv_lora_rank = 0;             // r_kv; 0 = not MLA
+  std::int64_t qk_nope_head_dim = 0;         // d_n
+  std::int64_t qk_rope_head_dim = 0;         // d_r
+  std::int64_t v_head_dim = 0;               // d_v
   bool tied_embeddings = false;
   bool linear_bias = false;          // GPT-2/3 style biases on every linear layer
   bool qkv_bias = false;             // biases on q, k, v only (Qwen2)
@@ -41,8 +66,15 @@ struct ModelSpec {
   // N = 7e9 for its generic 7B); otherwise the counted total.
   std::optional<double> nominal_params;
 
-  std::int64_t head_dim() const { return heads > 0 ? hidden / heads : 0; }
+  std::int64_t head_dim() const {
+    return attn_head_dim > 0 ? attn_head_dim : heads > 0 ? hidden / heads : 0;
+  }
+  // Per-head widths of the attention core: q·k over d_qk, values d_v (MLA: d_n + d_r and d_v).
+  std::int64_t qk_dim() const { return is_mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim(); }
+  std::int64_t value_dim() const { return is_mla() ? v_head_dim : head_dim(); }
   bool is_moe() const { return experts > 1; }
+  bool is_mla() const { return kv_lora_rank > 0; }
+  std::int64_t moe_layers() const { return is_moe() ? layers - dense_layers : 0; }
   // Throws InvalidInput naming the first field out of range.
   void validate() const;
 };
@@ -50,13 +82,20 @@ struct ModelSpec {
 // Itemized parameter count (elements, not bytes).
 struct ParamCount {
   double embedding = 0;       // token (+ learned position) embedding
-  double attention = 0;       // all layers: q, k, v, o (+ biases)
-  double mlp = 0;             // all layers, all experts (+ router)
-  double mlp_active = 0;      // all layers, E_act experts (+ router)
-  double norms = 0;           // all layers + final norm
+  double attention = 0;       // all layers: q, k, v, o (+ biases, sinks; MLA's projections)
+  double mlp = 0;             // all layers, all experts (+ shared experts, dense layers, router)
+  double mlp_active = 0;      // all layers, E_act routed experts (+ the rest of mlp)
+  double norms = 0;           // all layers + final norm (+ q/k norms, MLA's low-rank norms)
   double output_head = 0;     // 0 when tied
   double total() const { return embedding + attention + mlp + norms + output_head; }
+  // Active per token, counting the input embedding (Mistral's 12.9B for Mixtral, Qwen's 3.3B).
   double active() const { return embedding + attention + mlp_active + norms + output_head; }
+  // Active per token without the input embedding, a lookup rather than a matmul — the convention
+  // of DeepSeek-V3 (36.6B incl. the output head, README_WEIGHTS.md) and OpenAI's gpt-oss card.
+  // Tied embeddings are the output head, so they stay.
+  double active_without_embedding() const {
+    return output_head > 0 ? active() - embedding : active();
+  }
 };
 
 ParamCount count_params(const ModelSpec& m);

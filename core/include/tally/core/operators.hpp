@@ -22,7 +22,14 @@
 //   dropout+residual    memory   read 2, write 1 of T_n·h (+ 1-byte mask with dropout), twice
 //   MLP (GeLU)          GEMM     T × f/t, k = h;  gelu memory read + write T·f/t;  GEMM T × h, k = f/t
 //   MLP (SwiGLU)        GEMM     T × 2f/t, k = h; swiglu memory read 2 + write 1 of T·f/t; down GEMM
-//   MoE                 router GEMM T × E, k = h; each expert's MLP on T·E_act/E tokens (batched)
+//   MoE                 router GEMM T × E, k = h; each expert's MLP on T·E_act/E tokens (batched);
+//                       shared experts: one MLP of width E_s·f_s/t on all T tokens; a dense leading
+//                       layer (OperatorSetup::dense_layer): the MLP with f_d
+//   MLA (replaces qkv)  q-down T × r_q, k = h and kv-down T × (r_kv + d_r), k = h, whole on every
+//                       rank; their norms; q-up T × a/t·(d_n+d_r), k = r_q (or q-proj, k = h);
+//                       kv-up T × a/t·(d_n+d_v), k = r_kv; rotary over the d_r parts; attention
+//                       with d_qk = d_n + d_r for QKᵀ and d_v for PV (flash 2·(d_qk + d_v) FLOPs
+//                       per score); out-proj k = a/t·d_v
 // Backward: each GEMM C = A·B (m × n, inner k) becomes dA = dC·Bᵀ (m × k, inner n) and
 // dB = Aᵀ·dC (k × n, inner m) — twice the forward FLOPs; a memory kernel reads its saved input and the
 // output gradient and writes the input gradient (1.5 × its forward bytes); flash attention's backward
@@ -76,6 +83,9 @@ struct OperatorSetup {
   bool causal = true;                // decoder training: flash kernels skip the masked half
   bool dropout = true;
   double act_bytes = 2;              // e
+  // layer_ops of a MoE model: false = a MoE layer, true = one of its dense leading layers
+  // (ModelSpec::dense_layers, FFN width f_d).
+  bool dense_layer = false;
   void validate(const ModelSpec& m) const;  // throws InvalidInput naming the field
 };
 
@@ -98,5 +108,12 @@ struct OpsTime {
   double total_s() const { return forward_s + backward_s + recompute_s; }
 };
 OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p);
+
+// One layer's kernels timed (layer_ops, time_ops). A MoE model with dense leading layers
+// (ModelSpec::dense_layers) gets the average over its layers, (L_d·dense + (L − L_d)·MoE) / L:
+// stage times then sum to the model's, but which stage holds the dense layers is not modelled (for
+// DeepSeek-V3 the dense FFN, 18432, equals the active MoE width, 9 × 2048, so they differ little).
+OpsTime average_layer_time(const ModelSpec& m, const OperatorSetup& s, const GpuSpec& gpu,
+                           Precision p);
 
 }  // namespace tally
