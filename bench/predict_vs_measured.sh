@@ -16,7 +16,9 @@
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
 #    --calibration cal-k<k>.json --json.
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
-#    the prediction's terms. Rounds pool by taking the median ratio over rounds.
+#    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
+#    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
+#    forward+backward / collectives / optimizer) beside the model's matching terms.
 # OPENBLAS_NUM_THREADS=1 and one torch thread per rank throughout (the runs' default).
 set -euo pipefail
 
@@ -65,7 +67,7 @@ done
 python3 - "$OUT" "$WORLD_SIZES" "$ROUNDS" <<'EOF'
 import json, statistics, sys
 out, ks, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
-rows, phases = [], []
+rows, phases, zero_phases = [], [], []
 def row(name, k, runs):
     m = statistics.median(x["measured"] for x in runs)
     p = statistics.median(x["predicted"] for x in runs)
@@ -83,11 +85,13 @@ for k in ks:
         for st in z["stages"]:
             zero.setdefault(st["name"], []).append(
                 {"measured": st["step_seconds_median"], "predicted": st["predicted_step_seconds"],
-                 "ratio": st["measured_over_predicted"], "terms": st["prediction"]})
+                 "ratio": st["measured_over_predicted"], "terms": st["prediction"],
+                 "phases": st["phase_seconds_median"]})
     row("bench ddp (SGD)", k, ddp)
     phases.append((k, ddp))
     for name, runs in zero.items():
         row(f"run zero {name}", k, runs)
+        zero_phases.append((k, name, runs))
 print("| run | k | measured ms | predicted ms | measured/predicted | compute | grad passes | optimizer | comm | contention |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name, k, m, p, q, t in rows:
@@ -103,6 +107,15 @@ for k, runs in phases:
     c = t["contention"]
     print(f"| {k} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
           f"{med('sync_wait'):.2f} / {t['comm_s']*1e3:.2f} | {med('optimizer'):.2f} / {c*t['optimizer_s']*1e3:.2f} |")
+print("\nrun zero by phase (rank 0's own medians over the steps; pooled over rounds by the median), ms: measured / predicted")
+print("| k | stage | forward+backward / contention x (compute + grad passes) | collectives / comm | optimizer / contention x optimizer |")
+print("|---|---|---|---|---|")
+for k, name, runs in zero_phases:
+    med = lambda key: statistics.median(x["phases"][key] for x in runs) * 1e3
+    t = runs[0]["terms"]
+    c = t["contention"]
+    print(f"| {k} | {name} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
+          f"{med('collectives'):.2f} / {t['comm_s']*1e3:.2f} | {med('optimizer'):.2f} / {c*t['optimizer_s']*1e3:.2f} |")
 ratios = [q for *_, q, _ in rows]
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")

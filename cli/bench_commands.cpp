@@ -355,6 +355,14 @@ std::string widths_str(const std::vector<std::int64_t>& w) {
 
 double ms(double s) { return s * 1e3; }
 
+StepPhases bench_ddp_phases(const engine::BenchDdpResult& r) {
+  return {.median_s = {{"forward_backward", r.phases.forward_backward_s},
+                       {"sync_wait", r.phases.sync_wait_s},
+                       {"optimizer", r.phases.optimizer_s}},
+          .convention = "rank 0's own phases of each timed step, medians; forward_backward "
+                        "includes packing gradients into buckets"};
+}
+
 // The keys shared with bench/ddp_peer.py (impl "pytorch" there).
 nlohmann::json bench_ddp_json(const engine::BenchDdpResult& r) {
   const engine::BenchDdpOptions& o = r.options;
@@ -385,12 +393,7 @@ nlohmann::json bench_ddp_json(const engine::BenchDdpResult& r) {
             {"min", r.step.min_s},
             {"max", r.step.max_s}}},
           {"step_times_s", r.step_times_s},
-          {"phase_seconds_median",
-           {{"forward_backward", r.phases.forward_backward_s},
-            {"sync_wait", r.phases.sync_wait_s},
-            {"optimizer", r.phases.optimizer_s},
-            {"convention", "rank 0's own phases of each timed step, medians; forward_backward "
-                           "includes packing gradients into buckets"}}},
+          {"phase_seconds_median", phases_json(bench_ddp_phases(r))},
           {"samples_per_s", r.samples_per_s},
           {"final_loss", r.final_loss},
           {"param_sum", r.param_sum},
@@ -421,6 +424,7 @@ void print_bench_ddp_text(const engine::BenchDdpResult& r) {
   fmt::print("  {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.1f}\n", ms(r.step.median_s),
              ms(r.step.p10_s), ms(r.step.p90_s), ms(r.step.min_s), ms(r.step.max_s),
              r.samples_per_s);
+  fmt::print("# phases (rank 0, medians): {}\n", phases_line(bench_ddp_phases(r)));
   fmt::print("# final_loss {:.9g}  param_sum {:.17g}  param_abs_sum {:.17g}\n", r.final_loss,
              r.param_sum, r.param_abs_sum);
   fmt::print("# replicas equal after training (max|p - p_rank0| = {:g}): {}\n",

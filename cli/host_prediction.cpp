@@ -49,4 +49,18 @@ std::string prediction_line(const HostModel& m, const MlpStepTime& t, double mea
       t.comm_s * 1e3, t.total_s > 0 ? measured_s / t.total_s : 0.0, m.path);
 }
 
+nlohmann::json phases_json(const StepPhases& p) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, s] : p.median_s) j[name] = s;
+  j["convention"] = p.convention;
+  return j;
+}
+
+std::string phases_line(const StepPhases& p) {
+  std::string line;
+  for (const auto& [name, s] : p.median_s)
+    line += fmt::format("{}{} {:.2f} ms", line.empty() ? "" : " + ", name, s * 1e3);
+  return line;
+}
+
 }  // namespace tally::cli

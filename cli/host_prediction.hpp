@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tally/core/mlp_step.hpp"
 #include "tally/io/calibration.hpp"
@@ -35,5 +37,16 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
 // "# predicted 12.3 ms (compute 4.1 + gradients 0.8 + optimizer 5.2 ms) x contention 1 + comm
 // 2.2 ms; measured/predicted 1.04 (calibration FILE)"
 std::string prediction_line(const HostModel& m, const MlpStepTime& t, double measured_s);
+
+// A step's phases as the engine's runs report them (bench ddp: forward_backward, sync_wait,
+// optimizer; run zero: forward_backward, collectives, optimizer): medians in seconds, in order.
+struct StepPhases {
+  std::vector<std::pair<std::string, double>> median_s;
+  std::string convention;  // whose phases, and what each includes
+};
+// {"forward_backward": s, …, "convention": …}: the commands' "phase_seconds_median".
+nlohmann::json phases_json(const StepPhases& p);
+// "forward_backward 7.49 ms + sync_wait 0.12 ms + optimizer 1.02 ms"
+std::string phases_line(const StepPhases& p);
 
 }  // namespace tally::cli

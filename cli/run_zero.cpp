@@ -88,6 +88,23 @@ std::string calls_str(const engine::RankTraffic& t) {
 
 double ratio(double measured, double predicted) { return predicted > 0 ? measured / predicted : 0; }
 
+// Rank 0's phases of the stage's steps, medians (engine::ZeroStepPhases, Note [zero phases]).
+StepPhases zero_phases(const engine::StageResult& st) {
+  std::vector<double> fb, coll, opt;
+  for (const engine::ZeroStepPhases& p : st.step_phases) {
+    fb.push_back(p.forward_backward_s);
+    coll.push_back(p.collectives_s);
+    opt.push_back(p.optimizer_s);
+  }
+  return {.median_s = {{"forward_backward", engine::time_stats(fb).median_s},
+                       {"collectives", engine::time_stats(coll).median_s},
+                       {"optimizer", engine::time_stats(opt).median_s}},
+          .convention = "rank 0's own phases of each step, medians over the steps; collectives = "
+                        "time inside the Comm's collectives (gradient reduction, parameter "
+                        "gathers), optimizer = the Adam update, forward_backward = the rest of "
+                        "the step (forward, backward, passes over gradient buffers)"};
+}
+
 std::string widths_str(const std::vector<std::int64_t>& w) {
   std::string s;
   for (auto x : w) s += (s.empty() ? "" : "-") + std::to_string(x);
@@ -193,6 +210,10 @@ void print_text(const engine::ZeroResult& r, const std::vector<engine::ZeroCheck
                  st.max_rel_loss_diff_vs_dp, st.max_param_diff_vs_dp);
     fmt::print(" ({:.2f} s)\n", st.seconds);
   }
+  fmt::print("phases (rank 0, median over the {} steps):\n", o.steps);
+  for (const auto& st : r.stages)
+    fmt::print("  {:<12} step {:.2f} ms; {}\n", st.name,
+               engine::time_stats(st.step_seconds).median_s * 1e3, phases_line(zero_phases(st)));
   if (const std::string c = zero_conclusion(r); !c.empty())
     fmt::print("conclusion: {}\n", c);
   std::size_t failed = 0;
@@ -263,7 +284,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
         {"ranks", ranks},
         {"mean_losses", st.mean_losses},
         {"rank0_losses", st.rank0_losses},
-        {"seconds", st.seconds}};
+        {"seconds", st.seconds},
+        {"step_seconds_median", engine::time_stats(st.step_seconds).median_s},
+        {"phase_seconds_median", phases_json(zero_phases(st))}};
     if (st.compared_to_dp) {
       s["max_rel_loss_diff_vs_dp"] = st.max_rel_loss_diff_vs_dp;
       s["max_param_diff_vs_dp"] = st.max_param_diff_vs_dp;
@@ -337,7 +360,6 @@ void run(Flags& f) {
                      // --threads 0: libtorch's default, one per hardware thread
                      .threads_per_rank = f.run.threads > 0 ? f.run.threads : host_cores()});
         if (f.json) {
-          j["stages"][i]["step_seconds_median"] = measured;
           add_prediction_json(j["stages"][i], *model, t, measured);
         } else {
           fmt::print("  {:<12} measured {:.2f} ms\n  {:<12} {}\n", st.name, measured * 1e3, "",

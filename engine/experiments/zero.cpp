@@ -32,6 +32,15 @@
 // All three equal the formula when k divides the element count; the model's N (and each unit's
 // n_u) is chosen so that it does not, and the difference is reported as `wire`.
 //
+// Note [zero phases]
+// Each step is split three ways on this rank, like bench ddp's phases: collectives = the seconds
+// the Comm's counters gained during the step (CollectiveCounter::seconds: every collective the
+// strategy issued, ZeRO-3's per-unit gathers inside forward and backward included); optimizer =
+// the strategy's own timing of its Adam update (Strategy::optimizer_seconds); forward_backward =
+// the step's wall time minus both, which is the forward, the backward and the strategy's passes
+// over its buffers. Measured on each rank, reported for rank 0 (the text and JSON give medians
+// over the steps).
+//
 // Note [zero tolerances]
 //   memory ±5 %        issue 4's criterion; the stated sources of difference are shard rounding
 //                      (≤ 1 element per shard) and bookkeeping of a few bytes
@@ -116,13 +125,20 @@ void unpack(const double* v, RankMemory& m, RankTraffic& t, std::vector<double>&
 // This rank's bytes and calls between two counter snapshots.
 RankTraffic traffic_between(const CommCounters& a, const CommCounters& b) {
   auto diff = [](const CollectiveCounter& x, const CollectiveCounter& y) {
-    return CollectiveCounter{y.calls - x.calls, y.bytes_sent - x.bytes_sent};
+    return CollectiveCounter{y.calls - x.calls, y.bytes_sent - x.bytes_sent, y.seconds - x.seconds};
   };
   RankTraffic t;
   t.all_reduce = diff(a.ring_all_reduce, b.ring_all_reduce);
   t.reduce_scatter = diff(a[Collective::reduce_scatter], b[Collective::reduce_scatter]);
   t.all_gather = diff(a[Collective::all_gather], b[Collective::all_gather]);
   return t;
+}
+
+// Seconds spent in every collective so far (Note [zero phases]).
+double collective_seconds(const CommCounters& c) {
+  double s = c.ring_all_reduce.seconds;
+  for (const CollectiveCounter& x : c.by_collective) s += x.seconds;
+  return s;
 }
 
 // Same calls, and the same bytes up to the rounding of differences of the running byte totals
@@ -281,11 +297,17 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < options.steps; ++i) {
       const CommCounters before = comm.counters();
-      strategy->clear_calls();
+      strategy->begin_step();
       const auto s0 = std::chrono::steady_clock::now();
       losses.push_back(strategy->step(batch));
-      st.step_seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
+      const double step_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      st.step_seconds.push_back(step_s);
+      const double collectives_s = collective_seconds(comm.counters()) - collective_seconds(before);
+      const double optimizer_s = strategy->optimizer_seconds();
+      st.step_phases.push_back({.forward_backward_s = step_s - collectives_s - optimizer_s,
+                                .collectives_s = collectives_s,
+                                .optimizer_s = optimizer_s});
       RankTraffic t = traffic_between(before, comm.counters());
       for (const auto& c : strategy->calls())
         t.wire_bytes += wire_bytes(c.collective, c.count, c.element_bytes, k, r);

@@ -5,9 +5,11 @@
 // Gloo runs collectives on its own worker threads. When a wait times out, that thread may still
 // be inside the collective, and would write into the caller's memory after the caller has moved
 // on (or freed it). So Gloo only ever sees tensors that own their storage: the Buffer API copies
-// into a fresh tensor and back; the at::Tensor API passes the caller's tensor, whose storage the
-// Gloo work item keeps alive by reference. A timed-out operation can then only touch memory
-// nobody else uses.
+// into a fresh tensor and back; the at::Tensor API passes the caller's tensor (or views of it),
+// whose storage the Gloo work item keeps alive by reference. A timed-out operation can then only
+// touch memory nobody else uses. tally's ring (ring_all_reduce, reduce_scatter_in_place) works on
+// the caller's memory itself: each of its transfers sends an owned copy of a chunk and receives
+// into an owned tensor the ring reads from once the transfer has completed.
 //
 // Note [timeouts]
 // Every wait is bounded twice: Work::wait(timeout) here, and Gloo's own context timeout (the
@@ -101,6 +103,22 @@ GlooDeviceChoice choose_gloo_device(const std::string& master_addr) {
   return {.hostname = route.address,
           .described = "local address " + route.describe() + ", its route to MASTER_ADDR"};
 }
+
+// Adds the wall time of its scope to a counter (CollectiveCounter::seconds).
+class TimedInto {
+ public:
+  explicit TimedInto(CollectiveCounter& c) : counter_(c) {}
+  ~TimedInto() {
+    counter_.seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  TimedInto(const TimedInto&) = delete;
+  TimedInto& operator=(const TimedInto&) = delete;
+
+ private:
+  CollectiveCounter& counter_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
 
 at::ScalarType scalar_type(DType d) { return d == DType::f32 ? at::kFloat : at::kDouble; }
 
@@ -214,6 +232,16 @@ struct Comm::Impl {
     counter.bytes_sent += collective_bytes_per_rank(c, size_bytes, k());  // the core's formula
   }
 
+  // k = 1: the collective is the identity (every rank's data is the result; the average over one
+  // rank is the value), so nothing runs. Still checked and counted: a call of 0 bytes, the
+  // formula's (k − 1)/k at k = 1 (comm.hpp). Returns whether the caller is done.
+  bool identity_at_one_rank(Collective c, const char* op, double size_bytes) {
+    if (k() > 1) return false;
+    check_usable(op, -1);
+    count(c, size_bytes);
+    return true;
+  }
+
   // ---- operations on owned, contiguous CPU tensors (Note [owned tensors]) ----
 
   void all_reduce(at::Tensor& t, ReduceOp op);  // start_all_reduce + finish
@@ -222,10 +250,11 @@ struct Comm::Impl {
   void finish(PendingCollective::State& pending);
 
   void broadcast(at::Tensor& t, int root) {
+    const TimedInto timed(counters[Collective::broadcast]);
     check_peer(root, "root_rank", "broadcast");
     check_usable("broadcast", root);
     const double size_bytes = double(t.nbytes());
-    if (t.numel() > 0) {
+    if (t.numel() > 0 && k() > 1) {  // k = 1: the identity (comm.hpp)
       std::vector<at::Tensor> tensors{t};
       c10d::BroadcastOptions opts;
       opts.rootRank = root;
@@ -236,8 +265,18 @@ struct Comm::Impl {
     count(Collective::broadcast, size_bytes);
   }
 
-  // Gloo's all-gather needs equal chunks: pad every chunk to the largest (chunk 0), then compact.
-  void all_gather(const at::Tensor& in, at::Tensor& out, DType d) {
+  // Note [all-gather layout]
+  // Gloo's all-gather takes equal chunks, so every chunk travels padded to the largest, |C_0|
+  // (chunk_range: the first n mod k chunks are that long, the rest one element shorter). Gloo
+  // gathers into a flat buffer of its own and then copies chunk j into outputs[j]; so each chunk
+  // of full length is handed to Gloo as a view of `out` and lands in place, and only the short
+  // ones go through a padded temporary and one more copy. When k divides n there are none.
+  // Likewise the input goes to Gloo as it is unless it is short: then a padded copy, whose one
+  // pad element is zeroed (never read back, but the bytes on the wire stay deterministic).
+  // The input may be out's own chunk (an in-place all-gather): Gloo reads its input into its own
+  // buffer before it writes any output, and writes that chunk back with the same values.
+  void all_gather(const at::Tensor& in, at::Tensor& out) {
+    const TimedInto timed(counters[Collective::all_gather]);
     check_usable("all-gather", -1);
     const std::int64_t n = out.numel();
     const ShardSpan mine = chunk_range(n, k(), env.rank);
@@ -247,19 +286,32 @@ struct Comm::Impl {
                          std::to_string(env.rank) + " of " + std::to_string(n) +
                          " elements over " + std::to_string(k()) + " ranks)");
     const double size_bytes = double(out.nbytes());
-    const std::int64_t padded = chunk_range(n, k(), 0).count;
+    if (identity_at_one_rank(Collective::all_gather, "all-gather", size_bytes)) {
+      if (n > 0 && in.data_ptr() != out.data_ptr()) out.copy_(in);
+      return;
+    }
     if (n > 0) {
-      std::vector<at::Tensor> inputs{at::zeros({padded}, out.options())};
-      inputs[0].narrow(0, 0, mine.count).copy_(in);
+      const std::int64_t padded = chunk_range(n, k(), 0).count;
+      std::vector<at::Tensor> inputs{in};
+      if (mine.count < padded) {
+        inputs[0] = at::empty({padded}, out.options());
+        inputs[0].narrow(0, 0, mine.count).copy_(in);
+        inputs[0].narrow(0, mine.count, padded - mine.count).zero_();
+      }
       std::vector<std::vector<at::Tensor>> outputs(1);
-      for (int r = 0; r < k(); ++r) outputs[0].push_back(owned_empty(padded, d));
+      for (int r = 0; r < k(); ++r) {
+        const ShardSpan c = chunk_range(n, k(), r);
+        outputs[0].push_back(c.count == padded ? out.narrow(0, c.offset, c.count)
+                                               : at::empty({padded}, out.options()));
+      }
       c10d::AllgatherOptions opts;
       opts.timeout = timeout;
       wait(group->allgather(outputs, inputs, opts), "all-gather", -1,
            describe("all-gather", size_bytes));
       for (int r = 0; r < k(); ++r) {
         const ShardSpan c = chunk_range(n, k(), r);
-        out.narrow(0, c.offset, c.count).copy_(outputs[0][r].narrow(0, 0, c.count));
+        if (c.count < padded)
+          out.narrow(0, c.offset, c.count).copy_(outputs[0][r].narrow(0, 0, c.count));
       }
     }
     count(Collective::all_gather, size_bytes);
@@ -336,6 +388,7 @@ struct PendingCollective::State {
 };
 
 PendingCollective::State Comm::Impl::start_all_reduce(const at::Tensor& t, ReduceOp op) {
+  const TimedInto timed(counters[Collective::all_reduce]);
   check_usable("all-reduce", -1);
   const double size_bytes = double(t.nbytes());
   PendingCollective::State s;
@@ -343,7 +396,7 @@ PendingCollective::State Comm::Impl::start_all_reduce(const at::Tensor& t, Reduc
   s.reduced = t;
   s.op = op;
   s.what = describe("all-reduce", size_bytes);
-  if (t.numel() > 0) {
+  if (t.numel() > 0 && k() > 1) {  // k = 1: the identity (comm.hpp)
     std::vector<at::Tensor> tensors{t};
     c10d::AllreduceOptions opts;
     opts.timeout = timeout;
@@ -364,12 +417,13 @@ void Comm::Impl::all_reduce(at::Tensor& t, ReduceOp op) {
 
 void Comm::Impl::finish(PendingCollective::State& s) {
   if (s.waited) return;
+  const TimedInto timed(counters[Collective::all_reduce]);
   if (s.work) {
     check_usable("all-reduce", -1);
     wait(s.work, "all-reduce", -1, s.what);
     s.work.reset();
   }
-  if (s.op == ReduceOp::average && s.reduced.numel() > 0) s.reduced.div_(k());
+  if (s.op == ReduceOp::average && s.reduced.numel() > 0 && k() > 1) s.reduced.div_(k());
   if (s.target.defined()) s.target.copy_(s.reduced);
   if (s.out.data != nullptr) copy_out(s.reduced, s.out);
   s.waited = true;
@@ -401,17 +455,19 @@ class GlooRingTransport final : public detail::RingTransport {
   GlooRingTransport(Comm::Impl& impl, std::string op, CollectiveCounter* measured)
       : impl_(impl), op_(std::move(op)), measured_(measured) {}
 
-  void exchange(ConstBuffer send, int dst_rank, Buffer recv, int src_rank) override {
+  ConstBuffer exchange(ConstBuffer send, int dst_rank, std::int64_t recv_count,
+                       int src_rank) override {
     auto& group = *impl_.group;
-    std::vector<at::Tensor> in{owned_empty(recv.count, recv.dtype)};
+    std::vector<at::Tensor> in{owned_empty(recv_count, send.dtype)};
     std::vector<at::Tensor> out{owned_copy(send)};
     c10::intrusive_ptr<c10d::Work> recv_work, send_work;
-    const std::string recv_what = op_ + ": ring recv of " + std::to_string(recv.size_bytes()) +
-                                  " bytes from rank " + std::to_string(src_rank);
+    const std::string recv_what = op_ + ": ring recv of " +
+                                  std::to_string(double(in[0].nbytes())) + " bytes from rank " +
+                                  std::to_string(src_rank);
     const std::string send_what = op_ + ": ring send of " + std::to_string(send.size_bytes()) +
                                   " bytes to rank " + std::to_string(dst_rank);
     try {
-      if (recv.count > 0) recv_work = group.recv(in, src_rank, kRingTag);
+      if (recv_count > 0) recv_work = group.recv(in, src_rank, kRingTag);
     } catch (...) {
       impl_.fail(op_, src_rank, recv_what, current_error());
     }
@@ -423,13 +479,15 @@ class GlooRingTransport final : public detail::RingTransport {
     if (send_work) impl_.wait(send_work, op_, dst_rank, send_what);
     if (recv_work) impl_.wait(recv_work, op_, src_rank, recv_what);
     if (measured_ != nullptr) measured_->bytes_sent += send.size_bytes();
-    copy_out(in[0], recv);
+    received_ = in[0];  // owned (Note [owned tensors]); the ring reads it before the next exchange
+    return ConstBuffer(received_.data_ptr(), recv_count, send.dtype);
   }
 
  private:
   Comm::Impl& impl_;
   std::string op_;
   CollectiveCounter* measured_;
+  at::Tensor received_;
 };
 
 }  // namespace
@@ -493,12 +551,15 @@ const CommCounters& Comm::counters() const { return impl_->counters; }
 void Comm::reset_counters() { impl_->counters = CommCounters{}; }
 
 void Comm::all_reduce(Buffer data, ReduceOp op) {
+  if (impl_->identity_at_one_rank(Collective::all_reduce, "all-reduce", data.size_bytes())) return;
   at::Tensor t = owned_copy(data);
   impl_->all_reduce(t, op);
   copy_out(t, data);
 }
 
 PendingCollective Comm::all_reduce_async(Buffer data, ReduceOp op) {
+  if (impl_->identity_at_one_rank(Collective::all_reduce, "all-reduce", data.size_bytes()))
+    return PendingCollective();  // nothing in flight: wait() returns at once
   auto state =
       std::make_unique<PendingCollective::State>(impl_->start_all_reduce(owned_copy(data), op));
   state->out = data;
@@ -514,28 +575,54 @@ void Comm::reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op) {
                        std::to_string(mine.count) + " expected (chunk " +
                        std::to_string(m.env.rank) + " of " + std::to_string(input.count) +
                        " elements over " + std::to_string(m.k()) + " ranks)");
+  if (m.identity_at_one_rank(Collective::reduce_scatter, "reduce-scatter", input.size_bytes())) {
+    if (output.count > 0 && output.data != input.data)  // the chunk is the whole input
+      std::memcpy(output.data, input.data, std::size_t(output.size_bytes()));
+    return;
+  }
+  at::Tensor scratch = owned_copy(input);  // the input stays as it was
+  const Buffer own =
+      reduce_scatter_in_place(Buffer(scratch.data_ptr(), input.count, input.dtype), op);
+  if (output.count > 0) std::memcpy(output.data, own.data, std::size_t(output.size_bytes()));
+}
+
+Buffer Comm::reduce_scatter_in_place(Buffer data, ReduceOp op) {
+  Impl& m = *impl_;
+  const TimedInto timed(m.counters[Collective::reduce_scatter]);
+  const ShardSpan mine = chunk_range(data.count, m.k(), m.env.rank);
+  const Buffer own(static_cast<char*>(data.data) +
+                       mine.offset * std::int64_t(dtype_size_bytes(data.dtype)),
+                   mine.count, data.dtype);
+  if (m.identity_at_one_rank(Collective::reduce_scatter, "reduce-scatter", data.size_bytes()))
+    return own;
   m.check_usable("reduce-scatter", -1);
-  at::Tensor scratch = owned_copy(input);
+  // The ring works on the caller's memory directly, as ring_all_reduce does: every Gloo transfer
+  // inside it uses owned tensors and completes (or fails) before exchange() returns.
   GlooRingTransport transport(m, "reduce-scatter", nullptr);
-  detail::ring_reduce_scatter(Buffer(scratch.data_ptr(), input.count, input.dtype), op, m.env.rank,
-                              m.k(), transport);
-  if (output.count > 0)
-    std::memcpy(output.data,
-                static_cast<const char*>(scratch.data_ptr()) +
-                    mine.offset * std::int64_t(dtype_size_bytes(input.dtype)),
-                std::size_t(output.size_bytes()));
-  m.count(Collective::reduce_scatter, input.size_bytes());
+  detail::ring_reduce_scatter(data, op, m.env.rank, m.k(), transport);
+  m.count(Collective::reduce_scatter, data.size_bytes());
+  return own;
 }
 
 void Comm::all_gather(ConstBuffer input, Buffer output) {
   require_same_dtype(input.dtype, output.dtype, "all-gather");
+  if (impl_->k() == 1) {  // the identity: no owned staging (Impl::all_gather checks and counts)
+    at::Tensor in = at::from_blob(const_cast<void*>(input.data), {input.count},
+                                  at::TensorOptions().dtype(scalar_type(input.dtype)));
+    at::Tensor out = at::from_blob(output.data, {output.count},
+                                   at::TensorOptions().dtype(scalar_type(output.dtype)));
+    impl_->all_gather(in, out);
+    return;
+  }
   at::Tensor in = owned_copy(input);
   at::Tensor out = owned_empty(output.count, output.dtype);
-  impl_->all_gather(in, out, output.dtype);
+  impl_->all_gather(in, out);
   copy_out(out, output);
 }
 
 void Comm::broadcast(Buffer data, int root_rank) {
+  impl_->check_peer(root_rank, "root_rank", "broadcast");
+  if (impl_->identity_at_one_rank(Collective::broadcast, "broadcast", data.size_bytes())) return;
   at::Tensor t = owned_copy(data);
   impl_->broadcast(t, root_rank);
   copy_out(t, data);
@@ -555,6 +642,7 @@ void Comm::barrier() { impl_->barrier(); }
 
 void Comm::ring_all_reduce(Buffer data, ReduceOp op) {
   Impl& m = *impl_;
+  const TimedInto timed(m.counters.ring_all_reduce);
   m.check_usable("ring all-reduce", -1);
   // The ring works on the caller's memory directly: every Gloo transfer inside it uses owned
   // tensors and completes (or fails) before exchange() returns.
@@ -602,11 +690,30 @@ void reduce_scatter(Comm& comm, const at::Tensor& input, at::Tensor& output, Red
   });
 }
 
+at::Tensor reduce_scatter_in_place(Comm& comm, at::Tensor& data, ReduceOp op) {
+  const DType d = dtype_of_tensor(data, "reduce-scatter");
+  const at::Tensor c = data.contiguous().view({-1});  // data's memory when contiguous
+  const Buffer own = comm.reduce_scatter_in_place(Buffer(c.data_ptr(), c.numel(), d), op);
+  const std::int64_t offset =
+      (static_cast<const char*>(own.data) - static_cast<const char*>(c.data_ptr())) /
+      std::int64_t(dtype_size_bytes(d));
+  return c.narrow(0, offset, own.count);
+}
+
 void all_gather(Comm& comm, const at::Tensor& input, at::Tensor& output) {
   const DType d = dtype_of_tensor(input, "all-gather");
   require_same_dtype(d, dtype_of_tensor(output, "all-gather"), "all-gather");
   const at::Tensor in = input.contiguous();
-  in_place(output, [&](at::Tensor& c) { comm.impl().all_gather(in, c, d); });
+  in_place(output, [&](at::Tensor& c) { comm.impl().all_gather(in, c); });
+}
+
+void all_gather_in_place(Comm& comm, at::Tensor& data) {
+  dtype_of_tensor(data, "all-gather");
+  in_place(data, [&](at::Tensor& c) {
+    at::Tensor flat = c.view({-1});
+    const ShardSpan mine = chunk_range(flat.numel(), comm.world_size(), comm.rank());
+    comm.impl().all_gather(flat.narrow(0, mine.offset, mine.count), flat);
+  });
 }
 
 void broadcast(Comm& comm, at::Tensor& tensor, int root_rank) {

@@ -21,8 +21,17 @@ void all_reduce(Comm& comm, at::Tensor& tensor, ReduceOp op = ReduceOp::sum);
 // output: chunk_range(input.numel(), k, rank) of the reduced input.
 void reduce_scatter(Comm& comm, const at::Tensor& input, at::Tensor& output,
                     ReduceOp op = ReduceOp::sum);
+// Comm::reduce_scatter_in_place on a 1-D tensor whose full contents are dead after the reduction:
+// returns the view of it (of a contiguous copy, when it is not contiguous) holding this rank's
+// reduced chunk_range(data.numel(), k, rank); the rest of data is left unspecified.
+[[nodiscard]] at::Tensor reduce_scatter_in_place(Comm& comm, at::Tensor& data,
+                                                 ReduceOp op = ReduceOp::sum);
 // input: this rank's chunk_range(output.numel(), k, rank); output: all chunks, concatenated.
 void all_gather(Comm& comm, const at::Tensor& input, at::Tensor& output);
+// The same with the input already in place: on entry chunk_range(data.numel(), k, rank) of the
+// 1-D tensor holds this rank's contribution, on return every chunk holds its owner's. No copy of
+// the input; at k = 1 nothing is read or written.
+void all_gather_in_place(Comm& comm, at::Tensor& data);
 void broadcast(Comm& comm, at::Tensor& tensor, int root_rank);
 void send(Comm& comm, const at::Tensor& tensor, int dst_rank, int tag = 0);
 void recv(Comm& comm, at::Tensor& tensor, int src_rank, int tag = 0);

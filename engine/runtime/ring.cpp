@@ -6,7 +6,7 @@
 // taken mod k.
 //
 // Reduce-scatter, s = 0 … k−2: r sends its partial C_{r−s−1} to right and receives left's partial
-// C_{r−s−2} into a scratch buffer, adding it into its own C_{r−s−2}. Chunk C_c starts at rank c+1
+// C_{r−s−2} (into the transport's buffer), adding it into its own C_{r−s−2}. Chunk C_c starts at rank c+1
 // and gains one rank's contribution per hop; after k−1 hops it arrives, complete, at rank c. So
 // rank r ends owning the reduced C_r (the layout reduce-scatter promises).
 //
@@ -18,11 +18,11 @@
 // the core's 2S(k−1)/k (collective_bytes_per_rank); otherwise chunk sizes differ by one element
 // and a rank sends within 2 elements of it, while the sum over all ranks is exactly k·2S(k−1)/k.
 // Averaging divides the owned chunk once, between the two phases, so every rank ends with the
-// same bits.
+// same bits. With k = 1 both phases are the identity (the average over one rank is the value), so
+// they return at once: no exchange, no pass over the data.
 #include "ring.hpp"
 
 #include <cstring>
-#include <vector>
 
 #include "tally/core/types.hpp"
 
@@ -55,20 +55,18 @@ Buffer chunk_of(Buffer data, int ranks, int index) {
 
 void ring_reduce_scatter(Buffer data, ReduceOp op, int rank, int ranks, RingTransport& transport) {
   TALLY_INVARIANT(ranks >= 1 && rank >= 0 && rank < ranks);
+  if (ranks == 1) return;
   const int right = mod(rank + 1, ranks);
   const int left = mod(rank - 1, ranks);
-  const std::int64_t max_chunk = chunk_range(data.count, ranks, 0).count;
-  std::vector<char> scratch(std::size_t(max_chunk) * dtype_size_bytes(data.dtype));
   for (int s = 0; s + 1 < ranks; ++s) {
     const Buffer send = chunk_of(data, ranks, mod(rank - s - 1, ranks));
     const Buffer into = chunk_of(data, ranks, mod(rank - s - 2, ranks));
-    transport.exchange(send, right, Buffer(scratch.data(), into.count, data.dtype), left);
+    const ConstBuffer got = transport.exchange(send, right, into.count, left);
+    TALLY_INVARIANT(got.count == into.count && got.dtype == data.dtype);
     if (data.dtype == DType::f32)
-      add_into(static_cast<float*>(into.data), reinterpret_cast<const float*>(scratch.data()),
-               into.count);
+      add_into(static_cast<float*>(into.data), static_cast<const float*>(got.data), into.count);
     else
-      add_into(static_cast<double*>(into.data), reinterpret_cast<const double*>(scratch.data()),
-               into.count);
+      add_into(static_cast<double*>(into.data), static_cast<const double*>(got.data), into.count);
   }
   if (op == ReduceOp::average) {
     const Buffer own = chunk_of(data, ranks, rank);
@@ -86,7 +84,9 @@ void ring_all_gather(Buffer data, int rank, int ranks, RingTransport& transport)
   for (int s = 0; s + 1 < ranks; ++s) {
     const Buffer send = chunk_of(data, ranks, mod(rank - s, ranks));
     const Buffer into = chunk_of(data, ranks, mod(rank - s - 1, ranks));
-    transport.exchange(send, right, into, left);
+    const ConstBuffer got = transport.exchange(send, right, into.count, left);
+    TALLY_INVARIANT(got.count == into.count && got.dtype == data.dtype);
+    if (into.count > 0) std::memcpy(into.data, got.data, std::size_t(into.size_bytes()));
   }
 }
 

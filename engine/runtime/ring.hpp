@@ -9,10 +9,14 @@ namespace tally::engine::detail {
 class RingTransport {
  public:
   virtual ~RingTransport() = default;
-  // Sends `send` to rank `dst_rank` while receiving `recv` from rank `src_rank`; returns when
-  // both have completed. Either may hold zero elements (then it moves nothing); the two sides of
-  // a link always agree on the count because chunk sizes are a function of (count, k) alone.
-  virtual void exchange(ConstBuffer send, int dst_rank, Buffer recv, int src_rank) = 0;
+  // Sends `send` to rank `dst_rank` while receiving `recv_count` elements of send's dtype from
+  // rank `src_rank`; returns when both have completed, with the received elements in the
+  // transport's own memory (valid until the next exchange), so the ring adds from them or copies
+  // them where they belong without a scratch buffer of its own. Either side may hold zero elements
+  // (then it moves nothing); the two sides of a link always agree on the count because chunk
+  // sizes are a function of (count, k) alone.
+  virtual ConstBuffer exchange(ConstBuffer send, int dst_rank, std::int64_t recv_count,
+                               int src_rank) = 0;
 };
 
 // In place over data (all ranks pass the same count and dtype): on return, chunk_range(count, k,

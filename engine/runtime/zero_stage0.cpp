@@ -48,7 +48,7 @@ class DataParallel final : public Strategy {
     loss.backward();  // the reducer's hooks pack the gradients; the last one runs the ring
     reducer_->finish_gradient_sync();
     calls_.push_back({Collective::all_reduce, replica_.numel(), kWireElementBytes});
-    adam_.step();
+    timed_update([&] { adam_.step(); });
     return loss.item<double>();
   }
 

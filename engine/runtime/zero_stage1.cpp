@@ -16,7 +16,8 @@
 // reduce-scatter followed by an all-gather): sharding the optimizer costs no communication
 // (ZeRO §7.2.1). An all-reduce in step 2 would be correct too but send 3S(k−1)/k in all.
 // The full gradient stays allocated between steps (zeroed before each backward): sharding it is
-// ZeRO-2.
+// ZeRO-2. The reduce-scatter runs in it (its other shards hold partial sums until the zeroing), and
+// the all-gather writes the other ranks' shards around the updated one in place: no staging copy.
 #include "zero_strategy.hpp"
 
 namespace tally::engine::zero {
@@ -42,8 +43,9 @@ class ZeroStage1 final : public ShardedOptimizerStrategy {
     const at::Tensor loss = replica_.loss(batch);
     loss.backward();
     at::NoGradGuard no_grad;
-    // (shard_span(N, k, r),) float32; rounded to the gradient dtype as DP's average is.
-    update_shard_and_all_gather(reduce_scatter_average(grad_).to(grad_.scalar_type()));
+    // (shard_span(N, k, r),) float32, reduced in grad_'s own memory (it is zeroed before the next
+    // backward); rounded to the gradient dtype as DP's average is.
+    update_shard_and_all_gather(reduce_scatter_average_in_place(grad_).to(grad_.scalar_type()));
     return loss.item<double>();
   }
 

@@ -42,7 +42,8 @@ class ZeroStage2 final : public ShardedOptimizerStrategy {
     const at::Tensor loss = replica_.loss(batch);
     loss.backward();
     at::NoGradGuard no_grad;
-    grad_shard_.copy_(reduce_scatter_average(full_grad));  // rounded to bf16 for bf16
+    // Reduced in full_grad's own memory (it dies below); rounded to bf16 for bf16.
+    grad_shard_.copy_(reduce_scatter_average_in_place(full_grad));
     replica_.drop_grads();
     full_grad = at::Tensor();  // Note [transient full gradient]: only the shard survives
     update_shard_and_all_gather(grad_shard_);

@@ -21,9 +21,12 @@
 // of one flat leaf tensor `full` that requires grad; between uses its storage is resized to zero
 // bytes (at::native::resize_bytes_cpu, what Python's storage().resize_(0) calls), so the views
 // and the tensors autograd saved for backward keep their shape but hold no memory. Gathering
-// resizes the storage back and writes the parameters into it with memcpy, not copy_: an in-place
-// copy_ would bump the version counter the saved views share, and autograd would then refuse
-// the backward ("modified by an inplace operation"). The values written before backward are
+// resizes the storage back and has the all-gather write the parameters straight into it, through
+// a second tensor set_ on the same storage, not through `full`: that tensor has a version counter
+// of its own, while writing through `full` (or a view of it) would bump the counter the saved
+// views share, and autograd would then refuse the backward ("modified by an inplace
+// operation"). (An earlier version gathered into a fresh buffer and memcpy'd it over: one more
+// pass over every unit, twice a step.) The values written before backward are
 // exactly those the forward used (the shards change only in the optimizer step), so the saved
 // views are valid. Nothing is recomputed (unlike an activation-checkpointing design, which would
 // re-run each unit's forward inside a custom autograd function). A failure inside a hook (a
@@ -34,7 +37,6 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <cstring>
 #include <exception>
 
 #include "zero_strategy.hpp"
@@ -100,10 +102,12 @@ class ZeroStage3 final : public Strategy {
       throw;
     }
     if (error_) std::rethrow_exception(error_);
-    for (Unit& u : units_) {
-      TALLY_INVARIANT(u.full.storage().nbytes() == 0 && !u.full.grad().defined());
-      u.adam.step_with({u.grad_shard});
-    }
+    timed_update([&] {
+      for (Unit& u : units_) {
+        TALLY_INVARIANT(u.full.storage().nbytes() == 0 && !u.full.grad().defined());
+        u.adam.step_with({u.grad_shard});
+      }
+    });
     return loss.item<double>();
   }
 
@@ -141,9 +145,10 @@ class ZeroStage3 final : public Strategy {
   // Note [gather and free].
   void gather(Unit& u) {
     at::NoGradGuard no_grad;
-    const at::Tensor gathered = all_gather(u.shard, u.numel);
-    at::native::resize_bytes_cpu(u.full.storage().unsafeGetStorageImpl(), gathered.nbytes());
-    std::memcpy(u.full.data_ptr(), gathered.data_ptr(), gathered.nbytes());
+    at::native::resize_bytes_cpu(u.full.storage().unsafeGetStorageImpl(),
+                                 std::size_t(u.numel) * u.full.element_size());
+    at::Tensor target = at::empty({0}, u.full.options()).set_(u.full.storage(), 0, {u.numel}, {1});
+    all_gather_into(u.shard, target);
   }
   static void release(Unit& u) {
     at::native::resize_bytes_cpu(u.full.storage().unsafeGetStorageImpl(), 0);
@@ -162,7 +167,10 @@ class ZeroStage3 final : public Strategy {
     try {
       Unit& u = units_[i];
       at::NoGradGuard no_grad;
-      u.grad_shard.copy_(reduce_scatter_average(u.full.grad()));  // rounded to bf16 for bf16
+      // Reduced in the full gradient's own memory (it is dropped next); rounded to bf16 for bf16.
+      at::Tensor full_grad = u.full.grad();
+      u.grad_shard.copy_(reduce_scatter_average_in_place(full_grad));
+      full_grad = at::Tensor();
       u.full.mutable_grad() = at::Tensor();
       release(u);
     } catch (...) {

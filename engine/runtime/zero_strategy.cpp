@@ -73,10 +73,10 @@ at::Tensor to_wire(const at::Tensor& t) {
 }
 }  // namespace
 
-at::Tensor Strategy::reduce_scatter_average(const at::Tensor& full) {
-  const at::Tensor wire = to_wire(full);
-  at::Tensor shard = at::empty({my_span(full.numel()).count}, at::kFloat);
-  engine::reduce_scatter(comm_, wire, shard, ReduceOp::average);
+at::Tensor Strategy::reduce_scatter_average_in_place(at::Tensor& full) {
+  TALLY_INVARIANT(full.dim() == 1 && full.is_contiguous());
+  at::Tensor wire = to_wire(full);  // full itself for float32
+  at::Tensor shard = engine::reduce_scatter_in_place(comm_, wire, ReduceOp::average);
   calls_.push_back({Collective::reduce_scatter, full.numel(), kWireElementBytes});
   return shard;
 }
@@ -91,6 +91,17 @@ void Strategy::all_gather_into(const at::Tensor& shard, at::Tensor& full) {
     engine::all_gather(comm_, to_wire(shard), wire);
     full.copy_(wire);  // exact: the values were bf16 before they were widened
   }
+  calls_.push_back({Collective::all_gather, full.numel(), kWireElementBytes});
+}
+
+void Strategy::all_gather_in_place(at::Tensor& full) {
+  TALLY_INVARIANT(full.dim() == 1 && full.is_contiguous());
+  const ShardSpan mine = my_span(full.numel());
+  if (full.scalar_type() != at::kFloat) {  // the shard's float32 copy is the wire's input anyway
+    all_gather_into(full.narrow(0, mine.offset, mine.count), full);
+    return;
+  }
+  engine::all_gather_in_place(comm_, full);
   calls_.push_back({Collective::all_gather, full.numel(), kWireElementBytes});
 }
 
@@ -154,9 +165,8 @@ void ShardedOptimizerStrategy::setup_replica_and_shard(UnitModel model) {
 }
 
 void ShardedOptimizerStrategy::update_shard_and_all_gather(const at::Tensor& grad_shard) {
-  adam_.step_with({grad_shard});
-  at::Tensor& flat = replica_.flat();
-  all_gather_into(flat.narrow(0, span_.offset, span_.count).clone(), flat);
+  timed_update([&] { adam_.step_with({grad_shard}); });
+  all_gather_in_place(replica_.flat());  // the updated span is already in place
 }
 
 }  // namespace tally::engine::zero

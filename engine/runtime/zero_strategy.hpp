@@ -21,6 +21,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -93,25 +94,46 @@ class Strategy {
   // any step). For the equivalence checks.
   virtual at::Tensor gather_parameters() = 0;
 
+  // What the current step did, for run_zero (which calls begin_step() before each step): the
+  // collectives it issued, and the seconds its optimizer update took (the step's other phases
+  // come from the Comm's counters and the step's wall time: Note [zero phases] in zero.cpp).
+  void begin_step() {
+    calls_.clear();
+    optimizer_s_ = 0;
+  }
   const std::vector<CallRecord>& calls() const { return calls_; }
-  void clear_calls() { calls_.clear(); }
+  double optimizer_seconds() const { return optimizer_s_; }
 
  protected:
   // The collectives, logged, with bf16 widened to float32 for the wire (Note [bf16 on Gloo]).
-  // This rank's shard_span of the average over ranks of `full` (any float dtype), as float32.
-  at::Tensor reduce_scatter_average(const at::Tensor& full);
+  // This rank's shard_span of the average over ranks of `full` (1-D, contiguous, any float dtype),
+  // as float32, for a caller whose full buffer is dead afterwards: a float32 `full` is reduced in
+  // place (Comm::reduce_scatter_in_place: no scratch copy, no copy out) and the result is a view of
+  // it, every other element left unspecified; other dtypes are reduced in their float32 copy.
+  at::Tensor reduce_scatter_average_in_place(at::Tensor& full);
   // full (contiguous, shard's dtype) ← every rank's shard, concatenated. Writes through copy_, so
   // the caller holds a NoGradGuard when `full` requires grad.
   void all_gather_into(const at::Tensor& shard, at::Tensor& full);
+  // The same with this rank's shard already in place: my_span(full.numel()) of full holds it.
+  void all_gather_in_place(at::Tensor& full);
   // The same into a fresh tensor of n elements (shard's dtype).
   at::Tensor all_gather(const at::Tensor& shard, std::int64_t n);
   ShardSpan my_span(std::int64_t n) const {
     return shard_span(n, comm_.world_size(), comm_.rank());
   }
 
+  // Runs the optimizer update `update`, charged to the step's optimizer phase.
+  template <class F>
+  void timed_update(F&& update) {
+    const auto start = std::chrono::steady_clock::now();
+    update();
+    optimizer_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
   StrategyContext ctx_;
   Comm& comm_;
   std::vector<CallRecord> calls_;
+  double optimizer_s_ = 0;
 };
 
 // Every parameter, full, as leaf tensors viewing one flat buffer (stages 0–2). Gradients land in a
@@ -156,7 +178,7 @@ class ShardedOptimizerStrategy : public Strategy {
   // replica_ from the model, span_ = my_span(N), adam_ over the flat buffer's span_.
   void setup_replica_and_shard(UnitModel model);
   // Adam on span_ with grad_shard ((span_.count,) gradient dtype), then the all-gather of every
-  // rank's updated span into replica_.flat(). The caller holds a NoGradGuard.
+  // rank's updated span into replica_.flat(), in place. The caller holds a NoGradGuard.
   void update_shard_and_all_gather(const at::Tensor& grad_shard);
 
   Replica replica_;

@@ -169,6 +169,24 @@ TEST_P(ZeroEquivalence, Fp32StagesFollowDpLossTrajectory) {
         EXPECT_NEAR(z.mean_losses[i], dp.mean_losses[i], 1e-5 * dp.mean_losses[i]) << "step " << i;
     }
     EXPECT_EQ(failures(r), "");
+    // Note [zero phases]: collectives and optimizer are disjoint parts of the step, so the rest
+    // (forward_backward) is what remains of it; every stage updates, and at k > 1 communicates,
+    // in every step.
+    for (const StageResult& st : r.stages) {
+      SCOPED_TRACE(st.name);
+      ASSERT_EQ(st.step_phases.size(), 20u);
+      for (std::size_t i = 0; i < 20; ++i) {
+        const ZeroStepPhases& p = st.step_phases[i];
+        EXPECT_NEAR(p.forward_backward_s + p.collectives_s + p.optimizer_s, st.step_seconds[i],
+                    1e-12) << "step " << i;
+        EXPECT_GE(p.forward_backward_s, 0.0) << "step " << i;
+        EXPECT_GE(p.collectives_s, 0.0) << "step " << i;
+        EXPECT_GT(p.optimizer_s, 0.0) << "step " << i;
+        if (k > 1) {
+          EXPECT_GT(p.collectives_s, 0.0) << "step " << i;
+        }
+      }
+    }
     if (env.rank == 0)
       std::fprintf(stderr, "k=%d: max rel loss diff vs DP: ZeRO-1 %.3g, ZeRO-2 %.3g, ZeRO-3 %.3g\n",
                    k, r.stages[1].max_rel_loss_diff_vs_dp, r.stages[2].max_rel_loss_diff_vs_dp,
@@ -341,6 +359,16 @@ TEST(ZeroCli, JsonFieldsFromRankZero) {
       EXPECT_TRUE(q["held_bytes"].contains(item)) << item;
   }
   EXPECT_EQ(z2["mean_losses"].size(), 4u);
+  // Rank 0's phases (Note [zero phases]), medians in seconds, with their convention.
+  const json& phases = z2["phase_seconds_median"];
+  for (const char* phase : {"forward_backward", "collectives", "optimizer"}) {
+    ASSERT_TRUE(phases.contains(phase)) << phases.dump();
+    EXPECT_GE(phases[phase].get<double>(), 0.0) << phase;
+    EXPECT_LE(phases[phase].get<double>(), z2["seconds"].get<double>()) << phase;
+  }
+  EXPECT_GT(phases["collectives"].get<double>(), 0.0);
+  EXPECT_NE(phases["convention"].get<std::string>().find("rank 0"), std::string::npos);
+  EXPECT_GT(z2["step_seconds_median"].get<double>(), 0.0);
   EXPECT_LE(z2["max_rel_loss_diff_vs_dp"].get<double>(), 1e-5);
   EXPECT_NE(j["conclusion"].get<std::string>().find("ZeRO-2 1.000"), std::string::npos);
   // The checks in words (cli/run_zero.cpp): per stage and rank allocator, held, bytes, calls,
@@ -374,7 +402,8 @@ TEST(ZeroCli, TextReportAtFourRanks) {
        {"zero: MLP 6-33-19-5, N = 977 parameters", "N mod k = 1", "k = 4 ranks", "DP (ZeRO-0)",
         "ZeRO-3", "ring all-reduce ×1", "reduce-scatter ×3 + all-gather ×6",
         "conclusion: measured bytes per step ÷ DP's (rank 0): ZeRO-1 1.000", "ZeRO-3 1.50",
-        "checks: "})  // 1.5005: DP's ring sends 2 B less
+        "phases (rank 0, median over the 3 steps):", " ms; forward_backward ",
+        " ms + collectives ", " ms + optimizer ", "checks: "})  // 1.5005: DP's ring sends 2 B less
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   EXPECT_EQ(text.find("FAILED"), std::string::npos) << text;
 }

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -167,6 +168,68 @@ TEST_P(CommSweep, EveryOperationExactWithFormulaCounters) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CommSweep, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "k" + std::to_string(info.param); });
+
+// Comm::reduce_scatter_in_place, the form the ZeRO stages use: on random values its owned chunk is,
+// bit for bit, what the copying reduce_scatter writes (the same ring, so the same order of sums),
+// on uneven counts; on small integers it is the exact sum or average; at k = 1 it is the identity
+// (the whole buffer, untouched); it is counted as reduce_scatter with the formula's bytes.
+void in_place_one_count(Comm& comm, std::int64_t n) {
+  const int k = comm.world_size(), r = comm.rank();
+  const std::string at = "k=" + std::to_string(k) + " rank " + std::to_string(r) + " n=" +
+                         std::to_string(n) + " ";
+  const ShardSpan mine = chunk_range(n, k, r);
+  std::mt19937 rng(4321u + 7919u * unsigned(r) + unsigned(n));
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = uni(rng);
+  for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+    const std::string what = at + (op == ReduceOp::sum ? "sum " : "average ");
+    std::vector<float> copied(mine.count);
+    comm.reduce_scatter(x, copied, op);
+    std::vector<float> data = x;
+    comm.reset_counters();
+    const Buffer own = comm.reduce_scatter_in_place(data, op);
+    EXPECT_EQ(own.data, static_cast<void*>(data.data() + mine.offset)) << what;
+    EXPECT_EQ(own.count, mine.count) << what;
+    EXPECT_EQ(own.dtype, DType::f32) << what;
+    EXPECT_EQ(std::memcmp(own.data, copied.data(), copied.size() * sizeof(float)), 0)
+        << what << "in place vs copying: not the same bits";
+    if (k == 1) {
+      EXPECT_EQ(std::memcmp(data.data(), x.data(), x.size() * sizeof(float)), 0)
+          << what << "k = 1 must leave the buffer as it was";
+    }
+    const CollectiveCounter& c = comm.counters()[Collective::reduce_scatter];
+    EXPECT_EQ(c.calls, 1) << what;
+    EXPECT_DOUBLE_EQ(c.bytes_sent, 4.0 * double(n) * (k - 1) / k) << what;
+    if (k > 1 && n > 0) {
+      EXPECT_GT(c.seconds, 0.0) << what;
+    }
+    EXPECT_GE(c.seconds, 0.0) << what;
+  }
+  // Exact: element i of rank r is (r + 1)·(i mod 5), so the sum is k(k + 1)/2·(i mod 5).
+  std::vector<double> ints(n);
+  for (std::int64_t i = 0; i < n; ++i) ints[i] = double((r + 1) * (i % 5));
+  const Buffer own = comm.reduce_scatter_in_place(ints, ReduceOp::average);
+  std::vector<double> got(static_cast<const double*>(own.data),
+                          static_cast<const double*>(own.data) + own.count);
+  expect_values<double>(
+      got, [&](std::int64_t j) { return triangular(k) * double((mine.offset + j) % 5) / k; },
+      at + "in-place average of integers");
+}
+
+class CommInPlaceSweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommInPlaceSweep, ReduceScatterInPlaceIsTheCopyingResultInTheCallersBuffer) {
+  const int k = GetParam();
+  const auto result = run_ranks(k, kSweepLimit_s, [](const DistEnv& env) {
+    Comm comm(env, {.timeout_s = kTimeout_s});
+    for (const std::int64_t n : {0, 1, 2, 7, 10007}) in_place_one_count(comm, n);
+  });
+  EXPECT_TRUE(result.all_ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommInPlaceSweep, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "k" + std::to_string(info.param); });
 
 // Bad arguments are InvalidInput, thrown before anything is sent (so the group stays usable).

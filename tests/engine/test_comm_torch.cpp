@@ -67,5 +67,64 @@ TEST(CommTorch, TensorOverloadsMatchExpectedValues) {
   EXPECT_TRUE(result.all_ok()) << result.describe();
 }
 
+// The in-place forms the ZeRO stages use (comm_torch.hpp), at world sizes 1–4 and counts 0, 1,
+// odd and larger (uneven chunks): reduce_scatter_in_place returns a view of the caller's tensor
+// holding exactly what the copying reduce_scatter writes (bit for bit: the same ring); a
+// non-contiguous input gives the same values; all_gather_in_place fills every chunk around the
+// caller's own without moving the tensor; at k = 1 both leave the tensor as it was.
+class CommTorchInPlace : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommTorchInPlace, InPlaceFormsMatchTheCopyingOnes) {
+  const auto result = harness::run_ranks(GetParam(), 50, [](const DistEnv& env) {
+    Comm comm(env, {.timeout_s = kTimeout_s});
+    const int k = env.world_size, r = env.rank;
+    for (const std::int64_t n : {0, 1, 7, 10007}) {
+      const std::string at = "k=" + std::to_string(k) + " rank " + std::to_string(r) +
+                             " n=" + std::to_string(n);
+      const ShardSpan mine = chunk_range(n, k, r);
+      at::manual_seed(std::uint64_t(100 * r + n));
+      const at::Tensor x = at::randn({n}, at::kFloat);
+
+      at::Tensor copied = at::empty({mine.count}, at::kFloat);
+      reduce_scatter(comm, x, copied, ReduceOp::average);
+      at::Tensor data = x.clone();
+      const at::Tensor own = reduce_scatter_in_place(comm, data, ReduceOp::average);
+      EXPECT_TRUE(at::equal(own, copied)) << at;
+      EXPECT_EQ(own.data_ptr<float>(), data.data_ptr<float>() + mine.offset) << at;
+      if (k == 1) {
+        EXPECT_TRUE(at::equal(data, x)) << at;
+      }
+
+      // Every other element of a (n, 2) tensor: not contiguous, reduced through a copy.
+      at::Tensor wide = at::stack({x, at::full({n}, -7.0f)}, 1);
+      at::Tensor strided = wide.select(1, 0);
+      ASSERT_TRUE(n <= 1 || !strided.is_contiguous()) << at;
+      EXPECT_TRUE(at::equal(reduce_scatter_in_place(comm, strided, ReduceOp::average), copied))
+          << at;
+
+      // All-gather in place: own chunk i + 0.5, the rest poisoned with -1.
+      at::Tensor full = at::full({n}, -1.0, at::kDouble);
+      full.narrow(0, mine.offset, mine.count)
+          .copy_(at::arange(mine.offset, mine.offset + mine.count, at::kDouble) + 0.5);
+      const void* before = full.data_ptr();
+      all_gather_in_place(comm, full);
+      EXPECT_TRUE(at::equal(full, at::arange(0, n, at::kDouble) + 0.5)) << at;
+      EXPECT_EQ(full.data_ptr(), before) << at;
+    }
+    // Counted as the copying forms: per count, two reduce-scatters in place, one copying, one
+    // all-gather; bytes S(k − 1)/k each (0 at k = 1).
+    const double kk = k, all_n = 0 + 1 + 7 + 10007;
+    const CommCounters& c = comm.counters();
+    EXPECT_EQ(c[Collective::reduce_scatter].calls, 3 * 4);
+    EXPECT_DOUBLE_EQ(c[Collective::reduce_scatter].bytes_sent, 3 * 4.0 * all_n * (kk - 1) / kk);
+    EXPECT_EQ(c[Collective::all_gather].calls, 4);
+    EXPECT_DOUBLE_EQ(c[Collective::all_gather].bytes_sent, 8.0 * all_n * (kk - 1) / kk);
+  });
+  EXPECT_TRUE(result.all_ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTorchInPlace, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "k" + std::to_string(info.param); });
+
 }  // namespace
 }  // namespace tally::engine

@@ -10,10 +10,13 @@
 // unknown, so carrying on could match the wrong data.
 //
 // Counters (DESIGN.md §4, the communication ledger measured): per collective kind, the number of
-// calls and the bytes this rank sent, from the core's formula collective_bytes_per_rank() with
-// S = the full tensor's bytes — the same function the planner uses, so prediction and measurement
-// share one definition. tally's own ring all-reduce is counted apart, from the bytes its send
-// calls actually moved.
+// calls, the seconds spent in them, and the bytes this rank sent, from the core's formula
+// collective_bytes_per_rank() with S = the full tensor's bytes — the same function the planner
+// uses, so prediction and measurement share one definition. tally's own ring all-reduce is counted
+// apart, from the bytes its send calls actually moved. At k = 1 every collective is the identity
+// and nothing runs (no Gloo call, no staging, no pass over the data; an out-of-place form only
+// copies its input to its output): it is counted as a call of 0 bytes, which is the formula's
+// (k − 1)/k at k = 1.
 //
 // No torch in this header: buffers are plain spans. Engine code holding at::Tensor uses the
 // overloads in engine/runtime/comm_torch.hpp.
@@ -114,6 +117,10 @@ struct CommOptions {
 struct CollectiveCounter {
   std::int64_t calls = 0;
   double bytes_sent = 0;  // by this rank
+  // Wall time this rank spent inside the calls, from the check of the arguments to the result in
+  // place (for all_reduce_async: starting it, and wait()); the Buffer API's copies to and from
+  // its owned tensors are outside. What a step's phase timing charges to communication.
+  double seconds = 0;
 };
 
 struct CommCounters {
@@ -177,8 +184,15 @@ class Comm {
   [[nodiscard]] PendingCollective all_reduce_async(Buffer data, ReduceOp op = ReduceOp::sum);
   // input: the full count-element buffer on every rank; output: chunk_range(count, k, rank) of the
   // reduced result (output.count must equal that chunk's count). Gloo 1.13 has no reduce-scatter,
-  // so this runs the reduce-scatter half of tally's ring over send / recv.
+  // so this runs the reduce-scatter half of tally's ring over send / recv, on a scratch copy of
+  // the input (which stays as it was).
   void reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op = ReduceOp::sum);
+  // The same for a caller whose full buffer is dead after the reduction (ZeRO's gradients): the
+  // ring runs in `data` itself, no scratch copy and no copy out. Returns the view of `data` that
+  // holds this rank's reduced chunk, chunk_range(data.count, k, rank); every other element of
+  // `data` is left unspecified (partial sums). At k = 1 it is the identity: nothing is read or
+  // written, and the chunk is all of `data`. Counted as reduce_scatter, like the copying form.
+  [[nodiscard]] Buffer reduce_scatter_in_place(Buffer data, ReduceOp op = ReduceOp::sum);
   // input: this rank's chunk_range(output.count, k, rank); output: the concatenation of all
   // ranks' chunks. Gloo's all-gather (chunks padded to the largest one).
   void all_gather(ConstBuffer input, Buffer output);

@@ -87,6 +87,16 @@ struct RankTraffic {
   std::int64_t calls() const { return all_reduce.calls + reduce_scatter.calls + all_gather.calls; }
 };
 
+// One step's phases on one rank, in seconds (Note [zero phases] in zero.cpp); they sum to the
+// step's time.
+struct ZeroStepPhases {
+  double forward_backward_s = 0;  // the rest of the step: forward, backward, the strategy's passes
+                                  // over gradient buffers (zeroing, shard copies, bf16 widening)
+  double collectives_s = 0;       // inside the Comm's collectives: gradient reduction (DP's ring
+                                  // all-reduce, reduce-scatters) and parameter all-gathers
+  double optimizer_s = 0;         // the Adam update
+};
+
 struct StageResult {
   int stage = 0;
   std::string name;                       // "DP (ZeRO-0)", "ZeRO-1", …
@@ -103,6 +113,7 @@ struct StageResult {
   double max_param_diff_vs_dp = 0;        // max |θ − θ_dp| after the last step (all ranks equal)
   double seconds = 0;                     // wall time of the steps on rank 0
   std::vector<double> step_seconds;       // this rank's time of each step (rank 0's in results)
+  std::vector<ZeroStepPhases> step_phases;  // this rank's phases of each step (rank 0's)
 
   double predicted_bytes_per_step() const { return predicted_traffic.dp_total_bytes(); }
 };
