@@ -125,11 +125,11 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   switch (s.zero_stage) {
     case 0: grads.push_back(stream_op("pack", 2, N)); break;
     case 1:
-      grads = {stream_op("zero", 1, N), stream_op("accumulate", 3, N), stream_op("clone", 2, shard)};
+      grads = {stream_op("zero", 1, N), stream_op("accumulate", 3, N)};
       break;
     case 2:
       grads = {stream_op("zeros", 1, N), stream_op("accumulate", 3, N),
-               stream_op("shard-copy", 2, shard), stream_op("clone", 2, shard)};
+               stream_op("shard-copy", 2, shard)};
       break;
     default:
       for (i64 nu : units) {

@@ -72,8 +72,8 @@ TEST(MlpStep, ZeroOneStepIsTheSumOfItsTerms) {
   const double elementwise = 2 * B * 6 + 3 * B * 6 + 3 * B * 4 + 2 * B * 4 + (B * 6 + 6) +
                              (B * 4 + 4);
   EXPECT_NEAR(t.compute_s, gemm_s + 4 * elementwise / W, 1e-15);
-  // ZeRO-1 gradients: zero N, accumulate 3N, clone 2·⌈N/k⌉; Adam 20·⌈N/k⌉ streams.
-  EXPECT_NEAR(t.gradient_s, 4 * (N + 3 * N + 2 * 41) / W, 1e-15);
+  // ZeRO-1 gradients: zero N, accumulate 3N (reduced and gathered in place); Adam 20·⌈N/k⌉ streams.
+  EXPECT_NEAR(t.gradient_s, 4 * (N + 3 * N) / W, 1e-15);
   EXPECT_NEAR(t.optimizer_s, 4 * 20 * 41 / W, 1e-15);
   // Reduce-scatter and all-gather of S = 4N: (k − 1) steps and S(k − 1)/k bytes each.
   const double S = 4 * N;

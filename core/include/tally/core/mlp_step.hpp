@@ -14,10 +14,11 @@
 //                passes over B × d_L forward, two backward). Timed by op_seconds (core/roofline).
 //   gradients    the engine's passes over gradient buffers, per strategy (engine/runtime):
 //                  DP (zero_stage0.cpp, bench ddp: ddp.cpp pack) mul_out into the bucket: 2N
-//                  ZeRO-1 grad_.zero_() N; AccumulateGrad into it (g += g_new) 3N; shard clone 2N/k
-//                  ZeRO-2 at::zeros N; AccumulateGrad 3N; copy_ of the shard 2N/k; clone 2N/k
-//                  ZeRO-3 the gather memcpy into each unit's buffer, forward and backward: 4N;
-//                         copy_ of each gradient shard 2N/k
+//                  ZeRO-1 grad_.zero_() N; AccumulateGrad into it (g += g_new) 3N (reduced and
+//                         gathered in place: no staging copy)
+//                  ZeRO-2 at::zeros N; AccumulateGrad 3N; copy_ of the shard 2N/k
+//                  ZeRO-3 Gloo's copy of each gathered unit into its buffer, forward and
+//                         backward: 4N; copy_ of each gradient shard 2N/k
 //                (elements; each is read or written once: a "stream").
 //   optimizer    torch.optim.Adam's single-tensor step, as engine/runtime/optimizer.cpp writes
 //                it: m.mul_ 2, add_ 3, v.mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4 —
