@@ -92,8 +92,8 @@ std::vector<std::vector<double>> time_links(Comm& comm, const HealthCheckOptions
 
 void HealthCheckOptions::validate(int world_size) const {
   require_real(straggler_threshold >= 0.01 && straggler_threshold <= 10, "--straggler-threshold",
-               straggler_threshold, "must be in [0.01, 10] (0.25 = flag a rank 25 % slower than "
-               "the median)");
+               straggler_threshold, "must be in [0.01, 10] (0.5 = flag a rank whose time is 1.5× "
+               "the median's)");
   require_real(link_straggler_threshold >= 0.01 && link_straggler_threshold <= 10, "--link-threshold",
                link_straggler_threshold, "must be in [0.01, 10] (1.5 = flag a link whose time is "
                "2.5× the median's)");
