@@ -1,6 +1,7 @@
 // `tally launch --nnodes 2` across two hosts with separate network stacks (netns_fixture.hpp), all
 // WITHOUT GLOO_SOCKET_IFNAME: each host runs the same launch with its --node-rank, as a user
-// would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, and a host that never joins
+// would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, a checkpoint saved there at
+// world size 4 and resumed at world size 2 on one host (resharding), and a host that never joins
 // (the other fails at the rendezvous timeout, naming the address it used). The launchers watch
 // each other (Note [launchers' store]): a rank failing on node 1 stops node 0's ranks within a
 // bound and both launchers name it; a launcher that never arrives is named by the other at the
@@ -15,8 +16,10 @@
 #include <vector>
 
 #include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
 #include "netns_fixture.hpp"
 #include "tally/engine/dist_env.hpp"
+#include "tally/io/checkpoint.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
@@ -58,18 +61,12 @@ std::vector<std::string> one_rank_fails(int failing) {
 }
 constexpr double kStopBound_s = 20;  // 1 s + a 0.1 s poll + the 3 s kill grace, on a loaded box
 
+// `tally launch --nnodes 2 ... -- tally command...`
 std::vector<std::string> launch_node(int node_rank, int nproc_per_node, const std::string& master,
                                      int port, const std::vector<std::string>& command) {
-  std::vector<std::string> args = {TALLY_BINARY,     "launch",
-                                   "--nnodes",       "2",
-                                   "--node-rank",    std::to_string(node_rank),
-                                   "--nproc-per-node", std::to_string(nproc_per_node),
-                                   "--master-addr",  master,
-                                   "--master-port",  std::to_string(port),
-                                   "--timeout",      "90",
-                                   "--",             TALLY_BINARY};
-  args.insert(args.end(), command.begin(), command.end());
-  return args;
+  std::vector<std::string> program = {TALLY_BINARY};
+  program.insert(program.end(), command.begin(), command.end());
+  return launch_program(node_rank, nproc_per_node, master, port, {}, program);
 }
 
 // Runs both commands at once (two hosts starting their launch), each with its own deadline.
@@ -189,6 +186,53 @@ TEST_F(TwoHosts, RankFailingOnOneHostStopsTheRanksOnEveryHost) {
   EXPECT_NE(ran[1].err.find("failed (exited with status 3); stopped 1 running rank"),
             std::string::npos)
       << ran[1].err;
+}
+
+// A sharded checkpoint saved by 4 ranks on two hosts (2 + 2; the namespaces share the file
+// system, as hosts share a checkpoint mount) resumes at world size 2 on one host: the state
+// loaded is the state saved (params and Adam m, v by CRC-32C, which rank 0 reported at the save),
+// training continues from step 4, and the checkpoint left behind is a verified 2-shard one.
+TEST_F(TwoHosts, CheckpointSavedAcrossTwoHostsResumesAtWorldSizeTwoOnOne) {
+  tally::test::TempDir tmp;
+  const std::string dir = (tmp.path / "ckpt").string();
+  const std::vector<std::string> save = {"run",   "checkpoint", "--json",       "--timeout",
+                                         "40",    "--dir",      dir,            "--steps",
+                                         "4",     "--no-roundtrip"};
+  const std::array<Ran, 2> saved = run_together({on_node(0, save), on_node(1, save)});
+  ASSERT_EQ(saved[0].exit_code, 0) << saved[0].out << saved[0].err;
+  ASSERT_EQ(saved[1].exit_code, 0) << saved[1].out << saved[1].err;
+  json saved0;
+  for (const std::string& line : rank_lines(saved[0].out, 0))
+    if (json j = json::parse(line, nullptr, false); !j.is_discarded() && j["event"] == "result")
+      saved0 = j;
+  ASSERT_TRUE(saved0.is_object()) << saved[0].out;
+  ASSERT_EQ(saved0["world_size"], 4);
+  EXPECT_EQ(tally::io::verify_checkpoint(dir).world_size, 4);
+
+  const Ran resumed = run_command(
+      tally::netns::in_namespace(
+          a.ns, {TALLY_BINARY, "launch", "--nproc", "2", "--timeout", "90", "--", TALLY_BINARY,
+                 "run", "checkpoint", "--json", "--timeout", "40", "--dir", dir, "--steps", "6",
+                 "--resume"}),
+      kLimit_s);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    json r;
+    for (const std::string& line : rank_lines(resumed.out, rank))
+      if (json j = json::parse(line, nullptr, false); !j.is_discarded() && j["event"] == "result")
+        r = j;
+    SCOPED_TRACE("rank " + std::to_string(rank) + ": " + r.dump());
+    ASSERT_TRUE(r.is_object()) << resumed.out;
+    EXPECT_TRUE(r["resumed"].get<bool>());
+    EXPECT_EQ(r["loaded_world_size"], 4);
+    EXPECT_EQ(r["world_size"], 2);
+    EXPECT_EQ(r["start_step"], 4);
+    EXPECT_EQ(r["loaded_params_crc32c"], saved0["params_crc32c"]);
+    EXPECT_EQ(r["loaded_optimizer_crc32c"], saved0["optimizer_crc32c"]);
+    EXPECT_EQ(r["steps"].size(), 2u);
+    EXPECT_TRUE(r["ok"].get<bool>());
+  }
+  EXPECT_EQ(tally::io::verify_checkpoint(dir).world_size, 2);
 }
 
 // Node 1's launcher never starts: node 0's launcher (its ranks healthy, sleeping) stops them at
