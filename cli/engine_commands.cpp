@@ -83,7 +83,12 @@ void register_launch(CLI::App& app) {
       "Local rank l gets RANK = i·K + l, WORLD_SIZE = N·K, LOCAL_RANK = l, LOCAL_WORLD_SIZE = K, "
       "GROUP_RANK = i, MASTER_ADDR (127.0.0.1 on one host) and MASTER_PORT; its output is prefixed "
       "\"[rank RANK] \". If a rank fails the others on this host are stopped (SIGTERM, then "
-      "SIGKILL) and launch exits 1 naming it; on --timeout it exits 124.");
+      "SIGKILL) and launch exits 1 naming it; on --timeout it exits 124. With --nnodes > 1 the "
+      "launchers also meet in a store of their own that node 0's launcher serves on "
+      "--master-port + 1 (every host must reach both ports): a rank failing on any host stops "
+      "the ranks on every host, and every launcher exits 1 naming the rank, its node and host; a "
+      "host not arrived within --join-timeout makes the others exit 1 naming the missing node "
+      "ranks.");
   cmd->add_option("--nproc", flags->nproc, "ranks to start on this one host, 1..256");
   cmd->add_option("--nproc-per-node", flags->nproc_per_node,
                   "ranks on each host (--nproc's name with --nnodes), 1..256");
@@ -101,6 +106,11 @@ void register_launch(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--master-port", opts.master_port,
                   "MASTER_PORT for the ranks' TCPStore rendezvous (0 = a free port; one host only)")
+      ->capture_default_str();
+  cmd->add_option("--join-timeout", opts.join_timeout_s,
+                  "with --nnodes > 1: seconds for every host's launcher to arrive (and, once this "
+                  "host's ranks succeeded, for the other hosts' ranks to end)")
+      ->check(finite_number("in (0, 86400] s"))  // the range: engine::LaunchOptions
       ->capture_default_str();
   cmd->add_option("command", opts.command, "the program and its arguments, after --")
       ->required();

@@ -62,8 +62,8 @@ void register_engine_stubs(CLI::App& app) {
   app.add_subcommand("launch", "start N local ranks of a program under torchrun's environment "
                                "(runs tally-engine)");
   app.add_subcommand("run", "run an experiment with the libtorch + Gloo engine: ddp-check, "
-                            "grad-accum, memory-profile, zero, checkpoint, fault-drill, gloo-smoke "
-                            "(runs tally-engine)");
+                            "grad-accum, memory-profile, zero, checkpoint, fault-drill, health-check, "
+                            "gloo-smoke (runs tally-engine)");
   app.add_subcommand("bench", "benchmarks: allreduce, ddp, gemm, memory (runs tally-engine)");
 }
 

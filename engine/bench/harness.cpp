@@ -1,6 +1,8 @@
 // The benchmark harness (tally/engine/bench/harness.hpp).
 #include "tally/engine/bench/harness.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -65,13 +67,20 @@ TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop) {
 }
 
 TimeStats time_calls(int warmup, int samples, double min_sample_s,
-                     const std::function<void()>& call) {
+                     const std::function<void()>& call, TimerClock clock) {
   TALLY_INVARIANT(warmup >= 0 && samples >= 1 && min_sample_s >= 0 && call);
-  using clock = std::chrono::steady_clock;
+  const auto now_s = [clock] {
+    if (clock == TimerClock::wall)
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
   const auto timed = [&](long reps) {
-    const auto t0 = clock::now();
+    const double t0 = now_s();
     for (long i = 0; i < reps; ++i) call();
-    return std::chrono::duration<double>(clock::now() - t0).count();
+    return now_s() - t0;
   };
   for (int i = 0; i < warmup; ++i) call();
   long reps = 1;

@@ -51,6 +51,37 @@ void BenchMemoryOptions::validate() const {
   timing.validate();
 }
 
+GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKernelTiming& t,
+                  int repeat) {
+  TALLY_INVARIANT(repeat >= 1);
+  const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
+  at::Tensor c = at::empty({m, n});
+  GemmRow row{.m = m, .n = n, .k = k};
+  row.time = time_calls(t.warmup, t.samples, t.min_sample_s, [&] {
+    for (int i = 0; i < repeat; ++i) at::mm_out(c, a, b);
+  }, t.clock);
+  row.flops_per_s = 2.0 * double(m) * double(n) * double(k) / row.time.median_s;
+  return row;
+}
+
+MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& t, int repeat) {
+  TALLY_INVARIANT(repeat >= 1);
+  const std::int64_t n = std::max<std::int64_t>(1, std::int64_t(working_set_bytes / 2 / 4));
+  at::Tensor a = at::randn({n}), b = at::randn({n});
+  MemoryRow row{.working_set_bytes = 2.0 * 4.0 * double(n)};
+  // α = −1 then +1 alternately would keep a bounded; a tiny α keeps it finite over 2^30 calls.
+  row.add = time_calls(t.warmup, t.samples, t.min_sample_s, [&] {
+    for (int i = 0; i < repeat; ++i) a.add_(b, 1e-9);
+  }, t.clock);
+  row.copy = time_calls(t.warmup, t.samples, t.min_sample_s, [&] {
+    for (int i = 0; i < repeat; ++i) a.copy_(b);
+  }, t.clock);
+  const double half = row.working_set_bytes / 2;
+  row.add_bps = 3 * half / row.add.median_s;
+  row.copy_bps = 2 * half / row.copy.median_s;
+  return row;
+}
+
 BenchGemmResult run_bench_gemm(const BenchGemmOptions& o) {
   o.validate();
   at::set_num_threads(o.timing.threads);
@@ -59,14 +90,8 @@ BenchGemmResult run_bench_gemm(const BenchGemmOptions& o) {
   for (std::int64_t m : o.m)
     for (std::int64_t n : o.n)
       for (std::int64_t k : o.k) {
-        const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
-        at::Tensor c = at::empty({m, n});
-        GemmRow row{.m = m, .n = n, .k = k};
-        row.time = time_calls(o.timing.warmup, o.timing.samples, o.timing.min_sample_s,
-                              [&] { at::mm_out(c, a, b); });
-        row.flops_per_s = 2.0 * double(m) * double(n) * double(k) / row.time.median_s;
-        r.best_flops_per_s = std::max(r.best_flops_per_s, row.flops_per_s);
-        r.rows.push_back(row);
+        r.rows.push_back(time_gemm(m, n, k, o.timing));
+        r.best_flops_per_s = std::max(r.best_flops_per_s, r.rows.back().flops_per_s);
       }
   return r;
 }
@@ -77,20 +102,7 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
   BenchMemoryResult r{.options = o};
   std::vector<double> sizes = o.working_set_bytes;
   std::sort(sizes.begin(), sizes.end());
-  for (double w : sizes) {
-    const std::int64_t n = std::max<std::int64_t>(1, std::int64_t(w / 2 / 4));
-    at::Tensor a = at::randn({n}), b = at::randn({n});
-    MemoryRow row{.working_set_bytes = 2.0 * 4.0 * double(n)};
-    // α = −1 then +1 alternately would keep a bounded; a tiny α keeps it finite over 2^30 calls.
-    row.add = time_calls(o.timing.warmup, o.timing.samples, o.timing.min_sample_s,
-                         [&] { a.add_(b, 1e-9); });
-    row.copy = time_calls(o.timing.warmup, o.timing.samples, o.timing.min_sample_s,
-                          [&] { a.copy_(b); });
-    const double half = row.working_set_bytes / 2;
-    row.add_bps = 3 * half / row.add.median_s;
-    row.copy_bps = 2 * half / row.copy.median_s;
-    r.rows.push_back(row);
-  }
+  for (double w : sizes) r.rows.push_back(time_memory(w, o.timing));
   return r;
 }
 

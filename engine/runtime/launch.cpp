@@ -8,7 +8,9 @@
 // SIGKILLed as the rank is reaped (its children may outlive it). The loop ends when every rank is
 // reaped; the pipes are then drained for at most kDrain_s (a stray that left its group could hold
 // them open forever). PR_SET_PDEATHSIG makes the kernel SIGKILL the ranks if the launcher itself
-// is SIGKILLed.
+// is SIGKILLed. Across hosts the loop also reads the launchers' store's snapshot (launcher_group.hpp,
+// which does the network calls on its own thread) and acts on a failure elsewhere or a host
+// missing at the join timeout the same way.
 #include "tally/engine/launch.hpp"
 
 #include <fcntl.h>
@@ -23,9 +25,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
+#include "launcher_group.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/dist_env.hpp"
 
@@ -38,6 +43,7 @@ namespace {
 constexpr int kTick_ms = 20;          // poll timeout: bounds how late a timeout or exit is seen
 constexpr double kDrain_s = 1.0;      // output drain after the last rank is reaped
 constexpr std::size_t kMaxLine = 1 << 16;  // a longer line without '\n' is forwarded in pieces
+constexpr double kLinger_s = 5;       // node 0 keeps the launchers' store up for the others' exit
 
 using Clock = std::chrono::steady_clock;
 
@@ -216,6 +222,28 @@ int pump_output(std::vector<Rank>& ranks, int timeout_ms) {
 
 bool failed(const RankExit& e) { return !e.exited || e.exit_code != 0; }
 
+// "node 1", "nodes 1, 3"
+std::string nodes_named(const std::vector<int>& nodes) {
+  return (nodes.size() == 1 ? "node " : "nodes ") + node_list(nodes);
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// After this host's ranks all succeeded: wait (at most join_timeout_s) until every host's ranks
+// have ended, so that a failure elsewhere still fails this launch. Returns that failure, if any.
+std::optional<std::string> wait_for_other_hosts(const LauncherGroup& group, double limit_s) {
+  const auto start = Clock::now();
+  while (seconds_since(start) < limit_s && g_launcher_signal == 0) {
+    const LauncherGroupState s = group.state();
+    if (s.failure) return s.failure;
+    if (s.store_lost || s.unfinished_nodes.empty()) return std::nullopt;
+    poll(nullptr, 0, kTick_ms);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string RankExit::describe() const {
@@ -246,7 +274,14 @@ void LaunchOptions::validate() const {
                        ": must be in [0, 65535] (0 = a free port)");
   if (nnodes > 1 && master_port == 0)
     throw InvalidInput("--master-port = 0: with --nnodes = " + std::to_string(nnodes) +
-                       " every host needs the same port: must be in [1, 65535]");
+                       " every host needs the same port: must be in [1, 65534]");
+  if (nnodes > 1 && master_port > 65534)
+    throw InvalidInput("--master-port = " + std::to_string(master_port) + ": with --nnodes = " +
+                       std::to_string(nnodes) + " the launchers also use port + 1: must be in "
+                       "[1, 65534]");
+  if (!std::isfinite(join_timeout_s) || join_timeout_s <= 0 || join_timeout_s > 86400)
+    throw InvalidInput("--join-timeout = " + format_number(join_timeout_s) +
+                       ": must be in (0, 86400] s");
   if (!std::isfinite(kill_grace_s) || kill_grace_s < 0)
     throw InvalidInput("kill grace = " + format_number(kill_grace_s) + " s: must be >= 0 s");
   if (master_addr.empty()) throw InvalidInput("master address is empty");
@@ -273,6 +308,16 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
   sigaction(SIGPIPE, &ignore, &saved[3]);
 
   const auto start = Clock::now();
+  std::unique_ptr<LauncherGroup> group;  // N > 1 (Note [launchers' store])
+  if (options.nnodes > 1)
+    group = std::make_unique<LauncherGroup>(LauncherGroupOptions{
+        .master_addr = options.master_addr, .port = result.master_port + 1,
+        .nnodes = options.nnodes, .node_rank = options.node_rank,
+        .join_timeout_s = options.join_timeout_s});
+  // "rank 3" on one host, "rank 3 on node 1 (host h, 10.77.0.2)" across hosts.
+  const std::string on_node = group ? " on " + group->self() : "";
+  const auto rank_named = [&](int rank) { return "rank " + std::to_string(rank) + on_node; };
+  bool warned = false;  // node 0 could not serve the launchers' store
   std::vector<Rank> ranks(std::size_t(options.nproc));
   for (int l = 0; l < options.nproc; ++l) {
     ranks[l].local_rank = l;
@@ -335,10 +380,33 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
         result.outcome = LaunchOutcome::rank_failed;
         result.failed_rank = r.rank;
         failed_local = std::size_t(r.local_rank);
+        if (group)
+          group->report_failure(rank_named(r.rank) + " failed (" + r.exit.describe() + ")");
         begin_stop();
       }
     }
     if (running == 0) break;
+    if (group && !stopping) {
+      const LauncherGroupState s = group->state();
+      // Node 0 cannot serve (its port + 1 is taken): the job runs on, unwatched, and says so.
+      const bool not_serving = options.node_rank == 0 && s.store_lost;
+      if (not_serving && !warned) {
+        const std::string line = "tally launch: warning: " + s.store_error +
+                                 "; a failure on another host will not stop this host's ranks\n";
+        write_all(err_fd, line.data(), line.size());
+        warned = true;
+      }
+      if (s.failure) {
+        result.outcome = LaunchOutcome::remote_failed;
+        result.remote_failure = *s.failure;
+        begin_stop();
+      } else if (!s.missing_nodes.empty() && !not_serving &&
+                 seconds_since(start) >= options.join_timeout_s) {
+        result.outcome = LaunchOutcome::nodes_missing;
+        result.missing_nodes = s.missing_nodes;
+        begin_stop();
+      }
+    }
     if (!stopping && g_launcher_signal != 0) {
       launcher_signal = g_launcher_signal;
       result.outcome = LaunchOutcome::interrupted;
@@ -364,6 +432,22 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
     r.out.close_stream();
     r.err.close_stream();
   }
+  std::string group_note;  // why the launchers' store said nothing more, when that matters
+  if (group) {
+    group->report_done(result.outcome == LaunchOutcome::ok);
+    if (result.outcome == LaunchOutcome::ok) {
+      if (auto failure = wait_for_other_hosts(*group, options.join_timeout_s)) {
+        result.outcome = LaunchOutcome::remote_failed;
+        result.remote_failure = *failure;
+      }
+    }
+    const LauncherGroupState s = group->state();
+    if (result.outcome == LaunchOutcome::rank_failed && !s.missing_nodes.empty())
+      result.missing_nodes = s.missing_nodes;
+    if (s.store_lost && result.outcome != LaunchOutcome::ok) group_note = "; " + s.store_error;
+    group->leave(kLinger_s);
+    group.reset();
+  }
   for (int i = 0; i < 3; ++i) sigaction(handled[i], &saved[i], nullptr);
   sigaction(SIGPIPE, &saved[3], nullptr);
 
@@ -381,8 +465,23 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
       break;
     case LaunchOutcome::rank_failed:
       result.exit_code = 1;
-      result.message = "tally launch: rank " + std::to_string(result.failed_rank) + " failed (" +
+      result.message = "tally launch: " + rank_named(result.failed_rank) + " failed (" +
                        result.ranks[failed_local].describe() + "); " + others;
+      if (!result.missing_nodes.empty())
+        result.message += "; " + nodes_named(result.missing_nodes) + " never joined";
+      break;
+    case LaunchOutcome::remote_failed:
+      result.exit_code = 1;
+      result.message = "tally launch: " + result.remote_failure + "; " + others + " on node " +
+                       std::to_string(options.node_rank);
+      break;
+    case LaunchOutcome::nodes_missing:
+      result.exit_code = 1;
+      result.message = "tally launch: " + nodes_named(result.missing_nodes) + " of " +
+                       std::to_string(options.nnodes) + " never joined within " +
+                       format_number(options.join_timeout_s) + " s (--join-timeout; the " +
+                       "launchers' store at " + options.master_addr + ":" +
+                       std::to_string(result.master_port + 1) + "); " + others;
       break;
     case LaunchOutcome::timed_out:
       result.exit_code = 124;
@@ -396,6 +495,7 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
                        "; " + others;
       break;
   }
+  result.message += group_note;
   return result;
 }
 

@@ -175,7 +175,9 @@ TEST(Launch, FailingRankOnASecondNodeIsNamedByItsGlobalRank) {
                                    "--master-port", "29517", "--", "/bin/sh", "-c",
                                    "if [ $LOCAL_RANK = 1 ]; then exit 3; fi; sleep 30"}));
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_NE(r.err.find("tally launch: rank 3 failed (exited with status 3); stopped 1 running rank"),
+  // Across hosts a rank is named with its node and host (node 0 never came: it is named too).
+  EXPECT_NE(r.err.find("tally launch: rank 3 on node 1 (host "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(") failed (exited with status 3); stopped 1 running rank; node 0 never joined"),
             std::string::npos)
       << r.err;
 }
@@ -208,7 +210,14 @@ TEST(Launch, MultiHostBadInputIsOneLineAndExitCode2) {
        "--node-rank = 2: must be in [0, 1] (--nnodes = 2)"},
       {with({"--nproc", "2", "--node-rank", "1"}), "--node-rank = 1: must be in [0, 0] (--nnodes = 1)"},
       {with({"--nproc-per-node", "2", "--nnodes", "2", "--master-addr", "10.0.0.1"}),
-       "--master-port = 0: with --nnodes = 2 every host needs the same port: must be in [1, 65535]"},
+       "--master-port = 0: with --nnodes = 2 every host needs the same port: must be in [1, 65534]"},
+      {with({"--nproc-per-node", "2", "--nnodes", "2", "--master-addr", "10.0.0.1",
+             "--master-port", "65535"}),
+       "--master-port = 65535: with --nnodes = 2 the launchers also use port + 1: must be in "
+       "[1, 65534]"},
+      {node1_with({"--nproc-per-node", "2", "--join-timeout", "0"}),
+       "--join-timeout = 0: must be in (0, 86400] s"},
+      {node1_with({"--nproc-per-node", "2", "--join-timeout", "nan"}), "--join-timeout: 'nan'"},
       {with({"--nproc-per-node", "2", "--nnodes", "2", "--master-port", "29500"}),
        "--nnodes = 2 needs --master-addr"},
       {node1_with({"--nproc-per-node", "x"}), "--nproc-per-node"},

@@ -1,8 +1,12 @@
 // `tally launch --nnodes 2` across two hosts with separate network stacks (netns_fixture.hpp), all
 // WITHOUT GLOO_SOCKET_IFNAME: each host runs the same launch with its --node-rank, as a user
-// would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, and a host that never joins
-// (the other fails at the rendezvous timeout, naming the address it used). Plus two launchers on
-// this host's loopback, which needs no namespaces. No torch here: the ranks are processes.
+// would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, a checkpoint saved there at
+// world size 4 and resumed at world size 2 on one host (resharding), and a host that never joins
+// (the other fails at the rendezvous timeout, naming the address it used). The launchers watch
+// each other (Note [launchers' store]): a rank failing on node 1 stops node 0's ranks within a
+// bound and both launchers name it; a launcher that never arrives is named by the other at the
+// join timeout. Plus two launchers on this host's loopback, which needs no namespaces. No torch
+// here: the ranks are processes.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -12,8 +16,10 @@
 #include <vector>
 
 #include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
 #include "netns_fixture.hpp"
 #include "tally/engine/dist_env.hpp"
+#include "tally/io/checkpoint.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
@@ -30,18 +36,37 @@ constexpr double kLimit_s = 120;  // one host's whole launch (--timeout 90 insid
 // A fresh namespace has no listening sockets, so any port is free there.
 constexpr int kPort = 29500;
 
+// `tally launch --nnodes 2 ... [launch_flags] -- program...` (any program).
+std::vector<std::string> launch_program(int node_rank, int nproc_per_node, const std::string& master,
+                                        int port, const std::vector<std::string>& launch_flags,
+                                        const std::vector<std::string>& program) {
+  std::vector<std::string> args = {TALLY_BINARY,       "launch",
+                                   "--nnodes",         "2",
+                                   "--node-rank",      std::to_string(node_rank),
+                                   "--nproc-per-node", std::to_string(nproc_per_node),
+                                   "--master-addr",    master,
+                                   "--master-port",    std::to_string(port),
+                                   "--timeout",        "90"};
+  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
+  args.push_back("--");
+  args.insert(args.end(), program.begin(), program.end());
+  return args;
+}
+
+// Every rank sleeps 60 s, except rank `failing`, which exits 3 after 1 s (the launchers have met
+// by then). Without the launchers' store the other host's ranks would sleep on.
+std::vector<std::string> one_rank_fails(int failing) {
+  return {"/bin/sh", "-c",
+          "if [ \"$RANK\" = " + std::to_string(failing) + " ]; then sleep 1; exit 3; fi; exec sleep 60"};
+}
+constexpr double kStopBound_s = 20;  // 1 s + a 0.1 s poll + the 3 s kill grace, on a loaded box
+
+// `tally launch --nnodes 2 ... -- tally command...`
 std::vector<std::string> launch_node(int node_rank, int nproc_per_node, const std::string& master,
                                      int port, const std::vector<std::string>& command) {
-  std::vector<std::string> args = {TALLY_BINARY,     "launch",
-                                   "--nnodes",       "2",
-                                   "--node-rank",    std::to_string(node_rank),
-                                   "--nproc-per-node", std::to_string(nproc_per_node),
-                                   "--master-addr",  master,
-                                   "--master-port",  std::to_string(port),
-                                   "--timeout",      "90",
-                                   "--",             TALLY_BINARY};
-  args.insert(args.end(), command.begin(), command.end());
-  return args;
+  std::vector<std::string> program = {TALLY_BINARY};
+  program.insert(program.end(), command.begin(), command.end());
+  return launch_program(node_rank, nproc_per_node, master, port, {}, program);
 }
 
 // Runs both commands at once (two hosts starting their launch), each with its own deadline.
@@ -62,6 +87,12 @@ class TwoHosts : public tally::netns::TwoHosts {
                                       launch_node(i, 2, a.address, kPort, command));
   }
   void expect_alone_fails(int node, const std::vector<std::string>& messages) const;
+  // Node i's launcher of 2 ranks running `program`, with extra launch flags.
+  std::vector<std::string> program_on_node(int i, const std::vector<std::string>& launch_flags,
+                                           const std::vector<std::string>& program) const {
+    return tally::netns::in_namespace(
+        i == 0 ? a.ns : b.ns, launch_program(i, 2, a.address, kPort, launch_flags, program));
+  }
 };
 
 TEST_F(TwoHosts, DdpCheckAcrossTwoHostsOfTwoRanks) {
@@ -136,6 +167,97 @@ TEST_F(TwoHosts, MissingNodeZeroFailsTheOtherAtTheRendezvousTimeout) {
                          "this rank uses local address 10.77.0.2 (interface veth-tally-b)"});
 }
 
+// Rank 3 (node 1's second rank) exits 3: node 1's launcher stops rank 2 and writes the failure to
+// the launchers' store; node 0's launcher reads it and stops ranks 0 and 1, which would otherwise
+// sleep for 60 s. Both exit 1 naming rank 3, node 1 and its address.
+TEST_F(TwoHosts, RankFailingOnOneHostStopsTheRanksOnEveryHost) {
+  const std::array<Ran, 2> ran = run_together(
+      {program_on_node(0, {}, one_rank_fails(3)), program_on_node(1, {}, one_rank_fails(3))});
+  const std::string failed = "rank 3 on node 1 (host ";
+  for (int node = 0; node < 2; ++node) {
+    const Ran& r = ran[node];
+    SCOPED_TRACE("node " + std::to_string(node) + ":\n" + r.out + r.err);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_LT(r.elapsed_s, kStopBound_s) << "the ranks were not stopped within the bound";
+    EXPECT_NE(r.err.find("tally launch: " + failed), std::string::npos);
+    EXPECT_NE(r.err.find(", 10.77.0.2) failed (exited with status 3)"), std::string::npos);
+  }
+  EXPECT_NE(ran[0].err.find("stopped 2 running ranks on node 0"), std::string::npos) << ran[0].err;
+  EXPECT_NE(ran[1].err.find("failed (exited with status 3); stopped 1 running rank"),
+            std::string::npos)
+      << ran[1].err;
+}
+
+// A sharded checkpoint saved by 4 ranks on two hosts (2 + 2; the namespaces share the file
+// system, as hosts share a checkpoint mount) resumes at world size 2 on one host: the state
+// loaded is the state saved (params and Adam m, v by CRC-32C, which rank 0 reported at the save),
+// training continues from step 4, and the checkpoint left behind is a verified 2-shard one.
+TEST_F(TwoHosts, CheckpointSavedAcrossTwoHostsResumesAtWorldSizeTwoOnOne) {
+  tally::test::TempDir tmp;
+  const std::string dir = (tmp.path / "ckpt").string();
+  const std::vector<std::string> save = {"run",   "checkpoint", "--json",       "--timeout",
+                                         "40",    "--dir",      dir,            "--steps",
+                                         "4",     "--no-roundtrip"};
+  const std::array<Ran, 2> saved = run_together({on_node(0, save), on_node(1, save)});
+  ASSERT_EQ(saved[0].exit_code, 0) << saved[0].out << saved[0].err;
+  ASSERT_EQ(saved[1].exit_code, 0) << saved[1].out << saved[1].err;
+  json saved0;
+  for (const std::string& line : rank_lines(saved[0].out, 0))
+    if (json j = json::parse(line, nullptr, false); !j.is_discarded() && j["event"] == "result")
+      saved0 = j;
+  ASSERT_TRUE(saved0.is_object()) << saved[0].out;
+  ASSERT_EQ(saved0["world_size"], 4);
+  EXPECT_EQ(tally::io::verify_checkpoint(dir).world_size, 4);
+
+  const Ran resumed = run_command(
+      tally::netns::in_namespace(
+          a.ns, {TALLY_BINARY, "launch", "--nproc", "2", "--timeout", "90", "--", TALLY_BINARY,
+                 "run", "checkpoint", "--json", "--timeout", "40", "--dir", dir, "--steps", "6",
+                 "--resume"}),
+      kLimit_s);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    json r;
+    for (const std::string& line : rank_lines(resumed.out, rank))
+      if (json j = json::parse(line, nullptr, false); !j.is_discarded() && j["event"] == "result")
+        r = j;
+    SCOPED_TRACE("rank " + std::to_string(rank) + ": " + r.dump());
+    ASSERT_TRUE(r.is_object()) << resumed.out;
+    EXPECT_TRUE(r["resumed"].get<bool>());
+    EXPECT_EQ(r["loaded_world_size"], 4);
+    EXPECT_EQ(r["world_size"], 2);
+    EXPECT_EQ(r["start_step"], 4);
+    EXPECT_EQ(r["loaded_params_crc32c"], saved0["params_crc32c"]);
+    EXPECT_EQ(r["loaded_optimizer_crc32c"], saved0["optimizer_crc32c"]);
+    EXPECT_EQ(r["steps"].size(), 2u);
+    EXPECT_TRUE(r["ok"].get<bool>());
+  }
+  EXPECT_EQ(tally::io::verify_checkpoint(dir).world_size, 2);
+}
+
+// Node 1's launcher never starts: node 0's launcher (its ranks healthy, sleeping) stops them at
+// the 5 s join timeout and names the missing node.
+TEST_F(TwoHosts, LauncherThatNeverJoinsIsNamedAtTheJoinTimeout) {
+  const Ran r = run_command(program_on_node(0, {"--join-timeout", "5"}, {"/bin/sleep", "60"}),
+                            kLimit_s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_LT(r.elapsed_s, 5 + kStopBound_s) << r.err;
+  EXPECT_NE(r.err.find("tally launch: node 1 of 2 never joined within 5 s (--join-timeout; the "
+                       "launchers' store at 10.77.0.1:29501); stopped 2 running ranks"),
+            std::string::npos)
+      << r.err;
+}
+
+// Node 0's launcher never starts: node 1's finds no store to join and names node 0.
+TEST_F(TwoHosts, MissingNodeZeroLauncherIsNamedAtTheJoinTimeout) {
+  const Ran r = run_command(program_on_node(1, {"--join-timeout", "5"}, {"/bin/sleep", "60"}),
+                            kLimit_s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_LT(r.elapsed_s, 5 + kStopBound_s) << r.err;
+  EXPECT_NE(r.err.find("tally launch: node 0 of 2 never joined within 5 s"), std::string::npos)
+      << r.err;
+}
+
 // Two launchers on one host (the loopback): the multi-host contract without namespaces.
 TEST(TwoNodesOnLoopback, GlooSmokeSumsOverBothLaunchers) {
   unsetenv("GLOO_SOCKET_IFNAME");
@@ -152,6 +274,23 @@ TEST(TwoNodesOnLoopback, GlooSmokeSumsOverBothLaunchers) {
               std::string::npos)
         << ran[node].out;
   }
+}
+
+// The launchers' store on the loopback: rank 0 (node 0) fails, node 1's launcher stops rank 1.
+TEST(TwoNodesOnLoopback, RankFailingUnderOneLauncherStopsTheOther) {
+  const int port = tally::engine::find_free_port();
+  const std::array<Ran, 2> ran = run_together(
+      {launch_program(0, 1, "127.0.0.1", port, {}, one_rank_fails(0)),
+       launch_program(1, 1, "127.0.0.1", port, {}, one_rank_fails(0))});
+  for (int node = 0; node < 2; ++node) {
+    EXPECT_EQ(ran[node].exit_code, 1) << ran[node].err;
+    EXPECT_LT(ran[node].elapsed_s, kStopBound_s) << ran[node].err;
+    EXPECT_NE(ran[node].err.find("tally launch: rank 0 on node 0 (host "), std::string::npos)
+        << ran[node].err;
+  }
+  EXPECT_NE(ran[1].err.find("failed (exited with status 3); stopped 1 running rank on node 1"),
+            std::string::npos)
+      << ran[1].err;
 }
 
 }  // namespace

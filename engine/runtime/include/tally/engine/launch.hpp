@@ -14,6 +14,14 @@
 // signal) the others are stopped: SIGTERM to every rank's process group, SIGKILL after
 // kill_grace_s. When timeout_s passes, all ranks are stopped the same way. Whatever happens, every
 // rank's process group is SIGKILLed before launch() returns, so a rank's stray children go too.
+//
+// Across hosts (N > 1) the launchers watch each other through a store of their own that node 0's
+// launcher serves on MASTER_PORT + 1 (Note [launchers' store] in launcher_group.hpp): a rank
+// failing on any host stops the ranks on every host (each launcher reads the store every 0.1 s,
+// then SIGTERM, SIGKILL after kill_grace_s) and every launcher exits 1 naming the failed rank, its
+// node and host; a host whose launcher has not arrived within join_timeout_s stops the others,
+// which exit 1 naming the missing node ranks. A launcher whose ranks all succeeded waits (at most
+// join_timeout_s) for the other hosts' ranks to end, so a failure there still fails it.
 #pragma once
 
 #include <string>
@@ -31,6 +39,7 @@ struct LaunchOptions {
   int master_port = 0;                    // 0 = a free port on 127.0.0.1 (N = 1 only)
   std::string master_addr = "127.0.0.1";  // node 0's host, as every host reaches it
   double kill_grace_s = 3;                // SIGTERM → SIGKILL
+  double join_timeout_s = 300;            // N > 1: every host's launcher must arrive by then
   std::vector<std::string> command;       // program and arguments; the program is looked up in PATH
   // Throws tally::InvalidInput with the flag's name, e.g. "--nproc = 0: must be in [1, 256]",
   // "--node-rank = 2: must be in [0, 1] (--nnodes = 2)".
@@ -39,7 +48,8 @@ struct LaunchOptions {
   int global_rank(int local_rank) const { return node_rank * nproc + local_rank; }
 };
 
-enum class LaunchOutcome { ok, rank_failed, timed_out, interrupted };
+// remote_failed: a rank on another host failed; nodes_missing: a host never arrived (N > 1).
+enum class LaunchOutcome { ok, rank_failed, timed_out, interrupted, remote_failed, nodes_missing };
 
 struct RankExit {
   int rank = 0;             // global rank
@@ -52,8 +62,11 @@ struct RankExit {
 
 struct LaunchResult {
   LaunchOutcome outcome = LaunchOutcome::ok;
-  int exit_code = 0;          // what `tally launch` exits with: 0, 1 (a rank failed), 124, 128+sig
+  int exit_code = 0;          // what `tally launch` exits with: 0, 1 (a rank failed, here or on
+                              // another host, or a host never arrived), 124, 128+sig
   int failed_rank = -1;       // the first rank seen failing (rank_failed)
+  std::string remote_failure; // remote_failed: "rank 3 on node 1 (host h, 10.0.0.2) failed (...)"
+  std::vector<int> missing_nodes;  // nodes_missing (and rank_failed, when some never arrived)
   int master_port = 0;        // the port the ranks were given
   double elapsed_s = 0;
   std::vector<RankExit> ranks;  // this host's, by local rank

@@ -48,10 +48,16 @@ struct TimedLoopResult {
 // Every rank of `comm` calls it with the same W and S.
 TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop);
 
+// Which clock time_calls reads. wall: steady_clock, what a user waits. process_cpu: the CPU time
+// of this process, all its threads (CLOCK_PROCESS_CPUTIME_ID) — the work a compute kernel did,
+// whatever else the scheduler ran on the cores meanwhile (Note [health-check timing under load]).
+enum class TimerClock { wall, process_cpu };
+
 // One process's kernel timing (`tally bench gemm|memory`): `call` runs W times untimed, then S
 // samples are timed, each repeating `call` r times, r = the smallest power of two for which one
 // warm-up sample lasted >= min_sample_s (short kernels are timed over many calls, as
 // timeit.autorange does). Returns the statistics of the per-call time (sample / r).
-TimeStats time_calls(int warmup, int samples, double min_sample_s, const std::function<void()>& call);
+TimeStats time_calls(int warmup, int samples, double min_sample_s, const std::function<void()>& call,
+                     TimerClock clock = TimerClock::wall);
 
 }  // namespace tally::engine

@@ -27,6 +27,7 @@ struct BenchKernelTiming {
   int warmup = 2;                  // W untimed calls
   int samples = 7;                 // S timed samples
   double min_sample_s = 2e-3;      // each sample repeats the call to last at least this
+  TimerClock clock = TimerClock::wall;  // health-check: process_cpu
   void validate() const;           // InvalidInput naming the flag
 };
 
@@ -51,6 +52,11 @@ struct BenchGemmResult {
 };
 
 BenchGemmResult run_bench_gemm(const BenchGemmOptions& options);
+// One shape of that grid, on the calling thread's current torch thread count. Each timed call runs
+// at::mm_out `repeat` times (1 for the benchmark; `tally run health-check` repeats it on the rank
+// it is told to slow down, so that rank's call takes `repeat` times as long whatever the load).
+GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKernelTiming& timing,
+                  int repeat = 1);
 
 struct BenchMemoryOptions {
   // 256 KiB … 256 MiB by 4×: from the core's cache to DRAM on common hosts.
@@ -72,6 +78,8 @@ struct BenchMemoryResult {
 };
 
 BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options);
+// One working set of that sweep (rounded down to whole float32 pairs); `repeat` as in time_gemm.
+MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& timing, int repeat = 1);
 
 // The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
 // device, peak_flops, sm_count and gemm; a memory result memory_curve and memory_bytes_per_s.

@@ -1,0 +1,122 @@
+// `tally run health-check` (seed plan 4 ①, 检错: locate the bad card within minutes). Every rank of
+// a group started with `tally launch --nproc N -- tally run health-check` measures itself and its
+// links, and every rank returns the same report (rank 0's CLI prints it):
+//
+//   gemm      C (n × n) = A · B, float32, at::mm_out on 1 torch thread, timed by the benchmarks'
+//             time_calls (bench/kernels.hpp time_gemm): FLOP/s = 2n³ / median per-call time;
+//   memory    a.add_(b, α) over a working set of W bytes (bench/kernels.hpp time_memory): bytes/s
+//             = 3 · W/2 / median (read a, read b, write a);
+//   link      rank r sends S bytes to its ring neighbour r+1 mod k (Comm::send / recv over Gloo),
+//             timed by the harness's run_timed_loop: bytes/s = S / least time;
+//   all-reduce  the whole group, S bytes, Gloo's algorithm: busbw = bus_bandwidth(all_reduce, S/t,
+//             k) (core/comm.hpp, the planner's formula) — one figure for the group, not flagged;
+//   checksum  CRC-32C of the bytes of C = A · B, n × n, A and B from randn after manual_seed(fixed):
+//             the same inputs on every rank, so on one machine every rank's bytes must agree.
+//
+// Note [health-check timing under load]
+// A straggler is a rank (or link) whose figure is more than `straggler_threshold` slower than the
+// group median: its time exceeds (1 + threshold) × the median time, i.e. figure < median / (1 +
+// threshold). Comparing ranks only means something if they were measured under the same conditions,
+// and a 2-core CI box running 4 ranks beside other builds is the worst case. Three measures:
+//   - one at a time: the rank kernels and the links are measured barrier-serialised (rank 0's
+//     turn, then rank 1's, ...), so ranks never contend with each other for the cores;
+//   - kernels on the process's CPU clock (TimerClock::process_cpu), on one torch thread: the work
+//     the GEMM or the add did, not how long the scheduler gave the cores to someone else meanwhile
+//     (on a loaded box, wall-clock GEMM figures of healthy ranks were seen 0.37× to 2.2× their
+//     median; a slowed rank's extra work shows on the CPU clock as on the wall clock);
+//   - `rounds` interleaved repetitions (every rank's turn in each round), so that a burst of
+//     outside load falls on every rank's samples alike: a rank's figure is the median of its
+//     rounds; a link's is its fastest message over all rounds (a transfer can only be delayed by
+//     load, never sped up, so the least time is the link's own).
+// On that box, with 4 ranks beside other builds (and two busy loops), healthy ranks' GEMM figures
+// stayed within 0.92–1.04× their median and memory figures within 0.83–1.12× (the 16 MiB working
+// set shares the last-level cache with whatever else runs), but healthy loopback links ranged
+// 0.55–1.4×: a transfer needs both processes on a core at once, and no clock can remove that from
+// a wall time. So the defaults leave room: a rank is flagged beyond 1.5× the median time
+// (`straggler_threshold` 0.5), a link beyond 2.5× (`link_straggler_threshold` 1.5); on a quiet
+// cluster, pass tighter ones. An injected 8× slowdown reads about 0.12×.
+// Fault injection (tests, drills): fault.slow_rank runs each timed GEMM and memory call's work
+// `slow_factor` times and sends each of its link messages that many times (its neighbour receives
+// them all), so its figures drop to 1/slow_factor of a healthy rank's whatever the load;
+// fault.corrupt_rank flips the lowest mantissa bit of one element of its checksum GEMM's result
+// before the checksum — the smallest silent corruption there is.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "tally/engine/bench/harness.hpp"
+#include "tally/engine/dist_env.hpp"
+
+namespace tally::engine {
+
+struct HealthCheckFault {
+  int slow_rank = -1;        // -1 = none
+  int slow_factor = 4;       // ≥ 2 when slow_rank is set
+  int corrupt_rank = -1;     // -1 = none
+};
+
+struct HealthCheckOptions {
+  double straggler_threshold = 0.5;   // a rank: flagged when more than 50 % slower than the median
+  double link_straggler_threshold = 1.5;  // a link: more than 150 % slower (2.5× the median time)
+  std::int64_t gemm_n = 256;          // n of the n × n × n GEMM (timing and checksum)
+  double memory_bytes = 16 * 1048576.0;  // W, the memory test's working set
+  double link_bytes = 4e6;            // S of each send / recv and the all-reduce
+  int rounds = 5;                     // interleaved repetitions (Note [health-check timing ...])
+  double timeout_s = 60;              // rendezvous and every collective
+  HealthCheckFault fault;
+  // Throws InvalidInput naming the flag, the value and the allowed range; fault ranks must be -1
+  // or a rank of `world_size`.
+  void validate(int world_size) const;
+};
+
+struct RankHealth {
+  int rank = 0;
+  double gemm_flops_per_s = 0;
+  double memory_bytes_per_s = 0;
+  std::uint32_t checksum = 0;       // CRC-32C of the checksum GEMM's result bytes
+  double gemm_vs_median = 1;        // gemm_flops_per_s / the group median
+  double memory_vs_median = 1;
+  bool gemm_straggler = false, memory_straggler = false;
+  bool wrong_result = false;        // checksum differs from the majority's (or there is none)
+  bool straggler() const { return gemm_straggler || memory_straggler; }
+};
+
+struct LinkHealth {
+  int src = 0, dst = 0;             // dst = src + 1 mod k
+  TimeStats time;                   // per message, the slower end's, over every round
+  double bytes_per_s = 0;           // S / min (Note [health-check timing under load])
+  double vs_median = 1;
+  bool straggler = false;
+};
+
+struct HealthCheckResult {
+  HealthCheckOptions options;
+  int world_size = 1;
+  std::vector<RankHealth> ranks;    // by rank
+  std::vector<LinkHealth> links;    // r → r+1 mod k, by r; none for k = 1
+  double gemm_median_flops_per_s = 0, memory_median_bytes_per_s = 0, link_median_bytes_per_s = 0;
+  double link_message_bytes = 0;    // S as sent (whole float32 elements)
+  TimeStats all_reduce_time;        // k ≥ 2
+  double all_reduce_busbw_bps = 0;  // k ≥ 2
+  std::optional<std::uint32_t> majority_checksum;  // held by more than half the ranks
+
+  std::vector<int> straggler_ranks() const;
+  std::vector<int> wrong_result_ranks() const;
+  std::vector<int> straggler_links() const;  // by src
+  bool ok() const {
+    return straggler_ranks().empty() && wrong_result_ranks().empty() && straggler_links().empty();
+  }
+};
+
+// Pure parts, exposed for tests. Figures are rates (higher is better); flagged[i] when
+// figures[i] < median / (1 + threshold). Median as time_stats: the mean of the middle two.
+std::vector<bool> flag_stragglers(const std::vector<double>& figures, double threshold);
+// The value held by more than half of `values`, if any.
+std::optional<std::uint32_t> majority_value(const std::vector<std::uint32_t>& values);
+
+// Throws InvalidInput for bad env / options, CommError when the group fails.
+HealthCheckResult run_health_check(const DistEnv& env, const HealthCheckOptions& options = {});
+
+}  // namespace tally::engine
