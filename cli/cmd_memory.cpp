@@ -35,13 +35,18 @@ struct MemoryOptions {
   std::vector<std::string> lora_targets = {"q", "v"};
   bool no_double_quant = false, no_upcast = false;
   bool max_seq = false;              // with --gpu: the longest sequence that fits
+  std::string lora_flag_given;       // the first LoRA/quantization flag typed ("" = none)
 };
 
 // The LoRA / QLoRA ledger of the options; nullopt for full fine-tuning.
 std::optional<FineTuneLedger> finetune_of(const MemoryOptions& o, const ModelSpec& model,
                                           Precision precision) {
   const FineTune method = *parse_finetune(o.method);
-  if (method == FineTune::full) return std::nullopt;
+  if (method == FineTune::full) {
+    if (!o.lora_flag_given.empty())  // never silently ignored
+      throw InvalidInput(o.lora_flag_given + " applies to --method lora or qlora (--method is full)");
+    return std::nullopt;
+  }
   if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.zero > 0)
     throw InvalidInput("--method " + o.method +
                        ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--zero)");
@@ -360,7 +365,13 @@ void register_memory(CLI::App& app) {
   cmd->add_flag("--no-upcast", o->no_upcast,
                 "keep embeddings, head and norms in the compute dtype (default: fp32, as PEFT's "
                 "prepare_model_for_kbit_training casts them)");
-  cmd->callback([o] { run_memory(*o); });
+  cmd->callback([o, cmd] {
+    for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-targets", "--quant",
+                             "--no-double-quant", "--quant-block", "--no-upcast"})
+      if (o->lora_flag_given.empty() && cmd->get_option(flag)->count() > 0)
+        o->lora_flag_given = flag;
+    run_memory(*o);
+  });
 }
 
 }  // namespace tally::cli

@@ -486,8 +486,10 @@ TEST_P(CliEdges, NoInfOrNanAtTheEndsOfEveryInterval) {
   const std::regex bounded(R"(^\s+(--[a-z0-9-]+) FLOAT:in [\[(]([^,]+), ([^\])]+)[\])])");
   while (std::getline(in, line)) {
     std::smatch m;
-    // --tokens excludes --days; flags in `base` stay as given there.
+    // --tokens excludes --days; --lora-* need --method lora|qlora; flags in `base` stay as given.
     if (std::regex_search(line, m, bounded) && m[1] != "--tokens" &&
+        !(m[1].str().rfind("--lora-", 0) == 0 &&
+          std::string(base).find("--method") == std::string::npos) &&
         std::string(base).find(m[1].str() + " ") == std::string::npos)
       flags.push_back({m[1], m[2], m[3]});
   }
@@ -507,6 +509,7 @@ TEST_P(CliEdges, NoInfOrNanAtTheEndsOfEveryInterval) {
 INSTANTIATE_TEST_SUITE_P(
     Ledgers, CliEdges,
     ::testing::Values(EdgeCase{"memory", "--model seed-7b --seq 2048 --gpu h100-80g"},
+                      EdgeCase{"memory", "--model seed-7b --seq 2048 --gpu h100-80g --method qlora"},
                       EdgeCase{"comm", "--collective all-reduce --size-gb 1 --ranks 8"},
                       EdgeCase{"comm", "--model seed-7b --dp 2 --tp 2 --pp 2 --seq 2048"},
                       EdgeCase{"bubble", "--pp 4 --micro-batches 8"},
@@ -607,7 +610,8 @@ TEST(Cli, MemoryQloraLedger) {
   for (const char* bad : {"memory --model llama-2-7b --method qlora --tp 2 --seq 128",
                           "memory --model gpt2-124m --method lora --lora-targets gate",
                           "memory --model llama-2-7b --method qlora --lora-targets q,x",
-                          "memory --model llama-2-7b --method qlora --precision fp32"}) {
+                          "memory --model llama-2-7b --method qlora --precision fp32",
+                          "memory --model llama-2-7b --lora-rank 16"}) {
     const auto r = tally(bad);
     EXPECT_EQ(r.rc, 2) << bad;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
