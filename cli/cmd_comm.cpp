@@ -22,7 +22,8 @@ struct CommOptions {
   std::optional<std::string> collective;
   std::optional<double> size_bytes, bandwidth_bps, latency_us;  // bytes, bytes/s, µs
   std::optional<int> ranks;
-  int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  double capacity_factor = 1;
   bool sp = false;
   std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
   std::string precision = "bf16", recompute = "none";
@@ -69,8 +70,19 @@ void run_collective(const CommOptions& o) {
 
 void run_step(const CommOptions& o) {
   const ModelSpec m = *resolve_model(o.model);
-  if (m.params_only && (o.tp > 1 || o.pp > 1 || o.cp > 1))
-    throw InvalidInput("--tp/--pp/--cp traffic needs an architecture: give --model, not --params");
+  if (m.params_only && (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1))
+    throw InvalidInput("--tp/--pp/--cp/--ep traffic needs an architecture: give --model, not "
+                       "--params");
+  if (o.ep > 1 && !m.is_moe())
+    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": " + m.name +
+                       " is not a mixture-of-experts model");
+  if (o.ep > 1 && m.experts % o.ep != 0)
+    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide the routed experts (" +
+                       std::to_string(m.experts) + ")");
+  if ((std::int64_t(o.dp) * o.cp) % o.ep != 0)
+    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide --dp × --cp = " +
+                       std::to_string(std::int64_t(o.dp) * o.cp) +
+                       " (expert-parallel ranks are data-parallel ranks)");
   const ClusterSpec c = resolve_cluster(o.cluster);
   const double elem = dtype_bytes(precision_from(o.precision));
   const StepTrafficSetup setup{
@@ -78,7 +90,9 @@ void run_step(const CommOptions& o) {
       .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
       .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
-      .kv_hidden = m.kv_heads * m.head_dim()};
+      .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep,
+      .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),
+      .experts_per_token = m.experts_per_token, .capacity_factor = o.capacity_factor};
   const StepTraffic t = step_traffic(setup);
   const SizeUnit u = o.out.size_unit();
   nlohmann::json items = nlohmann::json::array();
@@ -143,7 +157,7 @@ void register_comm(CLI::App& app) {
   add_model_flags(cmd, o->model);
   add_cluster_flags(cmd, o->cluster);
   cmd->add_option("--collective", o->collective, "all-reduce | reduce-scatter | all-gather | "
-                                                 "broadcast | p2p")
+                                                 "broadcast | p2p | all-to-all")
       ->check(one_of(allowed_collectives()));
   add_size_flag(cmd, "--size", "--size-gb", o->size_bytes, "S: full tensor size", 1e-3, 1e18);
   cmd->add_option("--ranks", o->ranks, "k: ranks in the collective")->check(CLI::Range(1, 1 << 24));
@@ -158,6 +172,14 @@ void register_comm(CLI::App& app) {
   cmd->add_option("--tp", o->tp, "tensor-parallel degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "context-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--ep", o->ep,
+                  "expert-parallel degree (MoE; carved out of dp × cp, must divide it and the "
+                  "experts)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--capacity-factor", o->capacity_factor,
+                  "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
+      ->check(finite_in(1, 64))
+      ->capture_default_str();
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
   cmd->add_flag("--sp", o->sp, "sequence parallelism");
   cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))->capture_default_str();

@@ -21,7 +21,8 @@ struct MemoryOptions {
   ModelOptions model;
   OutputOptions out;
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
-  int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
+  int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, interleave = 1;
+  double capacity_factor = 1;
   std::optional<int> micro_batches;  // unset: --pp in flight
   bool sp = false, no_dropout = false, dropout = false;
   std::optional<std::int64_t> seq;   // unset: model states only, no activations
@@ -47,9 +48,9 @@ std::optional<FineTuneLedger> finetune_of(const MemoryOptions& o, const ModelSpe
       throw InvalidInput(o.lora_flag_given + " applies to --method lora or qlora (--method is full)");
     return std::nullopt;
   }
-  if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.zero > 0)
+  if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.ep > 1 || o.zero > 0)
     throw InvalidInput("--method " + o.method +
-                       ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--zero)");
+                       ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--ep/--zero)");
   if (precision == Precision::fp32 && method == FineTune::qlora)
     throw InvalidInput("--method qlora --precision fp32: the compute dtype must be bf16 or fp16");
   LoraSetup s{.method = method, .rank = o.lora_rank, .alpha = o.lora_alpha, .targets = {},
@@ -90,12 +91,22 @@ void run_memory(const MemoryOptions& o) {
   const SizeUnit unit = o.out.size_unit();
   const Precision precision = precision_from(o.precision);
   // Model parallelism splits the weights first; ZeRO then shards over the data-parallel group.
+  if (o.ep > 1 && !model.is_moe())
+    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": " + model.name +
+                       " is not a mixture-of-experts model");
+  if (o.ep > 1 && model.experts % o.ep != 0)
+    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide the routed experts (" +
+                       std::to_string(model.experts) + ")");
+  if (o.dp % o.ep != 0)
+    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide --dp = " +
+                       std::to_string(o.dp) + " (expert-parallel ranks are data-parallel ranks)");
   const double n_total = state_params(model);
   const double n_gpu = n_total / (double(o.tp) * o.pp);
   const auto states = model_states(n_gpu, StateSetup{.precision = precision,
                                                      .optimizer = optimizer_from(o.optimizer),
                                                      .zero_stage = o.zero,
-                                                     .shard_degree = o.dp});
+                                                     .shard_degree = o.dp, .ep = o.ep,
+                                                     .expert_share = routed_expert_share(model)});
   const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
@@ -108,7 +119,8 @@ void run_memory(const MemoryOptions& o) {
                                   .micro_batches = o.micro_batches.value_or(o.pp),
                                   .recompute = recompute_from(o.recompute),
                                   .attention = attention_from(o.attention),
-                                  .dropout = o.dropout || (!o.no_dropout && model.dropout)});
+                                  .dropout = o.dropout || (!o.no_dropout && model.dropout),
+                                  .capacity_factor = o.capacity_factor});
   };
   const double states_total = ft ? ft->static_bytes() : states.bytes.total();
   std::optional<ClusterSpec> gpu;
@@ -117,7 +129,7 @@ void run_memory(const MemoryOptions& o) {
   const double buffers =
       ft || (o.zero == 3 && !layers_known)
           ? 0.0  // one GPU has no DDP buckets; ZeRO-3's gathered layers need the layer count
-          : buffer_bytes(o.zero, n_gpu, layers_known ? model.layers / o.pp : 1,
+          : buffer_bytes(o.zero, states.local_params, layers_known ? model.layers / o.pp : 1,
                          dtype_bytes(precision));
   auto fit_with = [&](double act_bytes) {
     return check_fit(states_total, act_bytes, buffers,
@@ -171,7 +183,7 @@ void run_memory(const MemoryOptions& o) {
                       {"convention", convention},
                       {"unit_of_gb_fields", "GB = 1e9 bytes"},
                       {"n_params", count_json(n_total)},
-                      {"params_per_gpu", n_gpu},
+                      {"params_per_gpu", states.local_params},
                       {"bytes_per_param", {{"params", states.per_param.params},
                                            {"grads", states.per_param.grads},
                                            {"m", states.per_param.m},
@@ -230,8 +242,9 @@ void run_memory(const MemoryOptions& o) {
     return;
   }
 
-  fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {})\n", model.name,
-             n_total, n_gpu, o.tp, o.pp);
+  fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {}{})\n", model.name,
+             n_total, states.local_params, o.tp, o.pp,
+             o.ep > 1 ? fmt::format(" × EP {} of the routed experts", o.ep) : "");
   if (o.max_seq) {
     if (max_seq)
       fmt::print("longest sequence that fits on {}: {} tokens (micro-batch {}; the report below is "
@@ -312,6 +325,14 @@ void register_memory(CLI::App& app) {
   cmd->add_option("--tp", o->tp, "tensor-parallel degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "context-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--ep", o->ep,
+                  "expert-parallel degree (MoE: routed experts split over EP, their ZeRO shards "
+                  "over --dp / EP; must divide --dp and the experts)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--capacity-factor", o->capacity_factor,
+                  "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
+      ->check(finite_in(1, 64))
+      ->capture_default_str();
   cmd->add_flag("--sp", o->sp, "sequence parallelism (with --tp > 1)");
   cmd->add_option("--seq", o->seq, "sequence length T (adds activations)")
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24));

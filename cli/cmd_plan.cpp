@@ -23,7 +23,8 @@ struct PlanOptions {
   OutputOptions out;
   ModelOptions model{.model = std::string(kDefaultModel)};
   ClusterOptions cluster;
-  int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0;
+  int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0, max_ep = 0;
+  double capacity_factor = 1;
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -34,11 +35,11 @@ struct PlanOptions {
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
   bool no_overlap_dp = false, overlap_dp = false, no_overlap_param_gather = false,
-       tp_overlap = false, no_dropout = false, dropout = false, exhaustive = false;
+       tp_overlap = false, ep_overlap = false, no_dropout = false, dropout = false, exhaustive = false;
   // compare
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
-  int tp = 1, pp = 1, cp = 1, zero = 0, interleave = 1;
+  int tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, interleave = 1;
   bool sp = false;
   std::int64_t micro_batch = 1;
   std::optional<std::int64_t> grad_accum;  // unset: B / (dp·b)
@@ -53,7 +54,8 @@ PlanRequest make_request(const PlanOptions& o) {
                 .allocator_allowance = o.memory.allocator_allowance,
                 .runtime_bytes = o.memory.runtime_mib * kMiB, .overlap_dp = !o.no_overlap_dp,
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
-                .restart_hours = o.restart_minutes / 60};
+                .ep_overlap = o.ep_overlap,
+                .capacity_factor = o.capacity_factor, .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
@@ -72,7 +74,7 @@ PlanRequest make_request(const PlanOptions& o) {
 void run_plan(const PlanOptions& o) {
   const PlanRequest req = make_request(o);
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
-                    .prune = !o.exhaustive, .top = o.top};
+                    .max_ep = o.max_ep, .prune = !o.exhaustive, .top = o.top};
   if (!o.recompute_policies.empty()) {
     space.recomputes.clear();
     for (const auto& name : o.recompute_policies) space.recomputes.push_back(recompute_from(name));
@@ -95,7 +97,7 @@ void run_plan(const PlanOptions& o) {
 void run_compare(const PlanOptions& o) {
   const PlanRequest req = make_request(o);
   Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
-              .interleave = o.interleave, .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
+              .interleave = o.interleave, .ep = o.ep, .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
               .recompute = recompute_from(o.recompute), .attention = attention_from(o.attention)};
   if (!o.dp) {
     const std::int64_t mp = std::int64_t(o.tp) * o.pp * o.cp;
@@ -149,6 +151,11 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->check(one_of(allowed_optimizers()))
       ->capture_default_str();
   add_memory_budget_flags(cmd, o.memory);
+  cmd->add_option("--capacity-factor", o.capacity_factor,
+                  "MoE: expert slots as a multiple of the balanced share (token-dropping "
+                  "capacity factor; 1 = dropless, balanced routing)")
+      ->check(finite_in(1, 64))
+      ->capture_default_str();
   cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
                 "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
                 "default: overlapped with backward but for the last bucket, as PyTorch DDP)")
@@ -156,6 +163,9 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_flag("--no-overlap-param-gather", o.no_overlap_param_gather,
                 "ZeRO-1/2 parameter all-gather exposed (DeepSpeed; default: overlapped with the "
                 "next forward, Megatron --overlap-param-gather)");
+  cmd->add_flag("--ep-overlap", o.ep_overlap,
+                "hide MoE all-to-alls behind another micro-batch's kernels (Megatron-Core "
+                "--overlap-moe-expert-parallel-comm, DeepSeek's DualPipe; default: exposed)");
   cmd->add_flag("--tp-overlap", o.tp_overlap,
                 "hide TP collectives behind GEMMs (Transformer Engine comm-GEMM overlap; default: "
                 "exposed)");
@@ -207,6 +217,10 @@ void register_plan(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--max-pp", o->max_pp, "largest PP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-cp", o->max_cp, "largest CP degree searched")->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-ep", o->max_ep,
+                  "largest expert-parallel degree searched (MoE models; default: every divisor "
+                  "of dp × cp that divides the experts)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--attention", o->attention, "flash | materialized | any")
       ->check(one_of({"flash", "materialized", "any"}))
       ->capture_default_str();
@@ -231,6 +245,10 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--tp", o->tp, "base TP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--pp", o->pp, "base PP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "base CP degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--ep", o->ep,
+                  "base expert-parallel degree (MoE; carved out of dp × cp, must divide it and "
+                  "the experts)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
   cmd->add_option("--pp-layers", o->pp_layers,
                   "base layers per pipeline stage, comma-separated, e.g. 7,8,8,…,8,7 (default: the "

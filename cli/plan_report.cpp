@@ -16,6 +16,7 @@ nlohmann::json eval_json(const PlanEval& e) {
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
+          {"ep", l.ep},
           {"sp", l.sp},
           {"interleave", l.interleave},
           {"zero", l.zero},
@@ -43,6 +44,7 @@ nlohmann::json eval_json(const PlanEval& e) {
           {"optimizer_seconds", e.optimizer_s},
           {"tp_seconds", e.tp_s},
           {"cp_seconds", e.cp_s},
+          {"ep_seconds", e.ep_s},
           {"pp_seconds", e.pp_s},
           {"dp_seconds", e.dp_s},
           {"dp_exposed_seconds", e.dp_exposed_s},
@@ -199,7 +201,8 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   }
   const PlanEval& b = r.best.front();
   const StateSetup ss{.precision = q.precision, .optimizer = q.optimizer, .zero_stage = b.layout.zero,
-                      .shard_degree = b.layout.dp * b.layout.cp};
+                      .shard_degree = b.layout.dp * b.layout.cp, .ep = b.layout.ep,
+                      .expert_share = routed_expert_share(q.model)};
   const std::string state_conv =
       convention_with_unit(model_states(1.0, ss).convention(), u);
   fmt::print("PLAN  {}\n\n", b.layout.describe());
@@ -220,8 +223,10 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
              size_str(b.total_bytes, u), size_str(b.usable_bytes, u), pct(q.headroom),
              size_str(b.usable_bytes - b.total_bytes, u));
   fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
-             "PP {:.3f} s, DP/ZeRO {:.3f} s (of {:.3f} s)\n",
-             size_str(b.comm_bytes_per_gpu, u), b.tp_s, b.cp_s, b.pp_s, b.dp_exposed_s, b.dp_s);
+             "PP {:.3f} s, {}DP/ZeRO {:.3f} s (of {:.3f} s)\n",
+             size_str(b.comm_bytes_per_gpu, u), b.tp_s, b.cp_s, b.pp_s,
+             b.layout.ep > 1 ? fmt::format("EP all-to-all {:.3f} s, ", b.ep_s) : "",
+             b.dp_exposed_s, b.dp_s);
   if (q.time_model == TimeModel::operators)
     fmt::print("  compute       {:>10.3f} s  kernels of the busiest stage (operator model), "
                "optimizer step {:.3f} s\n",

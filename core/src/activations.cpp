@@ -62,6 +62,9 @@ void ActivationSetup::validate(const ModelSpec& m) const {
   if (sequence_parallel && tp == 1)
     throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
+  if (!(capacity_factor >= 1 && capacity_factor <= 64))
+    throw InvalidInput("--capacity-factor = " + std::to_string(capacity_factor) +
+                       ": must be in [1, 64]");
 }
 
 // The per-layer inventory of Note [activation inventory] for one micro-batch. `add(name, formula,
@@ -78,10 +81,11 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   const double t = a.tp, sl = double(a.seq) / a.cp, s = double(a.seq), b = double(a.micro_batch);
   const double h = double(m.hidden), hkv = double(m.kv_heads * (m.qk_dim() + m.value_dim())) / 2;
   const double hq = double(m.heads * m.qk_dim()), ho = double(m.heads * m.value_dim());
+  const bool moe = m.is_moe() && !dense_layer;
+  const double routed = moe ? double(m.experts_per_token) * a.capacity_factor : 0.0;
   const double f = dense_layer ? double(m.dense_ffn)
-                   : m.is_moe() ? double(m.experts_per_token * m.ffn +
-                                         m.shared_experts * m.shared_expert_ffn)
-                                : double(m.ffn);
+                   : moe ? routed * double(m.ffn) + double(m.shared_experts * m.shared_expert_ffn)
+                         : double(m.ffn);
   const double heads = double(m.heads), e = a.act_bytes;
   // Formula labels name the widths where they are not h (MLA, a stated head_dim); the MLP's f is
   // E_act·f + E_s·f_s in a MoE layer and f_d in a dense leading layer.
@@ -98,6 +102,13 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   const double mla_latents = m.is_mla() ? 2 * rq + 2 * rkv + dr : 0.0;  // + their norm outputs
   const double mask = a.dropout ? 1.0 : 0.0;
 
+  // Note [activation inventory], MoE layer: what the router, the dispatch and the combine keep.
+  const auto moe_terms = [&] {
+    if (!moe) return;
+    add("router probabilities (fp32)", "4sb·E", 4.0 * tokens * double(m.experts) / rep);
+    add("dispatched tokens (expert input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep);
+    add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep);
+  };
   if (a.recompute == Recompute::full) {
     add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
     return;
@@ -124,6 +135,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
       add("MLP up output (GeLU replay)", "2sbf /t", e * tokens * f / t);
     else
       add("MLP gate, up outputs (SwiGLU replay)", "2·2sbf /t", 2 * e * tokens * f / t);
+    moe_terms();
     add("MLP dropout mask", "sbh", mask * tokens * h / rep);
     return;
   }
@@ -147,6 +159,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("MLP hidden: GeLU input + W2 input", "2·2sbf /t", 2 * e * tokens * f / t);
   else  // fused SwiGLU (Megatron bias_swiglu): gate and up outputs, and the down-projection input
     add("MLP hidden: gate, up, down input (SwiGLU)", "3·2sbf /t", 3 * e * tokens * f / t);
+  moe_terms();
   add("MLP dropout mask", "sbh", mask * tokens * h / rep);
 }
 
@@ -260,6 +273,7 @@ std::string ActivationResult::convention() const {
   c += " CP " + std::to_string(a.cp) + " PP " + std::to_string(a.pp);
   if (a.interleave > 1) c += "×" + std::to_string(a.interleave);
   c += " | micro-batch " + std::to_string(a.micro_batch) + " seq " + std::to_string(a.seq);
+  if (a.capacity_factor != 1.0) c += " | MoE capacity factor " + format_number(a.capacity_factor);
   return c;
 }
 

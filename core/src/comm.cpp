@@ -11,12 +11,13 @@ namespace tally {
 
 namespace {
 
-constexpr std::array<std::pair<Collective, std::string_view>, 5> kCollectives{{
+constexpr std::array<std::pair<Collective, std::string_view>, kCollectiveKinds> kCollectives{{
     {Collective::all_reduce, "all-reduce"},
     {Collective::reduce_scatter, "reduce-scatter"},
     {Collective::all_gather, "all-gather"},
     {Collective::broadcast, "broadcast"},
-    {Collective::send_recv, "p2p"}}};
+    {Collective::send_recv, "p2p"},
+    {Collective::all_to_all, "all-to-all"}}};
 
 }  // namespace
 
@@ -32,6 +33,7 @@ std::optional<Collective> parse_collective(std::string_view s) {
   if (s == "reducescatter") return Collective::reduce_scatter;
   if (s == "allgather") return Collective::all_gather;
   if (s == "send-recv" || s == "sendrecv") return Collective::send_recv;
+  if (s == "alltoall") return Collective::all_to_all;
   for (const auto& [k, v] : kCollectives)
     if (v == s) return k;
   return std::nullopt;
@@ -54,7 +56,8 @@ double collective_bytes_per_rank(Collective c, double S, int k) {
   switch (c) {
     case Collective::all_reduce: return 2.0 * S * frac;
     case Collective::reduce_scatter:
-    case Collective::all_gather: return S * frac;
+    case Collective::all_gather:
+    case Collective::all_to_all: return S * frac;
     case Collective::broadcast:
     case Collective::send_recv: return S;
   }
@@ -68,6 +71,7 @@ int collective_steps(Collective c, int k) {
     case Collective::all_reduce: return 2 * (k - 1);
     case Collective::reduce_scatter:
     case Collective::all_gather:
+    case Collective::all_to_all:  // pairwise exchange: one peer per step
     case Collective::broadcast: return k - 1;  // broadcast: chain of k−1 hops, pipelined
     case Collective::send_recv: return 1;
   }
@@ -110,8 +114,10 @@ std::string CollectiveCost::convention() const {
     case Collective::all_gather: bytes = "S(k-1)/k"; steps_f = "k-1"; break;
     case Collective::broadcast: bytes = "S (pipelined chain)"; steps_f = "k-1"; break;
     case Collective::send_recv: bytes = "S"; steps_f = "1"; break;
+    case Collective::all_to_all: bytes = "S(k-1)/k"; steps_f = "k-1"; break;
   }
-  return std::string(collective == Collective::send_recv ? "" : "ring ") +
+  const bool ring = collective != Collective::send_recv && collective != Collective::all_to_all;
+  return std::string(ring ? "ring " : collective == Collective::all_to_all ? "pairwise " : "") +
          std::string(to_string(collective)) + ", k=" + std::to_string(ranks) +
          ", bytes per rank = " + bytes + ", steps = " + steps_f +
          ", t = alpha*steps + bytes/beta (alpha " + format_number(link.latency_s) + " s, beta " +
@@ -119,14 +125,15 @@ std::string CollectiveCost::convention() const {
 }
 
 // nccl-tests doc/PERFORMANCE.md: busbw = algbw · factor, the factor that makes busbw comparable to
-// the hardware link speed whatever the rank count.
+// the hardware link speed whatever the rank count (alltoall: (n−1)/n, src/alltoall.cu).
 double bus_bandwidth(Collective c, double algbw_bps, int ranks) {
   require_int(ranks >= 1, "ranks", ranks, "must be >= 1");
   const double n = double(ranks);
   switch (c) {
     case Collective::all_reduce: return algbw_bps * 2.0 * (n - 1.0) / n;
     case Collective::reduce_scatter:
-    case Collective::all_gather: return algbw_bps * (n - 1.0) / n;
+    case Collective::all_gather:
+    case Collective::all_to_all: return algbw_bps * (n - 1.0) / n;
     case Collective::broadcast:
     case Collective::send_recv: return algbw_bps;
   }
@@ -153,6 +160,9 @@ std::string_view to_string(TrafficKind k) {
     case TrafficKind::tp: return "tp";
     case TrafficKind::pp: return "pp";
     case TrafficKind::cp: return "cp";
+    case TrafficKind::ep: return "ep-all-to-all";
+    case TrafficKind::expert_grad: return "expert-grad";
+    case TrafficKind::expert_param_gather: return "expert-param-gather";
   }
   TALLY_INVARIANT(false && "unknown traffic kind");
   return {};
@@ -178,6 +188,21 @@ void StepTrafficSetup::validate() const {
   require_int(pp == 1 || layers >= pp, "layers", layers, "must be >= pp (one layer per stage)");
   require_int(cp == 1 || kv_hidden > 0, "kv_hidden", kv_hidden,
               "must be > 0 when cp > 1 (kv_heads x head_dim)");
+  require_int(ep >= 1, "ep", ep, "must be >= 1");
+  require_int(ep == 1 || (expert_share > 0 && moe_layers > 0), "ep", ep,
+              "needs a mixture-of-experts model (routed experts to shard)");
+  require_int((std::int64_t(dp) * cp) % ep == 0, "ep", ep,
+              "must divide dp x cp = " + std::to_string(std::int64_t(dp) * cp) +
+                  " (expert-parallel ranks are carved out of the data-parallel ones)");
+  require_real(expert_share >= 0 && expert_share < 1, "expert_share", expert_share,
+               "must be in [0, 1)");
+  require_int(moe_layers >= 0 && (layers == 0 || moe_layers <= layers), "moe_layers", moe_layers,
+              "must be in [0, layers]");
+  require_int(experts_per_token >= 1, "experts_per_token", experts_per_token, "must be >= 1");
+  require_real(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64,
+               "capacity_factor", capacity_factor, "must be in [1, 64]");
+  require_int(ep == 1 || (hidden > 0 && seq_len > 0 && layers > 0), "ep", ep,
+              "needs hidden, seq_len and layers");
 }
 
 // Rules and sources (DESIGN.md §1, errata 2 and 4):
@@ -196,10 +221,31 @@ void StepTrafficSetup::validate() const {
 //   re-all-gathers the SP input in backward for the weight gradient, overlapped; not counted here.)
 //  PP (Narayanan et al. 2021 §2.2): per micro-batch an interior stage sends one activation forward
 //   and one gradient backward, b·s·h·act_bytes/(tp if SP)/cp each.
+//  EP: Note [expert parallelism] below.
 //  CP (ring attention, Liu et al. 2023; Megatron-LM context parallel): per layer per micro-batch the
 //   c ranks pass their K and V blocks around the ring, c−1 sends of 2·b·(s/c)·(kv_hidden/tp)·
 //   act_bytes forward; backward sends K,V again and dK,dV (2(c−1) sends); full recompute replays
 //   the forward ring.
+// Note [expert parallelism]
+// Megatron-Core's MoE layout ("MoE parallel folding", Liu et al. 2025; megatron/core/
+// parallel_state.py): attention runs on TP × CP × DP × PP, the MoE layers on ETP × EP × EDP × PP
+// with ETP × EP × EDP = TP × CP × DP. tally takes expert TP = TP (Megatron-Core's default when
+// --expert-tensor-parallel-size is not given), so ep must divide dp·cp, and the expert rank order
+// "tp-ep-dp-pp" puts EP groups tp apart and expert-DP groups tp·ep apart.
+//   states:  the routed experts (routed_expert_share of N) are split over ep, their gradients and
+//            ZeRO shards over the expert-data-parallel group dp·cp/ep; everything else (attention,
+//            shared experts, router, dense layers, embeddings) as without EP.
+//   traffic: per MoE layer and micro-batch, the token dispatch all-to-all and the combine
+//            all-to-all forward, and both again for the gradients backward (4; full recompute
+//            replays the forward pair: 6). Each rank scatters its tokens' top-k copies,
+//            S = T·k·c_f·h·act_bytes with T = b·s/cp tokens (/tp with SP, where each TP rank
+//            dispatches its sequence shard), and keeps 1/ep of them: S(ep−1)/ep sent, the
+//            balanced-routing expectation; c_f (capacity factor, 1 = dropless and balanced)
+//            scales the slots sent. The expert gradients' reduction and ZeRO gathers run over
+//            dp·cp/ep ranks on S = N·e/(tp·pp·ep).
+//   Not modelled: the expert-TP all-gather / reduce-scatter of the dispatched tokens (ETP > 1
+//   moves T·k tokens where the dense MLP's TP moves T; the TP item counts the dense amount), and
+//   routing imbalance beyond c_f.
 StepTraffic step_traffic(const StepTrafficSetup& st) {
   st.validate();
   StepTraffic r;
@@ -213,41 +259,53 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
                                   : std::ceil(double(st.layers) / st.pp);  // busiest stage
   const bool full = st.recompute == Recompute::full;
 
-  // DP / ZeRO.
+  // DP / ZeRO, over the data-parallel group; with ep > 1 the routed experts apart, over the
+  // expert-data-parallel group (Note [expert parallelism]).
   const int k = st.dp * st.cp;
-  const double s_grad = st.grad_bytes * st.params / (double(st.tp) * st.pp);
-  const double s_param = st.param_bytes * st.params / (double(st.tp) * st.pp);
-  auto& g = r.dp_grad;
-  g.kind = TrafficKind::dp_grad;
-  g.group = k;
-  g.stride = st.tp;
-  auto& z = r.zero_param_gather;
-  z.kind = TrafficKind::zero_param_gather;
-  z.collective = Collective::all_gather;
-  z.group = k;
-  z.stride = st.tp;
-  r.reduce_scatter_only_bytes = collective_bytes_per_rank(Collective::reduce_scatter, s_grad, k);
-  if (k > 1) {
+  const double dense_share = st.ep > 1 ? 1.0 - st.expert_share : 1.0;
+  auto data_parallel = [&](TrafficItem& g, TrafficItem& z, double params, int ranks, int stride,
+                           const std::string& what) {
+    const double s_grad = st.grad_bytes * params;
+    const double s_param = st.param_bytes * params;
+    g.group = z.group = ranks;
+    g.stride = z.stride = stride;
+    z.collective = Collective::all_gather;
+    if (ranks <= 1) return;
     if (st.zero_stage == 0) {
       g.collective = Collective::all_reduce;
       g.calls = 1;
-      g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*N/(tp*pp)";
+      g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*" + what;
     } else {
       g.collective = Collective::reduce_scatter;
       g.calls = st.zero_stage == 1 ? 1 : m;
       g.formula = st.zero_stage == 1
-                      ? "reduce-scatter S(k-1)/k once per step, S = grad_bytes*N/(tp*pp)"
-                      : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*N/(tp*pp)";
+                      ? "reduce-scatter S(k-1)/k once per step, S = grad_bytes*" + what
+                      : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*" + what;
       z.calls = st.zero_stage == 3 ? 2 * m : 1;
-      z.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_param, k);
+      z.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_param, ranks);
       z.formula = st.zero_stage == 3
                       ? "all-gather S(k-1)/k for forward and backward of each micro-batch, "
-                        "S = param_bytes*N/(tp*pp)"
-                      : "all-gather of updated params S(k-1)/k once per step, "
-                        "S = param_bytes*N/(tp*pp)";
+                        "S = param_bytes*" + what
+                      : "all-gather of updated params S(k-1)/k once per step, S = param_bytes*" +
+                            what;
     }
-    g.bytes_per_call = collective_bytes_per_rank(g.collective, s_grad, k);
-  }
+    g.bytes_per_call = collective_bytes_per_rank(g.collective, s_grad, ranks);
+  };
+  const double shard = double(st.tp) * st.pp;
+  r.dp_grad.kind = TrafficKind::dp_grad;
+  r.zero_param_gather.kind = TrafficKind::zero_param_gather;
+  data_parallel(r.dp_grad, r.zero_param_gather, st.params * dense_share / shard, k, st.tp,
+                st.ep > 1 ? "N(1-e)/(tp*pp), e = routed experts' share" : "N/(tp*pp)");
+  r.reduce_scatter_only_bytes = collective_bytes_per_rank(
+      Collective::reduce_scatter, st.grad_bytes * st.params * dense_share / shard, k);
+  r.expert_grad.kind = TrafficKind::expert_grad;
+  r.expert_param_gather.kind = TrafficKind::expert_param_gather;
+  if (st.ep > 1)
+    data_parallel(r.expert_grad, r.expert_param_gather,
+                  st.params * st.expert_share / (shard * st.ep), k / st.ep, st.tp * st.ep,
+                  "N*e/(tp*pp*ep), over dp*cp/ep ranks");
+  auto& g = r.dp_grad;
+  auto& z = r.zero_param_gather;
 
   // TP.
   auto& t = r.tp;
@@ -303,17 +361,38 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
                 (full ? "; recompute fwd" : "") + ") of 2*b*(s/c)*(kv_hidden/tp)*act_bytes";
   }
 
-  for (TrafficItem* it : {&g, &z, &t, &p, &c}) it->bytes_per_rank = it->calls * it->bytes_per_call;
+  // EP: dispatch and combine per MoE layer and micro-batch, forward and backward (full recompute
+  // replays the forward pair), on the busiest stage's share of the MoE layers.
+  auto& e = r.ep;
+  e.kind = TrafficKind::ep;
+  e.collective = Collective::all_to_all;
+  e.group = st.ep;
+  e.stride = st.tp;
+  if (st.ep > 1) {
+    const double moe_stage = layers_stage * double(st.moe_layers) / double(st.layers);
+    const double tokens = b * s_local / (st.sequence_parallel ? double(st.tp) : 1.0);
+    const double s_a2a =
+        tokens * double(st.experts_per_token) * st.capacity_factor * h * st.act_bytes;
+    e.calls = (full ? 6.0 : 4.0) * moe_stage * m;
+    e.bytes_per_call = collective_bytes_per_rank(Collective::all_to_all, s_a2a, st.ep);
+    e.formula = std::string(full ? "6" : "4") +
+                " all-to-alls (dispatch, combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
+                ") per MoE layer per micro-batch x S(ep-1)/ep, S = b*(s/cp)" +
+                (st.sequence_parallel ? "/tp" : "") + "*top_k*capacity*h*act_bytes";
+  }
+
+  for (TrafficItem* it : {&g, &z, &t, &p, &c, &e, &r.expert_grad, &r.expert_param_gather})
+    it->bytes_per_rank = it->calls * it->bytes_per_call;
   return r;
 }
 
 double StepTraffic::total_bytes() const {
-  return dp_grad.bytes_per_rank + zero_param_gather.bytes_per_rank + tp.bytes_per_rank +
-         pp.bytes_per_rank + cp.bytes_per_rank;
+  return dp_total_bytes() + tp.bytes_per_rank + pp.bytes_per_rank + cp.bytes_per_rank +
+         ep.bytes_per_rank;
 }
 
 std::vector<TrafficItem> StepTraffic::items() const {
-  return {dp_grad, zero_param_gather, tp, pp, cp};
+  return {dp_grad, zero_param_gather, tp, pp, cp, ep, expert_grad, expert_param_gather};
 }
 
 std::string StepTraffic::convention() const {
@@ -325,7 +404,13 @@ std::string StepTraffic::convention() const {
                                 " reduce-scatter grads + all-gather params";
   c += " | TP t=" + std::to_string(st.tp) + (st.sequence_parallel ? " SP" : "") +
        ", recompute " + std::string(to_string(st.recompute)) + " | PP p=" +
-       std::to_string(st.pp) + " | CP c=" + std::to_string(st.cp) + " | m=" +
+       std::to_string(st.pp) + " | CP c=" + std::to_string(st.cp) +
+       (st.ep > 1 ? " | EP " + std::to_string(st.ep) + " all-to-all, top-" +
+                        std::to_string(st.experts_per_token) + ", capacity " +
+                        format_number(st.capacity_factor) + ", experts' DP k=dp*cp/ep=" +
+                        std::to_string(st.dp * st.cp / st.ep)
+                  : std::string()) +
+       " | m=" +
        std::to_string(st.micro_batches) + " micro-batches of b=" +
        std::to_string(st.micro_batch) + " | grad " + format_number(st.grad_bytes) + " B, param " +
        format_number(st.param_bytes) + " B, act " + format_number(st.act_bytes) + " B per element";
@@ -398,6 +483,20 @@ double collective_seconds(Collective c, double bytes_per_rank, int group, int st
   }
   const GroupPath p = group_path(cluster, group, stride);
   const int steps = collective_steps(c, group);
+  if (c == Collective::all_to_all && p.crosses_nodes) {
+    // Pairwise exchange, every pair at once: a rank's messages to the q − 1 peers in its domain
+    // go over NVLink, those to the k − q outside over its own rails; the slower part paces it.
+    // One network latency (all peers in flight) plus the in-domain steps.
+    const int q = std::max(1, (group + p.nodes - 1) / p.nodes);
+    const double per_peer = bytes_per_rank / double(group - 1);
+    const int host = cluster.gpus_per_node;
+    const double rails =
+        (cluster.nics_per_node > 0 ? cluster.nics_per_node : host) / double(host);
+    const double nic = rails * cluster.inter_node.bandwidth_bps * cluster.inter_bus_fraction;
+    const double nvl = cluster.intra_node.bandwidth_bps * cluster.intra_bus_fraction;
+    return cluster.inter_node.latency_s + (q - 1) * cluster.intra_node.latency_s +
+           std::max(per_peer * (group - q) / nic, per_peer * (q - 1) / nvl);
+  }
   int inter_steps = 0;
   if (p.crosses_nodes)
     inter_steps = c == Collective::send_recv ? 1

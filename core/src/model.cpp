@@ -135,7 +135,8 @@ ParamCount count_params(const ModelSpec& m) {
     const double shared = double(m.shared_experts) *
                           mlp_params(m, double(m.shared_expert_ffn), m.linear_bias || m.expert_bias);
     const double dense = double(m.dense_layers) * mlp_params(m, double(m.dense_ffn), m.linear_bias);
-    c.mlp = dense + moe_L * (E * expert + shared + router);
+    c.routed_experts = moe_L * E * expert;
+    c.mlp = dense + c.routed_experts + moe_L * (shared + router);
     c.mlp_active = dense + moe_L * (double(m.experts_per_token) * expert + shared + router);
   }
 
@@ -148,6 +149,12 @@ ParamCount count_params(const ModelSpec& m) {
 double state_params(const ModelSpec& m) {
   if (m.nominal_params) return *m.nominal_params;
   return count_params(m).total();
+}
+
+double routed_expert_share(const ModelSpec& m) {
+  if (m.params_only || !m.is_moe()) return 0.0;
+  const ParamCount c = count_params(m);
+  return c.routed_experts / c.total();
 }
 
 ModelSpec model_from_params(double n) {

@@ -9,6 +9,13 @@ void StateSetup::validate() const {
     throw InvalidInput("zero = " + std::to_string(zero_stage) + ": allowed 0, 1, 2, 3");
   if (shard_degree < 1)
     throw InvalidInput("shard degree k = " + std::to_string(shard_degree) + ": must be >= 1");
+  if (ep < 1 || shard_degree % ep != 0)
+    throw InvalidInput("ep = " + std::to_string(ep) + ": must divide the data-parallel degree " +
+                       std::to_string(shard_degree) +
+                       " (expert-parallel ranks are carved out of the data-parallel ones)");
+  if (ep > 1 && !(expert_share > 0 && expert_share < 1))
+    throw InvalidInput("ep = " + std::to_string(ep) +
+                       ": needs a mixture-of-experts model (routed experts to shard)");
 }
 
 StateItems state_bytes_per_param(Precision p, Optimizer o) {
@@ -35,10 +42,15 @@ ModelStateResult model_states(double n_params, const StateSetup& setup) {
   r.per_param = state_bytes_per_param(setup.precision, setup.optimizer);
 
   const double k = setup.zero_stage == 0 ? 1.0 : double(setup.shard_degree);
+  const double k_expert = setup.zero_stage == 0 ? 1.0 : k / setup.ep;
+  const double e = setup.ep > 1 ? setup.expert_share : 0.0;
+  const double dense = n_params * (1 - e), expert = n_params * e / setup.ep;
   const int s = setup.zero_stage;
   const auto shard = [&](double per_param, bool sharded) {
-    return per_param * n_params / (sharded ? k : 1.0);
+    return per_param * (sharded ? dense / k + expert / k_expert : dense + expert);
   };
+  r.local_params = dense + expert;
+  r.updated_params = s >= 1 ? dense / k + expert / k_expert : dense + expert;
   r.bytes.params = shard(r.per_param.params, s >= 3);
   r.bytes.grads = shard(r.per_param.grads, s >= 2);
   r.bytes.m = shard(r.per_param.m, s >= 1);
@@ -68,6 +80,11 @@ std::string ModelStateResult::convention() const {
     c += "no sharding (ZeRO-0)";
   else
     c += "ZeRO-" + std::to_string(setup.zero_stage) + " k=" + std::to_string(setup.shard_degree);
+  if (setup.ep > 1)
+    c += " | EP " + std::to_string(setup.ep) + ": routed experts (" +
+         format_number(100 * setup.expert_share) + " % of params) split over EP" +
+         (setup.zero_stage > 0 ? ", sharded over k/EP=" + std::to_string(setup.shard_degree / setup.ep)
+                               : std::string());
   return c;
 }
 

@@ -1,6 +1,7 @@
 #include "tally/core/operators.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tally/core/roofline.hpp"
 
@@ -199,12 +200,17 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   memory("dropout-residual-1", "dropout-residual-1.backward", residual_bytes);
   memory("norm-2", "norm-2.backward", norm_bytes);
   const bool moe = m.is_moe() && !s.dense_layer;
-  // MoE: tokens spread over E experts, E_act per token, batched as a grouped GEMM.
-  const double experts = moe ? double(m.experts) : 1.0;
-  const i64 rows = moe ? std::max<i64>(1, (d.T * m.experts_per_token + m.experts - 1) / m.experts)
-                       : d.T;
+  // MoE: the tokens of ep ranks spread over E experts, E_act per token, padded to c_f times the
+  // balanced share; this rank's E/ep experts batched as a grouped GEMM.
+  const double experts = moe ? double(m.experts / s.ep) : 1.0;
+  const i64 rows =
+      moe ? std::max<i64>(1, i64(std::ceil(s.capacity_factor * double(d.T) *
+                                           double(m.experts_per_token) * s.ep /
+                                           double(m.experts))))
+          : d.T;
   if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
-  const double routed = double(d.T) * double(moe ? m.experts_per_token : 1);
+  const double routed =
+      double(d.T) * (moe ? double(m.experts_per_token) * s.capacity_factor : 1.0);
   mlp_block(m, d, gemm, memory, rows, d.f, experts, routed, /*shared=*/false);
   // Shared experts: one always-active MLP of width E_s·f_s beside the routed ones (TP-split).
   if (moe && m.shared_experts > 0)
@@ -231,6 +237,11 @@ void OperatorSetup::validate(const ModelSpec& m) const {
               "the model has no dense leading layers (first_k_dense_replace = 0)");
   require_int(cp >= 1 && seq % cp == 0, "cp", cp, "must be >= 1 and divide seq");
   require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
+  require_int(ep >= 1 && (ep == 1 || (m.is_moe() && m.experts % ep == 0)), "ep", ep,
+              m.is_moe() ? "must divide the routed experts (" + std::to_string(m.experts) + ")"
+                         : std::string("needs a mixture-of-experts model"));
+  require_real(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64,
+               "capacity_factor", capacity_factor, "must be in [1, 64]");
 }
 
 std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {

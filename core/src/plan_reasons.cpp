@@ -1,4 +1,5 @@
 // Reasons for a plan (the seed's 理由): each dimension flipped once, costed with the same ledgers.
+#include <cstdint>
 #include <string>
 
 #include "tally/core/planner.hpp"
@@ -21,6 +22,8 @@ bool move_from_dp(Layout& l, int& dim, bool grow) {
     l.dp *= 2;
     l.grad_accum /= 2;
   }
+  // EP ranks are DP ranks: a halved dp·cp keeps the largest EP it still holds.
+  while (l.ep > 1 && (std::int64_t(l.dp) * l.cp) % l.ep != 0) l.ep /= 2;
   return true;
 }
 
@@ -61,6 +64,11 @@ std::vector<Reason> explain_plan(const PlanRequest& r, const PlanEval& chosen) {
     Layout v = c;
     const bool ok = move_from_dp(v, v.cp, c.cp == 1);
     add("CP", c.cp > 1, v, ok, r);
+  }
+  if (r.model.is_moe()) {  // EP halved, or 2 where none is used
+    Layout v = c;
+    v.ep = c.ep > 1 ? c.ep / 2 : 2;
+    add("EP", c.ep > 1, v, c.ep > 1 || ((std::int64_t(c.dp) * c.cp) % 2 == 0 && r.model.experts % 2 == 0), r);
   }
   if (c.tp > 1) {
     Layout v = c;

@@ -48,6 +48,10 @@ namespace tally {
 //   ZeRO-3    per-layer gathers are prefetched one layer ahead and overlap the whole compute.
 //   tp_overlap (default off, Megatron's default; on = Transformer Engine comm-GEMM overlap): each
 //             layer's TP collectives hide behind that layer's kernels.
+//   EP        the MoE dispatch and combine all-to-alls (Note [expert parallelism], comm.cpp) are
+//             on the critical path, per layer like TP (Megatron-Core's default); ep_overlap (on =
+//             Megatron-Core 0.14 --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
+//             hides them behind the kernels of another micro-batch, up to the stage's compute.
 //   PP        sends stay on the critical path at stage boundaries.
 // Communication: core/comm.hpp traffic_seconds on the cluster's comm model (presets: NCCL rings
 // over NVLink and every rail, Note [NCCL collective model]).
@@ -87,21 +91,23 @@ struct Prepared {
   double head_flops = 0;       // per step, LM head only
   double tokens = 0;
   double param_bytes = 0, act_bytes = 0;
+  double expert_share = 0;     // routed experts' share of N (what EP shards)
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
   mutable std::vector<double> stage_buffer;  // per-stage seconds, reused across layouts
-  mutable std::map<std::tuple<std::int64_t, int, bool, int, int, int>, MicroTimes> micro;
+  mutable std::map<std::tuple<std::int64_t, int, bool, int, int, int, int>, MicroTimes> micro;
 
   const MicroTimes& micro_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
-                                Attention att) const {
-    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att));
+                                Attention att, int ep = 1) const {
+    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att), ep);
     const auto it = micro.find(key);
     if (it != micro.end()) return it->second;
     const PlanRequest& r = *req;
     const OperatorSetup os{.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp,
                            .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
-                           .dropout = r.uses_dropout(), .act_bytes = act_bytes};
+                           .dropout = r.uses_dropout(), .act_bytes = act_bytes, .ep = ep,
+                           .capacity_factor = r.capacity_factor};
     const GpuSpec& gpu = r.cluster.gpu;
     const OpsTime layer = average_layer_time(r.model, os, r.cluster.gpu, r.precision);
     const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
@@ -129,6 +135,7 @@ Prepared prepare(const PlanRequest& r) {
   p.count = count_params(r.model);
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
+  p.expert_share = routed_expert_share(r.model);
   const double G = double(r.gpus);
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
                        Recompute::save_matmuls}) {
@@ -143,9 +150,12 @@ Prepared prepare(const PlanRequest& r) {
     const double ceiling = std::max({k.gemm_fraction, k.attention_forward_fraction,
                                      k.attention_backward_fraction});
     double per_sequence = 1e300;
+    // A MoE model's expert GEMMs pad the fewest rows when each rank holds one expert (ep = E).
     for (Attention att : {Attention::flash, Attention::materialized}) {
       const OperatorSetup os{.seq = r.seq, .micro_batch = 1, .recompute = rc, .attention = att,
-                             .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = p.act_bytes};
+                             .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = p.act_bytes,
+                             .ep = r.model.is_moe() ? int(r.model.experts) : 1,
+                             .capacity_factor = r.capacity_factor};
       const double layer_flops =
           average_layer_time(r.model, os, r.cluster.gpu, r.precision).flops;  // memory kernels carry none
       double out_flops = 0;
@@ -216,18 +226,28 @@ double params_per_gpu(const Prepared& P, const Layout& L) {
 }
 
 // Memory of a layout; returns total bytes and fills the memory fields of `e`.
+// The GPU's model states: the heaviest stage's parameters split by TP, sharded by ZeRO over dp·cp,
+// the routed experts split over ep and sharded over dp·cp/ep (core/model_states.hpp).
+ModelStateResult states_of(const Prepared& P, const Layout& L) {
+  const PlanRequest& r = *P.req;
+  return model_states(params_per_gpu(P, L),
+                      StateSetup{.precision = r.precision, .optimizer = r.optimizer,
+                                 .zero_stage = L.zero, .shard_degree = L.dp * L.cp, .ep = L.ep,
+                                 .expert_share = P.expert_share});
+}
+
 void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
   const PlanRequest& r = *P.req;
-  const double n_gpu = params_per_gpu(P, L);
-  e.states = model_states(n_gpu, StateSetup{.precision = r.precision, .optimizer = r.optimizer,
-                                            .zero_stage = L.zero, .shard_degree = L.dp * L.cp})
-                 .bytes;
+  const ModelStateResult states = states_of(P, L);
+  const double n_gpu = states.local_params;
+  e.states = states.bytes;
   e.activation_bytes = activation_peak_bytes_unchecked(
       r.model, ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
                                .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
                                .interleave = L.interleave, .micro_batches = int(L.grad_accum),
                                .recompute = L.recompute, .attention = L.attention,
                                .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
+                               .capacity_factor = r.capacity_factor,
                                .first_stage_layers = L.first_stage_layers,
                                .last_stage_layers = L.last_stage_layers,
                                .stage_layer_list = L.stage_layer_list.get()});
@@ -267,7 +287,8 @@ StageTimes stage_times(const Prepared& P, const Layout& L) {
                       .last_extra_s = P.head_flops * per_mb,
                       .last_extra_backward_s = (2.0 / 3.0) * P.head_flops * per_mb};
   }
-  const MicroTimes& t = P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention);
+  const MicroTimes& t =
+      P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention, L.ep);
   return StageTimes{.layer_s = t.layer_s, .layer_backward_s = t.layer_backward_s,
                     .first_extra_s = t.embedding_s, .last_extra_s = t.output_s,
                     .last_extra_backward_s = t.output_backward_s};
@@ -302,13 +323,18 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
       .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .zero_stage = L.zero, .sequence_parallel = L.sp,
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim(),
-      .busiest_stage_layers = busiest});
+      .busiest_stage_layers = busiest, .ep = L.ep, .expert_share = P.expert_share,
+      .moe_layers = r.model.moe_layers(), .experts_per_token = r.model.experts_per_token,
+      .capacity_factor = r.capacity_factor});
   e.comm_bytes_per_gpu = traffic.total_bytes();
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
   e.pp_s = traffic_seconds(traffic.pp, c);
-  const double grad_s = traffic_seconds(traffic.dp_grad, c);
-  const double gather_s = traffic_seconds(traffic.zero_param_gather, c);
+  e.ep_s = traffic_seconds(traffic.ep, c);
+  const double grad_s =
+      traffic_seconds(traffic.dp_grad, c) + traffic_seconds(traffic.expert_grad, c);
+  const double gather_s = traffic_seconds(traffic.zero_param_gather, c) +
+                          traffic_seconds(traffic.expert_param_gather, c);
   e.dp_s = grad_s + gather_s;
 
   // Each stage's time per micro-batch: its layers' kernels and exposed TP/CP collectives, its
@@ -318,7 +344,9 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const StageTimes st = stage_times(P, L);
   if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
     e.tp_s = std::max(0.0, e.tp_s - m * busiest * st.layer_s);
-  const double comm_per_layer = (e.tp_s + e.cp_s) / (m * busiest);
+  if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels
+    e.ep_s = std::max(0.0, e.ep_s - m * busiest * st.layer_s);
+  const double comm_per_layer = (e.tp_s + e.cp_s + e.ep_s) / (m * busiest);
   const double pp_per_mb = e.pp_s / m;
   std::vector<double>& stage_s = P.stage_buffer;
   stage_s.assign(std::size_t(L.pp), 0.0);
@@ -340,13 +368,13 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const double busy = m * slowest;
   e.bubble_s = pipe - busy;
   e.bubble_fraction = pipe > 0 ? e.bubble_s / pipe : 0.0;
-  const double n_gpu = params_per_gpu(P, L);
-  const double shard = L.zero >= 1 ? double(L.dp) * L.cp : 1.0;
+  // The optimizer updates this GPU's shard of the states.
+  const double updated = states_of(P, L).updated_params;
   e.optimizer_s =
       r.time_model == TimeModel::utilisation
           ? 0.0
           : roofline_seconds(c.gpu, 0.0, 1.0,
-                             optimizer_update_bytes(r.precision, r.optimizer) * n_gpu / shard);
+                             optimizer_update_bytes(r.precision, r.optimizer) * updated);
   e.compute_s = m * slowest_compute + e.optimizer_s;
   // Note [planner overlap]. One 25 MiB bucket of a collective: its share of one call.
   auto last_bucket_s = [&](const TrafficItem& item, double full_bytes) {
@@ -376,7 +404,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
 
   // The tightest wall: the resource closest to its budget (all four are fractions of one budget).
   const double shares[4] = {e.total_bytes / e.usable_bytes, e.compute_s / e.step_s,
-                            (e.tp_s + e.cp_s + e.pp_s + e.dp_exposed_s) / e.step_s,
+                            (e.tp_s + e.cp_s + e.pp_s + e.ep_s + e.dp_exposed_s) / e.step_s,
                             e.bubble_s / e.step_s};
   e.wall = e.fits ? Wall(std::max_element(shares, shares + 4) - shares) : Wall::memory;
 }
@@ -398,7 +426,7 @@ PlanEval cost(const Prepared& P, const Layout& layout) {
 }
 
 auto layout_key(const Layout& l) {
-  return std::make_tuple(l.dp, l.tp, l.pp, l.cp, l.interleave, l.sp, l.zero, l.micro_batch,
+  return std::make_tuple(l.dp, l.tp, l.pp, l.cp, l.ep, l.interleave, l.sp, l.zero, l.micro_batch,
                          int(l.recompute), int(l.attention), l.first_stage_layers,
                          l.last_stage_layers);
 }
@@ -441,7 +469,7 @@ int Layout::layers_on_stage(int model_layers, int s) const {
 }
 
 int Layout::dimensions() const {
-  return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (interleave > 1) + sp + (zero > 0) +
+  return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (ep > 1) + (interleave > 1) + sp + (zero > 0) +
          (recompute != Recompute::none) + (grad_accum > 1);
 }
 
@@ -457,7 +485,9 @@ std::string Layout::describe() const {
   } else if (first_stage_layers != 0 || last_stage_layers != 0)
     s += " (end stages " + std::to_string(first_stage_layers) + " + " +
          std::to_string(last_stage_layers) + " layers)";
-  s += " × CP " + std::to_string(cp) + ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
+  s += " × CP " + std::to_string(cp);
+  if (ep > 1) s += " (EP " + std::to_string(ep) + ")";
+  s += ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
        std::to_string(micro_batch) + " × accum " + std::to_string(grad_accum) + ", recompute " +
        std::string(to_string(recompute)) + ", " + std::string(to_string(attention)) + " attention";
   return s;
@@ -557,6 +587,9 @@ void PlanRequest::validate() const {
   }
   if (run_hours && !(*run_hours > 0)) throw InvalidInput("--days must be > 0");
   if (run_tokens && !(*run_tokens > 0)) throw InvalidInput("--tokens must be > 0");
+  if (!(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64))
+    throw InvalidInput("--capacity-factor = " + format_number(capacity_factor) +
+                       ": must be in [1, 64]");
 }
 
 PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
@@ -575,6 +608,14 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
         std::to_string(std::int64_t(L.dp) * L.micro_batch * L.grad_accum) +
         " must equal --global-batch = " + std::to_string(r.global_batch));
   if (L.zero < 0 || L.zero > 3) bad("zero = " + std::to_string(L.zero) + ": allowed 0..3");
+  if (L.ep < 1 || (std::int64_t(L.dp) * L.cp) % L.ep != 0)
+    bad("ep = " + std::to_string(L.ep) + ": must divide dp × cp = " +
+        std::to_string(std::int64_t(L.dp) * L.cp) +
+        " (expert-parallel ranks are carved out of the data-parallel ones)");
+  if (L.ep > 1 && !m.is_moe()) bad("ep = " + std::to_string(L.ep) + ": needs a mixture-of-experts model");
+  if (L.ep > 1 && m.experts % L.ep != 0)
+    bad("ep = " + std::to_string(L.ep) + ": must divide the routed experts (" +
+        std::to_string(m.experts) + ")");
   const Prepared P = prepare(r);
   const Layout staged = with_stages(P, L);
   ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
@@ -620,6 +661,13 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         if (pp > 1 && m.layers % pp == 0)  // interleaving needs pp·v | layers
           for (std::int64_t v : divisors(m.layers / pp))
             if (v > 1 && v <= space.max_interleave) chunks.push_back(v);
+        // Expert parallelism: MoE models only, ep | dp·cp and ep | experts.
+        std::vector<std::int64_t> eps{1};
+        if (m.is_moe())
+          for (std::int64_t ep : divisors(dp * cp))
+            if (ep > 1 && m.experts % ep == 0 && (space.max_ep == 0 || ep <= space.max_ep))
+              eps.push_back(ep);
+        for (std::int64_t ep : eps)
         for (std::int64_t v : chunks)
           for (bool sp : {false, true}) {
             if (sp && (tp == 1 || !space.allow_sp)) continue;
@@ -638,7 +686,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                     if (v > 1 && accum % pp != 0) { ++rej.interleave; continue; }
                     ++shape_ok;
                     const Layout L{.dp = int(dp), .tp = int(tp), .pp = int(pp), .cp = int(cp),
-                                   .interleave = int(v), .sp = sp, .zero = zero,
+                                   .interleave = int(v), .ep = int(ep), .sp = sp, .zero = zero,
                                    .micro_batch = b, .grad_accum = accum, .recompute = rc,
                                    .attention = att};
                     const PlanEval e = cost(P, L);
@@ -706,7 +754,13 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    ", TP/CP/PP exposed, DP/ZeRO " +
                    (r.overlap_dp ? "gradients overlapped with backward" : "gradients exposed") +
                    (r.overlap_param_gather ? ", ZeRO-1/2 gather overlapped with forward" : "") +
-                   (r.tp_overlap ? ", TP overlapped with GEMMs" : "");
+                   (r.tp_overlap ? ", TP overlapped with GEMMs" : "") +
+                   (r.model.is_moe() ? (r.ep_overlap ? ", EP all-to-all overlapped"
+                                                     : ", EP all-to-all exposed")
+                                     : "") +
+                   (r.capacity_factor != 1.0
+                        ? ", MoE capacity factor " + format_number(r.capacity_factor)
+                        : std::string());
   return res;
 }
 

@@ -645,4 +645,46 @@ TEST(Cli, MemoryMaxSeq) {
   EXPECT_TRUE(none["max_seq"].is_null());
 }
 
+// Expert parallelism on the command line (Note [expert parallelism]). Mixtral 8x7B: 46,702,792,704
+// params, of which the routed experts are 45,097,156,608 (32 layers × 8 × 3·4096·14336); with
+// --dp 8 --ep 4 a GPU holds the other 1,605,636,096 and 2 of the 8 experts; its all-to-alls are 4
+// per layer, 128 calls, each sending 3/4 of 4096 tokens × top-2 × 4096 × 2 B.
+TEST(Cli, ExpertParallelFlags) {
+  const auto mem = json_of(tally("memory --model mixtral-8x7b --dp 8 --ep 4 --zero 1 --json"));
+  EXPECT_NEAR(mem["params_per_gpu"].get<double>(), 1605636096.0 + 45097156608.0 / 4, 1);
+  EXPECT_NE(mem["convention"].get<std::string>().find("EP 4"), std::string::npos);
+  const auto comm = json_of(tally("comm --model mixtral-8x7b --dp 8 --ep 4 --seq 4096 --json"));
+  bool found = false;
+  for (const auto& it : comm["items"])
+    if (it["kind"] == "ep-all-to-all") {
+      found = true;
+      EXPECT_EQ(it["collective"], "all-to-all");
+      EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 128);
+      EXPECT_DOUBLE_EQ(it["bytes_per_call"].get<double>(), 4096.0 * 2 * 4096 * 2 * 3 / 4);
+    }
+  EXPECT_TRUE(found) << comm.dump();
+  const auto cmp = json_of(tally("compare --model mixtral-8x7b --gpu h100-80g --gpus 16 "
+                                 "--global-batch 64 --seq 4096 --ep 8 --zero 1 --micro-batch 1 "
+                                 "--recompute full --alternative double-gpus --json"));
+  EXPECT_EQ(cmp["options"][0]["eval"]["ep"], 8) << cmp.dump();
+  EXPECT_GT(cmp["options"][0]["eval"]["ep_seconds"].get<double>(), 0);
+  const auto plan = json_of(tally("plan --model mixtral-8x7b --gpu h100-80g --gpus 16 "
+                                  "--global-batch 64 --seq 4096 --max-ep 1 --json"));
+  EXPECT_EQ(plan["best"]["ep"], 1) << plan["best"];
+  for (const auto& p : plan["alternatives"]) EXPECT_EQ(p["ep"], 1);
+  // Refused with one line naming --ep: a dense model, EP not dividing the experts or --dp.
+  for (const char* bad : {"memory --model llama-3-8b --dp 2 --ep 2",
+                          "memory --model mixtral-8x7b --dp 16 --ep 16",
+                          "memory --model mixtral-8x7b --dp 6 --ep 4",
+                          "comm --model mixtral-8x7b --dp 6 --ep 4",
+                          "comm --model mixtral-8x7b --dp 8 --ep 4 --capacity-factor 0.5",
+                          "plan --model mixtral-8x7b --gpus 16 --capacity-factor nan"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_TRUE(r.err.find("--ep") != std::string::npos ||
+                r.err.find("--capacity-factor") != std::string::npos)
+        << bad << ": " << r.err;
+  }
+}
+
 }  // namespace

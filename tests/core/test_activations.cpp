@@ -158,18 +158,28 @@ TEST(Activations, PropertyLinearInBatchQuadraticInSeq) {
 // dropout, 2-byte activations, by hand per token: two norm inputs, the QKV-block input and the MLP
 // input (4h); MLA's latents and their norms (2·1536 + 2·512 + 64); Q 128·192; K 128·192 and V
 // 128·128; the attention output 128·128; SwiGLU's three f-wide tensors with f = 8 routed × 2048 +
-// 1 shared × 2048; and flash's fp32 log-sum-exp per head.
+// 1 shared × 2048; flash's fp32 log-sum-exp per head; and the MoE block's own tensors: the
+// router's fp32 probabilities over 256 experts, the 8 dispatched copies of the token and the 8
+// expert outputs, h wide each.
 TEST(Activations, DeepSeekV3MoeLayerByHand) {
   const ModelSpec m = *model_preset("deepseek-v3");
   const ActivationSetup a{.seq = 4096, .dropout = false};
   const double T = 4096, h = 7168, e = 2;
+  const double moe_block = 4.0 * 256 + e * 2 * 8 * h;
   const double per_token = e * (4 * h + (2 * 1536 + 2 * 512 + 64) + 128 * 192 +
                                 128 * (192 + 128) + 128 * 128 + 3 * (8 + 1) * 2048.0) +
-                           4.0 * 128;
+                           4.0 * 128 + moe_block;
   const ActivationResult r = activations(m, a);
   EXPECT_DOUBLE_EQ(r.per_layer_bytes, T * per_token);
-  // Its dense layers' FFN (18432) equals the active MoE width, 9 × 2048: the same bytes.
-  EXPECT_DOUBLE_EQ(r.dense_layer_bytes, r.per_layer_bytes);
+  // Its dense layers' FFN (18432) equals the active MoE width, 9 × 2048: the same MLP bytes, less
+  // the router and the dispatch/combine tensors.
+  EXPECT_DOUBLE_EQ(r.dense_layer_bytes, r.per_layer_bytes - T * moe_block);
+  // A capacity factor of 1.25 pads the routed tensors: the 8 routed experts' SwiGLU hidden and
+  // the dispatched and combined copies grow by a quarter; the router's probabilities do not.
+  const ActivationResult padded = activations(m, {.seq = 4096, .dropout = false,
+                                                  .capacity_factor = 1.25});
+  EXPECT_DOUBLE_EQ(padded.per_layer_bytes - r.per_layer_bytes,
+                   T * 0.25 * e * (3 * 8 * 2048.0 + 2 * 8 * h));
   // A narrower dense FFN lowers the first stage by 3 layers × 3·e·T·(18432 − 4096).
   ModelSpec narrow = m;
   narrow.dense_ffn = 4096;

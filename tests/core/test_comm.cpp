@@ -248,7 +248,7 @@ TEST(StepTraffic, ContextParallelRingOfKV) {
 TEST(StepTraffic, SingleRankMovesNothing) {
   const auto r = step_traffic(StepTrafficSetup{.params = 7e9});
   EXPECT_EQ(r.total_bytes(), 0.0);
-  EXPECT_EQ(r.items().size(), 5u);
+  EXPECT_EQ(r.items().size(), 8u);
   for (const auto& it : r.items()) EXPECT_EQ(it.calls, 0.0) << to_string(it.kind);
 }
 
@@ -349,6 +349,87 @@ TEST(CommNccl, LatencySplitsIntraAndInterNodeSteps) {
   const double t = collective_seconds(Collective::all_reduce, 0, 32, 1, c);  // 4 nodes of 8
   EXPECT_NEAR(t, 6 * 14e-6 + (62 - 6) * 3.4e-6, 1e-15);
   EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_reduce, 0, 1, 1, c), 0);
+}
+
+// All-to-all as a pairwise exchange (Thakur, Rabenseifner & Gropp 2005 §4): each rank keeps 1/k
+// of the buffer it scatters and sends the rest, one peer per step; nccl-tests' alltoall busbw
+// factor is (n−1)/n.
+TEST(Collectives, AllToAllIsAPairwiseExchange) {
+  EXPECT_DOUBLE_EQ(collective_bytes_per_rank(Collective::all_to_all, 8e6, 8), 7e6);
+  EXPECT_EQ(collective_steps(Collective::all_to_all, 8), 7);
+  EXPECT_EQ(collective_steps(Collective::all_to_all, 1), 0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth(Collective::all_to_all, 80e9, 8), 70e9);
+  EXPECT_EQ(parse_collective("all-to-all"), Collective::all_to_all);
+  EXPECT_EQ(parse_collective("alltoall"), Collective::all_to_all);
+  const auto c = collective_cost(Collective::all_to_all, 8e6, 8, kIB);
+  EXPECT_DOUBLE_EQ(c.seconds, 7e6 / 50e9);
+  EXPECT_NE(c.convention().find("pairwise all-to-all"), std::string::npos) << c.convention();
+}
+
+// Mixtral 8x7B (32 MoE layers, top-2, h 4096; routed experts 45,097,156,608 of 46,702,792,704
+// params) on dp 8 with EP 4, b 1, s 4096, one micro-batch, bf16, no recompute:
+//   all-to-all: 4 per layer × 32 layers = 128 calls of S(ep−1)/ep, S = 4096·2·4096·2 B;
+//   dense gradients: all-reduce over 8 of S = 2·1,605,636,096 B;
+//   expert gradients: all-reduce over 8/4 = 2 ranks (stride 4) of S = 2·45,097,156,608/4 B.
+TEST(StepTraffic, ExpertParallelMixtralByHand) {
+  const double n = 46702792704.0, routed = 45097156608.0;
+  const StepTrafficSetup s{.params = n, .hidden = 4096, .layers = 32, .seq_len = 4096, .dp = 8,
+                           .ep = 4, .expert_share = routed / n, .moe_layers = 32,
+                           .experts_per_token = 2};
+  const auto r = step_traffic(s);
+  const double a2a = 4096.0 * 2 * 4096 * 2;
+  EXPECT_EQ(r.ep.collective, Collective::all_to_all);
+  EXPECT_EQ(r.ep.group, 4);
+  EXPECT_DOUBLE_EQ(r.ep.calls, 128);
+  EXPECT_DOUBLE_EQ(r.ep.bytes_per_call, a2a * 3 / 4);
+  const double dense = 2 * (n - routed), expert = 2 * routed / 4;
+  EXPECT_NEAR(r.dp_grad.bytes_per_rank, 2 * dense * 7 / 8, 1);
+  EXPECT_EQ(r.expert_grad.group, 2);
+  EXPECT_EQ(r.expert_grad.stride, 4);
+  EXPECT_NEAR(r.expert_grad.bytes_per_rank, 2 * expert * 1 / 2, 1);
+  EXPECT_NEAR(r.total_bytes(), 128 * a2a * 3 / 4 + 2 * dense * 7 / 8 + expert, 64);
+  // Full recompute replays the forward pair; a capacity factor pads every slot; SP with TP 2
+  // dispatches each rank's half of the sequence.
+  StepTrafficSetup full = s;
+  full.recompute = Recompute::full;
+  EXPECT_DOUBLE_EQ(step_traffic(full).ep.calls, 192);
+  StepTrafficSetup padded = s;
+  padded.capacity_factor = 1.25;
+  EXPECT_DOUBLE_EQ(step_traffic(padded).ep.bytes_per_call, 1.25 * a2a * 3 / 4);
+  StepTrafficSetup sp = s;
+  sp.tp = 2;
+  sp.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(step_traffic(sp).ep.bytes_per_call, a2a / 2 * 3 / 4);
+  EXPECT_EQ(step_traffic(sp).ep.stride, 2);
+  // ZeRO-1 shards the experts over their own data-parallel group.
+  StepTrafficSetup z1 = s;
+  z1.zero_stage = 1;
+  const auto rz = step_traffic(z1);
+  EXPECT_NEAR(rz.expert_param_gather.bytes_per_rank, expert / 2, 1);
+  EXPECT_NEAR(rz.zero_param_gather.bytes_per_rank, dense * 7 / 8, 1);
+  // EP comes out of dp × cp, and needs experts.
+  StepTrafficSetup bad = s;
+  bad.ep = 3;
+  EXPECT_THROW(step_traffic(bad), InvalidInput);
+  bad = s;
+  bad.expert_share = 0;
+  EXPECT_THROW(step_traffic(bad), InvalidInput);
+}
+
+// Note [NCCL collective model] for an all-to-all that leaves the NVLink domain: 16 ranks on two
+// 8-GPU hosts; each rank sends 1/15 of its bytes to every peer, 8 of them over its own NIC and 7
+// over NVLink, all at once: the NIC part paces it, after one network latency and 7 NVLink steps.
+TEST(CommNccl, AllToAllAcrossHostsRunsOnEachRanksOwnRail) {
+  const ClusterSpec c = *cluster_preset("h100-80g");
+  const double bytes = 15e6, per_peer = 1e6;
+  const double nic = c.inter_node.bandwidth_bps * c.inter_bus_fraction;  // one NIC per GPU
+  const double nvl = c.intra_node.bandwidth_bps * c.intra_bus_fraction;
+  const double expect = c.inter_node.latency_s + 7 * c.intra_node.latency_s +
+                        std::max(8 * per_peer / nic, 7 * per_peer / nvl);
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 16, 1, c), expect);
+  // Inside one host it is a plain NVLink exchange.
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, 7e6, 8, 1, c),
+                   7 * c.intra_node.latency_s + 7e6 / nvl);
 }
 
 }  // namespace

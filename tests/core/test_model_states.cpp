@@ -146,5 +146,37 @@ TEST(Sharding, SpansTileTheRange) {
       EXPECT_EQ(next, n);
     }
 }
+// Expert parallelism (Note [expert parallelism]): Mixtral 8x7B, N = 46,702,792,704 of which the
+// routed experts are 32 layers × 8 experts × 3·4096·14336 = 45,097,156,608 (HF's count). Mixed
+// Adam, ZeRO-1 over dp = 8 with EP 4: the other 1,605,636,096 params keep params and grads
+// (2 + 2 B) and shard m, v, master (12 B) over 8; each GPU holds 2 of the 8 experts,
+// 11,274,289,152 params, whose 12 B shard over the expert-data-parallel group of 8/4 = 2.
+TEST(ModelStates, ExpertParallelSplitsTheRoutedExperts) {
+  const double n = 46702792704.0, routed = 45097156608.0;
+  const StateSetup s{.precision = Precision::bf16, .optimizer = Optimizer::adam, .zero_stage = 1,
+                     .shard_degree = 8, .ep = 4, .expert_share = routed / n};
+  const auto r = model_states(n, s);
+  const double dense = n - routed, expert = routed / 4;
+  EXPECT_NEAR(r.bytes.params, 2 * (dense + expert), 1);
+  EXPECT_NEAR(r.bytes.m, 4 * (dense / 8 + expert / 2), 1);
+  EXPECT_NEAR(r.bytes.total(), dense * (4 + 12.0 / 8) + expert * (4 + 12.0 / 2), 16);
+  EXPECT_NEAR(r.local_params, dense + expert, 1);
+  EXPECT_NEAR(r.updated_params, dense / 8 + expert / 2, 1);
+  EXPECT_NE(r.convention().find("EP 4"), std::string::npos) << r.convention();
+  // ZeRO-0: nothing sharded, but the experts are still split over EP.
+  const auto z0 = model_states(n, StateSetup{.shard_degree = 8, .ep = 4, .expert_share = routed / n});
+  EXPECT_NEAR(z0.bytes.total(), 16 * (dense + expert), 16);
+  // EP must come out of the data-parallel ranks, and needs experts to split.
+  EXPECT_THROW(model_states(n, StateSetup{.shard_degree = 6, .ep = 4, .expert_share = 0.9}),
+               InvalidInput);
+  EXPECT_THROW(model_states(n, StateSetup{.shard_degree = 8, .ep = 2, .expert_share = 0}),
+               InvalidInput);
+  // EP 1 is the dense ledger, whatever the share.
+  EXPECT_DOUBLE_EQ(model_states(n, StateSetup{.zero_stage = 1, .shard_degree = 8,
+                                              .expert_share = routed / n})
+                       .bytes.total(),
+                   model_states(n, StateSetup{.zero_stage = 1, .shard_degree = 8}).bytes.total());
+}
+
 }  // namespace
 }  // namespace tally

@@ -245,5 +245,41 @@ TEST(Operators, SaveMatmulsReplaysOnlyCheapKernels) {
                    flops_per_token(m, 4096, Recompute::none));
 }
 
+// Expert parallelism moves tokens, not FLOPs: with EP 8 a DeepSeek-V3 rank holds 256/8 = 32
+// experts and runs them on the tokens 8 ranks route there, 256·8·8/256 = 64 rows each (8 without
+// EP) — the same routed FLOPs in GEMMs 8× taller, which the roofline runs no slower. A capacity
+// factor of 1.25 pads every expert to 80 rows.
+TEST(Operators, ExpertParallelKeepsFlopsInTallerGemms) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
+  OperatorSetup os{.seq = 256, .micro_batch = 1, .dropout = false};
+  auto find = [](const std::vector<Op>& ops, std::string_view name) {
+    for (const Op& op : ops)
+      if (op.name == name) return op;
+    ADD_FAILURE() << name;
+    return Op{};
+  };
+  const auto one = layer_ops(m, os);
+  os.ep = 8;
+  const auto eight = layer_ops(m, os);
+  const Op up1 = find(one, "mlp-gate-up"), up8 = find(eight, "mlp-gate-up");
+  EXPECT_EQ(up1.m, 8);
+  EXPECT_DOUBLE_EQ(up1.batch, 256);
+  EXPECT_EQ(up8.m, 64);
+  EXPECT_DOUBLE_EQ(up8.batch, 32);
+  EXPECT_DOUBLE_EQ(up8.flops, up1.flops);
+  EXPECT_LE(op_seconds(up8, gpu, Precision::bf16), op_seconds(up1, gpu, Precision::bf16));
+  os.capacity_factor = 1.25;
+  const Op padded = find(layer_ops(m, os), "mlp-gate-up");
+  EXPECT_EQ(padded.m, 80);
+  EXPECT_DOUBLE_EQ(padded.flops, 1.25 * up1.flops);
+  // EP needs experts, and must divide them.
+  os.capacity_factor = 1;
+  os.ep = 3;
+  EXPECT_THROW(layer_ops(m, os), InvalidInput);
+  EXPECT_THROW(layer_ops(*model_preset("llama-3-8b"), OperatorSetup{.seq = 256, .ep = 2}),
+               InvalidInput);
+}
+
 }  // namespace
 }  // namespace tally

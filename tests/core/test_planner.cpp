@@ -605,5 +605,62 @@ TEST(Planner, OverlapSwitchesFollowTheFrameworks) {
   EXPECT_LE(tp.step_s, both.step_s);
 }
 
+// Expert parallelism (Note [expert parallelism]): DeepSeek-V3 on 1024 H100s with Megatron's
+// distributed optimizer (ZeRO-1) and no pipeline cannot hold 671B parameters' bf16 weights and
+// gradients on TP ≤ 8 alone (4 B × 671e9 / 8 = 335 GB); with the routed experts split over EP it
+// fits, and the plan names its EP.
+TEST(Planner, ExpertParallelismMakesDeepSeekV3Fit) {
+  PlanRequest req{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("h100-80g"),
+                  .gpus = 1024, .global_batch = 8192, .seq = 4096};
+  const SearchSpace no_ep{.max_pp = 1, .max_cp = 1, .max_ep = 1, .zero_stages = {1}};
+  EXPECT_FALSE(plan(req, no_ep).feasible());
+  SearchSpace with_ep = no_ep;
+  with_ep.max_ep = 0;
+  const PlanResult r = plan(req, with_ep);
+  ASSERT_TRUE(r.feasible());
+  const PlanEval& best = r.best.front();
+  EXPECT_GT(best.layout.ep, 1);
+  EXPECT_NE(best.layout.describe().find("(EP "), std::string::npos);
+  EXPECT_GT(best.ep_s, 0);
+  // The same layout without EP holds the experts whole: more state, no all-to-all.
+  Layout dense = best.layout;
+  dense.ep = 1;
+  const PlanEval e1 = evaluate_layout(req, dense);
+  EXPECT_GT(e1.states.total(), best.states.total());
+  EXPECT_EQ(e1.ep_s, 0);
+  // Hiding the all-to-alls (Megatron-Core --overlap-moe-expert-parallel-comm) can only help.
+  req.ep_overlap = true;
+  const PlanEval hidden = evaluate_layout(req, best.layout);
+  EXPECT_LT(hidden.ep_s, best.ep_s);
+  EXPECT_LT(hidden.step_s, best.step_s);
+  // The reasons flip EP like every other dimension.
+  req.ep_overlap = false;
+  bool has_ep = false;
+  for (const Reason& x : explain_plan(req, best)) has_ep |= x.dimension == "EP";
+  EXPECT_TRUE(has_ep);
+}
+
+TEST(Planner, ExpertParallelismIsCheckedLikeEveryDimension) {
+  const PlanRequest moe{.model = *model_preset("mixtral-8x7b"),
+                        .cluster = *cluster_preset("h100-80g"), .gpus = 16, .global_batch = 64,
+                        .seq = 4096};
+  const Layout base{.dp = 16, .zero = 1, .micro_batch = 1, .grad_accum = 4,
+                    .recompute = Recompute::full};
+  EXPECT_NO_THROW(evaluate_layout(moe, Layout{base}));
+  Layout l = base;
+  l.ep = 8;
+  EXPECT_NO_THROW(evaluate_layout(moe, l));
+  l.ep = 16;  // 8 experts
+  EXPECT_THROW(evaluate_layout(moe, l), InvalidInput);
+  l.ep = 3;   // 16 DP ranks
+  EXPECT_THROW(evaluate_layout(moe, l), InvalidInput);
+  PlanRequest dense = moe;
+  dense.model = *model_preset("llama-3-8b");
+  l.ep = 2;
+  EXPECT_THROW(evaluate_layout(dense, l), InvalidInput);
+  // A dense model's search never tries EP.
+  for (const PlanEval& e : plan(dense, SearchSpace{.top = 20}).best) EXPECT_EQ(e.layout.ep, 1);
+}
+
 }  // namespace
 }  // namespace tally

@@ -32,6 +32,12 @@
 //   embeddings:      the embedding-output dropout mask sbh (first stage, ÷t with SP).
 //   output:          final norm input 2sbh, LM-head input 2sbh and fp32 logits 4sbV
 //                    (Korthikanti §4.3: 4sbh(1 + V/h)/t), on the last stage.
+//   MoE layer:       the MLP hidden of the E_act routed experts (× c_f, the capacity factor) and
+//                    the shared experts; the router's fp32 probabilities 4sb·E (the top-k and
+//                    softmax/sigmoid backward read them); the dispatched tokens 2sb·E_act·c_f·h
+//                    (the grouped GEMM's input, read by its weight gradient); the experts'
+//                    outputs 2sb·E_act·c_f·h (read by the combine's gradient with respect to the
+//                    routing weights). Replicated under TP (÷t with SP), like the MLP input.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +62,10 @@ struct ActivationSetup {
   Attention attention = Attention::flash;
   bool dropout = true;           // Korthikanti keeps dropout masks; Llama-style training has none
   double act_bytes = 2.0;        // bytes per activation element (bf16/fp16 = 2, fp32 = 4)
+  // MoE: routed slots per token and expert choice, as a multiple of the balanced share (token-
+  // dropping capacity factor; 1 = dropless and balanced). Expert parallelism leaves the per-rank
+  // figure unchanged: a rank receives as many routed tokens as it sends.
+  double capacity_factor = 1.0;
   // Layers of the first and last pipeline stage (core/pipeline.hpp stage_layers); 0 = the even
   // split L/p (which needs p·v | L). Uneven stages need interleave 1.
   int first_stage_layers = 0, last_stage_layers = 0;

@@ -9,6 +9,8 @@
 //   all-gather       S(k−1)/k,                 k−1 steps
 //   broadcast        S (pipelined chain),      k−1 steps
 //   p2p (send/recv)  S,                        1 step
+//   all-to-all       S(k−1)/k,                 k−1 steps (pairwise exchange: S is the buffer
+//                    a rank scatters, S/k to each peer; Thakur, Rabenseifner & Gropp 2005 §4)
 //   time = α·steps + bytes_per_rank/β; k = 1 moves nothing.
 #pragma once
 
@@ -30,9 +32,10 @@ namespace tally {
 inline constexpr double kDdpBucketBytes = 25 * kMiB;
 inline constexpr double kDdpFirstBucketBytes = 1 * kMiB;
 
-enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv, all_to_all };
+inline constexpr int kCollectiveKinds = 6;
 
-// Names: "all-reduce", "reduce-scatter", "all-gather", "broadcast", "p2p".
+// Names: "all-reduce", "reduce-scatter", "all-gather", "broadcast", "p2p", "all-to-all".
 std::string_view to_string(Collective c);
 std::optional<Collective> parse_collective(std::string_view s);
 const std::vector<std::string>& allowed_collectives();
@@ -92,10 +95,18 @@ struct StepTrafficSetup {
   Recompute recompute = Recompute::none;
   std::int64_t kv_hidden = 0;         // a_kv·d, needed when cp > 1
   std::int64_t busiest_stage_layers = 0;  // layers of the busiest pipeline stage; 0 = ⌈L/pp⌉
+  // Mixture of experts (Note [expert parallelism] in comm.cpp). ep > 1 shards the routed experts
+  // over ep ranks carved out of dp·cp (Megatron-Core: EP × EDP = DP × CP, expert TP = TP).
+  int ep = 1;
+  double expert_share = 0;            // routed experts' share of N (routed_expert_share)
+  std::int64_t moe_layers = 0;        // MoE layers of the model (L − dense leading layers)
+  std::int64_t experts_per_token = 1; // top-k
+  double capacity_factor = 1;         // routed slots sent per token and expert choice (>= 1)
   void validate() const;              // throws InvalidInput naming the field
 };
 
-enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp };
+enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_grad,
+                         expert_param_gather };
 std::string_view to_string(TrafficKind k);
 
 // One line of the per-step ledger. bytes_per_rank = calls · bytes_per_call.
@@ -119,13 +130,21 @@ struct StepTraffic {
   TrafficItem tp;
   TrafficItem pp;
   TrafficItem cp;
+  TrafficItem ep;                // MoE token dispatch and combine all-to-alls
+  // ep > 1: the routed experts' gradients and ZeRO gathers run over the expert-data-parallel group
+  // dp·cp/ep; dp_grad and zero_param_gather then carry the other parameters only.
+  TrafficItem expert_grad;
+  TrafficItem expert_param_gather;
   // Erratum 4: the seed's "ZeRO-2 halves communication" figure, S_grad(k−1)/k — the gradient
   // reduce-scatter alone, without the parameter all-gather that must follow it.
   double reduce_scatter_only_bytes = 0;
   StepTrafficSetup setup;
-  double dp_total_bytes() const { return dp_grad.bytes_per_rank + zero_param_gather.bytes_per_rank; }
+  double dp_total_bytes() const {
+    return dp_grad.bytes_per_rank + zero_param_gather.bytes_per_rank +
+           expert_grad.bytes_per_rank + expert_param_gather.bytes_per_rank;
+  }
   double total_bytes() const;
-  std::vector<TrafficItem> items() const;  // the five items in ledger order
+  std::vector<TrafficItem> items() const;  // the eight items in ledger order
   std::string convention() const;
 };
 

@@ -85,6 +85,9 @@ struct ParamCount {
   double attention = 0;       // all layers: q, k, v, o (+ biases, sinks; MLA's projections)
   double mlp = 0;             // all layers, all experts (+ shared experts, dense layers, router)
   double mlp_active = 0;      // all layers, E_act routed experts (+ the rest of mlp)
+  // Inside mlp: the E routed experts of every MoE layer (weights and biases), the part expert
+  // parallelism shards (shared experts, the router and dense layers are replicated like attention).
+  double routed_experts = 0;
   double norms = 0;           // all layers + final norm (+ q/k norms, MLA's low-rank norms)
   double output_head = 0;     // 0 when tied
   double total() const { return embedding + attention + mlp + norms + output_head; }
@@ -102,6 +105,10 @@ ParamCount count_params(const ModelSpec& m);
 
 // N used by the state ledger: nominal_params if set, else the counted total.
 double state_params(const ModelSpec& m);
+
+// routed_experts / total: the share of the state ledger's N that expert parallelism shards
+// (0 for a dense or params-only model). One rule for the planner, `memory` and `comm`.
+double routed_expert_share(const ModelSpec& m);
 
 // A model known only by its size (`--params 7e9`): params_only, nominal_params = n.
 ModelSpec model_from_params(double n);

@@ -9,6 +9,11 @@
 //                                                          quantisation constants not counted)
 //   SGD                  p     p    0    0   0|4           momentum adds m = 4 (fp32)
 // ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
+// Expert parallelism over ep ranks (Note [expert parallelism], core/src/comm.cpp; Megatron-Core):
+// the routed experts' share e of the parameters is split over ep, and ZeRO shards it over the
+// expert-data-parallel group k/ep; the rest as above. Per GPU: N(1−e)/k' + N·e/(ep·k'') per item,
+// k' = k and k'' = k/ep where the stage shards the item, else 1.
+
 #pragma once
 
 #include <string>
@@ -22,6 +27,8 @@ struct StateSetup {
   Optimizer optimizer = Optimizer::adam;
   int zero_stage = 0;   // 0..3
   int shard_degree = 1; // k: the ZeRO data-parallel group size (ignored for stage 0)
+  int ep = 1;           // expert-parallel degree, a divisor of k (EP ranks are DP ranks)
+  double expert_share = 0;  // e: routed experts' share of the parameters (routed_expert_share)
   void validate() const;
 };
 
@@ -36,6 +43,9 @@ struct ModelStateResult {
   StateItems bytes;            // bytes per GPU after sharding
   StateSetup setup;
   double n_params = 0;
+  double local_params = 0;    // held before ZeRO-3: N(1−e) + N·e/ep
+  double updated_params = 0;  // the optimizer's shard: local_params split as m and v are
+
   // e.g. "bf16 mixed | adam fp32 m,v | master fp32 counted | ZeRO-2 k=8"
   std::string convention() const;
 };

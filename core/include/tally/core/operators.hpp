@@ -22,7 +22,8 @@
 //   dropout+residual    memory   read 2, write 1 of T_n·h (+ 1-byte mask with dropout), twice
 //   MLP (GeLU)          GEMM     T × f/t, k = h;  gelu memory read + write T·f/t;  GEMM T × h, k = f/t
 //   MLP (SwiGLU)        GEMM     T × 2f/t, k = h; swiglu memory read 2 + write 1 of T·f/t; down GEMM
-//   MoE                 router GEMM T × E, k = h; each expert's MLP on T·E_act/E tokens (batched);
+//   MoE                 router GEMM T × E, k = h; each of the E/ep local experts' MLP on
+//                       c_f·T·E_act·ep/E tokens (batched, a grouped GEMM);
 //                       shared experts: one MLP of width E_s·f_s/t on all T tokens; a dense leading
 //                       layer (OperatorSetup::dense_layer): the MLP with f_d
 //   MLA (replaces qkv)  q-down T × r_q, k = h and kv-down T × (r_kv + d_r), k = h, whole on every
@@ -86,6 +87,12 @@ struct OperatorSetup {
   // layer_ops of a MoE model: false = a MoE layer, true = one of its dense leading layers
   // (ModelSpec::dense_layers, FFN width f_d).
   bool dense_layer = false;
+  // Expert parallelism (Note [expert parallelism], core/src/comm.cpp): each rank holds E/ep
+  // experts and runs them on the tokens the ep ranks route to them, T·E_act·ep/E rows per expert
+  // (the same FLOPs as ep = 1, in larger GEMMs); capacity_factor pads every expert to c_f times
+  // its balanced share.
+  int ep = 1;
+  double capacity_factor = 1;
   void validate(const ModelSpec& m) const;  // throws InvalidInput naming the field
 };
 

@@ -99,8 +99,16 @@ struct PlanRequest {
   // TP collectives hidden behind the GEMMs beside them (Transformer Engine's comm-GEMM overlap,
   // Megatron-LM --tp-comm-overlap); false = exposed (Megatron-LM's default).
   bool tp_overlap = false;
+  // MoE all-to-alls hidden behind another micro-batch's kernels (Megatron-Core 0.14
+  // --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe); false = exposed (Megatron-Core's
+  // default).
+  bool ep_overlap = false;
   TimeModel time_model = TimeModel::operators;
   bool causal = true;                    // decoder training: flash kernels skip the masked half
+  // MoE routing: slots each expert is padded to, as a multiple of its balanced share (token-
+  // dropping capacity factor; 1 = dropless with balanced routing, the auxiliary-loss target).
+  // Scales the all-to-all bytes, the expert GEMM rows and the routed activations.
+  double capacity_factor = 1;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
   std::optional<double> run_hours;       // for expected failures (--days)
@@ -137,6 +145,7 @@ struct SearchSpace {
   int max_tp = 0;                        // 0 = the NVLink domain's GPUs
   int max_pp = 0;                        // 0 = layers
   int max_cp = 0;                        // 0 = unlimited (cp | s)
+  int max_ep = 0;                        // 0 = unlimited (ep | dp·cp and ep | experts); MoE only
   int max_interleave = 8;
   std::int64_t max_micro_batch = 0;      // 0 = B/dp
   std::vector<int> zero_stages = {0, 1, 2, 3};
@@ -151,6 +160,9 @@ struct SearchSpace {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
+  // Expert parallelism, carved out of dp·cp (Note [expert parallelism] in core/src/comm.cpp):
+  // 1 for dense models.
+  int ep = 1;
   bool sp = false;
   int zero = 0;
   std::int64_t micro_batch = 1;
@@ -192,6 +204,7 @@ struct PlanEval {
                                          // the optimizer step (utilisation model: FLOPs/(G·peak·u))
   double optimizer_s = 0;                // the optimizer step's kernels (inside compute_s)
   double tp_s = 0, cp_s = 0, pp_s = 0;   // exposed (on the critical path)
+  double ep_s = 0;                       // MoE all-to-alls, exposed (Megatron-Core's default)
   double dp_s = 0;                       // DP/ZeRO traffic time before overlap
   double dp_exposed_s = 0;
   double bubble_fraction = 0;

@@ -125,7 +125,7 @@ struct CollectiveCounter {
 
 struct CommCounters {
   // Indexed by tally::Collective; bytes from the core formula (see the header comment).
-  std::array<CollectiveCounter, 5> by_collective{};
+  std::array<CollectiveCounter, kCollectiveKinds> by_collective{};
   // tally's ring all-reduce: bytes this rank's send calls moved (not a formula).
   CollectiveCounter ring_all_reduce;
 
