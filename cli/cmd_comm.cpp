@@ -185,8 +185,8 @@ void register_comm(CLI::App& app) {
   cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
   cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
-  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")
-      ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
+  cmd->add_option("--precision", o->precision, kPrecisionHelp)
+      ->check(one_of(precision_names()))
       ->capture_default_str();
   cmd->add_option("--recompute", o->recompute, "none | selective (Megatron: attention core) | full | save-matmuls (PyTorch "
                   "selective checkpointing: matmul outputs saved)")

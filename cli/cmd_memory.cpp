@@ -53,6 +53,9 @@ std::optional<FineTuneLedger> finetune_of(const MemoryOptions& o, const ModelSpe
                        ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--ep/--zero)");
   if (precision == Precision::fp32 && method == FineTune::qlora)
     throw InvalidInput("--method qlora --precision fp32: the compute dtype must be bf16 or fp16");
+  if (is_low_precision(precision))
+    throw InvalidInput("--method " + o.method + " --precision " + o.precision +
+                       ": the LoRA ledger's precision is the compute dtype: fp32, bf16 or fp16");
   LoraSetup s{.method = method, .rank = o.lora_rank, .alpha = o.lora_alpha, .targets = {},
               .quant = *parse_quant(o.quant), .double_quant = !o.no_double_quant,
               .block = o.quant_block, .compute = precision, .upcast_unquantized = !o.no_upcast,
@@ -106,7 +109,8 @@ void run_memory(const MemoryOptions& o) {
                                                      .optimizer = optimizer_from(o.optimizer),
                                                      .zero_stage = o.zero,
                                                      .shard_degree = o.dp, .ep = o.ep,
-                                                     .expert_share = routed_expert_share(model)});
+                                                     .expert_share = routed_expert_share(model),
+                                                     .gemm_weight_share = gemm_weight_share(model)});
   const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
@@ -170,6 +174,7 @@ void run_memory(const MemoryOptions& o) {
   nlohmann::json items_gb = {{"params", in_gb(b.params)}, {"grads", in_gb(b.grads)},
                              {"m", in_gb(b.m)},           {"v", in_gb(b.v)},
                              {"master", in_gb(b.master)}};
+  if (b.low_precision > 0) items_gb["low_precision_copies"] = in_gb(b.low_precision);
   if (ft)
     items_gb = {{"quantized_weights", in_gb(ft->quantized_weight_bytes)},
                 {"quant_constants", in_gb(ft->quant_constant_bytes)},
@@ -188,7 +193,9 @@ void run_memory(const MemoryOptions& o) {
                                            {"grads", states.per_param.grads},
                                            {"m", states.per_param.m},
                                            {"v", states.per_param.v},
-                                           {"master", states.per_param.master}}},
+                                           {"master", states.per_param.master},
+                                           {"low_precision_copies",
+                                            states.per_param.low_precision}}},
                       {"states_gb", in_gb(states_total)},
                       {"total_gb", in_gb(total)},
                       {"total_bytes", total}};
@@ -268,6 +275,10 @@ void run_memory(const MemoryOptions& o) {
     row("m", b.m, pp.m);
     row("v", b.v, pp.v);
     row("master", b.master, pp.master);
+    if (b.low_precision > 0)
+      fmt::print("  {:<12} {:>14}   ({} B per linear weight: {:.1f} % of the params)\n",
+                 fmt::format("{} copies", to_string(precision)), size_str(b.low_precision, unit),
+                 pp.low_precision, 100 * gemm_weight_share(model));
     fmt::print("  {:<12} {:>14}\n", "states", size_str(b.total(), unit));
   }
   if (act) {
@@ -312,8 +323,8 @@ void register_memory(CLI::App& app) {
   auto* cmd = app.add_subcommand("memory", "per-GPU memory: model states (+ activations)");
   add_model_flags(cmd, o->model);
   add_output_flags(cmd, o->out);
-  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16 (bf16/fp16 = mixed precision)")
-      ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
+  cmd->add_option("--precision", o->precision, kPrecisionHelp)
+      ->check(one_of(precision_names()))
       ->capture_default_str();
   cmd->add_option("--optimizer", o->optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
       ->check(one_of(allowed_optimizers()))

@@ -144,8 +144,8 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--seq", o.seq, "sequence length T")
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))
       ->capture_default_str();
-  cmd->add_option("--precision", o.precision, "fp32 | bf16 | fp16")
-      ->check(one_of({"fp32", "bf16", "fp16", "mixed"}))
+  cmd->add_option("--precision", o.precision, kPrecisionHelp)
+      ->check(one_of(precision_names()))
       ->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
       ->check(one_of(allowed_optimizers()))

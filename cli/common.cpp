@@ -203,6 +203,15 @@ void refuse_empty_values(CLI::App& app) {
 }
 
 Precision precision_from(const std::string& s) { return *parse_precision(s); }
+
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> out = allowed_precisions();
+    out.emplace_back("mixed");
+    return out;
+  }();
+  return v;
+}
 Optimizer optimizer_from(const std::string& s) { return *parse_optimizer(s); }
 Recompute recompute_from(const std::string& s) { return *parse_recompute(s); }
 Attention attention_from(const std::string& s) { return *parse_attention(s); }

@@ -92,6 +92,11 @@ void refuse_empty_values(CLI::App& app);
 // Enum flags: a CLI11 check listing the allowed names, so errors name flag, value and choices.
 CLI::Validator one_of(const std::vector<std::string>& names);
 Precision precision_from(const std::string& s);
+// --precision's names: allowed_precisions() and the seed's "mixed" (= bf16), and its help text.
+const std::vector<std::string>& precision_names();
+inline constexpr const char* kPrecisionHelp =
+    "fp32 | bf16 | fp16 (16-bit = mixed precision) | fp8 | mxfp8 | nvfp4 (bf16 mixed with the "
+    "linear GEMMs in that format, Transformer Engine's recipes)";
 Optimizer optimizer_from(const std::string& s);
 Recompute recompute_from(const std::string& s);
 Attention attention_from(const std::string& s);

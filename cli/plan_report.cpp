@@ -33,6 +33,7 @@ nlohmann::json eval_json(const PlanEval& e) {
                          {"m", in_gb(e.states.m)},
                          {"v", in_gb(e.states.v)},
                          {"master", in_gb(e.states.master)},
+                         {"low_precision_copies", in_gb(e.states.low_precision)},
                          {"total", in_gb(e.states.total())}}},
           {"activations_gb", in_gb(e.activation_bytes)},
           {"buffers_gb", in_gb(e.buffer_bytes)},
@@ -202,14 +203,19 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   const PlanEval& b = r.best.front();
   const StateSetup ss{.precision = q.precision, .optimizer = q.optimizer, .zero_stage = b.layout.zero,
                       .shard_degree = b.layout.dp * b.layout.cp, .ep = b.layout.ep,
-                      .expert_share = routed_expert_share(q.model)};
+                      .expert_share = routed_expert_share(q.model),
+                      .gemm_weight_share = gemm_weight_share(q.model)};
   const std::string state_conv =
       convention_with_unit(model_states(1.0, ss).convention(), u);
   fmt::print("PLAN  {}\n\n", b.layout.describe());
   fmt::print("ACCOUNTS (per GPU)\n");
-  fmt::print("  model states  {:>12}  params {} + grads {} + m {} + v {} + master {}  [{}]\n",
+  fmt::print("  model states  {:>12}  params {} + grads {} + m {} + v {} + master {}{}  [{}]\n",
              size_str(b.states.total(), u), size_str(b.states.params, u), size_str(b.states.grads, u),
              size_str(b.states.m, u), size_str(b.states.v, u), size_str(b.states.master, u),
+             b.states.low_precision > 0
+                 ? fmt::format(" + {} copies {}", to_string(q.precision),
+                               size_str(b.states.low_precision, u))
+                 : std::string(),
              state_conv);
   fmt::print("  activations   {:>12}  (first pipeline stage, Korthikanti inventory)\n",
              size_str(b.activation_bytes, u));

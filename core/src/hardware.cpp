@@ -8,7 +8,24 @@ namespace tally {
 
 double GpuSpec::peak_flops(Precision p) const {
   // fp32 training runs its matmuls on TF32 tensor cores (PyTorch's allow_tf32 / Megatron default).
-  return p == Precision::fp32 ? peak_tf32_flops : peak_bf16_flops;
+  switch (p) {
+    case Precision::fp32: return peak_tf32_flops;
+    case Precision::bf16:
+    case Precision::fp16: return peak_bf16_flops;
+    case Precision::fp8:
+    case Precision::mxfp8: return peak_fp8_flops;
+    case Precision::nvfp4: return peak_fp4_flops;
+  }
+  return 0;
+}
+
+bool GpuSpec::supports(Precision p) const {
+  switch (p) {
+    case Precision::fp8: return peak_fp8_flops > 0;
+    case Precision::mxfp8: return peak_fp8_flops > 0 && peak_fp4_flops > 0;
+    case Precision::nvfp4: return peak_fp4_flops > 0;
+    default: return true;
+  }
 }
 
 namespace {
@@ -35,6 +52,8 @@ void ClusterSpec::validate() const {
     check(gpu.peak_fp32_flops, kPeakFlopsBounds, "gpu peak_fp32_flops", "FLOP/s (or 0: none)");
   if (gpu.peak_fp8_flops != 0)
     check(gpu.peak_fp8_flops, kPeakFlopsBounds, "gpu peak_fp8_flops", "FLOP/s (or 0: none)");
+  if (gpu.peak_fp4_flops != 0)
+    check(gpu.peak_fp4_flops, kPeakFlopsBounds, "gpu peak_fp4_flops", "FLOP/s (or 0: none)");
   if (gpus_per_node < 1)
     throw InvalidInput("gpus_per_node = " + std::to_string(gpus_per_node) + ": must be >= 1");
   if (nvlink_domain != 0 && (nvlink_domain < gpus_per_node || nvlink_domain % gpus_per_node != 0))

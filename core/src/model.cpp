@@ -151,6 +151,12 @@ double state_params(const ModelSpec& m) {
   return count_params(m).total();
 }
 
+double gemm_weight_share(const ModelSpec& m) {
+  if (m.params_only) return 1.0;
+  const ParamCount c = count_params(m);
+  return (c.attention + c.mlp) / c.total();
+}
+
 double routed_expert_share(const ModelSpec& m) {
   if (m.params_only || !m.is_moe()) return 0.0;
   const ParamCount c = count_params(m);

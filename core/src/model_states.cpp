@@ -13,6 +13,9 @@ void StateSetup::validate() const {
     throw InvalidInput("ep = " + std::to_string(ep) + ": must divide the data-parallel degree " +
                        std::to_string(shard_degree) +
                        " (expert-parallel ranks are carved out of the data-parallel ones)");
+  if (!(gemm_weight_share >= 0 && gemm_weight_share <= 1))
+    throw InvalidInput("gemm weight share = " + format_number(gemm_weight_share) +
+                       ": must be in [0, 1]");
   if (ep > 1 && !(expert_share > 0 && expert_share < 1))
     throw InvalidInput("ep = " + std::to_string(ep) +
                        ": needs a mixture-of-experts model (routed experts to shard)");
@@ -29,6 +32,7 @@ StateItems state_bytes_per_param(Precision p, Optimizer o) {
     case Optimizer::sgd: b.m = b.v = 0.0; break;
     case Optimizer::sgd_momentum: b.m = 4.0; b.v = 0.0; break;
   }
+  b.low_precision = low_precision_copy_bytes(p);
   return b;
 }
 
@@ -56,6 +60,7 @@ ModelStateResult model_states(double n_params, const StateSetup& setup) {
   r.bytes.m = shard(r.per_param.m, s >= 1);
   r.bytes.v = shard(r.per_param.v, s >= 1);
   r.bytes.master = shard(r.per_param.master, s >= 1);
+  r.bytes.low_precision = shard(r.per_param.low_precision, s >= 3) * setup.gemm_weight_share;
   return r;
 }
 
@@ -63,6 +68,8 @@ std::string ModelStateResult::convention() const {
   std::string c;
   if (setup.precision == Precision::fp32)
     c = "fp32";
+  else if (is_low_precision(setup.precision))
+    c = "bf16 mixed + " + std::string(to_string(setup.precision)) + " GEMMs";
   else
     c = std::string(to_string(setup.precision)) + " mixed";
   c += " | ";
@@ -75,6 +82,13 @@ std::string ModelStateResult::convention() const {
   }
   c += " | master ";
   c += per_param.master > 0 ? "fp32 counted" : "none (fp32 params are the master)";
+  if (per_param.low_precision > 0)
+    c += std::string(" | ") +
+         (setup.precision == Precision::fp8     ? "fp8 per-tensor (TE delayed scaling)"
+          : setup.precision == Precision::mxfp8 ? "MXFP8 (e8m0 scale per 32)"
+                                                : "NVFP4 (e4m3 scale per 16)") +
+         " copies of the linear weights, " + format_number(per_param.low_precision) +
+         " B each";
   c += " | ";
   if (setup.zero_stage == 0)
     c += "no sharding (ZeRO-0)";

@@ -219,7 +219,17 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   memory("dropout-residual-2", "dropout-residual-2.backward", residual_bytes);
 }
 
+// Note [low precision]: the kernels a low-precision recipe leaves in bf16 (Transformer Engine
+// quantizes the linear layers; Megatron-Core keeps the attention core, the router and the output
+// layer in bf16).
+void mark_high_precision(std::vector<Op>& ops) {
+  for (Op& op : ops)
+    for (std::string_view prefix : {"scores", "context", "router", "lm-head", "flash-attention"})
+      if (op.name.substr(0, prefix.size()) == prefix) op.high_precision = true;
+}
+
 }  // namespace
+
 
 void OperatorSetup::validate(const ModelSpec& m) const {
   if (m.params_only)
@@ -267,6 +277,7 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
       ops.push_back(replay);
     }
   }
+  mark_high_precision(ops);
   return ops;
 }
 
@@ -301,6 +312,7 @@ std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s) {
                    .bytes = logits * (d.e + 3 * 4.0)});
   ops.push_back(Op{.name = "cross-entropy.backward", .kind = OpKind::memory,
                    .pass = Pass::backward, .bytes = logits * (2 * 4.0 + d.e)});
+  mark_high_precision(ops);
   return ops;
 }
 
@@ -315,14 +327,16 @@ double optimizer_update_bytes(Precision p, Optimizer o) {
 double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
   const KernelPerf& k = gpu.kernels;
   switch (op.kind) {
-    case OpKind::gemm:
+    case OpKind::gemm: {
+      const Precision g = op.high_precision ? compute_precision(p) : p;
       return roofline_seconds(gpu, op.flops,
-                              gpu.peak_flops(p) * gemm_efficiency(k, op.m, op.n, op.k, op.batch),
+                              gpu.peak_flops(g) * gemm_efficiency(k, op.m, op.n, op.k, op.batch),
                               op.bytes);
+    }
     case OpKind::attention: {
       const bool backward = op.pass == Pass::backward;
       const double eta = backward ? k.attention_backward_fraction : k.attention_forward_fraction;
-      return roofline_seconds(gpu, op.flops, gpu.peak_flops(p) * eta, op.bytes);
+      return roofline_seconds(gpu, op.flops, gpu.peak_flops(compute_precision(p)) * eta, op.bytes);
     }
     case OpKind::memory:
       return roofline_seconds(gpu, op.flops,

@@ -92,6 +92,7 @@ struct Prepared {
   double tokens = 0;
   double param_bytes = 0, act_bytes = 0;
   double expert_share = 0;     // routed experts' share of N (what EP shards)
+  double gemm_weight_share = 1;  // linear weights' share of N (low-precision copies)
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
@@ -136,6 +137,7 @@ Prepared prepare(const PlanRequest& r) {
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
   p.expert_share = routed_expert_share(r.model);
+  p.gemm_weight_share = gemm_weight_share(r.model);
   const double G = double(r.gpus);
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
                        Recompute::save_matmuls}) {
@@ -233,7 +235,8 @@ ModelStateResult states_of(const Prepared& P, const Layout& L) {
   return model_states(params_per_gpu(P, L),
                       StateSetup{.precision = r.precision, .optimizer = r.optimizer,
                                  .zero_stage = L.zero, .shard_degree = L.dp * L.cp, .ep = L.ep,
-                                 .expert_share = P.expert_share});
+                                 .expert_share = P.expert_share,
+                                 .gemm_weight_share = P.gemm_weight_share});
 }
 
 void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
@@ -585,6 +588,11 @@ void PlanRequest::validate() const {
                          "cluster file), or use --time-model utilisation");
     }
   }
+  if (!cluster.gpu.supports(precision))
+    throw InvalidInput("--precision " + std::string(to_string(precision)) + ": " + cluster.gpu.name +
+                       (precision == Precision::fp8
+                            ? " has no fp8 tensor cores (peak_fp8 0)"
+                            : " has no block-scaled (Blackwell) tensor cores (peak_fp4 0)"));
   if (run_hours && !(*run_hours > 0)) throw InvalidInput("--days must be > 0");
   if (run_tokens && !(*run_tokens > 0)) throw InvalidInput("--tokens must be > 0");
   if (!(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64))
@@ -737,7 +745,12 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
       .gpus = double(r.gpus), .failure_rate_per_hour = r.cluster.failure_rate_per_hour,
       .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps_for(r.gpus),
       .restart_hours = r.restart_hours, .run_hours = run_hours});
-  res.convention = std::string(to_string(r.precision)) + (r.precision == Precision::fp32 ? "" : " mixed") +
+  res.convention = (is_low_precision(r.precision)
+                        ? "bf16 mixed, " + std::string(to_string(r.precision)) +
+                              " linear GEMMs (attention, router, LM head bf16; MFU against the "
+                              "GPU's " + std::string(to_string(r.precision)) + " peak)"
+                        : std::string(to_string(r.precision)) +
+                              (r.precision == Precision::fp32 ? "" : " mixed")) +
                    " | " + std::string(to_string(r.optimizer)) + " | memory held: allocated × " +
                    format_number(1 + r.allocator_allowance) + " + " +
                    format_number(r.runtime_bytes / kMiB) + " MiB runtime, usable " +

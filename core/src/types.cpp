@@ -22,8 +22,9 @@ namespace {
 template <class E, std::size_t N>
 using NameTable = std::array<std::pair<E, std::string_view>, N>;
 
-constexpr NameTable<Precision, 3> kPrecisions{{
-    {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}}};
+constexpr NameTable<Precision, 6> kPrecisions{{
+    {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"},
+    {Precision::fp8, "fp8"}, {Precision::mxfp8, "mxfp8"}, {Precision::nvfp4, "nvfp4"}}};
 constexpr NameTable<Optimizer, 5> kOptimizers{{{Optimizer::adam, "adam"},
                                                {Optimizer::adamw, "adamw"},
                                                {Optimizer::adam8bit, "adam-8bit"},
@@ -103,6 +104,21 @@ const std::vector<std::string>& allowed_attentions() {
 }
 
 double dtype_bytes(Precision p) { return p == Precision::fp32 ? 4.0 : 2.0; }
+
+bool is_low_precision(Precision p) {
+  return p == Precision::fp8 || p == Precision::mxfp8 || p == Precision::nvfp4;
+}
+
+Precision compute_precision(Precision p) { return is_low_precision(p) ? Precision::bf16 : p; }
+
+double low_precision_copy_bytes(Precision p) {
+  switch (p) {
+    case Precision::fp8: return 2.0;                        // e4m3 weight + its transpose
+    case Precision::mxfp8: return 2.0 * (1.0 + 1.0 / 32);   // two copies, an e8m0 scale per 32
+    case Precision::nvfp4: return 2.0 * (0.5 + 1.0 / 16);   // two copies, an e4m3 scale per 16
+    default: return 0.0;
+  }
+}
 
 double parse_count(std::string_view text, std::string_view field) {
   auto fail = [&](const char* why) -> double {

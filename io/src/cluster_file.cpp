@@ -49,7 +49,8 @@ std::optional<double> get(const ObjectReader& r, std::string_view key, Range ran
 
 void read_gpu(const ObjectReader& g, bool required, GpuSpec& gpu) {
   g.allow_only({"name", "memory_gib", "memory_gb", "peak_bf16_tflops", "peak_tf32_tflops",
-                "peak_fp32_tflops", "peak_fp8_tflops", "memory_bandwidth_gbps", "sm_count"});
+                "peak_fp32_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "memory_bandwidth_gbps",
+                "sm_count"});
   if (const auto name = g.opt_string("name", kMaxNameChars)) gpu.name = *name;
   if (g.has("memory_gib") && g.has("memory_gb"))
     detail::fail(g.source(), g.field("memory_gb"), detail::show(*g.find("memory_gb")),
@@ -65,6 +66,7 @@ void read_gpu(const ObjectReader& g, bool required, GpuSpec& gpu) {
     gpu.peak_tf32_flops = *v * kTflops;
   if (const auto v = g.opt_number("peak_fp32_tflops", kTflops0)) gpu.peak_fp32_flops = *v * kTflops;
   if (const auto v = g.opt_number("peak_fp8_tflops", kTflops0)) gpu.peak_fp8_flops = *v * kTflops;
+  if (const auto v = g.opt_number("peak_fp4_tflops", kTflops0)) gpu.peak_fp4_flops = *v * kTflops;
   // The operator time model's roofline (core/roofline.hpp); optional: without them a custom GPU
   // can be planned only with --time-model utilisation.
   if (const auto v = g.opt_number("memory_bandwidth_gbps", kBandwidthGbps))

@@ -237,7 +237,7 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("plan --gpu tpu-v9", "--gpu");                                 // unknown GPU preset
   expect_bad("memory --model /nonexistent/config.json", "/nonexistent/config.json");  // unreadable
   expect_bad("memory --params 7e9 --bogus", "--bogus");                     // unknown flag
-  expect_bad("memory --params 7e9 --precision fp8", "--precision");
+  expect_bad("memory --params 7e9 --precision fp4", "--precision");
   expect_bad("bubble --pp 0 --micro-batches 4", "--pp");
   expect_bad("plan --gpus 0", "--gpus");                                    // zero GPUs
   expect_bad("plan --gpus 67", "--gpus = 67");                              // no layout can use 67

@@ -178,5 +178,28 @@ TEST(ModelStates, ExpertParallelSplitsTheRoutedExperts) {
                    model_states(n, StateSetup{.zero_stage = 1, .shard_degree = 8}).bytes.total());
 }
 
+// An fp8 recipe is bf16 mixed Adam (16 B per parameter) plus 2 B per linear weight for its fp8
+// copy and transpose; with 95 % of 7e9 parameters in linear layers that is 13.3 GB more. ZeRO-1
+// and ZeRO-2 leave the copies whole (they are built from the full local weights); ZeRO-3 shards
+// them with the parameters.
+TEST(ModelStates, LowPrecisionRecipesAddWeightCopies) {
+  const StateSetup fp8{.precision = Precision::fp8, .gemm_weight_share = 0.95};
+  const auto r = model_states(7e9, fp8);
+  EXPECT_DOUBLE_EQ(r.bytes.low_precision, 2 * 0.95 * 7e9);
+  EXPECT_DOUBLE_EQ(r.bytes.total() - r.bytes.low_precision,
+                   model_states(7e9, StateSetup{.precision = Precision::bf16}).bytes.total());
+  StateSetup z2 = fp8, z3 = fp8;
+  z2.zero_stage = 2;
+  z2.shard_degree = 8;
+  z3.zero_stage = 3;
+  z3.shard_degree = 8;
+  EXPECT_DOUBLE_EQ(model_states(7e9, z2).bytes.low_precision, 2 * 0.95 * 7e9);
+  EXPECT_DOUBLE_EQ(model_states(7e9, z3).bytes.low_precision, 2 * 0.95 * 7e9 / 8);
+  StateSetup nv = fp8;
+  nv.precision = Precision::nvfp4;
+  EXPECT_DOUBLE_EQ(model_states(7e9, nv).bytes.low_precision, 1.125 * 0.95 * 7e9);
+  EXPECT_NE(model_states(7e9, nv).convention().find("NVFP4"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tally

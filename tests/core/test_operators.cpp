@@ -281,5 +281,44 @@ TEST(Operators, ExpertParallelKeepsFlopsInTallerGemms) {
                InvalidInput);
 }
 
+// Note [low precision]: under an fp8 recipe the linear GEMMs run at the GPU's fp8 peak, while the
+// attention core, the router and the LM head stay at the bf16 peak — so on an H100 (fp8 peak twice
+// bf16's) a big MLP GEMM takes half the time (both compute-bound) and the others the same.
+TEST(Operators, LowPrecisionRunsOnlyTheLinearGemmsInTheFormat) {
+  const ModelSpec m = *model_preset("mixtral-8x7b");
+  const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
+  ASSERT_NEAR(gpu.peak_fp8_flops, 2 * gpu.peak_bf16_flops, 1e-4 * gpu.peak_fp8_flops);
+  const OperatorSetup os{.seq = 4096, .micro_batch = 1, .dropout = false};
+  auto ops = layer_ops(m, os);
+  const auto out = output_ops(m, os);
+  ops.insert(ops.end(), out.begin(), out.end());
+  int linear = 0, kept = 0;
+  for (const Op& op : ops) {
+    const double bf16 = op_seconds(op, gpu, Precision::bf16);
+    const double fp8 = op_seconds(op, gpu, Precision::fp8);
+    const bool stays = op.kind != OpKind::gemm || op.name.starts_with("router") ||
+                       op.name.starts_with("lm-head");
+    if (stays) {
+      EXPECT_DOUBLE_EQ(fp8, bf16) << op.name;
+      ++kept;
+    } else {
+      EXPECT_LT(fp8, bf16) << op.name;
+      if (op.name == "mlp-down") EXPECT_NEAR(fp8, bf16 / 2, 1e-3 * bf16) << op.name;
+      ++linear;
+    }
+  }
+  EXPECT_GT(linear, 0);
+  EXPECT_GT(kept, 0);
+  // Blackwell's fp4 peak for nvfp4, and the GPU must have it.
+  const GpuSpec b200 = cluster_preset("b200")->gpu;
+  EXPECT_DOUBLE_EQ(b200.peak_flops(Precision::nvfp4), 9e15);
+  EXPECT_DOUBLE_EQ(b200.peak_flops(Precision::mxfp8), b200.peak_fp8_flops);
+  EXPECT_TRUE(b200.supports(Precision::mxfp8));
+  EXPECT_FALSE(gpu.supports(Precision::mxfp8));
+  EXPECT_FALSE(gpu.supports(Precision::nvfp4));
+  EXPECT_TRUE(gpu.supports(Precision::fp8));
+  EXPECT_FALSE(cluster_preset("a100-80g")->gpu.supports(Precision::fp8));
+}
+
 }  // namespace
 }  // namespace tally

@@ -662,5 +662,31 @@ TEST(Planner, ExpertParallelismIsCheckedLikeEveryDimension) {
   for (const PlanEval& e : plan(dense, SearchSpace{.top = 20}).best) EXPECT_EQ(e.layout.ep, 1);
 }
 
+// A low-precision plan: fp8 on H100 makes the step faster and adds the weight copies; the GPU
+// must have the format's tensor cores (one line naming --precision otherwise).
+TEST(Planner, LowPrecisionRecipes) {
+  PlanRequest req{.model = *model_preset("llama-3-8b"), .cluster = *cluster_preset("h100-80g"),
+                  .gpus = 8, .global_batch = 64, .seq = 8192};
+  const Layout l{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 8};
+  const PlanEval bf16 = evaluate_layout(req, l);
+  req.precision = Precision::fp8;
+  const PlanEval fp8 = evaluate_layout(req, l);
+  EXPECT_LT(fp8.step_s, bf16.step_s);
+  EXPECT_GT(fp8.step_s, bf16.step_s / 2);  // attention, norms, head and optimizer stay
+  EXPECT_GT(fp8.states.low_precision, 0);
+  EXPECT_DOUBLE_EQ(fp8.states.total() - fp8.states.low_precision, bf16.states.total());
+  EXPECT_DOUBLE_EQ(fp8.activation_bytes, bf16.activation_bytes);  // saved in bf16 (not modelled)
+  EXPECT_LE(fp8.mfu, 1.0);  // against the fp8 peak
+  req.precision = Precision::nvfp4;
+  try {
+    evaluate_layout(req, l);
+    ADD_FAILURE() << "nvfp4 on an H100";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("--precision nvfp4"), std::string::npos) << e.what();
+  }
+  req.cluster = *cluster_preset("b200");
+  EXPECT_NO_THROW(evaluate_layout(req, l));
+}
+
 }  // namespace
 }  // namespace tally

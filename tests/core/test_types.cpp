@@ -28,8 +28,8 @@ TEST(Types, EnumNamesRoundTrip) {
   for (const auto& n : allowed_optimizers()) EXPECT_EQ(to_string(*parse_optimizer(n)), n);
   for (const auto& n : allowed_recomputes()) EXPECT_EQ(to_string(*parse_recompute(n)), n);
   for (const auto& n : allowed_attentions()) EXPECT_EQ(to_string(*parse_attention(n)), n);
-  EXPECT_EQ(allowed_precisions().size(), 3u);  // fp32, bf16, fp16
-  EXPECT_FALSE(parse_precision("fp8").has_value());
+  EXPECT_EQ(allowed_precisions().size(), 6u);  // fp32, bf16, fp16, fp8, mxfp8, nvfp4
+  EXPECT_FALSE(parse_precision("fp4").has_value());  // the format is nvfp4 (or mxfp4, not modelled)
   EXPECT_FALSE(parse_optimizer("").has_value());
   EXPECT_FALSE(parse_recompute("Full ").has_value());
 }
@@ -128,6 +128,26 @@ TEST(Types, InputChecksNameFieldValueAndRange) {
     EXPECT_STREQ(e.what(), "tp = -3: must be >= 1");
   }
   EXPECT_NO_THROW(require_real(true, "x", 0, ""));
+}
+
+// Note [low precision]: bytes per linear weight of the copies each recipe keeps. OCP Microscaling
+// Formats v1.0 §5: an MX block is 32 elements sharing one 8-bit (e8m0) scale; NVFP4 (NVIDIA, "Pretraining
+// LLMs with NVFP4", 2025): 16 e2m1 (4-bit) elements share one e4m3 scale. Transformer Engine keeps a
+// row-wise and a column-wise (transposed) copy of each weight.
+TEST(Types, LowPrecisionCopiesPerWeight) {
+  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::fp8), 1.0 + 1.0);
+  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::mxfp8), 2 * (1.0 + 1.0 / 32));
+  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::nvfp4), 2 * (4.0 / 8 + 1.0 / 16));
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    EXPECT_EQ(low_precision_copy_bytes(p), 0.0);
+    EXPECT_FALSE(is_low_precision(p));
+    EXPECT_EQ(compute_precision(p), p);
+  }
+  for (Precision p : {Precision::fp8, Precision::mxfp8, Precision::nvfp4}) {
+    EXPECT_TRUE(is_low_precision(p));
+    EXPECT_EQ(compute_precision(p), Precision::bf16);
+    EXPECT_EQ(dtype_bytes(p), 2.0);  // parameters, gradients, activations stay bf16
+  }
 }
 
 }  // namespace

@@ -71,6 +71,15 @@ TEST(ClusterFile, PresetAloneEqualsPreset) {
   }
 }
 
+// A GPU with block-scaled tensor cores states its dense FP4 peak (Note [low precision]).
+TEST(ClusterFile, Fp4Peak) {
+  const ClusterSpec c = parse(R"({"preset": "h100-80g", "gpu": {"peak_fp4_tflops": 3000}})");
+  EXPECT_EQ(c.gpu.peak_fp4_flops, 3000e12);
+  EXPECT_EQ(parse(R"({"preset": "h100-80g"})").gpu.peak_fp4_flops, 0);
+  expect_invalid([] { parse(R"({"preset": "h100-80g", "gpu": {"peak_fp4_tflops": -1}})"); },
+                 {kSrc, "peak_fp4_tflops"});
+}
+
 TEST(ClusterFile, MemoryInGb) {
   const ClusterSpec c = parse(R"({"preset": "a100-80g", "gpu": {"memory_gb": 80}})");
   EXPECT_EQ(c.gpu.memory_bytes, 80e9);

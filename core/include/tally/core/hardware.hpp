@@ -80,9 +80,17 @@ struct GpuSpec {
   double peak_tf32_flops = 0;
   double peak_bf16_flops = 0;       // fp16 is the same on every preset here
   double peak_fp8_flops = 0;        // 0 when the GPU has no FP8 tensor cores
+  // Dense FP4 (NVFP4/MXFP4) tensor-core peak; 0 when the GPU has none. Block-scaled (MX) formats
+  // run on the same 5th-generation tensor cores, so mxfp8 needs it too (Note [low precision]).
+  double peak_fp4_flops = 0;
   double memory_bps = 0;            // HBM bandwidth (datasheet), bytes/s
   KernelPerf kernels;
-  double peak_flops(Precision p) const;  // tensor-core peak for the training dtype (fp32 → tf32)
+  // Tensor-core peak of a GEMM in dtype p (fp32 → tf32; fp8 and mxfp8 → fp8; nvfp4 → fp4); 0 when
+  // the GPU lacks it (supports() says so first).
+  double peak_flops(Precision p) const;
+  // Whether the GPU runs p's GEMMs: fp8 needs an fp8 peak, mxfp8 and nvfp4 block-scaled tensor
+  // cores (an fp4 peak).
+  bool supports(Precision p) const;
 };
 
 struct ClusterSpec {

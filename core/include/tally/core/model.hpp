@@ -106,6 +106,11 @@ ParamCount count_params(const ModelSpec& m);
 // N used by the state ledger: nominal_params if set, else the counted total.
 double state_params(const ModelSpec& m);
 
+// (attention + mlp) / total: the transformer layers' linear weights (with their biases, sinks and
+// the router, under 0.1 % of them), which a low-precision recipe copies into its format; 1 for a
+// params-only model (conservative: every parameter).
+double gemm_weight_share(const ModelSpec& m);
+
 // routed_experts / total: the share of the state ledger's N that expert parallelism shards
 // (0 for a dense or params-only model). One rule for the planner, `memory` and `comm`.
 double routed_expert_share(const ModelSpec& m);

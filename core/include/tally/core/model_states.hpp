@@ -8,6 +8,9 @@
 //   mixed 8-bit Adam     2     2    1    1     4      10   (Dettmers et al. 2022; block-wise
 //                                                          quantisation constants not counted)
 //   SGD                  p     p    0    0   0|4           momentum adds m = 4 (fp32)
+//   fp8 / mxfp8 / nvfp4 recipes (types.hpp Note [low precision]): bf16 mixed Adam plus the linear
+//   weights' low-precision copies, 2, 2.0625 and 1.125 B per weight (the `low_precision` item,
+//   on gemm_weight_share of the parameters; sharded with the parameters under ZeRO-3).
 // ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
 // Expert parallelism over ep ranks (Note [expert parallelism], core/src/comm.cpp; Megatron-Core):
 // the routed experts' share e of the parameters is split over ep, and ZeRO shards it over the
@@ -29,13 +32,17 @@ struct StateSetup {
   int shard_degree = 1; // k: the ZeRO data-parallel group size (ignored for stage 0)
   int ep = 1;           // expert-parallel degree, a divisor of k (EP ranks are DP ranks)
   double expert_share = 0;  // e: routed experts' share of the parameters (routed_expert_share)
+  // Share of the parameters that are transformer-layer linear weights, which a low-precision
+  // recipe copies into its format (gemm_weight_share); 1 when the model is known only by size.
+  double gemm_weight_share = 1;
   void validate() const;
 };
 
 // Bytes (or bytes per parameter) of each item; one struct for both so items never drift apart.
 struct StateItems {
   double params = 0, grads = 0, m = 0, v = 0, master = 0;
-  double total() const { return params + grads + m + v + master; }
+  double low_precision = 0;  // fp8 / mxfp8 / nvfp4 weight copies (Note [low precision])
+  double total() const { return params + grads + m + v + master + low_precision; }
 };
 
 struct ModelStateResult {

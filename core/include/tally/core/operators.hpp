@@ -71,6 +71,9 @@ struct Op {
   double batch = 1;                  // independent GEMMs of this shape
   double flops = 0;                  // executed FLOPs, all batches
   double bytes = 0;                  // HBM bytes read + written
+  // Runs in the compute dtype even under a low-precision recipe (Note [low precision], types.hpp):
+  // the attention core (flash, or materialised scores and context), the router, the LM head.
+  bool high_precision = false;
 };
 
 struct OperatorSetup {
@@ -106,7 +109,8 @@ std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s);
 // Bytes the optimizer step moves per parameter it updates (read + write; see the note above).
 double optimizer_update_bytes(Precision p, Optimizer o);
 
-// Seconds of one kernel on `gpu` (core/roofline.hpp).
+// Seconds of one kernel on `gpu` (core/roofline.hpp): a GEMM at p's tensor-core peak, except the
+// high_precision ones and attention, which run at compute_precision(p).
 double op_seconds(const Op& op, const GpuSpec& gpu, Precision p);
 
 struct OpsTime {

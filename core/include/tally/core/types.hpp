@@ -40,7 +40,21 @@ class InvalidInput : public std::invalid_argument {
 
 // Training precision of parameters and gradients. fp32: no separate master copy. bf16/fp16: 16-bit
 // parameters and gradients plus fp32 master weights (seed: 混合精度 2+2+8+4).
-enum class Precision { fp32, bf16, fp16 };
+// Note [low precision] — fp8, mxfp8, nvfp4 are recipes on top of bf16 mixed precision, as
+// Transformer Engine runs them under Megatron-Core: the transformer layers' linear GEMMs (qkv,
+// out-proj, MLP, experts) run in the format; parameters, gradients, activations, the attention
+// core, norms, router, embedding and LM head stay bf16; master weights and Adam moments fp32. Each
+// linear weight also keeps its low-precision copies for the step (TE's weight workspaces):
+//   fp8    per-tensor scaling (TE "delayed scaling": e4m3 forward, e5m2 gradients, an amax
+//          history per tensor): the fp8 weight and its transpose for the backward GEMMs (Hopper's
+//          fp8 GEMMs take TN layouts only), 2 B per weight
+//   mxfp8  OCP Microscaling MXFP8 (TE MXFP8BlockScaling, Blackwell): e4m3 elements with one e8m0
+//          scale per 32 along the GEMM's inner dimension, a row-wise and a column-wise copy,
+//          2 · (1 + 1/32) B per weight
+//   nvfp4  NVIDIA NVFP4 (TE NVFP4BlockScaling, Blackwell): e2m1 elements, one e4m3 scale per 16
+//          and an fp32 scale per tensor, row-wise and column-wise, 2 · (0.5 + 1/16) B per weight
+// Per-tensor scales and amax histories are a few bytes per tensor: not counted.
+enum class Precision { fp32, bf16, fp16, fp8, mxfp8, nvfp4 };
 enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
 // Activation recompute policies, each named after the framework that defines its saved set:
 //   selective     Megatron-LM --recompute-granularity selective (Korthikanti et al. 2022 §5):
@@ -68,8 +82,15 @@ const std::vector<std::string>& allowed_optimizers();
 const std::vector<std::string>& allowed_recomputes();
 const std::vector<std::string>& allowed_attentions();
 
-// Bytes of one element of a 16/32-bit training dtype.
+// Bytes of one element of the training dtype of parameters, gradients and activations (a
+// low-precision recipe keeps them in bf16: Note [low precision]).
 double dtype_bytes(Precision p);
+// True for fp8, mxfp8, nvfp4 (Note [low precision]).
+bool is_low_precision(Precision p);
+// The dtype of everything a low-precision recipe leaves out of the format (bf16); p otherwise.
+Precision compute_precision(Precision p);
+// Bytes per linear weight of its low-precision copies (Note [low precision]); 0 for fp32/bf16/fp16.
+double low_precision_copy_bytes(Precision p);
 
 // Parses a parameter count such as "7e9", "7B", "6.74b", "175B", "350M", "1.5T", "7000000000".
 // Throws InvalidInput naming `field` on anything else or on a non-positive value.
