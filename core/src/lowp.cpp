@@ -160,4 +160,148 @@ QuantizedTensor quantize_nvfp4(std::span<const double> x) {
   return q;
 }
 
+// ---- NF4 --------------------------------------------------------------------------------------
+
+double normal_quantile(double p) {
+  require_real(p > 0 && p < 1, "p", p, "must be in (0, 1)");
+  // Φ(x) = erfc(−x/√2)/2 is increasing; bisect to the last bit.
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200 && lo < hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (mid == lo || mid == hi) break;
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+const std::array<float, 16>& nf4_code() {
+  static const std::array<float, 16> code = [] {
+    // bitsandbytes create_normal_map: torch.linspace in float32, scipy's norm.ppf in float64, the
+    // values as a float32 tensor, sorted, divided by their max in float32.
+    const float offset = 0.9677083f;
+    auto points = [&](int k) {
+      std::vector<float> v;
+      for (int i = 0; i < k; ++i)
+        v.push_back(float(double(offset) + (0.5 - double(offset)) * i / (k - 1)));
+      return v;
+    };
+    std::vector<float> v;
+    const auto p9 = points(9), p8 = points(8);
+    for (int i = 0; i < 8; ++i) v.push_back(float(normal_quantile(p9[std::size_t(i)])));
+    for (int i = 0; i < 7; ++i) v.push_back(float(-normal_quantile(p8[std::size_t(i)])));
+    v.push_back(0.0f);
+    std::sort(v.begin(), v.end());
+    std::array<float, 16> out{};
+    for (std::size_t i = 0; i < 16; ++i) out[i] = v[i] / v.back();
+    return out;
+  }();
+  return code;
+}
+
+const std::array<float, 256>& dynamic_map() {
+  static const std::array<float, 256> map = [] {
+    std::vector<float> v;
+    for (int i = 0; i < 7; ++i) {
+      const int items = (1 << i) + 1;  // boundaries of linspace(0.1, 1, 2^i + 1)
+      std::vector<float> bounds;
+      for (int j = 0; j < items; ++j)
+        bounds.push_back(float(0.1 + 0.9 * double(j) / double(items - 1)));
+      const float scale = float(std::pow(10.0, double(i - 6)));
+      for (int j = 0; j + 1 < items; ++j) {
+        const float mean = (bounds[std::size_t(j)] + bounds[std::size_t(j + 1)]) / 2.0f;
+        v.push_back(scale * mean);
+        v.push_back(-scale * mean);
+      }
+    }
+    v.push_back(0.0f);
+    v.push_back(1.0f);
+    std::sort(v.begin(), v.end());
+    std::array<float, 256> out{};
+    std::copy(v.begin(), v.end(), out.begin());
+    return out;
+  }();
+  return map;
+}
+
+namespace {
+
+// Index of the code point nearest to x (the lower one on a tie).
+template <std::size_t N>
+std::uint8_t nearest(const std::array<float, N>& code, float x) {
+  const auto it = std::lower_bound(code.begin(), code.end(), x);
+  if (it == code.begin()) return 0;
+  if (it == code.end()) return std::uint8_t(N - 1);
+  const auto i = std::size_t(it - code.begin());
+  return std::uint8_t(x - code[i - 1] <= code[i] - x ? i - 1 : i);
+}
+
+}  // namespace
+
+double Nf4Tensor::bytes() const {
+  const double blocks = double(absmax_code.size() + absmax.size());
+  return double(packed.size()) + (double_quant ? blocks + 4.0 * double(absmax2.size())
+                                               : 4.0 * blocks);
+}
+
+int Nf4Tensor::index(std::int64_t i) const {
+  const std::uint8_t b = packed[std::size_t(i / 2)];
+  return i % 2 == 0 ? b >> 4 : b & 0x0F;
+}
+
+float Nf4Tensor::block_absmax(std::int64_t b) const {
+  if (!double_quant) return absmax[std::size_t(b)];
+  return dynamic_map()[absmax_code[std::size_t(b)]] * absmax2[std::size_t(b / block2)] +
+         absmax_mean;
+}
+
+Nf4Tensor quantize_nf4(std::span<const float> w, int block, bool double_quant, int block2) {
+  require_int(block >= 16 && block <= 4096, "quant-block", block, "must be in [16, 4096]");
+  require_int(block2 >= 16 && block2 <= 4096, "quant-block2", block2, "must be in [16, 4096]");
+  Nf4Tensor q;
+  q.count = std::int64_t(w.size());
+  q.block = block;
+  q.block2 = block2;
+  q.double_quant = double_quant;
+  q.packed.assign((w.size() + 1) / 2, 0);
+  std::vector<float> absmax;
+  for (std::size_t begin = 0; begin < w.size(); begin += std::size_t(block)) {
+    const std::size_t end = std::min(w.size(), begin + std::size_t(block));
+    float a = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      require_real(std::isfinite(w[i]), "weight", w[i], "must be finite to quantize");
+      a = std::max(a, std::fabs(w[i]));
+    }
+    absmax.push_back(a);
+    for (std::size_t i = begin; i < end; ++i) {
+      const std::uint8_t c = nearest(nf4_code(), a > 0 ? w[i] / a : 0.0f);
+      q.packed[i / 2] |= std::uint8_t(i % 2 == 0 ? c << 4 : c);
+    }
+  }
+  if (!double_quant) {
+    q.absmax = std::move(absmax);
+    return q;
+  }
+  double sum = 0;
+  for (float a : absmax) sum += a;
+  q.absmax_mean = absmax.empty() ? 0.0f : float(sum / double(absmax.size()));
+  for (std::size_t begin = 0; begin < absmax.size(); begin += std::size_t(block2)) {
+    const std::size_t end = std::min(absmax.size(), begin + std::size_t(block2));
+    float a2 = 0;
+    for (std::size_t i = begin; i < end; ++i)
+      a2 = std::max(a2, std::fabs(absmax[i] - q.absmax_mean));
+    q.absmax2.push_back(a2);
+    for (std::size_t i = begin; i < end; ++i)
+      q.absmax_code.push_back(
+          nearest(dynamic_map(), a2 > 0 ? (absmax[i] - q.absmax_mean) / a2 : 0.0f));
+  }
+  return q;
+}
+
+std::vector<float> dequantize_nf4(const Nf4Tensor& q) {
+  std::vector<float> out(std::size_t(q.count));
+  for (std::int64_t i = 0; i < q.count; ++i)
+    out[std::size_t(i)] = nf4_code()[std::size_t(q.index(i))] * q.block_absmax(i / q.block);
+  return out;
+}
+
 }  // namespace tally

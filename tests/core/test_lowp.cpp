@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "tally/core/types.hpp"
@@ -144,6 +146,98 @@ TEST(Lowp, PerTensorScaleMapsAmaxOntoTheLargestNormal) {
   EXPECT_EQ(q.values[3], 0.0);
   EXPECT_EQ(q.bytes(), 4 + 4);
   EXPECT_EQ(quantize_per_tensor(std::vector<double>(3, 0.0), Minifloat::e5m2).values[1], 0.0);
+}
+
+// The NF4 code book as published (QLoRA, Dettmers et al. 2023, Appendix E; bitsandbytes
+// functional.py), built from normal quantiles by nf4_code(): equal to 1e-7 (in fact bit for bit).
+TEST(Nf4, CodeBookIsThePublishedTable) {
+  const double published[16] = {-1.0, -0.6961928009986877, -0.5250730514526367,
+                                -0.39491748809814453, -0.28444138169288635, -0.18477343022823334,
+                                -0.09105003625154495, 0.0, 0.07958029955625534,
+                                0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+                                0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0};
+  for (std::size_t i = 0; i < 16; ++i) {
+    EXPECT_NEAR(nf4_code()[i], published[i], 1e-7) << i;
+    EXPECT_EQ(nf4_code()[i], float(published[i])) << i;  // the same float32
+  }
+  // Φ⁻¹ itself: the textbook quantiles.
+  EXPECT_NEAR(normal_quantile(0.975), 1.959963984540054, 1e-12);
+  EXPECT_NEAR(normal_quantile(0.5), 0.0, 1e-15);
+  EXPECT_NEAR(normal_quantile(0.8413447460685429), 1.0, 1e-12);
+  EXPECT_THROW(normal_quantile(1.0), InvalidInput);
+}
+
+// bitsandbytes' signed dynamic map: 2·(1 + 2 + … + 64) = 254 values, 0 and 1; sorted, distinct,
+// largest 1, smallest −(mean of the last two boundaries of linspace(0.1, 1, 65)) = −0.99296875.
+TEST(Nf4, DynamicMapForTheConstants) {
+  const auto& m = dynamic_map();
+  EXPECT_TRUE(std::is_sorted(m.begin(), m.end()));
+  EXPECT_EQ(std::adjacent_find(m.begin(), m.end()), m.end());
+  EXPECT_EQ(m.back(), 1.0f);
+  EXPECT_NEAR(m.front(), -(0.1 + 0.9 * 63.5 / 64), 1e-7);
+  EXPECT_NE(std::find(m.begin(), m.end(), 0.0f), m.end());
+  EXPECT_NEAR(m[128], 1e-6 * 0.55, 1e-12);  // the smallest positive: 10^-6 · (0.1 + 1)/2
+}
+
+// Block-wise NF4: every value becomes its nearest code point times the block's absmax (checked
+// against all 16 by brute force); a block made of code points × absmax comes back exactly; two
+// indices per byte, the first in the high nibble.
+TEST(Nf4, QuantizesToTheNearestCodePoint) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(64 * 40 + 5);
+  for (float& x : w) x = normal(rng);
+  for (bool dq : {false, true}) {
+    const Nf4Tensor q = quantize_nf4(w, 64, dq);
+    const std::vector<float> back = dequantize_nf4(q);
+    ASSERT_EQ(back.size(), w.size());
+    EXPECT_EQ(q.packed.size(), (w.size() + 1) / 2);
+    double err2 = 0, sum2 = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      float a = 0;
+      const std::size_t b = i / 64;
+      for (std::size_t j = b * 64; j < std::min(w.size(), b * 64 + 64); ++j)
+        a = std::max(a, std::fabs(w[j]));
+      const float x = w[i] / a;
+      int best = 0;
+      for (int c = 1; c < 16; ++c)
+        if (std::fabs(x - nf4_code()[std::size_t(c)]) <
+            std::fabs(x - nf4_code()[std::size_t(best)]))
+          best = c;
+      ASSERT_EQ(q.index(std::int64_t(i)), best) << i;
+      err2 += double(back[i] - w[i]) * double(back[i] - w[i]);
+      sum2 += double(w[i]) * double(w[i]);
+    }
+    EXPECT_LT(std::sqrt(err2 / sum2), 0.12) << "dq " << dq;  // 4 bits of a Gaussian: ~0.1
+  }
+  std::vector<float> grid;
+  for (float c : nf4_code()) grid.push_back(0.5f * c);
+  const Nf4Tensor g = quantize_nf4(grid, 16, /*double_quant=*/false);
+  EXPECT_EQ(dequantize_nf4(g), grid);
+  EXPECT_EQ(g.packed[0], 0x01);  // codes 0 and 1: high nibble first
+  EXPECT_THROW(quantize_nf4(std::vector<float>{1.0f, NAN}), InvalidInput);
+}
+
+// Double quantization (QLoRA §3): the absmax constants, less their mean, become 8-bit indices into
+// the dynamic map with one fp32 absmax per 256 of them — each the map's nearest value; 4 + 8/64 +
+// 32/(64·256) = 4.127 bits per weight against 4 + 32/64 = 4.5 without, as core/finetune counts.
+TEST(Nf4, DoubleQuantizedConstants) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(64 * 256 * 2);
+  for (float& x : w) x = normal(rng);
+  const Nf4Tensor q = quantize_nf4(w);
+  const Nf4Tensor plain = quantize_nf4(w, 64, false);
+  ASSERT_EQ(q.absmax_code.size(), 512u);
+  ASSERT_EQ(q.absmax2.size(), 2u);
+  for (std::size_t b = 0; b < 512; ++b) {
+    const float c = (plain.absmax[b] - q.absmax_mean) / q.absmax2[b / 256];
+    const auto& m = dynamic_map();
+    const float chosen = m[q.absmax_code[b]];
+    for (float v : m) ASSERT_LE(std::fabs(c - chosen), std::fabs(c - v) + 1e-7f) << b;
+  }
+  EXPECT_NEAR(8 * q.bytes() / double(w.size()), 4 + 8.0 / 64 + 32.0 / (64 * 256), 1e-12);
+  EXPECT_NEAR(8 * plain.bytes() / double(w.size()), 4.5, 1e-12);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 //         s = e4m3(amax_block / (6 · g)); elements e2m1(x / (s · g))
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -67,5 +68,42 @@ QuantizedTensor quantize_nvfp4(std::span<const double> x);
 
 inline constexpr int kMxBlock = 32;
 inline constexpr int kNvfp4Block = 16;
+
+// ---- NF4 with double quantization (QLoRA, Dettmers et al. 2023, §3) ---------------------------
+// The 4-bit NormalFloat code: 16 values, 8 positive and 7 negative quantiles of N(0, 1) and an
+// exact zero, normalised to [−1, 1] — bitsandbytes' create_normal_map(offset = 0.9677083):
+// positives Φ⁻¹ at 8 of 9 points linearly spaced from the offset to 0.5, negatives −Φ⁻¹ at 7 of 8,
+// computed as bitsandbytes does (float32 points and values, float64 quantiles), so the table equals
+// the published one bit for bit.
+const std::array<float, 16>& nf4_code();
+// The inverse standard normal CDF, to double precision (bisection on std::erfc); p in (0, 1).
+double normal_quantile(double p);
+// bitsandbytes' signed dynamic 8-bit map (create_dynamic_map(signed=True, max_exponent_bits=7)):
+// 256 sorted values in [−1, 1] — ±10^(i−6)·(midpoints of linspace(0.1, 1, 2^i + 1)) for i = 0..6,
+// 0 and 1 — the code QLoRA's double quantization stores the constants in.
+const std::array<float, 256>& dynamic_map();
+
+// Block-wise NF4 (bitsandbytes quantize_4bit): each block of `block` weights is divided by its
+// absmax and each value stored as the index of the nearest code point, two per byte (the first in
+// the high nibble). With double quantization the fp32 absmax constants, less their mean, are
+// themselves quantized block-wise (block2 of them) to the dynamic map with an fp32 absmax each.
+struct Nf4Tensor {
+  std::int64_t count = 0;
+  int block = 64, block2 = 256;
+  bool double_quant = true;
+  std::vector<std::uint8_t> packed;       // ⌈count/2⌉ bytes
+  std::vector<float> absmax;              // per block (without double quantization)
+  std::vector<std::uint8_t> absmax_code;  // per block, into dynamic_map() (double quantization)
+  std::vector<float> absmax2;             // per block2 blocks (double quantization)
+  float absmax_mean = 0;                  // subtracted before the second quantization
+  // Bytes stored: the packed indices and the constants, as core/finetune.hpp counts them (the
+  // mean's 4 bytes aside): 4 per block, or 1 per block + 4 per block2 blocks.
+  double bytes() const;
+  int index(std::int64_t i) const;        // the 4-bit code of element i
+  float block_absmax(std::int64_t b) const;  // the (dequantized) absmax of block b
+};
+Nf4Tensor quantize_nf4(std::span<const float> w, int block = 64, bool double_quant = true,
+                       int block2 = 256);
+std::vector<float> dequantize_nf4(const Nf4Tensor& q);
 
 }  // namespace tally
