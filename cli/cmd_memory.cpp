@@ -29,39 +29,20 @@ struct MemoryOptions {
   std::int64_t micro_batch = 1;
   std::optional<std::string> gpu;    // unset: no capacity line
   MemoryBudgetOptions memory;        // with --gpu: Note [does it fit], as the planner
-  // Fine-tuning (core/finetune.hpp, Note [QLoRA ledger]).
-  std::string method = "full", quant = "nf4";
-  int lora_rank = 8, quant_block = 64;
-  double lora_alpha = 16;
-  std::vector<std::string> lora_targets = {"q", "v"};
-  bool no_double_quant = false, no_upcast = false;
+  LoraOptions lora;                  // --method and the LoRA flags (core/finetune.hpp)
   bool max_seq = false;              // with --gpu: the longest sequence that fits
-  std::string lora_flag_given;       // the first LoRA/quantization flag typed ("" = none)
 };
 
 // The LoRA / QLoRA ledger of the options; nullopt for full fine-tuning.
 std::optional<FineTuneLedger> finetune_of(const MemoryOptions& o, const ModelSpec& model,
                                           Precision precision) {
-  const FineTune method = *parse_finetune(o.method);
-  if (method == FineTune::full) {
-    if (!o.lora_flag_given.empty())  // never silently ignored
-      throw InvalidInput(o.lora_flag_given + " applies to --method lora or qlora (--method is full)");
-    return std::nullopt;
-  }
+  const std::optional<LoraSetup> s =
+      lora_setup(o.lora, precision, optimizer_from(o.optimizer));
+  if (!s) return std::nullopt;
   if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.ep > 1 || o.zero > 0)
-    throw InvalidInput("--method " + o.method +
+    throw InvalidInput("--method " + o.lora.method +
                        ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--ep/--zero)");
-  if (precision == Precision::fp32 && method == FineTune::qlora)
-    throw InvalidInput("--method qlora --precision fp32: the compute dtype must be bf16 or fp16");
-  if (is_low_precision(precision))
-    throw InvalidInput("--method " + o.method + " --precision " + o.precision +
-                       ": the LoRA ledger's precision is the compute dtype: fp32, bf16 or fp16");
-  LoraSetup s{.method = method, .rank = o.lora_rank, .alpha = o.lora_alpha, .targets = {},
-              .quant = *parse_quant(o.quant), .double_quant = !o.no_double_quant,
-              .block = o.quant_block, .compute = precision, .upcast_unquantized = !o.no_upcast,
-              .optimizer = optimizer_from(o.optimizer)};
-  for (const std::string& t : o.lora_targets) s.targets.push_back(*parse_lora_target(t));
-  return finetune_ledger(model, s);
+  return finetune_ledger(model, *s);
 }
 
 void print_finetune(const FineTuneLedger& f, const std::string& convention, SizeUnit unit) {
@@ -147,17 +128,13 @@ void run_memory(const MemoryOptions& o) {
   if (o.max_seq) {
     if (!gpu) throw InvalidInput("--max-seq needs --gpu (the capacity to fit)");
     if (o.seq) throw InvalidInput("--max-seq searches the sequence length: give it or --seq");
-    std::int64_t lo = 0, hi = (std::int64_t(1) << 24) / o.cp;  // in units of cp
+    std::int64_t hi = std::int64_t(1) << 24;
     if (layers_known && model.position == PositionKind::learned)  // the table caps the length
-      hi = std::min<std::int64_t>(hi, model.max_positions / o.cp);
-    while (lo < hi) {
-      const std::int64_t mid = lo + (hi - lo + 1) / 2;
-      if (fit_with(activations_at(mid * o.cp).peak_stage_bytes).fits)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    if (lo > 0) seq = max_seq = lo * o.cp;
+      hi = std::min<std::int64_t>(hi, model.max_positions);
+    const std::int64_t longest = longest_sequence(o.cp, hi, [&](std::int64_t s) {
+      return fit_with(activations_at(s).peak_stage_bytes).fits;
+    });
+    if (longest > 0) seq = max_seq = longest;
   }
 
   std::optional<ActivationResult> act;
@@ -216,7 +193,7 @@ void run_memory(const MemoryOptions& o) {
                         {"layer_terms", terms}};
   }
   j["items_gb"] = items_gb;
-  j["method"] = o.method;
+  j["method"] = o.lora.method;
   if (ft)
     j["finetune"] = {{"trainable_params", count_json(ft->trainable_params)},
                      {"trainable_fraction", ft->trainable_fraction()},
@@ -367,41 +344,12 @@ void register_memory(CLI::App& app) {
                                "count dropout masks even if the model's config has none"));
   cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
   add_memory_budget_flags(cmd, o->memory);  // with --gpu
-  cmd->add_option("--method", o->method,
-                  "full | lora (frozen backbone in the compute dtype) | qlora (frozen 4-bit "
-                  "backbone; the seed's program)")
-      ->check(one_of({"full", "lora", "qlora"}))
-      ->capture_default_str();
-  cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank r")
-      ->check(CLI::Range(1, 65536))
-      ->capture_default_str();
-  cmd->add_option("--lora-alpha", o->lora_alpha, "LoRA α (scale α/r; no memory of its own)")
-      ->check(finite_in(1e-6, 1e6))
-      ->capture_default_str();
-  cmd->add_option("--lora-targets", o->lora_targets,
-                  "adapted matrices, Hugging Face Llama names: q,k,v,o,gate,up,down")
-      ->delimiter(',')
-      ->check(one_of({"q", "k", "v", "o", "gate", "up", "down"}))
-      ->capture_default_str();
-  cmd->add_option("--quant", o->quant, "qlora backbone format: nf4 | fp4 | int8")
-      ->check(one_of({"nf4", "fp4", "int8"}))
-      ->capture_default_str();
-  cmd->add_flag("--no-double-quant", o->no_double_quant,
-                "one fp32 absmax per block (default: double quantization, QLoRA §3)");
-  cmd->add_option("--quant-block", o->quant_block, "first-level quantization block")
-      ->check(CLI::Range(16, 4096))
-      ->capture_default_str();
+  add_lora_flags(cmd, o->lora);
   cmd->add_flag("--max-seq", o->max_seq,
                 "with --gpu: the longest sequence (a multiple of --cp) whose activations fit, and "
                 "the report at that length");
-  cmd->add_flag("--no-upcast", o->no_upcast,
-                "keep embeddings, head and norms in the compute dtype (default: fp32, as PEFT's "
-                "prepare_model_for_kbit_training casts them)");
   cmd->callback([o, cmd] {
-    for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-targets", "--quant",
-                             "--no-double-quant", "--quant-block", "--no-upcast"})
-      if (o->lora_flag_given.empty() && cmd->get_option(flag)->count() > 0)
-        o->lora_flag_given = flag;
+    note_lora_flags(cmd, o->lora);
     run_memory(*o);
   });
 }

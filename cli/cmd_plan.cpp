@@ -25,6 +25,7 @@ struct PlanOptions {
   ClusterOptions cluster;
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0, max_ep = 0;
   double capacity_factor = 1;
+  LoraOptions lora;                              // plan --method lora|qlora
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -71,8 +72,30 @@ PlanRequest make_request(const PlanOptions& o) {
   return r;
 }
 
+// `tally plan --method lora|qlora`: core/finetune_plan.hpp.
+void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraSetup& setup) {
+  if (o.max_tp || o.max_pp || o.max_cp || o.max_ep || o.exhaustive || !o.recompute_policies.empty())
+    throw InvalidInput("--method " + o.lora.method +
+                       ": the fine-tuning plan is data parallel with or without gradient "
+                       "checkpointing (no --max-tp/--max-pp/--max-cp/--max-ep/--exhaustive/"
+                       "--recompute-policies)");
+  const auto t0 = std::chrono::steady_clock::now();
+  const FineTunePlan p = plan_finetune(req, setup, o.top);
+  const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const nlohmann::json j = finetune_plan_json(p, search_s);
+  require_finite(j);  // Note [no inf or nan in output], for the text report too
+  if (o.out.json)
+    print_json(j);
+  else
+    print_finetune_plan(p, search_s, o.out.size_unit());
+}
+
 void run_plan(const PlanOptions& o) {
   const PlanRequest req = make_request(o);
+  if (const auto setup = lora_setup(o.lora, req.precision, req.optimizer)) {
+    run_finetune_plan(o, req, *setup);
+    return;
+  }
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
                     .max_ep = o.max_ep, .prune = !o.exhaustive, .top = o.top};
   if (!o.recompute_policies.empty()) {
@@ -230,7 +253,11 @@ void register_plan(CLI::App& app) {
       ->delimiter(',')
       ->check(one_of(allowed_recomputes()));
   cmd->add_flag("--exhaustive", o->exhaustive, "disable pruning (same answer, slower)");
-  cmd->callback([o] { run_plan(*o); });
+  add_lora_flags(cmd, o->lora);
+  cmd->callback([o, cmd] {
+    note_lora_flags(cmd, o->lora);
+    run_plan(*o);
+  });
 }
 
 void register_compare(CLI::App& app) {

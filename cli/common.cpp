@@ -104,6 +104,62 @@ void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m) {
       ->capture_default_str();
 }
 
+void add_lora_flags(CLI::App* cmd, LoraOptions& o) {
+  cmd->add_option("--method", o.method,
+                  "full | lora (frozen backbone in the compute dtype) | qlora (frozen 4-bit "
+                  "backbone; the seed's program)")
+      ->check(one_of({"full", "lora", "qlora"}))
+      ->capture_default_str();
+  cmd->add_option("--lora-rank", o.rank, "LoRA rank r")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", o.alpha, "LoRA α (scale α/r; no memory of its own)")
+      ->check(finite_in(1e-6, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--lora-targets", o.targets,
+                  "adapted matrices, Hugging Face Llama names: q,k,v,o,gate,up,down")
+      ->delimiter(',')
+      ->check(one_of({"q", "k", "v", "o", "gate", "up", "down"}))
+      ->capture_default_str();
+  cmd->add_option("--quant", o.quant, "qlora backbone format: nf4 | fp4 | int8")
+      ->check(one_of({"nf4", "fp4", "int8"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-double-quant", o.no_double_quant,
+                "one fp32 absmax per block (default: double quantization, QLoRA §3)");
+  cmd->add_option("--quant-block", o.quant_block, "first-level quantization block")
+      ->check(CLI::Range(16, 4096))
+      ->capture_default_str();
+  cmd->add_flag("--no-upcast", o.no_upcast,
+                "keep embeddings, head and norms in the compute dtype (default: fp32, as PEFT's "
+                "prepare_model_for_kbit_training casts them)");
+}
+
+void note_lora_flags(CLI::App* cmd, LoraOptions& o) {
+  for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-targets", "--quant",
+                           "--no-double-quant", "--quant-block", "--no-upcast"})
+    if (o.flag_given.empty() && cmd->get_option(flag)->count() > 0) o.flag_given = flag;
+}
+
+std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Optimizer optimizer) {
+  const FineTune method = *parse_finetune(o.method);
+  if (method == FineTune::full) {
+    if (!o.flag_given.empty())  // never silently ignored
+      throw InvalidInput(o.flag_given + " applies to --method lora or qlora (--method is full)");
+    return std::nullopt;
+  }
+  if (compute == Precision::fp32 && method == FineTune::qlora)
+    throw InvalidInput("--method qlora --precision fp32: the compute dtype must be bf16 or fp16");
+  if (is_low_precision(compute))
+    throw InvalidInput("--method " + o.method + " --precision " + std::string(to_string(compute)) +
+                       ": the LoRA ledger's precision is the compute dtype: fp32, bf16 or fp16");
+  LoraSetup s{.method = method, .rank = o.rank, .alpha = o.alpha, .targets = {},
+              .quant = *parse_quant(o.quant), .double_quant = !o.no_double_quant,
+              .block = o.quant_block, .compute = compute, .optimizer = optimizer};
+  s.upcast_unquantized = !o.no_upcast;
+  for (const std::string& t : o.targets) s.targets.push_back(*parse_lora_target(t));
+  return s;
+}
+
 MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes) {
   return MemoryBudget{.capacity_bytes = capacity_bytes, .headroom = m.headroom,
                       .allocator_allowance = m.allocator_allowance,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "format.hpp"
+#include "tally/core/finetune.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
 #include "tally/core/planner.hpp"
@@ -48,6 +49,21 @@ struct MemoryBudgetOptions {
 };
 void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m);
 MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes);
+
+// --method and the LoRA / quantization flags (`tally memory`, `tally plan`).
+struct LoraOptions {
+  std::string method = "full", quant = "nf4";
+  int rank = 8, quant_block = 64;
+  double alpha = 16;
+  std::vector<std::string> targets = {"q", "v"};
+  bool no_double_quant = false, no_upcast = false;
+  std::string flag_given;  // the first LoRA/quantization flag typed ("" = none)
+};
+void add_lora_flags(CLI::App* cmd, LoraOptions& o);
+// Call in the command's callback: records which LoRA flag was typed, so --method full refuses it.
+void note_lora_flags(CLI::App* cmd, LoraOptions& o);
+// The adapters' setup; nullopt for --method full (which refuses any LoRA flag with one line).
+std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Optimizer optimizer);
 
 // Note [numbers on the command line]
 // CLI::Range tests `v < lo || v > hi`; every comparison with NaN is false, so `--utilisation nan`

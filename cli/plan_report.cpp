@@ -328,4 +328,116 @@ void print_compare(const std::vector<Comparison>& rows, SizeUnit u) {
                size_str(rows.front().eval->activation_bytes, u));
 }
 
+namespace {
+
+nlohmann::json finetune_eval_json(const FineTuneEval& e) {
+  return {{"gpus", e.gpus},
+          {"micro_batch", e.micro_batch},
+          {"grad_accum", e.grad_accum},
+          {"gradient_checkpointing", e.recompute == Recompute::full},
+          {"layout", e.describe()},
+          {"fits", e.fit.fits},
+          {"static_gb", in_gb(e.ledger.static_bytes())},
+          {"activations_gb", in_gb(e.activation_bytes)},
+          {"allocated_gb", in_gb(e.fit.allocated_bytes)},
+          {"allocator_gb", in_gb(e.fit.allocator_bytes)},
+          {"runtime_gb", in_gb(e.fit.runtime_bytes)},
+          {"per_gpu_gb", in_gb(e.fit.total_bytes)},
+          {"usable_gb", in_gb(e.fit.usable_bytes)},
+          {"compute_seconds", e.compute_s},
+          {"dequant_seconds", e.dequant_s},
+          {"optimizer_seconds", e.optimizer_s},
+          {"allreduce_seconds", e.allreduce_s},
+          {"step_seconds", e.step_s},
+          {"tokens_per_s", e.tokens_per_s}};
+}
+
+}  // namespace
+
+nlohmann::json finetune_plan_json(const FineTunePlan& p, double search_s) {
+  const auto& q = p.request;
+  nlohmann::json best = p.best.empty() ? nlohmann::json(nullptr) : finetune_eval_json(p.best.front());
+  nlohmann::json alts = nlohmann::json::array(), misses = nlohmann::json::array();
+  for (std::size_t i = 1; i < p.best.size(); ++i) alts.push_back(finetune_eval_json(p.best[i]));
+  for (const auto& e : p.near_misses) misses.push_back(finetune_eval_json(e));
+  const FineTuneLedger ledger = finetune_ledger(q.model, p.lora);
+  return {{"command", "plan"},
+          {"method", std::string(to_string(p.lora.method))},
+          {"model", q.model.name},
+          {"gpu", q.cluster.gpu.name},
+          {"gpus", q.gpus},
+          {"global_batch", q.global_batch},
+          {"seq", q.seq},
+          {"convention", p.convention},
+          {"unit_of_gb_fields", "GB = 1e9 bytes"},
+          {"feasible", p.feasible()},
+          {"trainable_params", count_json(ledger.trainable_params)},
+          {"trainable_fraction", ledger.trainable_fraction()},
+          {"best", best},
+          {"alternatives", alts},
+          {"near_misses", misses},
+          {"max_seq", p.max_seq > 0 ? nlohmann::json(p.max_seq) : nlohmann::json(nullptr)},
+          {"search_seconds", search_s}};
+}
+
+void print_finetune_plan(const FineTunePlan& p, double search_s, SizeUnit u) {
+  const auto& q = p.request;
+  const std::string method = p.lora.method == FineTune::qlora ? "QLoRA" : "LoRA";
+  fmt::print("tally plan — {} fine-tune of {} on {} × {}, global batch {} × {} tokens\n", method,
+             q.model.name, q.gpus, q.cluster.gpu.name, q.global_batch, q.seq);
+  fmt::print("convention: {}\n\n", p.convention);
+  const FineTuneLedger f = finetune_ledger(q.model, p.lora);
+  fmt::print("  trainable params: {:.0f} || all params: {:.0f} || trainable%: {:.4f}\n\n",
+             f.trainable_params, f.total_params, 100 * f.trainable_fraction());
+  if (!p.feasible()) {
+    fmt::print("NO CONFIGURATION FITS on {} ({} usable per GPU). Closest:\n", q.cluster.gpu.name,
+               size_str(p.near_misses.empty() ? 0 : p.near_misses.front().fit.usable_bytes, u));
+    for (const auto& e : p.near_misses)
+      fmt::print("  {:<60} needs {}\n", e.describe(), size_str(e.fit.total_bytes, u));
+  } else {
+    const FineTuneEval& b = p.best.front();
+    fmt::print("PLAN  {}\n\n", b.describe());
+    fmt::print("ACCOUNTS (per GPU)\n");
+    fmt::print("  backbone      {:>12}  {}\n", size_str(f.backbone_bytes(), u),
+               f.quantized_params > 0
+                   ? fmt::format("quantized weights {} + constants {} + unquantized {}",
+                                 size_str(f.quantized_weight_bytes, u),
+                                 size_str(f.quant_constant_bytes, u), size_str(f.frozen_bytes, u))
+                   : "frozen, in the compute dtype");
+    fmt::print("  adapters      {:>12}  weights + grads + optimizer states (fp32)\n",
+               size_str(f.adapter_total_bytes(), u));
+    if (f.dequant_transient_bytes > 0)
+      fmt::print("  dequantized   {:>12}  the largest layer, while it runs\n",
+                 size_str(f.dequant_transient_bytes, u));
+    fmt::print("  activations   {:>12}  (Korthikanti inventory{})\n",
+               size_str(b.activation_bytes, u),
+               b.recompute == Recompute::full ? ", gradient checkpointing" : "");
+    fmt::print("  allocator     {:>12}  cached and fragmented blocks\n",
+               size_str(b.fit.allocator_bytes, u));
+    fmt::print("  CUDA runtime  {:>12}\n", size_str(b.fit.runtime_bytes, u));
+    fmt::print("  total         {:>12}  held, of {} usable → {} spare\n",
+               size_str(b.fit.total_bytes, u), size_str(b.fit.usable_bytes, u),
+               size_str(b.fit.usable_bytes - b.fit.total_bytes, u));
+    fmt::print("  compute       {:>10.3f} s  frozen backbone without weight gradients{}\n",
+               b.compute_s,
+               b.dequant_s > 0 ? fmt::format(", of which dequantization {:.3f} s", b.dequant_s)
+                               : std::string());
+    fmt::print("  optimizer     {:>10.3f} s  adapters only; all-reduce {:.3f} s over {} GPU(s)\n",
+               b.optimizer_s, b.allreduce_s, b.gpus);
+    fmt::print("  step time     {:>10.3f} s  {:.0f} tokens/s\n", b.step_s, b.tokens_per_s);
+    if (p.best.size() > 1) {
+      fmt::print("\nALTERNATIVES\n");
+      for (std::size_t i = 1; i < p.best.size(); ++i)
+        fmt::print("  {:<60} step {:.3f} s, {} per GPU\n", p.best[i].describe(), p.best[i].step_s,
+                   size_str(p.best[i].fit.total_bytes, u));
+    }
+  }
+  if (p.max_seq > 0)
+    fmt::print("\nLONGEST SEQUENCE that fits at micro-batch 1 with gradient checkpointing: {} tokens\n",
+               p.max_seq);
+  else
+    fmt::print("\nLONGEST SEQUENCE: none fits even at 64 tokens (the static bytes alone overflow)\n");
+  fmt::print("searched in {:.3f} s\n", search_s);
+}
+
 }  // namespace tally::cli

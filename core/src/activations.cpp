@@ -261,6 +261,20 @@ double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup
   return r.peak_stage_bytes;
 }
 
+std::int64_t longest_sequence(std::int64_t step, std::int64_t max_len,
+                              const std::function<bool(std::int64_t)>& fits) {
+  require_int(step >= 1, "sequence step", step, "must be >= 1");
+  std::int64_t lo = 0, hi = max_len / step;  // in units of step
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid * step))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo * step;
+}
+
 std::string ActivationResult::convention() const {
   const auto& a = setup;
   std::string c = "activations: Korthikanti 2022 inventory";

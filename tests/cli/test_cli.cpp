@@ -687,4 +687,30 @@ TEST(Cli, ExpertParallelFlags) {
   }
 }
 
+// `tally plan --method lora|qlora` (core/finetune_plan.hpp): the seed's QLoRA 7B on a 40 GB card.
+// PEFT's trainable count for r = 8 on q and v of Llama-2-7B: 32 layers × 2 × 8 × (4096 + 4096).
+TEST(Cli, PlanFineTune) {
+  const auto j = json_of(tally("plan --method qlora --model llama-2-7b --gpus 1 --gpu a100-40g "
+                               "--global-batch 16 --seq 2048 --json"));
+  EXPECT_EQ(j["method"], "qlora");
+  EXPECT_EQ(j["trainable_params"], 32 * 2 * 8 * (4096 + 4096));
+  ASSERT_TRUE(j["best"].is_object()) << j.dump();
+  EXPECT_TRUE(j["best"]["fits"].get<bool>());
+  EXPECT_LE(j["best"]["per_gpu_gb"].get<double>(), j["best"]["usable_gb"].get<double>());
+  EXPECT_GT(j["best"]["dequant_seconds"].get<double>(), 0);
+  EXPECT_GT(j["max_seq"].get<std::int64_t>(), 2048);
+  const auto text = tally("plan --method lora --model llama-2-70b --gpus 8 --gpu h100-80g "
+                          "--global-batch 64 --seq 4096");
+  EXPECT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("NO CONFIGURATION FITS"), std::string::npos) << text.out;
+  // One line, exit 2: LoRA flags with --method full; planner-only flags with a fine-tune.
+  for (const char* bad : {"plan --lora-rank 16", "plan --method qlora --max-tp 2",
+                          "plan --method qlora --gpus 3 --global-batch 16",
+                          "plan --method qlora --precision fp8 --gpu h100-80g"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+  }
+}
+
 }  // namespace

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,12 @@ struct ActivationResult {
 
 // Per-GPU activation ledger. Throws InvalidInput on bad setup or a params-only model.
 ActivationResult activations(const ModelSpec& m, const ActivationSetup& setup);
+
+// The longest sequence, a multiple of `step` up to `max_len`, for which fits(seq) holds — by
+// bisection, since activations never shrink as the sequence grows; 0 when not even `step` fits.
+// `tally memory --max-seq` and the fine-tuning plan ask it.
+std::int64_t longest_sequence(std::int64_t step, std::int64_t max_len,
+                              const std::function<bool(std::int64_t)>& fits);
 
 // The planner's hot path: ActivationResult::peak_stage_bytes without the itemized terms (no
 // allocation). The caller must have validated the setup (ActivationSetup::validate) once.
