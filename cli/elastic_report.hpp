@@ -9,6 +9,8 @@
 namespace tally::cli {
 
 nlohmann::json elastic_json(const engine::ElasticDrillResult& r);
+// One sub-run's launch (both forms of the drill report them alike).
+nlohmann::json drill_launch_json(const engine::DrillLaunch& l);
 void print_elastic_text(const engine::ElasticDrillResult& r);
 
 }  // namespace tally::cli

@@ -62,11 +62,6 @@ void run_elastic(const Flags& f, const CLI::App& cmd) {
 
 const char* mark(bool ok) { return ok ? "ok" : "FAILED"; }
 
-json launch_json(const engine::DrillLaunch& l) {
-  return {{"what", l.what}, {"command", l.command}, {"exit_code", l.exit_code},
-          {"message", l.message}, {"elapsed_s", l.end_unix_s - l.start_unix_s}};
-}
-
 json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOptions& o) {
   json survivors = json::array();
   for (const auto& v : s.survivors)
@@ -76,8 +71,8 @@ json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOption
   return {{"name", s.name},
           {"kill_rank", o.kill_rank},
           {"kill_step", s.kill_step},
-          {"failed", launch_json(s.failed)},
-          {"relaunch", launch_json(s.relaunch)},
+          {"failed", drill_launch_json(s.failed)},
+          {"relaunch", drill_launch_json(s.relaunch)},
           {"survivors", survivors},
           {"detection_s", s.detection_s},
           {"all_exited_s", s.all_exited_s},
@@ -107,7 +102,8 @@ json to_json(const engine::FaultDrillResult& r) {
   json damage = json::array();
   for (const auto& c : r.corruptions)
     damage.push_back({{"damage", c.damage}, {"file", c.file},
-                      {"expected_check", c.expected_check}, {"launch", launch_json(c.launch)},
+                      {"expected_check", c.expected_check},
+                      {"launch", drill_launch_json(c.launch)},
                       {"error_line", c.error_line}, {"loaded_anything", c.loaded_anything},
                       {"io_verify_alone_rejects", c.io_verify_alone_rejects}, {"ok", c.ok()}});
   return {{"command", "run fault-drill"},
@@ -117,7 +113,7 @@ json to_json(const engine::FaultDrillResult& r) {
           {"collective_timeout_s", o.collective_timeout_s},
           {"work_dir", r.work_dir.string()},
           {"work_dir_removed", r.work_dir_removed},
-          {"reference", launch_json(r.reference)},
+          {"reference", drill_launch_json(r.reference)},
           {"reference_params_crc32c", r.reference_params_crc32c},
           {"mid_step", scenario_json(r.mid_step, o)},
           {"during_save", scenario_json(r.during_save, o)},

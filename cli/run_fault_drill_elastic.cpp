@@ -14,14 +14,9 @@ using nlohmann::json;
 
 const char* mark(bool ok) { return ok ? "ok" : "FAILED"; }
 
-json launch_json(const engine::DrillLaunch& l) {
-  return {{"what", l.what}, {"command", l.command}, {"exit_code", l.exit_code},
-          {"message", l.message}, {"elapsed_s", l.end_unix_s - l.start_unix_s}};
-}
-
 json launches_json(const std::vector<engine::DrillLaunch>& ls) {
   json a = json::array();
-  for (const auto& l : ls) a.push_back(launch_json(l));
+  for (const auto& l : ls) a.push_back(drill_launch_json(l));
   return a;
 }
 
@@ -33,6 +28,11 @@ std::string hosts_text(const std::vector<int>& hosts, int nnodes) {
 }
 
 }  // namespace
+
+json drill_launch_json(const engine::DrillLaunch& l) {
+  return {{"what", l.what}, {"command", l.command}, {"exit_code", l.exit_code},
+          {"message", l.message}, {"elapsed_s", l.end_unix_s - l.start_unix_s}};
+}
 
 json elastic_json(const engine::ElasticDrillResult& r) {
   const auto& o = r.options;
@@ -69,7 +69,7 @@ json elastic_json(const engine::ElasticDrillResult& r) {
           {"work_dir_removed", r.work_dir_removed},
           {"reference", launches_json(r.reference)},
           {"loss", launches_json(r.loss)},
-          {"resume", launch_json(r.resume)},
+          {"resume", drill_launch_json(r.resume)},
           {"lost_ranks", r.lost_ranks},
           {"loss_named", r.loss_named},
           {"loss_to_exit_s", r.loss_to_exit_s},

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "tally/core/types.hpp"
+#include "tally/engine/temp_directory.hpp"
 
 namespace tally::engine::drill {
 
@@ -122,6 +123,41 @@ SubRun Driver::run(const std::string& what, const fs::path& dir,
     if (r >= 0 && r < k) s.errors[std::size_t(r)].push_back(text);
   }
   return s;
+}
+
+void DrillSchedule::validate() const {
+  const auto bad = [](const std::string& flag, const std::string& value, const std::string& rule) {
+    throw InvalidInput(flag + " = " + value + ": " + rule);
+  };
+  const auto i = [](std::int64_t v) { return std::to_string(v); };
+  if (steps < 3 || steps > 1000) bad("--steps", i(steps), "must be in [3, 1000]");
+  if (save_every < 1 || save_every >= steps)
+    bad("--save-every", i(save_every), "must be in [1, --steps = " + i(steps) + ")");
+  if (kill_at_step <= save_every || kill_at_step > steps)
+    bad("--kill-at-step", i(kill_at_step),
+        "must be in (--save-every = " + i(save_every) + ", --steps = " + i(steps) +
+            "]: after the first checkpoint");
+  if (!(collective_timeout_s > 0 && collective_timeout_s <= 600))
+    bad("--timeout", format_number(collective_timeout_s), "must be in (0, 600] s");
+  if (!(launch_timeout_s > 0 && launch_timeout_s <= 3600))
+    bad("--launch-timeout", format_number(launch_timeout_s), "must be in (0, 3600] s");
+}
+
+WorkDirectory::WorkDirectory(const fs::path& given, std::string_view prefix, bool keep)
+    : path_(given), temporary_(given.empty()), keep_(keep) {
+  if (temporary_)
+    path_ = make_temp_directory(prefix);
+  else
+    fs::create_directories(path_);
+}
+
+bool WorkDirectory::remove() {
+  if (temporary_ && !keep_ && !removed_) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    removed_ = !ec;
+  }
+  return removed_;
 }
 
 std::vector<int> processes_mentioning(const fs::path& work) {

@@ -67,6 +67,33 @@ class Driver {
   std::atomic<int> launches_ = 0;
 };
 
+// The flags both drills share, checked alike: throws InvalidInput naming the flag, the value and
+// the allowed range.
+struct DrillSchedule {
+  std::int64_t steps = 0;
+  std::int64_t save_every = 0;
+  std::int64_t kill_at_step = 0;     // after the first save
+  double collective_timeout_s = 0;
+  double launch_timeout_s = 0;
+  void validate() const;
+};
+
+// A drill's work directory: `given` (created when missing, and kept), or a fresh temporary one
+// named after `prefix`, removed by remove() or, failing that, by the destructor — unless `keep`.
+class WorkDirectory {
+ public:
+  WorkDirectory(const std::filesystem::path& given, std::string_view prefix, bool keep);
+  ~WorkDirectory() { remove(); }
+  WorkDirectory(const WorkDirectory&) = delete;
+  WorkDirectory& operator=(const WorkDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  bool remove();  // true when this call (or an earlier one) removed it
+
+ private:
+  std::filesystem::path path_;
+  bool temporary_ = false, keep_ = false, removed_ = false;
+};
+
 // Processes whose command line mentions `work` (a sub-run's rank left behind).
 std::vector<int> processes_mentioning(const std::filesystem::path& work);
 

@@ -17,7 +17,6 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
-#include "tally/engine/temp_directory.hpp"
 #include "tally/io/checkpoint.hpp"
 
 namespace tally::engine {
@@ -205,21 +204,16 @@ void ElasticDrillOptions::validate() const {
     bad("--work-dir", "(none)",
         "with --node-rank every host needs the same directory (a shared mount): give it");
   if (master_addr.empty()) bad("--master-addr", "(empty)", "must name host 0");
-  if (steps < 3 || steps > 1000) bad("--steps", i(steps), "must be in [3, 1000]");
-  if (save_every < 1 || save_every >= steps)
-    bad("--save-every", i(save_every), "must be in [1, --steps = " + i(steps) + ")");
-  if (kill_at_step <= save_every || kill_at_step > steps)
-    bad("--kill-at-step", i(kill_at_step),
-        "must be in (--save-every = " + i(save_every) + ", --steps = " + i(steps) +
-            "]: after the first checkpoint");
+  drill::DrillSchedule{.steps = steps,
+                       .save_every = save_every,
+                       .kill_at_step = kill_at_step,
+                       .collective_timeout_s = collective_timeout_s,
+                       .launch_timeout_s = launch_timeout_s}
+      .validate();
   if (consistency_every < 0 || consistency_every > steps)
     bad("--consistency-every", i(consistency_every),
         "must be in [0, --steps = " + i(steps) + "] (0 = never)");
   if (!(tolerance >= 0 && tolerance < 1)) bad("--tolerance", format_number(tolerance), "must be in [0, 1)");
-  if (!(collective_timeout_s > 0 && collective_timeout_s <= 600))
-    bad("--timeout", format_number(collective_timeout_s), "must be in (0, 600] s");
-  if (!(launch_timeout_s > 0 && launch_timeout_s <= 3600))
-    bad("--launch-timeout", format_number(launch_timeout_s), "must be in (0, 3600] s");
   if (!(join_timeout_s > 0 && join_timeout_s <= 3600))
     bad("--join-timeout", format_number(join_timeout_s), "must be in (0, 3600] s");
 }
@@ -233,18 +227,9 @@ ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {
   res.global_batch = kGlobalBatch;
   for (int h = 0; h < o.nnodes; ++h)
     if (o.node_rank < 0 || o.node_rank == h) res.hosts_here.push_back(h);
-  const bool generated = o.work_dir.empty();
-  o.work_dir = generated ? make_temp_directory("tally-elastic-drill") : o.work_dir;
-  fs::create_directories(o.work_dir);
-  res.work_dir = o.work_dir;
+  drill::WorkDirectory work_dir(o.work_dir, "tally-elastic-drill", o.keep_work_dir);
+  o.work_dir = res.work_dir = work_dir.path();
   const fs::path work = o.work_dir;
-  const auto cleanup = [&] {
-    if (generated && !o.keep_work_dir) {
-      std::error_code ec;
-      fs::remove_all(work, ec);
-      res.work_dir_removed = !ec;
-    }
-  };
   const int N = o.nnodes, K = o.nproc_per_node;
   for (int q = (N - 1) * K; q < N * K; ++q) res.lost_ranks.push_back(q);
   const auto common = [&](std::int64_t accum) {
@@ -252,7 +237,7 @@ ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {
                                     std::to_string(o.consistency_every)};
   };
 
-  try {
+  {
     ElasticRunner runner(o, work);
     // 1. The uninterrupted reference at N·K ranks.
     const std::vector<SubRun> ref =
@@ -357,11 +342,8 @@ ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {
     }
     if (res.host0_here() || o.node_rank < 0)
       res.leftover_pids = drill::processes_mentioning(work / "ckpt-");
-  } catch (...) {
-    cleanup();
-    throw;
   }
-  cleanup();
+  res.work_dir_removed = work_dir.remove();
   return res;
 }
 

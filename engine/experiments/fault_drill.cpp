@@ -267,23 +267,18 @@ void FaultDrillOptions::validate() const {
   const auto i = [](std::int64_t v) { return std::to_string(v); };
   if (world_size < 2 || world_size > 8 || kGlobalBatch % world_size != 0)
     bad("--nproc", i(world_size), "must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
-  if (steps < 3 || steps > 1000) bad("--steps", i(steps), "must be in [3, 1000]");
-  if (save_every < 1 || save_every >= steps)
-    bad("--save-every", i(save_every), "must be in [1, --steps = " + i(steps) + ")");
+  drill::DrillSchedule{.steps = steps,
+                       .save_every = save_every,
+                       .kill_at_step = kill_at_step,
+                       .collective_timeout_s = collective_timeout_s,
+                       .launch_timeout_s = launch_timeout_s}
+      .validate();
   if (kill_rank < 0 || kill_rank >= world_size)
     bad("--kill-rank", i(kill_rank), "must be in [0, --nproc = " + i(world_size) + ")");
-  if (kill_at_step <= save_every || kill_at_step > steps)
-    bad("--kill-at-step", i(kill_at_step),
-        "must be in (--save-every = " + i(save_every) + ", --steps = " + i(steps) +
-            "]: after the first checkpoint");
   if (kill_at_save <= save_every || kill_at_save > steps || kill_at_save % save_every != 0)
     bad("--kill-at-save", i(kill_at_save),
         "must be a multiple of --save-every = " + i(save_every) + " in (" + i(save_every) +
             ", --steps = " + i(steps) + "]");
-  if (!(collective_timeout_s > 0 && collective_timeout_s <= 600))
-    bad("--timeout", format_number(collective_timeout_s), "must be in (0, 600] s");
-  if (!(launch_timeout_s > 0 && launch_timeout_s <= 3600))
-    bad("--launch-timeout", format_number(launch_timeout_s), "must be in (0, 3600] s");
 }
 
 FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
@@ -293,24 +288,10 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
   FaultDrillOptions& o = res.options;
   if (o.tally_binary.empty()) o.tally_binary = fs::read_symlink("/proc/self/exe").string();
 
-  bool generated = false;
-  if (o.work_dir.empty()) {
-    o.work_dir = make_temp_directory("tally-fault-drill");
-    generated = true;
-  } else {
-    fs::create_directories(o.work_dir);
-  }
-  res.work_dir = o.work_dir;
+  drill::WorkDirectory work_dir(o.work_dir, "tally-fault-drill", o.keep_work_dir);
+  o.work_dir = res.work_dir = work_dir.path();
   const fs::path work = o.work_dir;
-  const auto cleanup = [&] {
-    if (generated && !o.keep_work_dir) {
-      std::error_code ec;
-      fs::remove_all(work, ec);
-      res.work_dir_removed = !ec;
-    }
-  };
-
-  try {
+  {
     Driver driver({.tally_binary = o.tally_binary,
                    .collective_timeout_s = o.collective_timeout_s,
                    .launch_timeout_s = o.launch_timeout_s,
@@ -337,11 +318,8 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
     for (int i = 0; i < 4; ++i)
       res.corruptions.push_back(run_corruption(o, driver, work, ref_dir, i));
     res.leftover_pids = drill::processes_mentioning(work);
-  } catch (...) {
-    cleanup();
-    throw;
   }
-  cleanup();
+  res.work_dir_removed = work_dir.remove();
   return res;
 }
 
