@@ -106,11 +106,15 @@ void print_elastic_text(const engine::ElasticDrillResult& r) {
                "{}), exit {}\n",
                r.hosts_here[i], o.world_before(), o.accum_before(), micro,
                r.reference[i].exit_code);
+  const std::string lost =
+      r.lost_ranks.size() == 1
+          ? fmt::format("rank {}", r.lost_ranks.front())
+          : fmt::format("ranks {}–{}", r.lost_ranks.front(), r.lost_ranks.back());
   for (std::size_t i = 0; i < r.loss.size(); ++i)
-    fmt::print("  loss (host {}): every rank of host {} (ranks {}–{}) SIGKILLs itself mid-step "
-               "{}; tally launch exit {}: {}\n",
-               r.hosts_here[i], o.nnodes - 1, r.lost_ranks.front(), r.lost_ranks.back(),
-               o.kill_at_step, r.loss[i].exit_code, r.loss[i].message);
+    fmt::print("  loss (host {}): every rank of host {} ({}) SIGKILLs itself mid-step {}; tally "
+               "launch exit {}: {}\n",
+               r.hosts_here[i], o.nnodes - 1, lost, o.kill_at_step, r.loss[i].exit_code,
+               r.loss[i].message);
   if (!r.host0_here()) {
     fmt::print("  this host's part is done{}; host 0's report has the verdict\n",
                r.resume.command.empty() ? " (it was the lost host)"

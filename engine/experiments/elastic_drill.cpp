@@ -264,8 +264,10 @@ ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {
       kill.push_back(a);
     const fs::path dir = work / "ckpt-elastic";
     const std::vector<SubRun> lost =
-        runner.run(1, "lose host " + std::to_string(N - 1) + " (ranks " +
-                          std::to_string((N - 1) * K) + "–" + std::to_string(N * K - 1) +
+        runner.run(1, "lose host " + std::to_string(N - 1) + " (" +
+                          (K == 1 ? "rank " + std::to_string(N - 1)
+                                  : "ranks " + std::to_string((N - 1) * K) + "–" +
+                                        std::to_string(N * K - 1)) +
                           ") mid-step at step " + std::to_string(o.kill_at_step),
                    dir, kill, N, res.hosts_here);
     for (std::size_t i = 0; i < lost.size(); ++i) {
