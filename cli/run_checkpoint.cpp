@@ -1,8 +1,8 @@
 // `tally run checkpoint`: one rank of engine::run_checkpoint (tally/engine/experiments/checkpoint.hpp).
 // Text: rank 0 reports the run; every rank reports its own faults and failures. --json: one JSON
 // object per line — each event as it happens ({"event": "started" | "batch" | "saved" |
-// "fault_injected" | "comm_failure", ...}) and a final {"event": "result", ...} — so `tally
-// launch`'s "[rank r] " prefixes keep ranks apart. Bad input exits 2, a failed criterion or a
+// "fault_injected" | "comm_failure" | "consistency", ...}) and a final {"event": "result", ...}
+// — so `tally launch`'s "[rank r] " prefixes keep ranks apart. Bad input exits 2, a failed criterion or a
 // failed peer 1.
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -66,6 +66,12 @@ json event_json(const CheckpointEvent& e) {
       j["lost_ranks"] = e.lost_ranks;
       j["message"] = e.message;
       break;
+    case CheckpointEvent::Kind::consistency:
+      j["losses"] = e.losses;
+      j["grad_norms"] = e.grad_norms;
+      j["disagreeing_ranks"] = e.disagreeing_ranks;
+      j["message"] = e.message;
+      break;
   }
   return j;
 }
@@ -104,6 +110,11 @@ void print_event_text(const CheckpointEvent& e, const Flags& f) {
   } else if (e.kind == K::batch) {
     fmt::print("  ④ step {} takes samples {} (stream position {})\n", e.step,
                indices_text(e.sample_indices), e.consumed_samples);
+  } else if (e.kind == K::consistency) {
+    if (e.disagreeing_ranks.empty())
+      fmt::print("  consistency at step {}: {} ranks agree bit for bit on the reference batch "
+                 "(loss {:.9g}, grad-norm {:.9g})\n",
+                 e.step, e.losses.size(), e.losses[0], e.grad_norms[0]);
   } else if (e.kind == K::saved) {
     fmt::print("  saved step {} (consumed_samples {}): {} in shards, {:.3f} s\n", e.step,
                e.consumed_samples, bytes_text(e.shard_bytes), e.seconds);
@@ -144,6 +155,8 @@ json result_json(const engine::CheckpointRunResult& r) {
             {"optimizer_crc32c", r.optimizer_crc32c},
             {"ok", r.ok()}};
   for (const auto& s : r.saves) j["saves"].push_back(event_json(s));
+  j["consistency_checks"] = json::array();
+  for (const auto& c : r.consistency_checks) j["consistency_checks"].push_back(event_json(c));
   const auto& t = r.roundtrip;
   if (t.done)
     j["roundtrip"] = {{"params_bit_exact", t.params_bit_exact},
@@ -247,8 +260,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       "① zero + load is bit-exact, ② step / consumed_samples / seed round-trip, ③ shard bytes ≈ "
       "12N (fp32 params + Adam m, v; ±5 %). --resume continues from D's checkpoint (resharding "
       "when saved at another world size); --consumed-samples-override 0 shows what a resume "
-      "without the data position does (④). --kill-rank/--kill-at-step/--kill-phase inject a "
-      "fault (tally run fault-drill uses them).");
+      "without the data position does (④). --kill-rank/--kill-count/--kill-at-step/--kill-phase "
+      "inject a fault (tally run fault-drill uses them); --consistency-every N compares the "
+      "replicas bit for bit every N steps (--inject-perturb-rank corrupts one to show it).");
   auto& o = f->run;
   cmd->add_option("--dir", f->dir,
                   "checkpoint directory (shards + index.json); default: a fresh temporary one, "
@@ -272,7 +286,22 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--samples", o.dataset_samples, "samples in the synthetic data set")
       ->capture_default_str();
-  cmd->add_option("--batch", o.global_batch, "global batch (samples per step, divisible by k)")
+  cmd->add_option("--batch", o.global_batch,
+                  "global batch (samples per step, divisible by k × --grad-accum)")
+      ->capture_default_str();
+  cmd->add_option("--grad-accum", o.grad_accum,
+                  "micro-batches per rank and step (a resume at another k keeps --batch with "
+                  "another --grad-accum)")
+      ->capture_default_str();
+  cmd->add_option("--consistency-every", o.consistency_every,
+                  "every N steps the ranks compare a reference batch's loss and grad-norm bit "
+                  "for bit; a rank that disagrees fails the run (0 = never)")
+      ->capture_default_str();
+  cmd->add_option("--inject-perturb-rank", o.perturb_rank,
+                  "test hook: this rank flips one bit of its first weight (-1 = none)")
+      ->capture_default_str();
+  cmd->add_option("--inject-perturb-at-step", o.perturb_at_step,
+                  "test hook: after this step's update")
       ->capture_default_str();
   cmd->add_option("--dropout", o.dropout, "dropout after each hidden layer")
       ->check(finite_in(0, 1, Ends::open_hi))
@@ -290,6 +319,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--kill-rank", o.fault.rank, "fault: this rank SIGKILLs itself (-1 = none)")
+      ->capture_default_str();
+  cmd->add_option("--kill-count", o.fault.count,
+                  "fault: ranks --kill-rank … --kill-rank + N − 1 die together (a host's ranks)")
       ->capture_default_str();
   cmd->add_option("--kill-at-step", o.fault.step, "fault: at this step")->capture_default_str();
   cmd->add_option("--kill-phase", f->kill_phase,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "elastic_report.hpp"
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/fault_drill.hpp"
@@ -21,16 +22,45 @@ using nlohmann::json;
 
 struct Flags {
   engine::FaultDrillOptions drill;
+  engine::ElasticDrillOptions elastic;
+  bool is_elastic = false;
   std::string work_dir;
   bool json = false;
 };
 
-const char* mark(bool ok) { return ok ? "ok" : "FAILED"; }
+// Flags of one form only: naming one with the other form is bad input.
+const std::vector<std::string> kPlainOnly = {"--nproc", "--kill-rank", "--kill-at-save"};
+const std::vector<std::string> kElasticOnly = {"--nnodes",      "--nproc-per-node", "--node-rank",
+                                               "--master-addr", "--master-port",
+                                               "--consistency-every", "--tolerance",
+                                               "--join-timeout"};
 
-json launch_json(const engine::DrillLaunch& l) {
-  return {{"what", l.what}, {"command", l.command}, {"exit_code", l.exit_code},
-          {"message", l.message}, {"elapsed_s", l.end_unix_s - l.start_unix_s}};
+void run_elastic(const Flags& f, const CLI::App& cmd) {
+  for (const std::string& flag : kPlainOnly)
+    if (cmd.count(flag) > 0)
+      throw InvalidInput(flag + " = " + cmd.get_option(flag)->results().front() +
+                         ": not with --elastic, which loses a whole host (--nnodes, "
+                         "--nproc-per-node, --kill-at-step)");
+  engine::ElasticDrillOptions o = f.elastic;
+  // The flags both forms share, when given (the forms' defaults differ).
+  if (cmd.count("--steps") > 0) o.steps = f.drill.steps;
+  if (cmd.count("--save-every") > 0) o.save_every = f.drill.save_every;
+  if (cmd.count("--kill-at-step") > 0) o.kill_at_step = f.drill.kill_at_step;
+  if (cmd.count("--timeout") > 0) o.collective_timeout_s = f.drill.collective_timeout_s;
+  if (cmd.count("--launch-timeout") > 0) o.launch_timeout_s = f.drill.launch_timeout_s;
+  o.keep_work_dir = f.drill.keep_work_dir;
+  o.tally_binary = f.drill.tally_binary;
+  o.work_dir = f.work_dir;
+  const engine::ElasticDrillResult r = engine::run_elastic_drill(o);
+  if (f.json)
+    print_json(elastic_json(r));
+  else
+    print_elastic_text(r);
+  std::fflush(stdout);
+  if (!r.ok()) throw std::runtime_error("fault-drill --elastic: a criterion failed (see the report)");
 }
+
+const char* mark(bool ok) { return ok ? "ok" : "FAILED"; }
 
 json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOptions& o) {
   json survivors = json::array();
@@ -41,8 +71,8 @@ json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOption
   return {{"name", s.name},
           {"kill_rank", o.kill_rank},
           {"kill_step", s.kill_step},
-          {"failed", launch_json(s.failed)},
-          {"relaunch", launch_json(s.relaunch)},
+          {"failed", drill_launch_json(s.failed)},
+          {"relaunch", drill_launch_json(s.relaunch)},
           {"survivors", survivors},
           {"detection_s", s.detection_s},
           {"all_exited_s", s.all_exited_s},
@@ -72,7 +102,8 @@ json to_json(const engine::FaultDrillResult& r) {
   json damage = json::array();
   for (const auto& c : r.corruptions)
     damage.push_back({{"damage", c.damage}, {"file", c.file},
-                      {"expected_check", c.expected_check}, {"launch", launch_json(c.launch)},
+                      {"expected_check", c.expected_check},
+                      {"launch", drill_launch_json(c.launch)},
                       {"error_line", c.error_line}, {"loaded_anything", c.loaded_anything},
                       {"io_verify_alone_rejects", c.io_verify_alone_rejects}, {"ok", c.ok()}});
   return {{"command", "run fault-drill"},
@@ -82,7 +113,7 @@ json to_json(const engine::FaultDrillResult& r) {
           {"collective_timeout_s", o.collective_timeout_s},
           {"work_dir", r.work_dir.string()},
           {"work_dir_removed", r.work_dir_removed},
-          {"reference", launch_json(r.reference)},
+          {"reference", drill_launch_json(r.reference)},
           {"reference_params_crc32c", r.reference_params_crc32c},
           {"mid_step", scenario_json(r.mid_step, o)},
           {"during_save", scenario_json(r.during_save, o)},
@@ -168,7 +199,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->footer(
       "Runs by itself (not under `tally launch`): it starts every sub-run of `tally run "
       "checkpoint` with the launcher, on 127.0.0.1, in a temporary directory it removes. Takes "
-      "≈15–30 s at 2 ranks. Exit 1 if a criterion fails.");
+      "≈15–30 s at 2 ranks. Exit 1 if a criterion fails. With --elastic: three sub-runs, each "
+      "host a launcher of its own (threads of this process, or with --node-rank this host's "
+      "only, every host running the same drill).");
   auto& o = f->drill;
   cmd->add_option("--nproc", o.world_size, "ranks per sub-run")->capture_default_str();
   cmd->add_option("--steps", o.steps, "steps of every run")->capture_default_str();
@@ -189,7 +222,42 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_flag("--keep", o.keep_work_dir, "keep the temporary work directory");
   cmd->add_option("--tally-binary", o.tally_binary, "the tally executable the ranks run (default: this one)");
   cmd->add_flag("--json", f->json, "one JSON object");
-  cmd->callback([f] {
+  // --elastic: lose a whole host, resume on the rest at the smaller world size.
+  auto& e = f->elastic;
+  cmd->add_flag("--elastic", f->is_elastic,
+                "the elastic drill: the last host's ranks all die mid-step; the remaining hosts "
+                "resume from the last checkpoint at the smaller world size with the gradient "
+                "accumulation that keeps the global batch, compared with an uninterrupted run "
+                "(defaults then: --steps 8, --save-every 4, --kill-at-step 6)");
+  cmd->add_option("--nnodes", e.nnodes, "--elastic: hosts before the loss")->capture_default_str();
+  cmd->add_option("--nproc-per-node", e.nproc_per_node, "--elastic: ranks per host")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", e.node_rank,
+                  "--elastic: play only this host (run the drill on every host, each with its "
+                  "own; needs --master-addr, --master-port, a shared --work-dir); -1 = every "
+                  "host on this machine")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", e.master_addr, "--elastic: host 0, as every host reaches it")
+      ->capture_default_str();
+  cmd->add_option("--master-port", e.master_port,
+                  "--elastic: sub-run j uses port + 2j and + 2j + 1 (0 = free ports)")
+      ->capture_default_str();
+  cmd->add_option("--consistency-every", e.consistency_every,
+                  "--elastic: the runs compare their replicas every N steps (0 = never)")
+      ->capture_default_str();
+  cmd->add_option("--tolerance", e.tolerance,
+                  "--elastic: relative difference allowed in loss and grad-norm after the resume")
+      ->check(finite_in(0, 1, Ends::open_hi))
+      ->capture_default_str();
+  cmd->add_option("--join-timeout", e.join_timeout_s, "--elastic: the hosts' launchers meet within, s")
+      ->check(finite_in(0, 86400, Ends::open_lo))
+      ->capture_default_str();
+  cmd->callback([f, cmd] {
+    if (f->is_elastic) return run_elastic(*f, *cmd);
+    for (const std::string& flag : kElasticOnly)
+      if (cmd->count(flag) > 0)
+        throw InvalidInput(flag + " = " + cmd->get_option(flag)->results().front() +
+                           ": only with --elastic");
     engine::FaultDrillOptions o = f->drill;
     o.work_dir = f->work_dir;
     const engine::FaultDrillResult r = engine::run_fault_drill(o);

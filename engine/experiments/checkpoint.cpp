@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -26,6 +28,57 @@ using checkpoint_run::unix_now;
 
 namespace {
 constexpr double kLostRankProbe_s = 1.0;  // Note [liveness locks]: how long to look for the dead
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  return s;
+}
+
+// Note [consistency check]: every rank's reference-batch loss and gradient norm, compared bit for
+// bit; the ranks outside the majority are named in the event's message.
+CheckpointEvent consistency_check(Trainer& t, Comm& comm) {
+  const int k = comm.world_size();
+  const auto [loss, grad_norm] = t.reference_loss_and_grad_norm();
+  std::vector<double> mine = {loss, grad_norm}, all(std::size_t(2 * k));
+  comm.all_gather(mine, all);
+  CheckpointEvent e{.kind = CheckpointEvent::Kind::consistency, .step = t.step,
+                    .consumed_samples = t.consumed};
+  for (int q = 0; q < k; ++q) {
+    e.losses.push_back(all[std::size_t(2 * q)]);
+    e.grad_norms.push_back(all[std::size_t(2 * q + 1)]);
+  }
+  const auto same = [&](int p, int q) {  // bit for bit: memcmp, so -0.0 ≠ 0.0 and NaN = NaN
+    return std::memcmp(&all[std::size_t(2 * p)], &all[std::size_t(2 * q)], 2 * sizeof(double)) == 0;
+  };
+  int majority = 0, votes = 0;  // the largest class; the first (lowest rank) on a tie
+  for (int p = 0; p < k; ++p) {
+    int n = 0;
+    for (int q = 0; q < k; ++q) n += same(p, q) ? 1 : 0;
+    if (n > votes) majority = p, votes = n;
+  }
+  for (int q = 0; q < k; ++q)
+    if (!same(majority, q)) e.disagreeing_ranks.push_back(q);
+  if (e.disagreeing_ranks.empty()) return e;
+  const int bad = e.disagreeing_ranks.front();
+  const auto g17 = [](double v) {  // every bit of a double
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return std::string(text);
+  };
+  const bool one = e.disagreeing_ranks.size() == 1;
+  e.message = "consistency check at step " + std::to_string(t.step) + ": rank" + (one ? " " : "s ") +
+              rank_list(e.disagreeing_ranks) + (one ? " disagrees" : " disagree") +
+              " with the majority (" + std::to_string(votes) + " of " + std::to_string(k) +
+              " ranks" + (2 * votes <= k ? ", no strict majority" : "") +
+              ") on the reference batch: rank " + std::to_string(bad) + " loss " +
+              g17(e.losses[std::size_t(bad)]) + ", grad-norm " + g17(e.grad_norms[std::size_t(bad)]) +
+              " vs " + g17(e.losses[std::size_t(majority)]) + ", " +
+              g17(e.grad_norms[std::size_t(majority)]) +
+              ": its replica's weights or arithmetic went wrong silently";
+  return e;
+}
 }  // namespace
 
 std::string_view to_string(FaultPhase p) {
@@ -50,6 +103,7 @@ std::string_view to_string(CheckpointEvent::Kind k) {
     case CheckpointEvent::Kind::saved: return "saved";
     case CheckpointEvent::Kind::fault_injected: return "fault_injected";
     case CheckpointEvent::Kind::comm_failure: return "comm_failure";
+    case CheckpointEvent::Kind::consistency: return "consistency";
   }
   return "?";
 }
@@ -73,10 +127,21 @@ void CheckpointRunOptions::validate(int world_size) const {
     bad("--samples", i(dataset_samples), "must be in [1, 1000000]");
   if (global_batch < 1 || global_batch > 65536)
     bad("--batch", i(global_batch), "must be in [1, 65536]");
-  if (global_batch % world_size != 0)
+  if (grad_accum < 1 || grad_accum > 1024)
+    bad("--grad-accum", i(grad_accum), "must be in [1, 1024]");
+  if (global_batch % (world_size * grad_accum) != 0)
     bad("--batch", i(global_batch),
-        "must be divisible by WORLD_SIZE = " + std::to_string(world_size) +
-            " (every rank's mean then weighs the same)");
+        "must be divisible by WORLD_SIZE = " + std::to_string(world_size) + " × --grad-accum = " +
+            i(grad_accum) + " (every micro-batch's mean then weighs the same)");
+  if (consistency_every < 0)
+    bad("--consistency-every", i(consistency_every), "must be >= 0 (0 = never)");
+  if (perturb_rank != -1) {
+    if (perturb_rank < 0 || perturb_rank >= world_size)
+      bad("--inject-perturb-rank", std::to_string(perturb_rank),
+          "must be in [0, WORLD_SIZE = " + std::to_string(world_size) + ") or -1 (none)");
+    if (perturb_at_step < 1 || perturb_at_step > steps)
+      bad("--inject-perturb-at-step", i(perturb_at_step), "must be in [1, --steps = " + i(steps) + "]");
+  }
   if (!(dropout >= 0 && dropout < 1)) bad("--dropout", format_number(dropout), "must be in [0, 1)");
   if (!(lr > 0 && lr <= 1e6)) bad("--lr", format_number(lr), "must be in (0, 1e6]");
   if (!(min_lr >= 0 && min_lr <= lr)) bad("--min-lr", format_number(min_lr), "must be in [0, --lr]");
@@ -88,6 +153,10 @@ void CheckpointRunOptions::validate(int world_size) const {
     if (fault.rank < 0 || fault.rank >= world_size)
       bad("--kill-rank", std::to_string(fault.rank),
           "must be in [0, WORLD_SIZE = " + std::to_string(world_size) + ") or -1 (none)");
+    if (fault.count < 1 || fault.count > world_size - fault.rank)
+      bad("--kill-count", std::to_string(fault.count),
+          "must be in [1, WORLD_SIZE − --kill-rank = " + std::to_string(world_size - fault.rank) +
+              "]");
     if (fault.step < 1 || fault.step > steps)
       bad("--kill-at-step", i(fault.step), "must be in [1, --steps = " + i(steps) + "]");
     if (fault.phase == FaultPhase::none)
@@ -140,7 +209,8 @@ CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOption
   res.dir = t.dir;
   res.dir_temporary = temporary;
   const auto fault_here = [&](FaultPhase phase, std::int64_t s) {
-    return o.fault.rank == r && o.fault.phase == phase && o.fault.step == s;
+    return o.fault.rank >= 0 && r >= o.fault.rank && r < o.fault.rank + o.fault.count &&
+           o.fault.phase == phase && o.fault.step == s;
   };
   const auto die = [&](FaultPhase phase, std::int64_t s) {
     emit({.kind = CheckpointEvent::Kind::fault_injected, .step = s,
@@ -195,6 +265,12 @@ CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOption
         mid_step = [&] { die(FaultPhase::mid_step, current_step); };
       res.steps.push_back(t.take_step(ddp, comm, batch, mid_step));
       saved_last = false;
+      if (o.perturb_rank == r && o.perturb_at_step == t.step) t.perturb_weights();
+      if (o.consistency_every > 0 && t.step % o.consistency_every == 0) {
+        res.consistency_checks.push_back(emit(consistency_check(t, comm)));
+        if (const CheckpointEvent& c = res.consistency_checks.back(); !c.disagreeing_ranks.empty())
+          throw std::runtime_error(c.message);
+      }
       if (t.is_save_step(t.step)) {
         AfterShardHook after_shard;
         if (fault_here(FaultPhase::after_shard, t.step))

@@ -2,7 +2,9 @@
 #include "checkpoint_trainer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -149,13 +151,13 @@ std::optional<LoadOutcome> Trainer::load(Comm& comm) {
 StepRecord Trainer::take_step(DistributedDataParallel& ddp, Comm& comm,
                               const std::vector<std::int64_t>& batch, const std::function<void()>& mid_step) {
   const std::int64_t t = step + 1;
+  const std::int64_t a = o.grad_accum, rows = o.global_batch / k, micro = rows / a;
   const at::Tensor idx =
       at::from_blob(const_cast<std::int64_t*>(batch.data()), {o.global_batch}, at::kLong)
           .slice(0, r, o.global_batch, k)
           .clone();
-  const at::Tensor x = data.x.index_select(0, idx);
-  const at::Tensor y = data.y.index_select(0, idx);
-  // Masks for the whole global batch, so every rank draws the same numbers (one generator state).
+  // Masks for the whole global batch, so every rank draws the same numbers (one generator state,
+  // the same whatever k and a).
   std::vector<at::Tensor> masks;
   if (o.dropout > 0) {
     const double keep = 1 - o.dropout;
@@ -165,9 +167,24 @@ StepRecord Trainer::take_step(DistributedDataParallel& ddp, Comm& comm,
                           .slice(0, r, o.global_batch, k)
                           .div_(keep));
   }
-  const at::Tensor loss = at::cross_entropy_loss(model.forward(x, masks), y);
-  if (mid_step) mid_step();
-  loss.backward();
+  double rank_loss = 0;  // the mean of this rank's micro-batch means
+  for (std::int64_t j = 0; j < a; ++j) {
+    const at::Tensor micro_idx = idx.narrow(0, j * micro, micro);
+    std::vector<at::Tensor> micro_masks;
+    for (const at::Tensor& m : masks) micro_masks.push_back(m.narrow(0, j * micro, micro));
+    at::Tensor loss = at::cross_entropy_loss(
+        model.forward(data.x.index_select(0, micro_idx), micro_masks),
+        data.y.index_select(0, micro_idx));
+    if (j == 0 && mid_step) mid_step();
+    if (a > 1) loss = loss / double(a);  // the gradient of the mean over the a micro-batches
+    rank_loss += loss.item<double>();
+    if (j + 1 < a) {
+      auto no_sync = ddp.no_sync();
+      loss.backward();
+    } else {
+      loss.backward();
+    }
+  }
   ddp.finish_gradient_sync();
   StepRecord rec;
   rec.step = t;
@@ -175,7 +192,7 @@ StepRecord Trainer::take_step(DistributedDataParallel& ddp, Comm& comm,
   rec.lr = schedule.lr_at(t);
   adam.step_at(rec.lr);
   zero_grad(params);
-  std::vector<double> global_loss = {loss.item<double>()};
+  std::vector<double> global_loss = {rank_loss};
   comm.all_reduce(global_loss, ReduceOp::average);
   rec.loss = global_loss[0];
   step = t;
@@ -183,6 +200,25 @@ StepRecord Trainer::take_step(DistributedDataParallel& ddp, Comm& comm,
   rec.consumed_samples = consumed;
   rec.end_unix_s = unix_now();
   return rec;
+}
+
+std::pair<double, double> Trainer::reference_loss_and_grad_norm() {
+  const std::int64_t n = std::min(kConsistencySamples, o.dataset_samples);
+  const at::Tensor loss = at::cross_entropy_loss(model.forward(data.x.narrow(0, 0, n), {}),
+                                                 data.y.narrow(0, 0, n));
+  const std::vector<at::Tensor> grads = torch::autograd::grad({loss}, params);
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& g : grads) flat.push_back(g.reshape(-1));
+  return {loss.item<double>(), at::cat(flat).norm().item<double>()};
+}
+
+void Trainer::perturb_weights() {
+  at::NoGradGuard no_grad;
+  float* w = params.front().data_ptr<float>();
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, w, sizeof bits);
+  bits ^= 1u << 15;  // a mantissa bit: the weight changes by 2^-8 of itself
+  std::memcpy(w, &bits, sizeof bits);
 }
 
 bool Trainer::is_save_step(std::int64_t s) const {

@@ -71,9 +71,17 @@ struct Trainer {
   // Loads dir's checkpoint into params, m, v, the generator, step and consumed. nullopt: none.
   std::optional<LoadOutcome> load(Comm& comm);
 
-  // One optimizer step; `mid_step` runs after the forward pass (fault injection).
+  // One optimizer step over o.grad_accum micro-batches; `mid_step` runs after the first forward
+  // pass (fault injection).
   StepRecord take_step(DistributedDataParallel& ddp, Comm& comm,
                        const std::vector<std::int64_t>& batch, const std::function<void()>& mid_step);
+
+  // This replica's reference-batch loss and gradient norm (Note [consistency check]); touches
+  // neither .grad nor DDP.
+  std::pair<double, double> reference_loss_and_grad_norm();
+
+  // The test hook: flips one bit of this replica's first weight.
+  void perturb_weights();
 
   bool is_save_step(std::int64_t s) const;
 

@@ -2,18 +2,14 @@
 // engine::launch, their JSON lines read back, the checkpoint directory inspected with io.
 #include "tally/engine/experiments/fault_drill.hpp"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
-#include <system_error>
 
+#include "drill_driver.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/engine/launch.hpp"
@@ -22,123 +18,15 @@
 namespace tally::engine {
 
 namespace fs = std::filesystem;
+using drill::Driver;
+using drill::read_file;
+using drill::SubRun;
+using drill::Topology;
 using nlohmann::json;
 
 namespace {
 
 const std::int64_t kGlobalBatch = CheckpointRunOptions{}.global_batch;  // the sub-runs' default
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-// One sub-run's output, split by rank: JSON lines of stdout, the lines of stderr.
-struct SubRun {
-  DrillLaunch launch;
-  std::vector<std::vector<json>> events;        // per rank, in order (the result last)
-  std::vector<std::vector<std::string>> errors;  // per rank
-
-  // The rank's first event of this kind, or nullptr.
-  const json* find(int rank, std::string_view kind) const {
-    for (const json& e : events[std::size_t(rank)])
-      if (e.value("event", "") == kind) return &e;
-    return nullptr;
-  }
-  std::string error_line(int rank) const {
-    for (const std::string& l : errors[std::size_t(rank)])
-      if (l.rfind("tally: error: ", 0) == 0) return l;
-    return "";
-  }
-};
-
-// "[rank r] text" → r and text; -1 for other lines.
-int split_rank_line(const std::string& line, std::string* text) {
-  if (line.rfind("[rank ", 0) != 0) return -1;
-  const std::size_t close = line.find("] ");
-  if (close == std::string::npos) return -1;
-  try {
-    const int r = std::stoi(line.substr(6, close - 6));
-    *text = line.substr(close + 2);
-    return r;
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
-class Driver {
- public:
-  Driver(const FaultDrillOptions& o, fs::path work) : o_(o), work_(std::move(work)) {}
-
-  // k ranks of `tally run checkpoint --dir dir` plus `extra`, through engine::launch; `steps`
-  // replaces the drill's --steps when > 0.
-  SubRun run(const std::string& what, const fs::path& dir, const std::vector<std::string>& extra,
-             std::int64_t steps = 0) {
-    SubRun s;
-    s.launch.what = what;
-    s.launch.command = {o_.tally_binary, "run", "checkpoint", "--json",
-                        "--timeout", format_number(o_.collective_timeout_s),
-                        "--dir", dir.string(),
-                        "--steps", std::to_string(steps > 0 ? steps : o_.steps),
-                        "--save-every", std::to_string(o_.save_every),
-                        "--record-batches", "0"};
-    s.launch.command.insert(s.launch.command.end(), extra.begin(), extra.end());
-    const std::string stem = "launch-" + std::to_string(++launches_);
-    const fs::path out_path = work_ / (stem + ".out"), err_path = work_ / (stem + ".err");
-    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out_fd < 0 || err_fd < 0) {
-      if (out_fd >= 0) ::close(out_fd);
-      if (err_fd >= 0) ::close(err_fd);
-      throw std::system_error(errno, std::generic_category(), out_path.string() + ": open");
-    }
-    const LaunchOptions lo{.nproc = o_.world_size,
-                           .timeout_s = o_.launch_timeout_s,
-                           .command = s.launch.command};
-    s.launch.start_unix_s = unix_now();
-    LaunchResult lr;
-    try {
-      lr = launch(lo, out_fd, err_fd);
-    } catch (...) {
-      ::close(out_fd);
-      ::close(err_fd);
-      throw;
-    }
-    s.launch.end_unix_s = unix_now();
-    ::close(out_fd);
-    ::close(err_fd);
-    s.launch.exit_code = lr.exit_code;
-    s.launch.message = lr.message;
-    s.launch.ranks = lr.ranks;
-    s.events.resize(std::size_t(o_.world_size));
-    s.errors.resize(std::size_t(o_.world_size));
-    std::istringstream out(read_file(out_path)), err(read_file(err_path));
-    std::string text;
-    for (std::string line; std::getline(out, line);) {
-      const int r = split_rank_line(line, &text);
-      if (r < 0 || r >= o_.world_size) continue;
-      json j = json::parse(text, nullptr, false);
-      if (!j.is_discarded() && j.is_object()) s.events[std::size_t(r)].push_back(std::move(j));
-    }
-    for (std::string line; std::getline(err, line);) {
-      const int r = split_rank_line(line, &text);
-      if (r >= 0 && r < o_.world_size) s.errors[std::size_t(r)].push_back(text);
-    }
-    return s;
-  }
-
- private:
-  const FaultDrillOptions& o_;
-  fs::path work_;
-  int launches_ = 0;
-};
 
 // The uninterrupted run's per-step records (rank 0's), by step.
 struct Reference {
@@ -167,12 +55,14 @@ KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path
   sc.name = std::string(to_string(phase));
   sc.kill_step = kill_step;
   const fs::path dir = work / ("ckpt-" + sc.name);
+  const Topology here{.nproc = o.world_size};
   const SubRun failed =
       driver.run("kill rank " + std::to_string(o.kill_rank) + " " + sc.name + " at step " +
                      std::to_string(kill_step),
                  dir,
                  {"--kill-rank", std::to_string(o.kill_rank), "--kill-at-step",
-                  std::to_string(kill_step), "--kill-phase", sc.name});
+                  std::to_string(kill_step), "--kill-phase", sc.name},
+                 0, here);
   sc.failed = failed.launch;
 
   // Detection: the victim's last word; each survivor's CommError, or the launcher's signal that
@@ -210,7 +100,7 @@ KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path
   sc.steps_redone = last_completed - sc.checkpoint_step;
 
   // Recovery: the same command, with --resume.
-  const SubRun again = driver.run("relaunch with --resume", dir, {"--resume"});
+  const SubRun again = driver.run("relaunch with --resume", dir, {"--resume"}, 0, here);
   sc.relaunch = again.launch;
   sc.staging_removed_on_relaunch = !has_staging(dir);
   const json* started = again.find(0, "started");
@@ -304,8 +194,8 @@ CorruptionCase run_corruption(const FaultDrillOptions& o, Driver& driver, const 
   } catch (const InvalidInput&) {
     c.io_verify_alone_rejects = true;
   }
-  const SubRun s =
-      driver.run("resume from damage: " + c.damage, dir, {"--resume"}, o.steps + 1);
+  const SubRun s = driver.run("resume from damage: " + c.damage, dir, {"--resume"}, o.steps + 1,
+                              Topology{.nproc = k});
   c.launch = s.launch;
   c.error_line = s.error_line(0);
   c.loaded_anything = false;
@@ -314,23 +204,6 @@ CorruptionCase run_corruption(const FaultDrillOptions& o, Driver& driver, const 
     c.loaded_anything = c.loaded_anything || (started && (*started)["resumed"].get<bool>());
   }
   return c;
-}
-
-// Processes whose command line mentions the work directory (a sub-run's rank left behind).
-std::vector<int> processes_mentioning(const fs::path& work) {
-  std::vector<int> pids;
-  std::error_code ec;
-  const std::string needle = work.string();
-  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int pid = std::stoi(name);
-    if (pid == ::getpid()) continue;
-    std::string cmdline = read_file(it->path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) != std::string::npos) pids.push_back(pid);
-  }
-  return pids;
 }
 
 }  // namespace
@@ -394,23 +267,18 @@ void FaultDrillOptions::validate() const {
   const auto i = [](std::int64_t v) { return std::to_string(v); };
   if (world_size < 2 || world_size > 8 || kGlobalBatch % world_size != 0)
     bad("--nproc", i(world_size), "must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
-  if (steps < 3 || steps > 1000) bad("--steps", i(steps), "must be in [3, 1000]");
-  if (save_every < 1 || save_every >= steps)
-    bad("--save-every", i(save_every), "must be in [1, --steps = " + i(steps) + ")");
+  drill::DrillSchedule{.steps = steps,
+                       .save_every = save_every,
+                       .kill_at_step = kill_at_step,
+                       .collective_timeout_s = collective_timeout_s,
+                       .launch_timeout_s = launch_timeout_s}
+      .validate();
   if (kill_rank < 0 || kill_rank >= world_size)
     bad("--kill-rank", i(kill_rank), "must be in [0, --nproc = " + i(world_size) + ")");
-  if (kill_at_step <= save_every || kill_at_step > steps)
-    bad("--kill-at-step", i(kill_at_step),
-        "must be in (--save-every = " + i(save_every) + ", --steps = " + i(steps) +
-            "]: after the first checkpoint");
   if (kill_at_save <= save_every || kill_at_save > steps || kill_at_save % save_every != 0)
     bad("--kill-at-save", i(kill_at_save),
         "must be a multiple of --save-every = " + i(save_every) + " in (" + i(save_every) +
             ", --steps = " + i(steps) + "]");
-  if (!(collective_timeout_s > 0 && collective_timeout_s <= 600))
-    bad("--timeout", format_number(collective_timeout_s), "must be in (0, 600] s");
-  if (!(launch_timeout_s > 0 && launch_timeout_s <= 3600))
-    bad("--launch-timeout", format_number(launch_timeout_s), "must be in (0, 3600] s");
 }
 
 FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
@@ -420,28 +288,20 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
   FaultDrillOptions& o = res.options;
   if (o.tally_binary.empty()) o.tally_binary = fs::read_symlink("/proc/self/exe").string();
 
-  bool generated = false;
-  if (o.work_dir.empty()) {
-    o.work_dir = make_temp_directory("tally-fault-drill");
-    generated = true;
-  } else {
-    fs::create_directories(o.work_dir);
-  }
-  res.work_dir = o.work_dir;
+  drill::WorkDirectory work_dir(o.work_dir, "tally-fault-drill", o.keep_work_dir);
+  o.work_dir = res.work_dir = work_dir.path();
   const fs::path work = o.work_dir;
-  const auto cleanup = [&] {
-    if (generated && !o.keep_work_dir) {
-      std::error_code ec;
-      fs::remove_all(work, ec);
-      res.work_dir_removed = !ec;
-    }
-  };
-
-  try {
-    Driver driver(o, work);
+  {
+    Driver driver({.tally_binary = o.tally_binary,
+                   .collective_timeout_s = o.collective_timeout_s,
+                   .launch_timeout_s = o.launch_timeout_s,
+                   .steps = o.steps,
+                   .save_every = o.save_every},
+                  work);
     // Reference: uninterrupted.
     const fs::path ref_dir = work / "ckpt-reference";
-    const SubRun ref_run = driver.run("reference (uninterrupted)", ref_dir, {});
+    const SubRun ref_run =
+        driver.run("reference (uninterrupted)", ref_dir, {}, 0, Topology{.nproc = o.world_size});
     res.reference = ref_run.launch;
     const json* ref_result = ref_run.find(0, "result");
     if (ref_run.launch.exit_code != 0 || ref_result == nullptr)
@@ -457,12 +317,9 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
     res.during_save = run_kill(o, driver, work, FaultPhase::after_shard, o.kill_at_save, ref);
     for (int i = 0; i < 4; ++i)
       res.corruptions.push_back(run_corruption(o, driver, work, ref_dir, i));
-    res.leftover_pids = processes_mentioning(work);
-  } catch (...) {
-    cleanup();
-    throw;
+    res.leftover_pids = drill::processes_mentioning(work);
   }
-  cleanup();
+  res.work_dir_removed = work_dir.remove();
   return res;
 }
 

@@ -440,4 +440,44 @@ TEST(CheckpointInput, BadFlagsExitTwoNamingTheFlag) {
   EXPECT_NE(phase.err.find("--kill-phase"), std::string::npos) << phase.err;
 }
 
+// Sampled consistency (Note [consistency check]): 3 ranks with gradient accumulation, replicas
+// compared every 2 steps; rank 1 flips a bit of its first weight after step 3's update. The check
+// at step 2 agrees bit for bit; the one at step 4 names rank 1 — the other two agree with each
+// other — and every rank stops there (exit 1), before any save: nothing is committed.
+TEST(CheckpointConsistency, NamesTheRankWhoseWeightsWerePerturbed) {
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ckpt";
+  const LaunchRun run = launch_checkpoint(
+      3, dir, {"--steps", "6", "--grad-accum", "2", "--consistency-every", "2",
+               "--inject-perturb-rank", "1", "--inject-perturb-at-step", "3", "--no-roundtrip"});
+  EXPECT_EQ(run.ran.exit_code, 1) << run.ran.out << run.ran.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + ":\n" + run.ran.out + run.ran.err);
+    const auto it = run.ranks[std::size_t(rank)].events.find("consistency");
+    ASSERT_NE(it, run.ranks[std::size_t(rank)].events.end());
+    const std::vector<json>& checks = it->second;
+    ASSERT_EQ(checks.size(), 2u);
+    EXPECT_EQ(checks[0]["step"], 2);
+    EXPECT_EQ(checks[0]["disagreeing_ranks"], json::array());
+    const auto losses0 = checks[0]["losses"].get<std::vector<double>>();
+    ASSERT_EQ(losses0.size(), 3u);
+    EXPECT_EQ(losses0[0], losses0[1]);
+    EXPECT_EQ(losses0[0], losses0[2]);
+    EXPECT_EQ(checks[1]["step"], 4);
+    EXPECT_EQ(checks[1]["disagreeing_ranks"], json::array({1}));
+    const auto losses = checks[1]["losses"].get<std::vector<double>>();
+    const auto norms = checks[1]["grad_norms"].get<std::vector<double>>();
+    EXPECT_EQ(losses[0], losses[2]);
+    EXPECT_EQ(norms[0], norms[2]);
+    EXPECT_TRUE(losses[1] != losses[0] || norms[1] != norms[0]);
+    EXPECT_NE(run.ran.err.find("[rank " + std::to_string(rank) +
+                               "] tally: error: consistency check at step 4: rank 1 disagrees "
+                               "with the majority (2 of 3 ranks) on the reference batch"),
+              std::string::npos);
+    EXPECT_TRUE(run.ranks[std::size_t(rank)].result.is_null()) << "the run must stop at step 4";
+    EXPECT_EQ(run.ranks[std::size_t(rank)].events.count("saved"), 0u) << "nothing saved";
+  }
+  EXPECT_FALSE(fs::exists(dir / "index.json"));
+}
+
 }  // namespace

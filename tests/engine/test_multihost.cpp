@@ -1,7 +1,8 @@
 // `tally launch --nnodes 2` across two hosts with separate network stacks (netns_fixture.hpp), all
 // WITHOUT GLOO_SOCKET_IFNAME: each host runs the same launch with its --node-rank, as a user
 // would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, a checkpoint saved there at
-// world size 4 and resumed at world size 2 on one host (resharding), and a host that never joins
+// world size 4 and resumed at world size 2 on one host (resharding), the elastic fault drill with
+// the second host's ranks killed (each host running the drill), and a host that never joins
 // (the other fails at the rendezvous timeout, naming the address it used). The launchers watch
 // each other (Note [launchers' store]): a rank failing on node 1 stops node 0's ranks within a
 // bound and both launchers name it; a launcher that never arrives is named by the other at the
@@ -17,6 +18,7 @@
 
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
+#include "elastic_drill_checks.hpp"
 #include "netns_fixture.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/io/checkpoint.hpp"
@@ -233,6 +235,39 @@ TEST_F(TwoHosts, CheckpointSavedAcrossTwoHostsResumesAtWorldSizeTwoOnOne) {
     EXPECT_TRUE(r["ok"].get<bool>());
   }
   EXPECT_EQ(tally::io::verify_checkpoint(dir).world_size, 2);
+}
+
+// The elastic fault drill across the two hosts, each running it as a user would on two machines
+// (`--node-rank i`, the same --master-addr, --master-port and a work directory both see): host
+// 1's ranks (2 and 3) all die mid-step at step 6; host 0's drill relaunches alone at world size 2
+// with twice the accumulation, resumes from step 4's checkpoint (saved by 4 ranks on two hosts),
+// and sets every figure beside the uninterrupted run's (elastic_drill_checks.hpp). Host 1's drill
+// reports its part: the reference passed, its ranks were killed, its launcher exited 1.
+TEST_F(TwoHosts, ElasticFaultDrillLosesTheSecondHostAndResumesOnTheFirst) {
+  tally::test::TempDir tmp;
+  const auto drill = [&](int node) {
+    return tally::netns::in_namespace(
+        node == 0 ? a.ns : b.ns,
+        {TALLY_BINARY, "run", "fault-drill", "--elastic", "--json", "--node-rank",
+         std::to_string(node), "--master-addr", a.address, "--master-port", std::to_string(kPort),
+         "--work-dir", tmp.path.string(), "--join-timeout", "40"});
+  };
+  const std::array<Ran, 2> ran = run_together({drill(0), drill(1)});
+  ASSERT_EQ(ran[0].exit_code, 0) << ran[0].out << ran[0].err;
+  ASSERT_EQ(ran[1].exit_code, 0) << ran[1].out << ran[1].err;
+  const json host0 = json::parse(ran[0].out), host1 = json::parse(ran[1].out);
+  EXPECT_EQ(host0["hosts_here"], json::array({0}));
+  tally::elastic_drill::expect_host0_report(host0, 2);
+  SCOPED_TRACE(host1.dump(1));
+  EXPECT_EQ(host1["hosts_here"], json::array({1}));
+  EXPECT_TRUE(host1["ok"].get<bool>());
+  EXPECT_EQ(host1["reference"][0]["exit_code"], 0);
+  EXPECT_EQ(host1["loss"][0]["exit_code"], 1);
+  const std::string lost = host1["loss"][0]["message"];
+  EXPECT_NE(lost.find(" on node 1 (host "), std::string::npos) << lost;
+  EXPECT_NE(lost.find(", 10.77.0.2) failed (killed by signal 9 (SIGKILL))"), std::string::npos)
+      << lost;
+  EXPECT_EQ(host1["resume"]["command"], json::array()) << "the lost host takes no part";
 }
 
 // Node 1's launcher never starts: node 0's launcher (its ranks healthy, sleeping) stops them at

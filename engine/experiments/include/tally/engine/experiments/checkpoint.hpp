@@ -12,11 +12,14 @@
 //   data    n synthetic samples, x ~ N(0, 1) and label = argmax of a fixed random linear teacher,
 //           from a generator seeded by `seed`; the order is the sample stream (Note [sample
 //           stream]): step s + 1 takes positions [consumed_samples, consumed_samples + B).
-//   step    rank r takes rows r, r + k, … of the global batch (B % k == 0, so DDP's average is the
-//           global batch mean); dropout masks are drawn for the whole global batch from torch's
-//           default generator, the same on every rank (so its state is one value); DDP (ddp_torch.hpp)
-//           averages the gradients; Adam (torch.optim.Adam's update, fp32 m and v) with a linear
-//           warm-up then cosine learning rate.
+//   step    rank r takes rows r, r + k, … of the global batch, in a micro-batches of B/(k·a) rows
+//           each (gradient accumulation a, B % (k·a) == 0, so DDP's average of the ranks' mean
+//           micro-batch losses is the global batch mean, whatever k and a); dropout masks are
+//           drawn for the whole global batch from torch's default generator, the same on every
+//           rank (so its state is one value, independent of k and a); DDP (ddp_torch.hpp)
+//           averages the gradients (the first a − 1 backward passes under no_sync); Adam
+//           (torch.optim.Adam's update, fp32 m and v) with a linear warm-up then cosine learning
+//           rate. A run resumed at another k with a' = a·k/k' takes the same global batches.
 //   save    every save_every steps and after the last: each rank writes shard_range(N, k, r) of
 //           three flat F32 groups — "params", "adam.m", "adam.v" — so the shards together hold the
 //           model states once: params + m + v = 12N bytes (fp32 Adam's 16N without the gradients,
@@ -43,9 +46,14 @@
 // Directory: with no `dir`, the run uses a fresh temporary one (Note [default checkpoint
 // directory]), reported in the started event and removed when the run finishes unless `keep_dir`.
 //
-// Faults (for `tally run fault-drill`): a rank can SIGKILL itself mid-step or right after writing
-// its shard of a save. The survivors' CommError is re-thrown naming the lost rank (Note [liveness
-// locks] in engine/runtime/rank_liveness.hpp) after an event reports it.
+// Sampled consistency (the seed's plan 4 ④, silent corruption; Note [consistency check]): every
+// consistency_every steps each rank recomputes the loss and gradient norm of a fixed reference
+// batch on its own replica, and the ranks compare them bit for bit.
+//
+// Faults (for `tally run fault-drill`): a rank (or `count` consecutive ranks: a host's, under
+// torchrun's numbering) can SIGKILL itself mid-step or right after writing its shard of a save.
+// The survivors' CommError is re-thrown naming the lost rank (Note [liveness locks] in
+// engine/runtime/rank_liveness.hpp) after an event reports it.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +82,21 @@ namespace tally::engine {
 // rank may then close its sockets before its lock, and the survivors' probe, which waits up to a
 // second for the lock to be freed, covers the gap.
 
+// Note [consistency check]
+// Data-parallel replicas hold the same weights bit for bit (DDP averages the gradients, every rank
+// applies the same update), so the same computation on the same data must give the same bits on
+// every rank of one machine. Every consistency_every steps, after the update and before any save
+// (a state that fails is never committed), each rank takes the reference batch — the first
+// kConsistencySamples samples of the data set, no dropout — computes its mean loss and the norm
+// of its gradient (torch::autograd::grad: DDP's hooks, which sit on the gradient accumulators, do
+// not run, and no .grad is touched), and all-gathers the two float64 values. Each distinct pair
+// of bit patterns is a class; the largest class is the majority (ties go to the one holding the
+// lowest rank) and every rank outside it is named. A disagreement fails the run: its replica (its
+// weights, its memory or its arithmetic) went wrong silently, and training on would average the
+// corruption into every replica. Across hosts with different CPUs the kernels (and so the bits)
+// may differ; compare like with like, as health-check's checksums.
+inline constexpr std::int64_t kConsistencySamples = 64;
+
 // ---- options ------------------------------------------------------------------------------------
 
 enum class FaultPhase {
@@ -86,6 +109,7 @@ std::optional<FaultPhase> parse_fault_phase(std::string_view s);
 
 struct FaultInjection {
   int rank = -1;           // the rank that raises SIGKILL on itself; -1 = no fault
+  int count = 1;           // … with the count − 1 ranks after it (a whole host's ranks)
   std::int64_t step = 0;   // optimizer step (1-based) at which it does
   FaultPhase phase = FaultPhase::mid_step;
 };
@@ -103,7 +127,8 @@ struct CheckpointRunOptions {
   std::uint64_t seed = 1234;
   std::vector<std::int64_t> widths = {32, 128, 128, 10};
   std::int64_t dataset_samples = 1024;  // n
-  std::int64_t global_batch = 48;       // B, divisible by k
+  std::int64_t global_batch = 48;       // B, divisible by k·a
+  std::int64_t grad_accum = 1;          // a: micro-batches per rank and step
   double dropout = 0.1;                 // p after each hidden layer; 0 = none
   double lr = 3e-3;                     // peak learning rate
   std::int64_t warmup_steps = 5;        // linear warm-up from lr / warmup_steps to lr
@@ -112,6 +137,11 @@ struct CheckpointRunOptions {
 
   double timeout_s = 60;  // rendezvous and every collective
   FaultInjection fault;
+  std::int64_t consistency_every = 0;   // Note [consistency check] every N steps; 0 = never
+  // Test hook: after step perturb_at_step's update, rank perturb_rank flips one bit of its first
+  // weight (a silent corruption of its replica); -1 = none.
+  int perturb_rank = -1;
+  std::int64_t perturb_at_step = 1;
 
   // Throws InvalidInput naming the flag, the value and the allowed range.
   void validate(int world_size) const;
@@ -121,7 +151,7 @@ struct CheckpointRunOptions {
 
 // Something that happened, reported as it happens (a fault is reported before the rank dies).
 struct CheckpointEvent {
-  enum class Kind { started, batch, saved, fault_injected, comm_failure };
+  enum class Kind { started, batch, saved, fault_injected, comm_failure, consistency };
   Kind kind = Kind::started;
   int rank = 0;
   std::int64_t step = 0;              // steps completed (started, saved) or the step being taken
@@ -142,7 +172,11 @@ struct CheckpointEvent {
   FaultPhase phase = FaultPhase::none;
   // comm_failure
   std::vector<int> lost_ranks;        // empty: nobody died (a hang or a network failure)
-  std::string message;                // the CommError's message
+  std::string message;                // the CommError's message (consistency: the verdict)
+  // consistency: every rank's reference-batch loss and gradient norm, by rank; the ranks outside
+  // the majority (Note [consistency check])
+  std::vector<double> losses, grad_norms;
+  std::vector<int> disagreeing_ranks;
 };
 std::string_view to_string(CheckpointEvent::Kind k);
 
@@ -210,6 +244,7 @@ struct CheckpointRunResult {
   std::vector<std::int64_t> batch_steps;   // the first batches_to_record steps …
   std::vector<std::vector<std::int64_t>> batch_indices;  // … and their global batches' samples
   std::vector<CheckpointEvent> saves;      // kind saved
+  std::vector<CheckpointEvent> consistency_checks;  // kind consistency (all agreed, or it threw)
   // the end
   std::int64_t final_step = 0;
   std::int64_t final_consumed_samples = 0;
