@@ -1,0 +1,209 @@
+// tally's per-GPU memory against published peaks (issue 10, "Memory peaks that real runs hit"):
+// tests/data/published_memory_peaks.json holds training runs whose source prints their peak memory
+// beside the layout that produced it — torchtitan's benchmark tables (Llama 3.1 8B / 70B / 405B on
+// H100 with FSDP, TP, PP and CP; Llama 3.1 8B on H200), each row citing repository, path, commit and
+// table. Every run is predicted with its published layout fixed (GPUs, FSDP/TP/PP/CP degrees, local
+// batch, pipeline micro-batches and stage split, sequence, activation checkpointing, precision) and
+// nothing fitted to it.
+//
+// What is compared: every source here publishes *reserved* memory (torch.cuda.max_memory_reserved,
+// torchtitan's "memory" metric), which counts the caching allocator's cached and split blocks but not
+// the CUDA context. tally's counterpart is its held memory minus the runtime (Note [reserved memory]
+// in planner.hpp): allocated · (1 + allocator allowance) = total_bytes − runtime_bytes.
+//
+// How the published policies map onto tally's (docs/ledgers.md §2):
+//   torchtitan full AC (one checkpoint_wrapper per block)  → full (layer inputs + the replayed layer)
+//   torchtitan selective op AC (saves mm and SDPA outputs)  → save-matmuls; torchtitan skips every
+//     second mm, so tally keeps more than torchtitan does (wk, wo and w3's outputs)
+//   torchtitan FSDP2 over dp_shard × cp                      → ZeRO-3 over dp·cp
+//   Float8 (torchao Float8Linear)                            → --precision fp8
+//   torch.compile                                            → not modelled (one prediction for a
+//                                                              compiled row and its eager twin)
+//
+// The goal, stated before the rows were predicted: the issue's complaint was full recompute
+// under-predicted by about half (a factor 2), which a planner deciding "does it fit" on an 80–96 GB
+// card cannot live with. Irreducible spread the ledgers do not model: the allocator allowance
+// (reserved / allocated − 1) ranges 0.02–0.115 across measured runs while tally takes the top of it;
+// torch.compile alone moves a published peak by 6–8 % (Tables 1 and 3). So: median |error| ≤ 20 %
+// (twice that spread), and every row within a factor 1.5 either way — tight enough that the
+// factor-2 miss of the issue fails. The goal is NOT met today (DISABLED_MeetsGoal below, run it with
+// --gtest_also_run_disabled_tests): 19 rows, median |error| 39 %, worst predicted/published 0.42.
+// Each miss traces to a named gap (tally_diagnosis in the fixture; docs/ledgers.md §2 "Checked
+// against published peaks"):
+//   eager-loss             torchtitan at 9dec370 runs cross-entropy uncompiled on pred.float(): the
+//                          bf16 logits, their fp32 copy, the fp32 log-softmax and, in backward, fp32
+//                          gradients of it are alive together — tally counts one fp32 logits (4sbV/t).
+//                          Under-predicts; dominant when full AC leaves little else (Tables 2, 4).
+//   fsdp-under-pp          with PP, torchtitan sets reshard_after_forward = False and
+//                          torch.distributed.pipelining's stage skips resharding and gradient sync
+//                          until the last micro-batch: a stage's bf16 parameters and its accumulated
+//                          gradients stay unsharded; tally's ZeRO-3 holds two gathered layers.
+//                          Under-predicts (Tables 5, 6) by about 6 B per stage parameter / t.
+//   op-sac-every-other-mm  torchtitan's op SAC recomputes every second mm (wk, wo, w3); tally's
+//                          save-matmuls keeps them all (23·h vs ≈15.5·h bytes per token and layer).
+//                          Over-predicts (the 2025 H200 rows, whose loss is compiled); on the 2024
+//                          rows it offsets eager-loss, so Tables 1 and 3 agree for the wrong reason.
+// What the enabled test asserts: every prediction finite and positive; every miss has the sign its
+// diagnosis implies; and, as a ratchet set after looking (not a claim of accuracy, tighten it as the
+// gaps close), median |error| ≤ 45 % and every row within a factor 2.5.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fixture.hpp"
+#include "tally/core/planner.hpp"
+#include "tally/core/presets.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+namespace {
+
+const nlohmann::json& peaks() { return fixture("published_memory_peaks.json"); }
+
+double unit_bytes(const std::string& unit) {
+  if (unit == "GiB") return kGiB;
+  if (unit == "GB") return 1e9;
+  throw InvalidInput("published_memory_peaks.json: unit '" + unit + "' is neither GiB nor GB");
+}
+
+// One published peak and tally's prediction of it, in bytes; `why` is set when tally cannot express
+// the layout (no prediction).
+struct Peak {
+  std::string label, kind, why;
+  double predicted = 0, published = 0;
+  double states = 0, activations = 0, buffers = 0;  // tally's allocated, itemised
+  double ratio() const { return predicted / published; }
+};
+
+Peak predict(const nlohmann::json& run) {
+  Peak p{.label = run["label"], .kind = run["kind"],
+         .published = run["peak"].get<double>() * unit_bytes(run["unit"])};
+  const PlanRequest q{.model = *model_preset(run["model"].get<std::string>()),
+                      .cluster = *cluster_preset(run["cluster"].get<std::string>()),
+                      .gpus = run["gpus"], .global_batch = run["global_batch"], .seq = run["seq"],
+                      .precision = *parse_precision(run["precision"].get<std::string>()),
+                      .optimizer = Optimizer::adamw};
+  Layout L{.dp = run["dp"], .tp = run["tp"], .pp = run["pp"], .cp = run["cp"],
+           .interleave = run.value("interleave", 1), .sp = run["sp"], .zero = run["zero"],
+           .micro_batch = run["micro_batch"], .grad_accum = run["grad_accum"],
+           .recompute = *parse_recompute(run["recompute"].get<std::string>()),
+           .attention = Attention::flash};
+  if (run.contains("stage_layers"))
+    L.stage_layer_list = std::make_shared<const std::vector<int>>(
+        run["stage_layers"].get<std::vector<int>>());
+  try {
+    const PlanEval e = evaluate_layout(q, L);
+    // Reserved ↔ held minus the CUDA runtime; allocated ↔ allocated.
+    p.predicted = p.kind == "allocated" ? e.allocated_bytes : e.total_bytes - e.runtime_bytes;
+    p.states = e.states.total();
+    p.activations = e.activation_bytes;
+    p.buffers = e.buffer_bytes;
+  } catch (const InvalidInput& err) {
+    p.why = err.what();
+  }
+  return p;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::vector<Peak> all_peaks() {
+  std::vector<Peak> out;
+  for (const auto& run : peaks()["runs"]) out.push_back(predict(run));
+  return out;
+}
+
+// Every row has a source with a commit and a table, a known unit and kind, and a layout whose
+// degrees multiply to its GPU count.
+TEST(PublishedPeaks, FixtureRowsAreComplete) {
+  ASSERT_GE(peaks()["runs"].size(), 14u);
+  for (const auto& run : peaks()["runs"]) {
+    const std::string label = run["label"];
+    EXPECT_EQ(run["source"]["commit"].get<std::string>().size(), 40u) << label;
+    EXPECT_FALSE(run["source"]["table"].get<std::string>().empty()) << label;
+    EXPECT_TRUE(run["kind"] == "reserved" || run["kind"] == "allocated") << label;
+    EXPECT_NO_THROW(unit_bytes(run["unit"])) << label;
+    EXPECT_EQ(run["dp"].get<int>() * run["tp"].get<int>() * run["pp"].get<int>() *
+                  run["cp"].get<int>(), run["gpus"].get<int>()) << label;
+    EXPECT_EQ(run["dp"].get<std::int64_t>() * run["micro_batch"].get<std::int64_t>() *
+                  run["grad_accum"].get<std::int64_t>(), run["global_batch"].get<std::int64_t>())
+        << label;
+  }
+}
+
+// Prints every row and returns the median |error| and the worst ratio (furthest from 1, either way).
+struct Summary {
+  double median_error = 0, worst = 1;
+  std::size_t rows = 0, inexpressible = 0;
+};
+Summary report(const std::vector<Peak>& rows) {
+  std::printf("  %-44s %9s %9s %8s   (tally GiB: states + activations + buffers)\n",
+              "run (published reserved)", "tally GiB", "published", "error");
+  Summary s;
+  std::vector<double> errors;
+  for (const Peak& p : rows) {
+    if (!p.why.empty()) {
+      std::printf("  %-44s not expressible: %s\n", p.label.c_str(), p.why.c_str());
+      ++s.inexpressible;
+      continue;
+    }
+    std::printf("  %-44s %9.1f %9.1f %+7.1f %%   (%.1f + %.1f + %.1f)\n", p.label.c_str(),
+                p.predicted / kGiB, p.published / kGiB, 100 * (p.ratio() - 1), p.states / kGiB,
+                p.activations / kGiB, p.buffers / kGiB);
+    errors.push_back(std::fabs(p.ratio() - 1));
+    if (std::fabs(std::log(p.ratio())) > std::fabs(std::log(s.worst))) s.worst = p.ratio();
+  }
+  s.rows = errors.size();
+  if (!errors.empty()) s.median_error = median(errors);
+  std::printf("  %zu rows, median |error| %.1f %%, worst predicted/published %.2f, %zu not expressible\n",
+              s.rows, 100 * s.median_error, s.worst, s.inexpressible);
+  return s;
+}
+
+TEST(PublishedPeaks, PredictionsAgainstPublishedPeaks) {
+  const auto rows = all_peaks();
+  const Summary s = report(rows);
+  ASSERT_GT(s.rows, 0u);
+  const auto& runs = peaks()["runs"];
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Peak& p = rows[i];
+    if (!p.why.empty()) continue;
+    EXPECT_TRUE(std::isfinite(p.predicted) && p.predicted > 0) << p.label;
+    const std::string sign = runs[i]["tally_diagnosis"]["expected_sign"];
+    if (sign == "under") {
+      EXPECT_LT(p.ratio(), 1.0) << p.label << ": diagnosed as under-predicted";
+    } else if (sign == "over") {
+      EXPECT_GT(p.ratio(), 1.0) << p.label << ": diagnosed as over-predicted";
+    }
+    // Ratchet (set after looking; see the header): no row further off than a factor 2.5.
+    EXPECT_LE(p.ratio(), 2.5) << p.label;
+    EXPECT_GE(p.ratio(), 1 / 2.5) << p.label;
+  }
+  EXPECT_LE(s.median_error, 0.45);
+  // Only the interleaved 405B run (126 layers on 16 virtual stages) is outside what tally's layouts
+  // express today (uneven stages need interleave 1).
+  EXPECT_LE(s.inexpressible, 1u);
+}
+
+// The goal stated before looking (header): open — the gaps above keep it from passing today.
+TEST(PublishedPeaks, DISABLED_MeetsGoal) {
+  const auto rows = all_peaks();
+  const Summary s = report(rows);
+  for (const Peak& p : rows) {
+    if (!p.why.empty()) continue;
+    EXPECT_LE(p.ratio(), 1.5) << p.label;
+    EXPECT_GE(p.ratio(), 1 / 1.5) << p.label;
+  }
+  EXPECT_LE(s.median_error, 0.20);
+}
+
+}  // namespace
+}  // namespace tally
