@@ -23,6 +23,7 @@ struct MemoryOptions {
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
   int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, interleave = 1;
   double capacity_factor = 1;
+  std::string loss = "fused";
   std::optional<int> micro_batches;  // unset: --pp in flight
   bool sp = false, no_dropout = false, dropout = false;
   std::optional<std::int64_t> seq;   // unset: model states only, no activations
@@ -105,7 +106,8 @@ void run_memory(const MemoryOptions& o) {
                                   .recompute = recompute_from(o.recompute),
                                   .attention = attention_from(o.attention),
                                   .dropout = o.dropout || (!o.no_dropout && model.dropout),
-                                  .capacity_factor = o.capacity_factor});
+                                  .capacity_factor = o.capacity_factor,
+                                  .eager_loss = o.loss == "eager"});
   };
   const double states_total = ft ? ft->static_bytes() : states.bytes.total();
   std::optional<ClusterSpec> gpu;
@@ -115,7 +117,7 @@ void run_memory(const MemoryOptions& o) {
       ft || (o.zero == 3 && !layers_known)
           ? 0.0  // one GPU has no DDP buckets; ZeRO-3's gathered layers need the layer count
           : buffer_bytes(o.zero, states.local_params, layers_known ? model.layers / o.pp : 1,
-                         dtype_bytes(precision));
+                         dtype_bytes(precision), o.pp);
   auto fit_with = [&](double act_bytes) {
     return check_fit(states_total, act_bytes, buffers,
                      memory_budget(o.memory, gpu->gpu.memory_bytes));
@@ -344,6 +346,7 @@ void register_memory(CLI::App& app) {
                                "count dropout masks even if the model's config has none"));
   cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
   add_memory_budget_flags(cmd, o->memory);  // with --gpu
+  add_loss_flag(cmd, o->loss);
   add_lora_flags(cmd, o->lora);
   cmd->add_flag("--max-seq", o->max_seq,
                 "with --gpu: the longest sequence (a multiple of --cp) whose activations fit, and "

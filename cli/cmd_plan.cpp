@@ -26,6 +26,7 @@ struct PlanOptions {
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0, max_ep = 0;
   double capacity_factor = 1;
   LoraOptions lora;                              // plan --method lora|qlora
+  std::string loss = "fused";
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -56,7 +57,8 @@ PlanRequest make_request(const PlanOptions& o) {
                 .runtime_bytes = o.memory.runtime_mib * kMiB, .overlap_dp = !o.no_overlap_dp,
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .ep_overlap = o.ep_overlap,
-                .capacity_factor = o.capacity_factor, .restart_hours = o.restart_minutes / 60};
+                .capacity_factor = o.capacity_factor, .eager_loss = o.loss == "eager",
+                .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
@@ -174,6 +176,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->check(one_of(allowed_optimizers()))
       ->capture_default_str();
   add_memory_budget_flags(cmd, o.memory);
+  add_loss_flag(cmd, o.loss);
   cmd->add_option("--capacity-factor", o.capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (token-dropping "
                   "capacity factor; 1 = dropless, balanced routing)")

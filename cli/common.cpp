@@ -104,6 +104,15 @@ void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m) {
       ->capture_default_str();
 }
 
+void add_loss_flag(CLI::App* cmd, std::string& loss) {
+  cmd->add_option("--loss", loss,
+                  "fused (one fp32 logits tensor, 4sbV/t: Megatron-LM's vocab-parallel "
+                  "cross-entropy) | eager (PyTorch's uncompiled cross_entropy(logits.float()): "
+                  "three fp32 tensors of the logits' size, 12sbV/t)")
+      ->check(one_of({"fused", "eager"}))
+      ->capture_default_str();
+}
+
 void add_lora_flags(CLI::App* cmd, LoraOptions& o) {
   cmd->add_option("--method", o.method,
                   "full | lora (frozen backbone in the compute dtype) | qlora (frozen 4-bit "

@@ -50,6 +50,9 @@ struct MemoryBudgetOptions {
 void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m);
 MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes);
 
+// --loss fused|eager (ActivationSetup::eager_loss): `tally memory`, `plan`, `compare`.
+void add_loss_flag(CLI::App* cmd, std::string& loss);
+
 // --method and the LoRA / quantization flags (`tally memory`, `tally plan`).
 struct LoraOptions {
   std::string method = "full", quant = "nf4";

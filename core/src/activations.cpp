@@ -201,7 +201,8 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   const double h = double(m.hidden);
   r.embedding_bytes = (a.dropout ? 1.0 : 0.0) * tokens * h / rep * in_flight;
   // Korthikanti §4.3: final norm input + LM-head input (2-byte) and fp32 logits 4sbV / t.
-  r.output_bytes = 2 * a.act_bytes * tokens * h / rep + 4.0 * tokens * double(m.vocab) / a.tp;
+  r.output_bytes = 2 * a.act_bytes * tokens * h / rep +
+                   (a.eager_loss ? 12.0 : 4.0) * tokens * double(m.vocab) / a.tp;
 
   if (a.pp == 1) {
     r.peak_stage_bytes =
@@ -288,6 +289,7 @@ std::string ActivationResult::convention() const {
   if (a.interleave > 1) c += "×" + std::to_string(a.interleave);
   c += " | micro-batch " + std::to_string(a.micro_batch) + " seq " + std::to_string(a.seq);
   if (a.capacity_factor != 1.0) c += " | MoE capacity factor " + format_number(a.capacity_factor);
+  c += a.eager_loss ? " | eager fp32 loss (12sbV/t)" : " | fused loss (4sbV/t)";
   return c;
 }
 

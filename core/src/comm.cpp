@@ -213,7 +213,9 @@ void StepTrafficSetup::validate() const {
 //   updated parameters S_param(k−1)/k, once per step. ZeRO-2: the same, but gradients are sharded,
 //   so they cannot accumulate unsharded: one reduce-scatter per micro-batch. ZeRO-3: parameters
 //   all-gathered for each micro-batch's forward and again for its backward, gradients reduce-
-//   scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1.
+//   scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1 — except under PP,
+//   where the stage is gathered once and reduce-scattered once per step (buffer_bytes in
+//   planner.hpp: torchtitan's FSDP with torch.distributed.pipelining).
 //  TP (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4): per layer per micro-batch 2 all-reduces
 //   forward (attention out-projection, MLP W2) and 2 backward (their conjugates f) of
 //   S_act = b·(s/cp)·h·act_bytes; full recompute replays the forward 2. Sequence parallel turns each
@@ -277,13 +279,18 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
       g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*" + what;
     } else {
       g.collective = Collective::reduce_scatter;
-      g.calls = st.zero_stage == 1 ? 1 : m;
-      g.formula = st.zero_stage == 1
+      // Under PP, ZeRO-3 reduce-scatters once per step (planner.hpp buffer_bytes: torchtitan's
+      // FSDP with torch.distributed.pipelining defers it to the stage's last micro-batch).
+      g.calls = st.zero_stage == 1 || (st.zero_stage == 3 && st.pp > 1) ? 1 : m;
+      g.formula = g.calls == 1
                       ? "reduce-scatter S(k-1)/k once per step, S = grad_bytes*" + what
                       : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*" + what;
-      z.calls = st.zero_stage == 3 ? 2 * m : 1;
+      z.calls = st.zero_stage == 3 && st.pp == 1 ? 2 * m : 1;
       z.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_param, ranks);
-      z.formula = st.zero_stage == 3
+      z.formula = st.zero_stage == 3 && st.pp > 1
+                      ? "all-gather S(k-1)/k once per step (the stage stays unsharded under PP), "
+                        "S = param_bytes*" + what
+                  : st.zero_stage == 3
                       ? "all-gather S(k-1)/k for forward and backward of each micro-batch, "
                         "S = param_bytes*" + what
                       : "all-gather of updated params S(k-1)/k once per step, S = param_bytes*" +

@@ -104,7 +104,7 @@ FineTuneEval evaluate_finetune(const PlanRequest& r, const LoraSetup& s, std::in
   ev.activation_bytes =
       activations(m, ActivationSetup{.seq = r.seq, .micro_batch = micro_batch,
                                      .recompute = recompute, .dropout = r.uses_dropout(),
-                                     .act_bytes = e})
+                                     .act_bytes = e, .eager_loss = r.eager_loss})
           .peak_stage_bytes;
   ev.fit = check_fit(ev.ledger.static_bytes(), ev.activation_bytes, 0, r.memory_budget());
 
@@ -178,7 +178,8 @@ FineTunePlan plan_finetune(const PlanRequest& r, const LoraSetup& s, int top) {
         activations(r.model, ActivationSetup{.seq = seq, .micro_batch = 1,
                                              .recompute = Recompute::full,
                                              .dropout = r.uses_dropout(),
-                                             .act_bytes = dtype_bytes(s.compute)})
+                                             .act_bytes = dtype_bytes(s.compute),
+                                             .eager_loss = r.eager_loss})
             .peak_stage_bytes;
     return check_fit(ledger.static_bytes(), act, 0, r.memory_budget()).fits;
   });

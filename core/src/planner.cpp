@@ -251,6 +251,7 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .recompute = L.recompute, .attention = L.attention,
                                .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
                                .capacity_factor = r.capacity_factor,
+                               .eager_loss = r.eager_loss,
                                .first_stage_layers = L.first_stage_layers,
                                .last_stage_layers = L.last_stage_layers,
                                .stage_layer_list = L.stage_layer_list.get()});
@@ -260,7 +261,7 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
       stage_layers_max = std::max<std::int64_t>(stage_layers_max,
                                                 L.layers_on_stage(int(r.model.layers), s));
   const FitCheck fit = check_fit(e.states.total(), e.activation_bytes,
-                                 buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes),
+                                 buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes, L.pp),
                                  r.memory_budget());
   e.buffer_bytes = fit.buffer_bytes;
   e.allocated_bytes = fit.allocated_bytes;
@@ -497,7 +498,9 @@ std::string Layout::describe() const {
 }
 
 double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
-                    double param_bytes) {
+                    double param_bytes, int pp) {
+  if (zero_stage == 3 && pp > 1)  // the stage unsharded, and its fp32 gradients
+    return (param_bytes + 4.0) * params_per_gpu;
   if (zero_stage == 3)  // current + prefetched layer's gathered parameters
     return 2.0 * params_per_gpu / double(std::max<std::int64_t>(layers_per_stage, 1)) * param_bytes;
   return 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
@@ -756,6 +759,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    format_number(r.runtime_bytes / kMiB) + " MiB runtime, usable " +
                    std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
                    " % of capacity | activations: Korthikanti 2022 inventory" +
+                   (r.eager_loss ? ", eager fp32 loss" : "") +
                    (r.uses_dropout() ? " with dropout masks" : " without dropout") +
                    " | time: " +
                    (r.time_model == TimeModel::operators

@@ -272,5 +272,19 @@ TEST(Activations, SaveMatmulsKeepsItsSavedSet) {
   EXPECT_EQ(parse_recompute("save-matmuls"), Recompute::save_matmuls);
 }
 
+// The loss's memory on the last stage: a fused vocabulary-parallel cross-entropy keeps one fp32
+// logits tensor, 4·s·b·V/t bytes (Korthikanti §4.3); PyTorch's eager cross_entropy(logits.float())
+// holds three of that size as backward starts (the saved fp32 log-softmax, the NLL's fp32 gradient,
+// log-softmax's fp32 input gradient): 12·s·b·V/t. Llama 3 8B, V = 128256, s = 8192, b = 1, t = 2.
+TEST(Activations, EagerLossHoldsThreeFp32Logits) {
+  const auto m = *model_preset("llama-3-8b");
+  ActivationSetup a{.seq = 8192, .tp = 2, .sequence_parallel = true, .dropout = false};
+  const double fused = activations(m, a).output_bytes;
+  a.eager_loss = true;
+  const double eager = activations(m, a).output_bytes;
+  EXPECT_DOUBLE_EQ(eager - fused, 8.0 * 8192 * 128256 / 2);
+  EXPECT_NE(activations(m, a).convention().find("eager fp32 loss"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tally

@@ -432,5 +432,18 @@ TEST(CommNccl, AllToAllAcrossHostsRunsOnEachRanksOwnRail) {
                    7 * c.intra_node.latency_s + 7e6 / nvl);
 }
 
+// ZeRO-3 under pipeline parallelism (torchtitan's FSDP with torch.distributed.pipelining): the stage
+// is gathered once and its gradients reduce-scattered once per step, whatever the micro-batches.
+TEST(StepTraffic, ZeroThreeUnderPipelineGathersOncePerStep) {
+  StepTrafficSetup s{.params = 8e9, .hidden = 4096, .layers = 32, .seq_len = 4096,
+                     .micro_batches = 8, .dp = 4, .pp = 1, .zero_stage = 3};
+  EXPECT_DOUBLE_EQ(step_traffic(s).zero_param_gather.calls, 16);  // forward and backward, 8 × 2
+  EXPECT_DOUBLE_EQ(step_traffic(s).dp_grad.calls, 8);
+  s.pp = 4;
+  EXPECT_DOUBLE_EQ(step_traffic(s).zero_param_gather.calls, 1);
+  EXPECT_DOUBLE_EQ(step_traffic(s).dp_grad.calls, 1);
+  EXPECT_NE(step_traffic(s).zero_param_gather.formula.find("once per step"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tally

@@ -688,5 +688,13 @@ TEST(Planner, LowPrecisionRecipes) {
   EXPECT_NO_THROW(evaluate_layout(req, l));
 }
 
+// ZeRO-3's buffers: two gathered layers without PP; under PP the stage unsharded in the parameter
+// dtype plus its fp32 gradients (planner.hpp buffer_bytes): 2 + 4 B per stage parameter.
+TEST(Planner, ZeroThreeUnderPipelineKeepsTheStageUnsharded) {
+  EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0), 2 * 1e9 / 10 * 2.0);
+  EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0, 4), 6e9);
+  EXPECT_DOUBLE_EQ(buffer_bytes(1, 1e9, 10, 2.0, 4), 2 * 25.0 * 1024 * 1024);
+}
+
 }  // namespace
 }  // namespace tally

@@ -31,7 +31,8 @@
 //                    the peak is the largest stage.
 //   embeddings:      the embedding-output dropout mask sbh (first stage, ÷t with SP).
 //   output:          final norm input 2sbh, LM-head input 2sbh and fp32 logits 4sbV
-//                    (Korthikanti §4.3: 4sbh(1 + V/h)/t), on the last stage.
+//                    (Korthikanti §4.3: 4sbh(1 + V/h)/t), on the last stage; an eager PyTorch
+//                    loss holds three fp32 tensors of the logits' size, 12sbV (eager_loss).
 //   MoE layer:       the MLP hidden of the E_act routed experts (× c_f, the capacity factor) and
 //                    the shared experts; the router's fp32 probabilities 4sb·E (the top-k and
 //                    softmax/sigmoid backward read them); the dispatched tokens 2sb·E_act·c_f·h
@@ -67,6 +68,12 @@ struct ActivationSetup {
   // dropping capacity factor; 1 = dropless and balanced). Expert parallelism leaves the per-rank
   // figure unchanged: a rank receives as many routed tokens as it sends.
   double capacity_factor = 1.0;
+  // The loss: false = a fused vocabulary-parallel cross-entropy keeping one fp32 logits tensor,
+  // 4sbV/t (Megatron-LM; Korthikanti §4.3); true = PyTorch's cross_entropy(logits.float()) run
+  // eagerly (uncompiled), whose saved fp32 log-softmax, the fp32 gradient of the NLL and
+  // log-softmax's fp32 input gradient are alive together as backward starts: 12sbV/t (torchtitan
+  // before it compiled the loss; Hugging Face's Trainer).
+  bool eager_loss = false;
   // Layers of the first and last pipeline stage (core/pipeline.hpp stage_layers); 0 = the even
   // split L/p (which needs p·v | L). Uneven stages need interleave 1.
   int first_stage_layers = 0, last_stage_layers = 0;

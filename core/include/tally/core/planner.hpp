@@ -109,6 +109,9 @@ struct PlanRequest {
   // dropping capacity factor; 1 = dropless with balanced routing, the auxiliary-loss target).
   // Scales the all-to-all bytes, the expert GEMM rows and the routed activations.
   double capacity_factor = 1;
+  // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
+  // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
+  bool eager_loss = false;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
   std::optional<double> run_hours;       // for expected failures (--days)
@@ -124,9 +127,13 @@ struct PlanRequest {
 //     held      = allocated · (1 + allocator allowance) + runtime bytes
 //     fits      ⇔ held <= capacity × (1 − headroom)
 // Buffers: two PyTorch DDP gradient buckets in flight (2 × 25 MiB, kDdpBucketBytes) for ZeRO 0–2;
-// two layers of gathered parameters (current + prefetched) for ZeRO-3.
+// two layers of gathered parameters (current + prefetched) for ZeRO-3 — but under pipeline
+// parallelism the whole stage unsharded with its fp32 gradients, (param_bytes + 4) per parameter
+// of the stage: torchtitan, the framework that runs FSDP with PP, sets reshard_after_forward =
+// False there, and torch.distributed.pipelining defers resharding and the gradient reduce-scatter
+// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch.
 double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
-                    double param_bytes);
+                    double param_bytes, int pp = 1);
 struct FitCheck {
   double states_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
   double allocated_bytes = 0;            // states + activations + buffers
