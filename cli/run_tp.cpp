@@ -110,14 +110,14 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
                v.loss_f64, v.reference_loss_f64, v.max_grad_rel_diff, v.worst_grad);
     fmt::print("  fp32, {} SGD steps: loss {:.6f} → {:.6f}, max difference {:.2e} relative\n",
                v.losses.size(), v.losses.front(), v.losses.back(), v.max_loss_rel_diff);
-    fmt::print("  {:<34} {:>14} {:>14} {:>8}\n", "per layer, one step (bytes sent)", "measured",
+    fmt::print("  {:<38} {:>14} {:>14} {:>8}\n", "per layer, one step (bytes sent)", "measured",
                "predicted", "ratio");
-    fmt::print("  {:<34} {:>14.0f} {:>14.0f} {:>8.4f}\n", "bytes per layer",
+    fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n", "bytes per layer",
                v.measured_bytes_per_layer(), v.predicted_bytes_per_layer(),
                ratio(v.measured_bytes_per_layer(), v.predicted_bytes_per_layer()));
     if (!v.per_layer.empty())
       for (const auto& c : v.per_layer[0])
-        fmt::print("  {:<34} {:>14.0f} {:>14.0f} {:>8.4f}\n",
+        fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n",
                    fmt::format("{} x{} per layer, per call", to_string(c.collective), c.calls),
                    c.bytes_sent / double(c.calls), t.bytes_per_call,
                    ratio(c.bytes_sent / double(c.calls), t.bytes_per_call));

@@ -18,7 +18,9 @@ std::string_view to_string(GroupKind k) {
   return {};
 }
 
-int ParallelLayout::size(GroupKind k) const {
+namespace {
+// The field of kind k among four per-kind values (a layout's degrees, a rank's coordinates).
+int of_kind(GroupKind k, int tp, int cp, int dp, int pp) {
   switch (k) {
     case GroupKind::tp: return tp;
     case GroupKind::cp: return cp;
@@ -26,19 +28,13 @@ int ParallelLayout::size(GroupKind k) const {
     case GroupKind::pp: return pp;
   }
   TALLY_INVARIANT(false && "unknown group kind");
-  return 1;
+  return 0;
 }
+}  // namespace
 
-int ParallelLayout::stride(GroupKind k) const {
-  switch (k) {
-    case GroupKind::tp: return 1;
-    case GroupKind::cp: return tp;
-    case GroupKind::dp: return tp * cp;
-    case GroupKind::pp: return tp * cp * dp;
-  }
-  TALLY_INVARIANT(false && "unknown group kind");
-  return 1;
-}
+int ParallelLayout::size(GroupKind k) const { return of_kind(k, tp, cp, dp, pp); }
+
+int ParallelLayout::stride(GroupKind k) const { return of_kind(k, 1, tp, tp * cp, tp * cp * dp); }
 
 void ParallelLayout::validate(int world_size) const {
   require_int(dp >= 1, "--dp", dp, "must be >= 1");
@@ -52,16 +48,7 @@ void ParallelLayout::validate(int world_size) const {
                        ": must equal the world size " + std::to_string(world_size));
 }
 
-int RankCoords::operator[](GroupKind k) const {
-  switch (k) {
-    case GroupKind::tp: return tp;
-    case GroupKind::cp: return cp;
-    case GroupKind::dp: return dp;
-    case GroupKind::pp: return pp;
-  }
-  TALLY_INVARIANT(false && "unknown group kind");
-  return 0;
-}
+int RankCoords::operator[](GroupKind k) const { return of_kind(k, tp, cp, dp, pp); }
 
 RankCoords rank_coords(const ParallelLayout& l, int rank) {
   require_int(rank >= 0 && rank < l.world_size(), "rank", rank,

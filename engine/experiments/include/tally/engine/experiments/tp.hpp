@@ -29,10 +29,9 @@ namespace tally::engine {
 enum class SpMode { off, on, both };
 
 // Note [default TP model]
-// h 64, L 2, a 8, V 256, T 32, B 2: divisible by t = 1, 2, 4, 8 (heads, FFN width 256, sequence),
-// N = 116,480 parameters; a float64 check plus 10 fp32 steps per layout take well under a second per
-// rank on 2 cores. The activations per collective, B·T·C = 4096 elements, are what the bytes scale
-// with.
+// h 64, L 2, a 8, V 256, T 32, B 2: divisible by t = 1, 2, 4, 8 (heads, FFN width 256, sequence);
+// N = V·C + T·C + L·(12C² + 13C) + 2C = 118,528 parameters. A float64 check plus 10 fp32 steps per
+// layout take well under a second per rank on 2 cores. S = B·T·C·4 = 16,384 bytes per collective.
 struct TpOptions {
   int tp = 0;                      // TP ranks; 0 = the world size. Must equal the world size.
   SpMode sp = SpMode::off;
