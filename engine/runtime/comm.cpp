@@ -19,6 +19,7 @@
 #include <signal.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -174,7 +175,7 @@ struct Comm::Impl {
   DistEnv env;
   CommOptions options;
   std::chrono::milliseconds timeout{0};
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::Store> store;  // the TCPStore, or a sub-group's PrefixStore over it
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;  // declared after store: destroyed first
   CommCounters counters;
   std::string failure;  // the first CommError's message; non-empty = unusable
@@ -539,6 +540,36 @@ Comm::Comm(const DistEnv& env, const CommOptions& options) : impl_(std::make_uni
     m.fail("rendezvous", -1,
            "Gloo rendezvous of " + std::to_string(env.world_size) + " ranks via " + where,
            current_error(), "this rank uses " + device.described + kSetIfname);
+  }
+}
+
+Comm::Comm(Comm& parent, std::span<const int> ranks, const std::string& name)
+    : impl_(std::make_unique<Impl>()) {
+  const Impl& p = *parent.impl_;
+  const auto me = std::find(ranks.begin(), ranks.end(), p.env.rank);
+  if (ranks.empty() || me == ranks.end())
+    throw InvalidInput("process group " + name + ": rank " + std::to_string(p.env.rank) +
+                       " is not among its ranks");
+  for (const int r : ranks) p.check_peer(r, "group rank", "process group");
+  p.check_usable("rendezvous", -1);
+  Impl& m = *impl_;
+  m.env = p.env;
+  m.env.rank = int(me - ranks.begin());
+  m.env.world_size = int(ranks.size());
+  m.options = p.options;
+  m.timeout = p.timeout;
+  m.store = c10::make_intrusive<c10d::PrefixStore>(name + "/", p.store);
+  const GlooDeviceChoice device = choose_gloo_device(p.env.master_addr);
+  try {
+    auto pg_opts = c10d::ProcessGroupGloo::Options::create(m.timeout);
+    pg_opts->devices.push_back(device.make());
+    m.group = c10::make_intrusive<c10d::ProcessGroupGloo>(m.store, m.env.rank, m.env.world_size,
+                                                         pg_opts);
+  } catch (...) {
+    m.fail("rendezvous", -1,
+           "Gloo rendezvous of process group " + name + " (" + std::to_string(ranks.size()) +
+               " ranks)",
+           current_error(), "this rank uses " + device.described);
   }
 }
 

@@ -76,16 +76,31 @@ GptBlockImpl::GptBlockImpl(std::int64_t hidden, std::int64_t heads_) : heads(hea
 // = 16·BTC + a·T²·B elements, Korthikanti's 34sbh + 5as²b without the dropout terms (3sbh + 3as²b
 // of his 2-byte units), plus 4·BT LayerNorm statistics and the shared mask, which his inventory
 // omits. The scale by 1/√d and the residual adds save nothing (scalar multiply, add).
-torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
-  const std::int64_t B = x.size(0), T = x.size(1), C = x.size(2), d = C / heads;
-  const auto qkv = c_attn->forward(ln_1->forward(x)).split(C, 2);  // 3 × (B, T, C) views
-  const auto q = qkv[0].view({B, T, heads, d}).transpose(1, 2);    // (B, a, T, d)
-  const auto k = qkv[1].view({B, T, heads, d}).transpose(1, 2);    // (B, a, T, d)
-  const auto v = qkv[2].view({B, T, heads, d}).transpose(1, 2);    // (B, a, T, d)
+torch::Tensor causal_mask(std::int64_t T) {
+  return torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+}
+
+torch::Tensor causal_self_attention(const torch::Tensor& qkv, std::int64_t heads,
+                                    const torch::Tensor& causal_mask) {
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, d = C / heads;
+  const auto parts = qkv.split(C, 2);                               // 3 × (B, T, C) views
+  const auto q = parts[0].view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
+  const auto k = parts[1].view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
+  const auto v = parts[2].view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));  // (B, a, T, T)
   att = torch::softmax(att.masked_fill(causal_mask, -std::numeric_limits<double>::infinity()), -1);
-  const auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
-  const auto h = x + c_proj->forward(y);                                              // (B, T, C)
+  return torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const auto flat = logits.view({-1, logits.size(-1)});
+  return torch::nn::functional::cross_entropy(
+      flat.scalar_type() == torch::kDouble ? flat : flat.to(torch::kFloat), targets.reshape({-1}));
+}
+
+torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
+  const auto y = causal_self_attention(c_attn->forward(ln_1->forward(x)), heads, causal_mask);
+  const auto h = x + c_proj->forward(y);  // (B, T, C)
   return h + mlp_proj->forward(torch::gelu(c_fc->forward(ln_2->forward(h)), "tanh"));
 }
 
@@ -105,14 +120,10 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx, const torch::Tensor& ta
   const std::int64_t T = idx.size(1);
   TORCH_CHECK(T <= config.seq, "sequence ", T, " exceeds the position table ", config.seq);
   auto x = wte->forward(idx) + wpe.narrow(0, 0, T);  // (B, T, C)
-  // (T, T) bool: key j is in query i's future. One tensor for all layers (T² bytes).
-  const auto causal_mask =
-      torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
-  for (const auto& block : *blocks) x = block->as<GptBlock>()->forward(x, causal_mask);
+  const auto mask = causal_mask(T);
+  for (const auto& block : *blocks) x = block->as<GptBlock>()->forward(x, mask);
   // (B, T, V) logits in the parameter dtype from the tied embedding, upcast for the loss.
-  const auto logits = torch::matmul(ln_f->forward(x), wte->weight.t());
-  return torch::nn::functional::cross_entropy(
-      logits.view({-1, config.vocab}).to(torch::kFloat), targets.reshape({-1}));
+  return lm_loss(torch::matmul(ln_f->forward(x), wte->weight.t()), targets);
 }
 
 std::int64_t GptImpl::parameter_count() const {

@@ -26,11 +26,24 @@ struct GptBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptBlock);
 
+// Pieces the single-process model and the tensor-parallel one (tp_model.hpp) share, so a TP
+// shard runs the very computation of the heads it holds:
+// (T, T) bool: key j is in query i's future. One tensor for all layers (T² bytes).
+torch::Tensor causal_mask(std::int64_t T);
+// qkv: (B, T, 3·C') holding q, k, v of `heads` heads of d = C'/heads each (C' = C, or C/t on a
+// TP rank); returns softmax(q·kᵀ/√d, causal) · v re-laid out as (B, T, C').
+torch::Tensor causal_self_attention(const torch::Tensor& qkv, std::int64_t heads,
+                                    const torch::Tensor& causal_mask);
+// Mean cross-entropy of logits (B, T, V) against targets (B, T), in at least fp32: bf16 / fp16
+// logits are upcast (Megatron's convention), float64 stays float64.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& config);
   // idx, targets: (B, T) int64 token ids. Returns the mean cross-entropy, an fp32 scalar: the logits
   // (B, T, V) are computed in the parameters' dtype and upcast to fp32 for the loss (Megatron's
-  // convention, the 4sbV of Korthikanti §4.3), so only the fp32 log-probabilities are saved.
+  // convention, the 4sbV of Korthikanti §4.3), so only the fp32 log-probabilities are saved;
+  // float64 parameters keep the loss in float64 (lm_loss).
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
   std::int64_t parameter_count() const;  // Σ numel over parameters()
 

@@ -168,6 +168,15 @@ class Comm {
   // or options, CommError("rendezvous") when the group does not form within the timeout; its
   // message names the local address and interface this rank used and suggests GLOO_SOCKET_IFNAME.
   explicit Comm(const DistEnv& env, const CommOptions& options = {});
+  // A sub-group (engine/runtime/include/tally/engine/process_groups.hpp builds the TP, CP, DP and
+  // PP ones): the parent's ranks `ranks` (parent ranks, in group order, this rank among them) form
+  // their own Gloo process group over the parent's TCPStore, its keys prefixed by `name` (c10d's
+  // PrefixStore, as torch.distributed.new_group does). Ranks are group-local: rank() is this
+  // rank's index in `ranks`, world_size() is ranks.size(); peers in messages are group-local too.
+  // Its own counters and the parent's timeout. Every rank in `ranks` constructs it, each rank its
+  // groups in one agreed order; `name` must be unique per group. The parent must outlive it.
+  // Throws InvalidInput for bad ranks, CommError("rendezvous") when the group does not form.
+  Comm(Comm& parent, std::span<const int> ranks, const std::string& name);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;

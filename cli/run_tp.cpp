@@ -1,0 +1,194 @@
+// `tally run tp`: the text and JSON reporters of engine::run_tp (tally/engine/experiments/tp.hpp).
+// Every rank runs and checks its own figures (exit 1 naming the first failed check); rank 0 prints
+// the report (its figures: the TP ranks are symmetric), so under `tally launch` only "[rank 0] "
+// lines carry it. Bad flags exit 2. One progress line per fp32 step on stderr (rank 0).
+#include <fmt/core.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "common.hpp"
+#include "run_registry.hpp"
+#include "tally/core/comm.hpp"
+#include "tally/engine/experiments/tp.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct Flags {
+  engine::TpOptions run;
+  bool sp = false, compare_sp = false, json = false;
+};
+
+double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
+
+nlohmann::json measured_json(double measured, double predicted) {
+  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
+}
+
+nlohmann::json collectives_json(const std::vector<engine::TpCollectiveMeasure>& ms) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& m : ms)
+    j.push_back({{"collective", std::string(to_string(m.collective))},
+                 {"calls", m.calls},
+                 {"bytes_sent", m.bytes_sent},
+                 {"seconds", m.seconds}});
+  return j;
+}
+
+nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCheck>& checks) {
+  nlohmann::json j = {{"experiment", "tp"},
+                      {"rank", r.rank},
+                      {"world_size", r.world_size},
+                      {"tp", r.options.tp},
+                      {"model",
+                       {{"hidden", r.options.model.hidden}, {"layers", r.options.model.layers},
+                        {"heads", r.options.model.heads}, {"vocab", r.options.model.vocab},
+                        {"seq", r.options.model.seq}, {"micro_batch", r.options.model.micro_batch},
+                        {"params", r.n_params}}},
+                      {"steps", r.options.steps}};
+  for (const engine::TpVariant& v : r.variants) {
+    const TrafficItem& t = v.predicted.tp;
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& l : v.per_layer) layers.push_back(collectives_json(l));
+    nlohmann::json per_call = nlohmann::json::object();
+    for (const auto& m : v.per_layer.empty() ? std::vector<engine::TpCollectiveMeasure>{}
+                                             : v.per_layer[0])
+      per_call[std::string(to_string(m.collective))] =
+          measured_json(m.bytes_sent / double(m.calls), t.bytes_per_call);
+    j["variants"].push_back(
+        {{"sequence_parallel", v.sequence_parallel},
+         {"loss_f64", measured_json(v.loss_f64, v.reference_loss_f64)},
+         {"max_grad_rel_diff_f64", v.max_grad_rel_diff},
+         {"worst_grad", v.worst_grad},
+         {"losses_fp32", v.losses},
+         {"reference_losses_fp32", v.reference_losses},
+         {"max_loss_rel_diff_fp32", v.max_loss_rel_diff},
+         {"step_seconds", v.step_seconds},
+         {"bytes_per_layer", measured_json(v.measured_bytes_per_layer(), v.predicted_bytes_per_layer())},
+         {"calls_per_layer",
+          measured_json(v.per_layer.empty() ? 0.0 : [&] {
+            double c = 0;
+            for (const auto& m : v.per_layer[0]) c += double(m.calls);
+            return c;
+          }(), v.predicted_calls_per_layer())},
+         {"bytes_per_call", per_call},
+         {"layers", layers},
+         {"sp_edges", collectives_json(v.edges)},
+         {"sp_grad_reduce", collectives_json(v.sp_grad_reduce)},
+         {"tp_comm_bytes_per_step", v.tp_comm_bytes},
+         {"predicted_tp", {{"collective", std::string(to_string(t.collective))},
+                           {"calls_per_step", t.calls},
+                           {"bytes_per_call", t.bytes_per_call},
+                           {"bytes_per_step", t.bytes_per_rank},
+                           {"formula", t.formula}}},
+         {"convention", v.predicted.convention()}});
+  }
+  nlohmann::json failed = nlohmann::json::array();
+  for (const auto& c : checks)
+    if (!c.ok) failed.push_back(c.what);
+  j["checks"] = checks.size();
+  j["failed_checks"] = failed;
+  j["ok"] = failed.empty();
+  return j;
+}
+
+void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& checks) {
+  const auto& m = r.options.model;
+  fmt::print("tp: t = {} ranks (Gloo, CPU); GPT h {} L {} a {} V {} T {} B {} (N = {}); rank 0's "
+             "figures\n",
+             r.world_size, m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch, r.n_params);
+  for (const engine::TpVariant& v : r.variants) {
+    const TrafficItem& t = v.predicted.tp;
+    fmt::print("{}:\n", v.sequence_parallel ? "TP + SP" : "TP");
+    fmt::print("  float64 vs single-process: loss {:.12g} vs {:.12g}; max gradient difference "
+               "{:.2e} relative ({})\n",
+               v.loss_f64, v.reference_loss_f64, v.max_grad_rel_diff, v.worst_grad);
+    fmt::print("  fp32, {} SGD steps: loss {:.6f} → {:.6f}, max difference {:.2e} relative\n",
+               v.losses.size(), v.losses.front(), v.losses.back(), v.max_loss_rel_diff);
+    fmt::print("  {:<38} {:>14} {:>14} {:>8}\n", "per layer, one step (bytes sent)", "measured",
+               "predicted", "ratio");
+    fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n", "bytes per layer",
+               v.measured_bytes_per_layer(), v.predicted_bytes_per_layer(),
+               ratio(v.measured_bytes_per_layer(), v.predicted_bytes_per_layer()));
+    if (!v.per_layer.empty())
+      for (const auto& c : v.per_layer[0])
+        fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n",
+                   fmt::format("{} x{} per layer, per call", to_string(c.collective), c.calls),
+                   c.bytes_sent / double(c.calls), t.bytes_per_call,
+                   ratio(c.bytes_sent / double(c.calls), t.bytes_per_call));
+    fmt::print("  core: {}\n", t.formula);
+    if (v.sequence_parallel) {
+      double edge = 0, grads = 0;
+      for (const auto& c : v.edges) edge += c.bytes_sent;
+      for (const auto& c : v.sp_grad_reduce) grads += c.bytes_sent;
+      fmt::print("  outside core's ledger: SP edges (embedding split, final gather) {:.0f} bytes, "
+                 "sequence-sharded parameter gradients all-reduce {:.0f} bytes per step\n",
+                 edge, grads);
+    }
+  }
+  int failed = 0;
+  for (const auto& c : checks) failed += c.ok ? 0 : 1;
+  fmt::print("checks: {} of {} passed\n", int(checks.size()) - failed, int(checks.size()));
+}
+
+void run(Flags& f) {
+  if (f.sp && f.compare_sp) throw InvalidInput("--sp with --compare-sp: give one of them");
+  f.run.sp = f.compare_sp ? engine::SpMode::both : f.sp ? engine::SpMode::on : engine::SpMode::off;
+  const engine::TpResult r = engine::run_tp(engine::DistEnv::from_environment(), f.run);
+  const auto checks = engine::tp_checks(r);
+  if (r.rank == 0) {
+    if (f.json)
+      std::cout << to_json(r, checks).dump() << std::endl;  // one line: `tally launch` prefixes it
+    else
+      print_text(r, checks);
+    std::fflush(stdout);
+  }
+  for (const auto& c : checks)
+    if (!c.ok)
+      throw std::runtime_error(fmt::format("tp: rank {}: check failed: {}: {:.6g} vs {:.6g} "
+                                           "(tolerance {:.1e})",
+                                           r.rank, c.what, c.measured, c.predicted, c.tolerance));
+}
+
+const RegisterRun reg{[](CLI::App& run_cmd) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = run_cmd.add_subcommand(
+      "tp",
+      "Megatron tensor parallelism (column/row-parallel linears, --sp: sequence parallelism) on "
+      "the engine's GPT over every rank: float64 loss and gradients vs the single-process model, "
+      "fp32 loss trajectory, bytes per TP collective and per layer vs core's TP ledger; start it "
+      "with `tally launch --nproc T -- tally run tp --tp T`");
+  cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative, fp32 losses ≤ 1e-5, bytes "
+              "exact. Rank 0 prints.");
+  cmd->add_option("--tp", f->run.tp, "TP ranks; must equal the world size (0 = the world size)")
+      ->capture_default_str();
+  cmd->add_flag("--sp", f->sp, "sequence parallelism (Korthikanti 2022 §4.2.2)");
+  cmd->add_flag("--compare-sp", f->compare_sp, "run without and then with SP");
+  cmd->add_option("--hidden", f->run.model.hidden, "C")->capture_default_str();
+  cmd->add_option("--layers", f->run.model.layers, "L")->capture_default_str();
+  cmd->add_option("--heads", f->run.model.heads, "a")->capture_default_str();
+  cmd->add_option("--vocab", f->run.model.vocab, "V")->capture_default_str();
+  cmd->add_option("--seq", f->run.model.seq, "T")->capture_default_str();
+  cmd->add_option("--micro-batch", f->run.model.micro_batch, "B")->capture_default_str();
+  cmd->add_option("--steps", f->run.steps, "fp32 SGD steps")->capture_default_str();
+  cmd->add_option("--lr", f->run.lr, "SGD learning rate")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
+      ->capture_default_str();
+  cmd->add_option("--seed", f->run.seed, "seed of the weights and tokens")->capture_default_str();
+  cmd->add_option("--timeout", f->run.timeout_s, "seconds for the rendezvous and each collective")
+      ->check(finite_in(0, 86400, Ends::open_lo))
+      ->capture_default_str();
+  cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  cmd->callback([f] { run(*f); });
+}};
+
+}  // namespace
+
+}  // namespace tally::cli

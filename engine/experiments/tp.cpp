@@ -1,0 +1,253 @@
+// `tally run tp` (tp.hpp): the TP model against the single-process one and core's TP ledger.
+#include "tally/engine/experiments/tp.hpp"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "gpt_model.hpp"
+#include "tally/core/types.hpp"
+#include "tally/engine/process_groups.hpp"
+#include "tp_model.hpp"
+
+namespace tally::engine {
+
+namespace {
+
+void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
+  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
+}
+
+double rel_diff(double a, double ref) { return std::abs(a - ref) / std::abs(ref); }
+
+std::string divisors_of(std::int64_t n) {
+  std::string s;
+  for (std::int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+std::vector<TpCollectiveMeasure> measures(const CommCounters& c) {
+  std::vector<TpCollectiveMeasure> out;
+  for (std::size_t i = 0; i < c.by_collective.size(); ++i)
+    if (c.by_collective[i].calls > 0)
+      out.push_back({.collective = Collective(i),
+                     .calls = c.by_collective[i].calls,
+                     .bytes_sent = c.by_collective[i].bytes_sent,
+                     .seconds = c.by_collective[i].seconds});
+  return out;
+}
+
+double bytes_of(const std::vector<TpCollectiveMeasure>& ms) {
+  double b = 0;
+  for (const auto& m : ms) b += m.bytes_sent;
+  return b;
+}
+
+struct Batches {
+  at::Tensor idx, targets;  // (steps + 1, B, T) int64; batch 0 is the float64 check's
+};
+
+Batches draw_batches(const TpOptions& o) {
+  at::manual_seed(std::int64_t(o.seed) + 1);
+  const GptConfig& m = o.model;
+  return {at::randint(m.vocab, {o.steps + 1, m.micro_batch, m.seq}, at::kLong),
+          at::randint(m.vocab, {o.steps + 1, m.micro_batch, m.seq}, at::kLong)};
+}
+
+Gpt reference_model(const TpOptions& o, at::ScalarType dtype) {
+  at::manual_seed(std::int64_t(o.seed));
+  Gpt model(o.model);
+  model->to(dtype);
+  return model;
+}
+
+// float64: one forward and backward of both models on batch 0; gradients compared shard by shard.
+void check_f64(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v) {
+  Gpt ref = reference_model(o, at::kDouble);
+  const at::Tensor ref_loss = ref->forward(data.idx[0], data.targets[0]);
+  ref_loss.backward();
+  TpGpt model(ref, tp, v.sequence_parallel);
+  const at::Tensor loss = model.forward(data.idx[0], data.targets[0]);
+  loss.backward();
+  model.sp_reduce_grads();
+  v.loss_f64 = loss.item<double>();
+  v.reference_loss_f64 = ref_loss.item<double>();
+  v.loss_rel_diff = rel_diff(v.loss_f64, v.reference_loss_f64);
+  const std::vector<NamedTensor> want = tp_shards(ref, tp.world_size(), tp.rank(), true);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const at::Tensor& got = model.parameters()[i].tensor.grad();
+    const double scale = want[i].tensor.abs().max().item<double>();
+    const double d = (got - want[i].tensor).abs().max().item<double>() / scale;
+    if (d >= v.max_grad_rel_diff) {
+      v.max_grad_rel_diff = d;
+      v.worst_grad = want[i].name;
+    }
+  }
+}
+
+void sgd(std::vector<at::Tensor> params, double lr) {
+  at::NoGradGuard no_grad;
+  for (auto& p : params) {
+    p.sub_(p.grad(), lr);
+    p.mutable_grad().zero_();
+  }
+}
+
+// fp32: `steps` SGD steps of both models on batches 1…steps; the first step's collectives kept.
+void train_f32(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v, bool progress) {
+  Gpt ref = reference_model(o, at::kFloat);
+  TpGpt model(ref, tp, v.sequence_parallel);
+  std::vector<at::Tensor> tp_params;
+  for (auto& p : model.parameters()) tp_params.push_back(p.tensor);
+  for (int s = 1; s <= o.steps; ++s) {
+    const at::Tensor ref_loss = ref->forward(data.idx[s], data.targets[s]);
+    ref_loss.backward();
+    sgd(ref->parameters(), o.lr);
+    model.clear_counts();
+    const double before = tp.counters()[Collective::all_reduce].bytes_sent +
+                          tp.counters()[Collective::all_gather].bytes_sent +
+                          tp.counters()[Collective::reduce_scatter].bytes_sent;
+    const auto start = std::chrono::steady_clock::now();
+    const at::Tensor loss = model.forward(data.idx[s], data.targets[s]);
+    loss.backward();
+    model.sp_reduce_grads();
+    sgd(tp_params, o.lr);
+    v.step_seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    v.losses.push_back(loss.item<double>());
+    v.reference_losses.push_back(ref_loss.item<double>());
+    v.max_loss_rel_diff = std::max(v.max_loss_rel_diff, rel_diff(v.losses.back(), v.reference_losses.back()));
+    if (s == 1) {
+      for (TpSite& site : model.layer_sites()) v.per_layer.push_back(measures(site.issued));
+      v.edges = measures(model.edge_site().issued);
+      v.sp_grad_reduce = measures(model.grad_site().issued);
+      v.tp_comm_bytes = tp.counters()[Collective::all_reduce].bytes_sent +
+                        tp.counters()[Collective::all_gather].bytes_sent +
+                        tp.counters()[Collective::reduce_scatter].bytes_sent - before;
+    }
+    if (progress)
+      std::fprintf(stderr, "tp t=%d sp=%s: step %d/%d loss %.6f (single-process %.6f) %.3f s\n",
+                   tp.world_size(), v.sequence_parallel ? "on" : "off", s, o.steps,
+                   v.losses.back(), v.reference_losses.back(), v.step_seconds.back());
+  }
+}
+
+StepTraffic predict(const TpOptions& o, std::int64_t n_params, int t, bool sp) {
+  const GptConfig& m = o.model;
+  return step_traffic({.params = double(n_params),
+                       .param_bytes = 4,
+                       .grad_bytes = 4,
+                       .act_bytes = 4,  // fp32 activations on the wire
+                       .hidden = m.hidden,
+                       .layers = m.layers,
+                       .seq_len = m.seq,
+                       .micro_batch = m.micro_batch,
+                       .micro_batches = 1,
+                       .tp = t,
+                       .sequence_parallel = sp});
+}
+
+}  // namespace
+
+void TpOptions::validate(int world_size) const {
+  model.validate();
+  const int t = tp == 0 ? world_size : tp;
+  require(t >= 1 && t == world_size, "--tp", t,
+          "must equal the world size " + std::to_string(world_size) +
+              " (tally run tp runs one TP group over every rank)");
+  const std::int64_t ffn = 4 * model.hidden;
+  require(model.heads % t == 0 && ffn % t == 0, "--tp", t,
+          "must divide --heads = " + std::to_string(model.heads) + " and the FFN width 4 x --hidden = " +
+              std::to_string(ffn) + " (allowed: " + divisors_of(std::gcd(model.heads, ffn)) + ")");
+  if (sp != SpMode::off)
+    require(model.seq % t == 0, "--seq", model.seq,
+            "must be divisible by --tp = " + std::to_string(t) + " with --sp (sequence shards)");
+  require(steps >= 1 && steps <= 100000, "--steps", steps, "must be in [1, 100000]");
+  if (!(lr > 0 && std::isfinite(lr)))
+    throw InvalidInput("--lr = " + format_number(lr) + ": must be finite and > 0");
+  if (!(timeout_s > 0 && timeout_s <= 86400))
+    throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be in (0, 86400] s");
+  require(threads >= 0 && threads <= 1024, "--threads", threads, "must be in [0, 1024]");
+}
+
+double TpVariant::measured_bytes_per_layer() const {
+  double b = 0;
+  for (const auto& l : per_layer) b += bytes_of(l);
+  return per_layer.empty() ? 0 : b / double(per_layer.size());
+}
+double TpVariant::predicted_bytes_per_layer() const {
+  return predicted.tp.bytes_per_rank / double(predicted.setup.layers);
+}
+double TpVariant::predicted_calls_per_layer() const {
+  return predicted.tp.calls / double(predicted.setup.layers);
+}
+
+std::vector<TpCheck> tp_checks(const TpResult& r) {
+  std::vector<TpCheck> out;
+  auto rel = [&](std::string what, double measured, double predicted, double tol) {
+    const double d = predicted == 0 ? std::abs(measured) : rel_diff(measured, predicted);
+    out.push_back({std::move(what), measured, predicted, tol, d <= tol});
+  };
+  for (const TpVariant& v : r.variants) {
+    const std::string sp = v.sequence_parallel ? "sp=on " : "sp=off ";
+    rel(sp + "loss f64 vs single-process", v.loss_f64, v.reference_loss_f64, kTpF64Tolerance);
+    out.push_back({sp + "max gradient difference f64 (" + v.worst_grad + ")", v.max_grad_rel_diff,
+                   0, kTpF64Tolerance, v.max_grad_rel_diff <= kTpF64Tolerance});
+    out.push_back({sp + "max loss difference fp32 over the steps", v.max_loss_rel_diff, 0,
+                   kTpF32LossTolerance, v.max_loss_rel_diff <= kTpF32LossTolerance});
+    const TrafficItem& t = v.predicted.tp;
+    for (std::size_t l = 0; l < v.per_layer.size(); ++l) {
+      const std::string layer = sp + "layer " + std::to_string(l) + " ";
+      rel(layer + "bytes", bytes_of(v.per_layer[l]), v.predicted_bytes_per_layer(), kTpBytesTolerance);
+      std::int64_t calls = 0;
+      for (const auto& m : v.per_layer[l]) {
+        calls += m.calls;
+        const bool expected_kind = r.world_size == 1 ||
+                                   m.collective == t.collective || m.collective == t.paired_with;
+        out.push_back({layer + std::string(to_string(m.collective)) + " is core's collective",
+                       expected_kind ? 1.0 : 0.0, 1, 0, expected_kind});
+        if (r.world_size > 1)
+          rel(layer + std::string(to_string(m.collective)) + " bytes per call",
+              m.bytes_sent / double(m.calls), t.bytes_per_call, kTpBytesTolerance);
+      }
+      if (r.world_size > 1) rel(layer + "calls", double(calls), v.predicted_calls_per_layer(), 0);
+    }
+  }
+  return out;
+}
+
+bool tp_ok(const TpResult& r) {
+  for (const TpCheck& c : tp_checks(r))
+    if (!c.ok) return false;
+  return true;
+}
+
+TpResult run_tp(const DistEnv& env, const TpOptions& options) {
+  env.validate();
+  options.validate(env.world_size);
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  TpResult r{.options = options, .rank = env.rank, .world_size = env.world_size};
+  r.options.tp = env.world_size;
+  r.n_params = count_params(gpt_model_spec(options.model)).total();
+  Comm world(env, {.timeout_s = options.timeout_s});
+  ProcessGroups groups(world, ParallelLayout{.tp = env.world_size});
+  std::vector<bool> layouts;
+  if (options.sp != SpMode::on) layouts.push_back(false);
+  if (options.sp != SpMode::off) layouts.push_back(true);
+  const Batches data = draw_batches(options);
+  for (const bool sp : layouts) {
+    TpVariant v{.sequence_parallel = sp};
+    check_f64(options, groups.tp(), data, v);
+    train_f32(options, groups.tp(), data, v, env.rank == 0);
+    v.predicted = predict(options, r.n_params, env.world_size, sp);
+    r.variants.push_back(std::move(v));
+  }
+  world.barrier();  // no rank tears its groups down while a peer still reduces
+  return r;
+}
+
+}  // namespace tally::engine

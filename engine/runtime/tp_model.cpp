@@ -1,0 +1,251 @@
+// Megatron tensor (and sequence) parallelism on the engine's GPT (tp_model.hpp).
+#include "tp_model.hpp"
+
+#include <cmath>
+
+#include "comm_torch.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally::engine {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Runs fn (one or more collectives on site.comm) and adds the Comm counters' change to the site.
+template <class Fn>
+void counted(TpSite& site, Fn&& fn) {
+  const CommCounters before = site.comm->counters();
+  fn();
+  const CommCounters& after = site.comm->counters();
+  for (std::size_t c = 0; c < before.by_collective.size(); ++c) {
+    CollectiveCounter& into = site.issued.by_collective[c];
+    into.calls += after.by_collective[c].calls - before.by_collective[c].calls;
+    into.bytes_sent += after.by_collective[c].bytes_sent - before.by_collective[c].bytes_sent;
+    into.seconds += after.by_collective[c].seconds - before.by_collective[c].seconds;
+  }
+}
+
+TpSite* site_of(AutogradContext* ctx) {
+  return reinterpret_cast<TpSite*>(ctx->saved_data["site"].toInt());
+}
+
+void remember(AutogradContext* ctx, TpSite* site) {
+  ctx->saved_data["site"] = reinterpret_cast<std::int64_t>(site);
+}
+
+torch::Tensor tp_all_reduce(TpSite& site, const torch::Tensor& x) {
+  torch::Tensor y = x.contiguous().clone();
+  counted(site, [&] { all_reduce(*site.comm, y); });
+  return y;
+}
+
+// (B, T/t, C) shard → (B, T, C): gathered in the sequence-major layout (T, B, C), where rank r's
+// chunk of the flat buffer is exactly its positions [r·T/t, (r+1)·T/t).
+torch::Tensor seq_all_gather(TpSite& site, const torch::Tensor& shard) {
+  const int t = site.comm->world_size();
+  const torch::Tensor in = shard.transpose(0, 1).contiguous();  // (T/t, B, C)
+  torch::Tensor out = torch::empty({in.size(0) * t, in.size(1), in.size(2)}, in.options());
+  torch::Tensor flat = out.view({-1});
+  counted(site, [&] { all_gather(*site.comm, in.view({-1}), flat); });
+  return out.transpose(0, 1);  // (B, T, C)
+}
+
+// (B, T, C) partial sums → (B, T/t, C): rank r's positions of the sum over the group.
+torch::Tensor seq_reduce_scatter(TpSite& site, const torch::Tensor& full) {
+  const int t = site.comm->world_size();
+  const torch::Tensor in = full.transpose(0, 1).contiguous();  // (T, B, C)
+  torch::Tensor out = torch::empty({in.size(0) / t, in.size(1), in.size(2)}, in.options());
+  torch::Tensor flat = out.view({-1});
+  counted(site, [&] { reduce_scatter(*site.comm, in.view({-1}), flat); });
+  return out.transpose(0, 1);  // (B, T/t, C)
+}
+
+torch::Tensor seq_split(TpSite& site, const torch::Tensor& full) {
+  const std::int64_t n = full.size(1) / site.comm->world_size();
+  return full.narrow(1, site.comm->rank() * n, n);
+}
+
+// f: identity forward, all-reduce backward (Note [conjugate operators]).
+struct CopyToTp : torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
+    remember(ctx, site);
+    return x;  // autograd makes it a view of the input (as Megatron's _CopyToModelParallelRegion)
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {tp_all_reduce(*site_of(ctx), g[0]), torch::Tensor()};
+  }
+};
+
+// g: all-reduce forward, identity backward.
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, TpSite* site) {
+    return tp_all_reduce(*site, x);
+  }
+  static variable_list backward(AutogradContext*, variable_list g) { return {g[0], torch::Tensor()}; }
+};
+
+// ḡ (SP, before a column-parallel block): all-gather forward, reduce-scatter backward.
+struct GatherFromSeq : torch::autograd::Function<GatherFromSeq> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
+    remember(ctx, site);
+    return seq_all_gather(*site, x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {seq_reduce_scatter(*site_of(ctx), g[0]), torch::Tensor()};
+  }
+};
+
+// g̅ (SP, after a row-parallel block): reduce-scatter forward, all-gather backward.
+struct ReduceScatterToSeq : torch::autograd::Function<ReduceScatterToSeq> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
+    remember(ctx, site);
+    return seq_reduce_scatter(*site, x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {seq_all_gather(*site_of(ctx), g[0]), torch::Tensor()};
+  }
+};
+
+// SP entry: the replicated embedding output split to this rank's shard; backward all-gathers the
+// shards' gradients so the replicated embedding gets the whole gradient on every rank.
+struct ScatterToSeq : torch::autograd::Function<ScatterToSeq> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
+    remember(ctx, site);
+    return seq_split(*site, x).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {seq_all_gather(*site_of(ctx), g[0]), torch::Tensor()};
+  }
+};
+
+// SP exit: all-gather the shards before the replicated ln_f and LM head; their gradient is the
+// same on every rank, so backward keeps this rank's part.
+struct GatherSeqToReplicated : torch::autograd::Function<GatherSeqToReplicated> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
+    remember(ctx, site);
+    return seq_all_gather(*site, x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {seq_split(*site_of(ctx), g[0]), torch::Tensor()};
+  }
+};
+
+torch::Tensor cut(const torch::Tensor& t, std::int64_t dim, int tp, int rank) {
+  const std::int64_t n = t.size(dim) / tp;
+  return t.narrow(dim, rank * n, n);
+}
+
+// Rows of heads [r·a/t, (r+1)·a/t) in each of q, k, v of a (3C, …) QKV weight or bias.
+torch::Tensor cut_qkv(const torch::Tensor& t, int tp, int rank) {
+  const std::int64_t C = t.size(0) / 3;
+  std::vector<torch::Tensor> parts;
+  for (std::int64_t j = 0; j < 3; ++j) parts.push_back(cut(t.narrow(0, j * C, C), 0, tp, rank));
+  return torch::cat(parts, 0);
+}
+
+const char* const kSpReplicated[] = {"ln1_w", "ln1_b", "ln2_w", "ln2_b", "proj_b", "mlp_b"};
+
+}  // namespace
+
+std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads) {
+  const GptConfig& c = full->config;
+  TALLY_INVARIANT(tp >= 1 && rank >= 0 && rank < tp && c.heads % tp == 0 && (4 * c.hidden) % tp == 0);
+  auto of = [&](const torch::Tensor& p) { return grads ? p.grad() : p; };
+  std::vector<NamedTensor> out{{"wte", of(full->wte->weight)}, {"wpe", of(full->wpe)}};
+  for (std::size_t l = 0; l < full->blocks->size(); ++l) {
+    auto& b = *full->blocks[l]->as<GptBlock>();
+    const std::string n = "blocks." + std::to_string(l) + ".";
+    out.push_back({n + "ln1_w", of(b.ln_1->weight)});
+    out.push_back({n + "ln1_b", of(b.ln_1->bias)});
+    out.push_back({n + "qkv_w", cut_qkv(of(b.c_attn->weight), tp, rank)});
+    out.push_back({n + "qkv_b", cut_qkv(of(b.c_attn->bias), tp, rank)});
+    out.push_back({n + "proj_w", cut(of(b.c_proj->weight), 1, tp, rank)});
+    out.push_back({n + "proj_b", of(b.c_proj->bias)});
+    out.push_back({n + "ln2_w", of(b.ln_2->weight)});
+    out.push_back({n + "ln2_b", of(b.ln_2->bias)});
+    out.push_back({n + "fc_w", cut(of(b.c_fc->weight), 0, tp, rank)});
+    out.push_back({n + "fc_b", cut(of(b.c_fc->bias), 0, tp, rank)});
+    out.push_back({n + "mlp_w", cut(of(b.mlp_proj->weight), 1, tp, rank)});
+    out.push_back({n + "mlp_b", of(b.mlp_proj->bias)});
+  }
+  out.push_back({"lnf_w", of(full->ln_f->weight)});
+  out.push_back({"lnf_b", of(full->ln_f->bias)});
+  return out;
+}
+
+TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel)
+    : config_(full->config), comm_(tp_comm), sp_(sequence_parallel) {
+  const int t = comm_.world_size();
+  TALLY_INVARIANT(!sp_ || config_.seq % t == 0);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : tp_shards(full, t, comm_.rank(), false))
+    params_.push_back({name, tensor.detach().clone().set_requires_grad(true)});
+  layer_sites_.assign(std::size_t(config_.layers), TpSite{.comm = &comm_});
+  edge_site_.comm = &comm_;
+  grad_site_.comm = &comm_;
+}
+
+torch::Tensor& TpGpt::p(std::size_t block, const char* name) {
+  const std::size_t per_block = 12, first = 2 + block * per_block;
+  for (std::size_t i = first; i < first + per_block; ++i)
+    if (params_[i].name.ends_with(std::string(".") + name)) return params_[i].tensor;
+  TALLY_INVARIANT(false && "no such block parameter");
+  return params_[0].tensor;
+}
+
+torch::Tensor TpGpt::block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask) {
+  TpSite* site = &layer_sites_[l];
+  const std::int64_t C = config_.hidden;
+  const std::int64_t local_heads = config_.heads / comm_.world_size();
+  auto column_in = [&](const torch::Tensor& a) {  // f, or ḡ with SP
+    return sp_ ? GatherFromSeq::apply(a, site) : CopyToTp::apply(a, site);
+  };
+  auto row_out = [&](const torch::Tensor& o) {  // g, or g̅ with SP
+    return sp_ ? ReduceScatterToSeq::apply(o, site) : ReduceFromTp::apply(o, site);
+  };
+  const auto a = column_in(torch::layer_norm(x, {C}, p(l, "ln1_w"), p(l, "ln1_b")));
+  const auto y = causal_self_attention(torch::linear(a, p(l, "qkv_w"), p(l, "qkv_b")), local_heads, mask);
+  const auto h = x + (row_out(torch::linear(y, p(l, "proj_w"))) + p(l, "proj_b"));
+  const auto m = column_in(torch::layer_norm(h, {C}, p(l, "ln2_w"), p(l, "ln2_b")));
+  const auto z = torch::gelu(torch::linear(m, p(l, "fc_w"), p(l, "fc_b")), "tanh");
+  return h + (row_out(torch::linear(z, p(l, "mlp_w"))) + p(l, "mlp_b"));
+}
+
+torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  const std::int64_t T = idx.size(1);
+  const torch::Tensor& wte = params_[0].tensor;
+  auto x = torch::embedding(wte, idx) + params_[1].tensor.narrow(0, 0, T);  // (B, T, C)
+  if (sp_) x = ScatterToSeq::apply(x, &edge_site_);                         // (B, T/t, C)
+  const auto mask = causal_mask(T);
+  for (std::size_t l = 0; l < layer_sites_.size(); ++l) x = block_forward(l, x, mask);
+  if (sp_) x = GatherSeqToReplicated::apply(x, &edge_site_);  // (B, T, C)
+  const auto& lnf_w = params_[params_.size() - 2].tensor;
+  const auto& lnf_b = params_[params_.size() - 1].tensor;
+  return lm_loss(torch::matmul(torch::layer_norm(x, {config_.hidden}, lnf_w, lnf_b), wte.t()),
+                 targets);
+}
+
+void TpGpt::sp_reduce_grads() {
+  if (!sp_) return;
+  std::vector<torch::Tensor> grads;
+  for (std::size_t l = 0; l < layer_sites_.size(); ++l)
+    for (const char* name : kSpReplicated) grads.push_back(p(l, name).grad());
+  torch::Tensor flat = torch::cat(grads).contiguous();
+  counted(grad_site_, [&] { all_reduce(comm_, flat); });
+  std::int64_t offset = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+}
+
+void TpGpt::clear_counts() {
+  for (auto& s : layer_sites_) s.issued = {};
+  edge_site_.issued = {};
+  grad_site_.issued = {};
+}
+
+}  // namespace tally::engine

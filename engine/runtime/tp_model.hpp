@@ -1,0 +1,97 @@
+// The engine's GPT decoder (gpt_model.hpp) split by Megatron-LM's tensor parallelism over a TP
+// group of t ranks (internal: includes torch). Shoeybi et al. 2019 §3; with sequence parallelism
+// Korthikanti et al. 2022 §4.2.2.
+//
+// Legend: B = micro-batch, T = sequence, C = hidden, a = heads, t = TP ranks, r = this rank's
+// index in the TP group; C/t and a/t are this rank's share of the hidden width and heads.
+//
+// Per block, rank r holds (tp_shards() cuts them from the single-process model's parameters, so a
+// TP model starts as exact slices of a Gpt built from the same seed):
+//   ln_1, ln_2                 replicated (C)
+//   QKV   column-parallel      the q, k and v rows of heads [r·a/t, (r+1)·a/t): (3C/t, C), (3C/t)
+//   out-proj  row-parallel     the columns of those heads: (C, C/t); bias (C) replicated, added once
+//                              after the reduction
+//   MLP W1 column-parallel     rows [r·4C/t, (r+1)·4C/t): (4C/t, C), (4C/t)
+//   MLP W2 row-parallel        those columns: (C, 4C/t); bias (C) replicated
+// Embedding, positions, ln_f and the tied LM head are replicated: every TP rank computes them
+// identically (Megatron splits the vocabulary too; tally keeps it whole, so the layer collectives
+// below are the only TP traffic without SP).
+//
+// Note [conjugate operators]
+// Without SP, x (B, T, C) is whole on every rank. f before each column-parallel block: identity
+// forward, all-reduce of the input gradient backward (each rank's heads contribute a part of it).
+// g after each row-parallel block: all-reduce forward (the partial products of the split inner
+// dimension), identity backward. Per layer per micro-batch: 2 all-reduces forward (g) and 2
+// backward (f) of B·T·C elements — core's TP ledger (comm.hpp step_traffic).
+// With SP, x is the sequence shard (B, T/t, C) of rank r (positions [r·T/t, (r+1)·T/t)); LayerNorm,
+// residual adds and biases run on it. ḡ before each column-parallel block: all-gather along the
+// sequence forward, reduce-scatter backward; g̅ after each row-parallel block: reduce-scatter
+// forward, all-gather backward. Same bytes as the all-reduces, twice the calls. The gathered input
+// is kept for the weight gradient (Megatron re-gathers it in backward to save memory; that extra
+// all-gather is not run here, nor counted by core). The sequence-sharded parameters (ln_1, ln_2,
+// the row-parallel biases) get partial gradients: sp_reduce_grads() sums them over the group once
+// per step, as Megatron does. At the model's edges the embedding output is split to the shard
+// (backward: all-gather) and the last block's output all-gathered before ln_f (backward: split).
+// Collectives run over the sequence-major layout (T, B, C), so a rank's chunk is its shard.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpt_model.hpp"
+#include "tally/engine/comm.hpp"
+
+namespace tally::engine {
+
+// One place in the model that issues TP collectives, with what it issued: the deltas of the TP
+// Comm's counters over each of its calls (so the bytes are the Comm's, i.e. core's formula on the
+// real S of each call; comm.hpp).
+struct TpSite {
+  Comm* comm = nullptr;
+  CommCounters issued;
+};
+
+struct NamedTensor {
+  std::string name;  // "blocks.0.qkv_w", …
+  torch::Tensor tensor;
+};
+
+// The TP-rank-r slices of the single-process model's parameters (grads = false) or of their
+// gradients (grads = true), in TpGpt::parameters() order. tp must divide a and 4C.
+std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads);
+
+class TpGpt {
+ public:
+  // Copies of tp_shards(full, comm.world_size(), comm.rank(), false), leaves requiring grad.
+  // With sequence_parallel, T must be divisible by t.
+  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel);
+
+  // idx, targets: (B, T) int64, the same on every TP rank. Returns the mean cross-entropy (every
+  // rank the same value). Collectives run now (forward) and in backward() of the result.
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
+  // With SP: all-reduce (sum) the gradients of the sequence-sharded parameters, one call. Else
+  // nothing.
+  void sp_reduce_grads();
+
+  std::vector<NamedTensor>& parameters() { return params_; }
+  std::vector<TpSite>& layer_sites() { return layer_sites_; }  // one per block
+  TpSite& edge_site() { return edge_site_; }                   // SP split / gather at the edges
+  TpSite& grad_site() { return grad_site_; }                   // sp_reduce_grads
+  void clear_counts();                                         // every site's `issued`
+
+ private:
+  torch::Tensor& p(std::size_t block, const char* name);
+  torch::Tensor block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
+
+  GptConfig config_;
+  Comm& comm_;
+  bool sp_;
+  std::vector<NamedTensor> params_;
+  std::vector<TpSite> layer_sites_;
+  TpSite edge_site_, grad_site_;
+};
+
+}  // namespace tally::engine
