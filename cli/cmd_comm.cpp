@@ -189,7 +189,8 @@ void register_comm(CLI::App& app) {
       ->check(one_of(precision_names()))
       ->capture_default_str();
   cmd->add_option("--recompute", o->recompute, "none | selective (Megatron: attention core) | full | save-matmuls (PyTorch "
-                  "selective checkpointing: matmul outputs saved)")
+                  "selective checkpointing: matmul outputs saved) | op-sac (torchtitan's op-level "
+                  "SAC: every other matmul's output saved)")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->callback([o] {

@@ -334,7 +334,8 @@ void register_memory(CLI::App& app) {
   cmd->add_option("--interleave", o->interleave, "virtual pipeline chunks per stage")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--recompute", o->recompute, "none | selective (Megatron: attention core) | full | save-matmuls (PyTorch "
-                  "selective checkpointing: matmul outputs saved)")
+                  "selective checkpointing: matmul outputs saved) | op-sac (torchtitan's op-level "
+                  "SAC: every other matmul's output saved)")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->add_option("--attention", o->attention, "flash | materialized")

@@ -252,7 +252,7 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--recompute-policies", o->recompute_policies,
                   "recompute policies searched, comma-separated (default: all — none, selective, "
-                  "full, save-matmuls)")
+                  "full, save-matmuls, op-sac; op-sac only for dense layers)")
       ->delimiter(',')
       ->check(one_of(allowed_recomputes()));
   cmd->add_flag("--exhaustive", o->exhaustive, "disable pruning (same answer, slower)");
@@ -292,7 +292,8 @@ void register_compare(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--grad-accum", o->grad_accum, "base accumulation (default: B / (dp·b))")
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
-  cmd->add_option("--recompute", o->recompute, "base recompute: none | selective | full | save-matmuls")
+  cmd->add_option("--recompute", o->recompute,
+                  "base recompute: none | selective | full | save-matmuls | op-sac")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
   cmd->add_option("--attention", o->attention, "base attention: flash | materialized")

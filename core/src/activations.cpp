@@ -61,6 +61,7 @@ void ActivationSetup::validate(const ModelSpec& m) const {
                        ": must divide num_hidden_layers = " + i2s(m.layers));
   if (sequence_parallel && tp == 1)
     throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
+  require_recompute_applies(recompute, m);
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
   if (!(capacity_factor >= 1 && capacity_factor <= 64))
     throw InvalidInput("--capacity-factor = " + std::to_string(capacity_factor) +
@@ -111,6 +112,32 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   };
   if (a.recompute == Recompute::full) {
     add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
+    return;
+  }
+  if (a.recompute == Recompute::op_sac) {
+    // torchtitan's op SAC (types.hpp): the layer input, q and v (matmuls 1 and 3), attention's
+    // outputs, and of the MLP the gate w1 (5) and the down w2 (7) — GeLU: the up projection (5) —
+    // saved; k, o and w3 (GeLU: down) and the cheap kernels replayed from them.
+    add("layer input (checkpoint)", "2sbh", e * tokens * h / rep);
+    add("Q (wq output)", q_label, e * tokens * hq / t);
+    add("V (wv output)", "2sb·a_kv·d_v /t",
+        e * tokens * double(m.kv_heads * m.value_dim()) / t);
+    if (a.attention == Attention::materialized) {
+      const double scores = heads * sl * s * b / t;
+      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
+      add("attention-dropout mask", "a·s²·b /t", mask * scores);
+    } else {
+      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
+    }
+    add("attention output (projection input)", o_label, e * tokens * ho / t);
+    add("projection dropout mask", "sbh", mask * tokens * h / rep);
+    if (m.mlp == MlpKind::gelu) {
+      add("MLP up output (fc1)", "2sbf /t", e * tokens * f / t);
+    } else {
+      add("MLP gate output (w1)", "2sbf /t", e * tokens * f / t);
+      add("MLP down output (w2)", "2sbh", e * tokens * h / rep);
+    }
+    add("MLP dropout mask", "sbh", mask * tokens * h / rep);
     return;
   }
   if (a.recompute == Recompute::save_matmuls) {

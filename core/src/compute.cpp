@@ -26,7 +26,16 @@ TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
   f.hardware = f.model;
   if (r == Recompute::full) f.hardware += 2.0 * N + attn_fwd;
   if (r == Recompute::selective) f.hardware += attn_fwd;
-  // save_matmuls replays only norms and activation functions: no matmul FLOPs.
+  // save_matmuls replays only norms and activation functions: no matmul FLOPs. op_sac replays the
+  // k projection, the out-projection and the MLP's up (SwiGLU) or down (GeLU) matmul: 2 FLOPs per
+  // weight of each, per layer.
+  if (r == Recompute::op_sac) {
+    require_recompute_applies(r, m);
+    const double h = double(m.hidden), f_w = double(m.ffn);
+    const double k_proj = h * double(m.kv_heads * m.head_dim());
+    const double o_proj = double(m.heads * m.head_dim()) * h;
+    f.hardware += 2.0 * double(m.layers) * (k_proj + o_proj + h * f_w);
+  }
   return f;
 }
 

@@ -163,6 +163,18 @@ double routed_expert_share(const ModelSpec& m) {
   return c.routed_experts / c.total();
 }
 
+bool recompute_applies(Recompute r, const ModelSpec& m) {
+  return r != Recompute::op_sac || (!m.params_only && !m.is_moe() && !m.is_mla());
+}
+
+void require_recompute_applies(Recompute r, const ModelSpec& m) {
+  if (!recompute_applies(r, m))
+    throw InvalidInput("--recompute op-sac: torchtitan's op-level selective AC is defined here for "
+                       "dense layers with ordinary attention; " + m.name +
+                       " has " + (m.is_moe() ? "experts" : m.is_mla() ? "MLA" : "no architecture") +
+                       " (use full, selective or save-matmuls)");
+}
+
 ModelSpec model_from_params(double n) {
   if (!(n > 0)) throw InvalidInput("params = " + std::to_string(n) + ": must be positive");
   ModelSpec m;

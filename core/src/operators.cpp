@@ -247,6 +247,7 @@ void OperatorSetup::validate(const ModelSpec& m) const {
               "the model has no dense leading layers (first_k_dense_replace = 0)");
   require_int(cp >= 1 && seq % cp == 0, "cp", cp, "must be >= 1 and divide seq");
   require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
+  require_recompute_applies(recompute, m);
   require_int(ep >= 1 && (ep == 1 || (m.is_moe() && m.experts % ep == 0)), "ep", ep,
               m.is_moe() ? "must divide the routed experts (" + std::to_string(m.experts) + ")"
                          : std::string("needs a mixture-of-experts model"));
@@ -264,7 +265,17 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
   b.replaying(true);
   if (s.recompute == Recompute::full) layer_forward(m, s, d, b, /*with_backward=*/false);
   if (s.recompute == Recompute::selective) attention_core(m, s, d, b, /*with_backward=*/false);
-  if (s.recompute == Recompute::save_matmuls) {
+  if (s.recompute == Recompute::op_sac) {
+    // torchtitan's op SAC replays every other matmul: k, the out-projection and the MLP's up (w3;
+    // GeLU: the down projection), from the saved q, v, attention output and w1 outputs.
+    b.forward_gemm("k-proj", d.T, std::max<i64>(m.kv_heads / s.tp, 1) * d.d, d.h);
+    b.forward_gemm("out-proj", d.T, d.h, d.heads_local * d.dv);
+    if (m.mlp == MlpKind::swiglu)
+      b.forward_gemm("mlp-up", d.T, d.f, d.h);
+    else
+      b.forward_gemm("mlp-down", d.T, d.h, d.f);
+  }
+  if (s.recompute == Recompute::save_matmuls || s.recompute == Recompute::op_sac) {
     // PyTorch selective checkpointing: the saved matmul and attention outputs let backward replay
     // only the cheap kernels — the two norms, rotary, the activation function, and (materialised)
     // the softmax and its dropout. Their bytes are those of their forward.

@@ -130,8 +130,9 @@ Prepared prepare(const PlanRequest& r) {
   p.tokens = double(r.global_batch) * double(r.seq);
   p.model_flops = flops_per_token(r.model, r.seq, Recompute::none) * p.tokens;
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
-                       Recompute::save_matmuls})
-    p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
+                       Recompute::save_matmuls, Recompute::op_sac})
+    if (recompute_applies(rc, r.model))
+      p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
   p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
   p.count = count_params(r.model);
   p.param_bytes = dtype_bytes(r.precision);
@@ -140,7 +141,8 @@ Prepared prepare(const PlanRequest& r) {
   p.gemm_weight_share = gemm_weight_share(r.model);
   const double G = double(r.gpus);
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
-                       Recompute::save_matmuls}) {
+                       Recompute::save_matmuls, Recompute::op_sac}) {
+    if (!recompute_applies(rc, r.model)) continue;  // never searched (plan() skips it)
     if (r.time_model == TimeModel::utilisation) {
       p.lower_bound_s[int(rc)] = p.hw_flops[int(rc)] / (G * p.peak * p.util);
       continue;
@@ -685,6 +687,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
             for (int zero : space.zero_stages) {
               if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
               for (Recompute rc : space.recomputes) {
+                if (!recompute_applies(rc, m)) continue;  // op-sac: dense layers only
                 const double lower_bound_s = P.lower_bound_s[int(rc)];
                 for (Attention att : space.attentions) {
                   if (space.prune && res.best.size() == top &&

@@ -30,10 +30,11 @@ constexpr NameTable<Optimizer, 5> kOptimizers{{{Optimizer::adam, "adam"},
                                                {Optimizer::adam8bit, "adam-8bit"},
                                                {Optimizer::sgd, "sgd"},
                                                {Optimizer::sgd_momentum, "sgd-momentum"}}};
-constexpr NameTable<Recompute, 4> kRecomputes{{{Recompute::none, "none"},
+constexpr NameTable<Recompute, 5> kRecomputes{{{Recompute::none, "none"},
                                                {Recompute::selective, "selective"},
                                                {Recompute::full, "full"},
-                                               {Recompute::save_matmuls, "save-matmuls"}}};
+                                               {Recompute::save_matmuls, "save-matmuls"},
+                                               {Recompute::op_sac, "op-sac"}}};
 constexpr NameTable<Attention, 2> kAttentions{{
     {Attention::materialized, "materialized"}, {Attention::flash, "flash"}}};
 

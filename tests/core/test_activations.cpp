@@ -286,5 +286,27 @@ TEST(Activations, EagerLossHoldsThreeFp32Logits) {
   EXPECT_NE(activations(m, a).convention().find("eager fp32 loss"), std::string::npos);
 }
 
+// torchtitan's op-level SAC (types.hpp op_sac) on a Llama 3 8B layer, flash, no dropout, b 1, by hand
+// per token: the layer input 2h, q 2h, v 2·1024, the attention output 2h and its fp32 log-sum-exp
+// 4·32, the gate (w1) output 2·14336 and the down (w2) output 2h — 15.5·h + 128 bytes, where
+// save-matmuls keeps k, the MLP block input and w3's output too.
+TEST(Activations, TorchtitanOpSacKeepsEveryOtherMatmul) {
+  const auto m = *model_preset("llama-3-8b");
+  const double T = 8192, h = 4096;
+  const ActivationSetup a{.seq = 8192, .recompute = Recompute::op_sac, .dropout = false};
+  EXPECT_DOUBLE_EQ(activations(m, a).per_layer_bytes,
+                   T * (2 * h + 2 * h + 2 * 1024 + 2 * h + 4 * 32 + 2 * 14336 + 2 * h));
+  ActivationSetup sm = a;
+  sm.recompute = Recompute::save_matmuls;
+  EXPECT_DOUBLE_EQ(activations(m, sm).per_layer_bytes - activations(m, a).per_layer_bytes,
+                   T * 2 * 1024 /* k */ + T * (2 * h /* MLP input */ + 2 * 14336 /* w3 */ - 2 * h
+                                                /* w2 output, not kept by save-matmuls */));
+  // Defined for dense layers with ordinary attention only.
+  EXPECT_THROW(activations(*model_preset("mixtral-8x7b"), {.seq = 4096, .recompute = Recompute::op_sac}),
+               InvalidInput);
+  EXPECT_THROW(activations(*model_preset("deepseek-v3"), {.seq = 4096, .recompute = Recompute::op_sac}),
+               InvalidInput);
+}
+
 }  // namespace
 }  // namespace tally

@@ -320,5 +320,22 @@ TEST(Operators, LowPrecisionRunsOnlyTheLinearGemmsInTheFormat) {
   EXPECT_FALSE(cluster_preset("a100-80g")->gpu.supports(Precision::fp8));
 }
 
+// op_sac replays k (T × 1024, k = 4096), the out-projection (T × 4096, k = 4096) and w3 (T × 14336,
+// k = 4096) of a Llama 3 8B layer: 2·T·4096·(1024 + 4096 + 14336) FLOPs, and compute.hpp's
+// hardware FLOPs per token add the same per layer.
+TEST(Operators, OpSacReplaysEveryOtherMatmul) {
+  const ModelSpec m = *model_preset("llama-3-8b");
+  const OperatorSetup os{.seq = 4096, .micro_batch = 1, .recompute = Recompute::op_sac,
+                         .dropout = false};
+  double replay = 0;
+  for (const Op& op : layer_ops(m, os))
+    if (op.pass == Pass::recompute && op.kind == OpKind::gemm) replay += op.flops;
+  const double expect = 2.0 * 4096 * 4096 * (1024 + 4096 + 14336);
+  EXPECT_DOUBLE_EQ(replay, expect);
+  EXPECT_DOUBLE_EQ(flops_per_token(m, 4096, Recompute::op_sac) -
+                       flops_per_token(m, 4096, Recompute::none),
+                   32 * expect / 4096);
+}
+
 }  // namespace
 }  // namespace tally

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tally/core/types.hpp"
+
 namespace tally {
 
 enum class MlpKind { gelu, swiglu };          // gelu: 2 matrices h×f; swiglu: 3 (gate, up, down)
@@ -114,6 +116,12 @@ double gemm_weight_share(const ModelSpec& m);
 // routed_experts / total: the share of the state ledger's N that expert parallelism shards
 // (0 for a dense or params-only model). One rule for the planner, `memory` and `comm`.
 double routed_expert_share(const ModelSpec& m);
+
+// Whether a recompute policy is defined for the model's layers: op_sac (types.hpp) only for dense
+// layers with ordinary attention (no MoE, no MLA, an architecture, not --params).
+bool recompute_applies(Recompute r, const ModelSpec& m);
+// Throws InvalidInput naming --recompute when it does not apply.
+void require_recompute_applies(Recompute r, const ModelSpec& m);
 
 // A model known only by its size (`--params 7e9`): params_only, nominal_params = n.
 ModelSpec model_from_params(double n);

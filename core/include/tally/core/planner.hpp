@@ -157,7 +157,7 @@ struct SearchSpace {
   std::int64_t max_micro_batch = 0;      // 0 = B/dp
   std::vector<int> zero_stages = {0, 1, 2, 3};
   std::vector<Recompute> recomputes = {Recompute::none, Recompute::selective, Recompute::full,
-                                       Recompute::save_matmuls};
+                                       Recompute::save_matmuls, Recompute::op_sac};
   std::vector<Attention> attentions = {Attention::flash};
   bool allow_sp = true;
   bool prune = true;                     // Note [planner pruning]; false = exhaustive

@@ -62,8 +62,13 @@ enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
 //   full          Megatron-LM --recompute-granularity full: keep each layer's input, replay it
 //   save_matmuls  PyTorch selective activation checkpointing with a policy that saves the outputs
 //                 of matmuls and attention and recomputes the rest (norms, activations, rotary)
-enum class Recompute { none, selective, full, save_matmuls };
-inline constexpr int kRecomputePolicies = 4;
+//   op_sac        torchtitan's selective op-level AC (activation_checkpoint mode "selective", option
+//                 "op"): saves attention's outputs and every other matmul output in a layer — of
+//                 q, k, v, o, gate (w1), up (w3), down (w2) it recomputes k, o and up — and replays
+//                 those GEMMs with the norms, rotary and activation. Defined for dense layers with
+//                 ordinary attention (op_sac_applies: torchtitan's Llama), not MoE or MLA.
+enum class Recompute { none, selective, full, save_matmuls, op_sac };
+inline constexpr int kRecomputePolicies = 5;
 enum class Attention { materialized, flash };
 
 std::string_view to_string(Precision p);
