@@ -103,6 +103,17 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   const double mla_latents = m.is_mla() ? 2 * rq + 2 * rkv + dr : 0.0;  // + their norm outputs
   const double mask = a.dropout ? 1.0 : 0.0;
 
+  // Selective checkpointing keeps attention's outputs: the scores (materialised) or flash's fp32
+  // log-sum-exp, and the attention-dropout mask.
+  const auto sac_attention_core = [&] {
+    if (a.attention == Attention::materialized) {
+      const double scores = heads * sl * s * b / t;
+      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
+      add("attention-dropout mask", "a·s²·b /t", mask * scores);
+    } else {
+      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
+    }
+  };
   // Note [activation inventory], MoE layer: what the router, the dispatch and the combine keep.
   const auto moe_terms = [&] {
     if (!moe) return;
@@ -122,13 +133,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("Q (wq output)", q_label, e * tokens * hq / t);
     add("V (wv output)", "2sb·a_kv·d_v /t",
         e * tokens * double(m.kv_heads * m.value_dim()) / t);
-    if (a.attention == Attention::materialized) {
-      const double scores = heads * sl * s * b / t;
-      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
-      add("attention-dropout mask", "a·s²·b /t", mask * scores);
-    } else {
-      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
-    }
+    sac_attention_core();
     add("attention output (projection input)", o_label, e * tokens * ho / t);
     add("projection dropout mask", "sbh", mask * tokens * h / rep);
     if (m.mlp == MlpKind::gelu) {
@@ -148,13 +153,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("MLA latents (q, kv down outputs)", "2sb·(r_q + r_kv + d_r)", e * tokens * mla_latent);
     add("Q", q_label, e * tokens * hq / t);
     add("K, V", kv_label, 2 * e * tokens * hkv / t);
-    if (a.attention == Attention::materialized) {
-      const double scores = heads * sl * s * b / t;
-      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
-      add("attention-dropout mask", "a·s²·b /t", mask * scores);
-    } else {
-      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
-    }
+    sac_attention_core();
     add("attention output (projection input)", o_label, e * tokens * ho / t);
     add("projection dropout mask", "sbh", mask * tokens * h / rep);
     add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep);
