@@ -83,7 +83,9 @@ TEST(FineTunePlan, SearchAndLongestSequence) {
   ASSERT_EQ(p.best.size(), 4u);
   for (std::size_t i = 0; i < p.best.size(); ++i) {
     EXPECT_TRUE(p.best[i].fit.fits);
-    if (i > 0) EXPECT_LE(p.best[i - 1].step_s, p.best[i].step_s);
+    if (i > 0) {
+      EXPECT_LE(p.best[i - 1].step_s, p.best[i].step_s);
+    }
   }
   ASSERT_GT(p.max_seq, 0);
   EXPECT_EQ(p.max_seq % 64, 0);

@@ -303,7 +303,9 @@ TEST(Operators, LowPrecisionRunsOnlyTheLinearGemmsInTheFormat) {
       ++kept;
     } else {
       EXPECT_LT(fp8, bf16) << op.name;
-      if (op.name == "mlp-down") EXPECT_NEAR(fp8, bf16 / 2, 1e-3 * bf16) << op.name;
+      if (op.name == "mlp-down") {
+        EXPECT_NEAR(fp8, bf16 / 2, 1e-3 * bf16) << op.name;
+      }
       ++linear;
     }
   }
