@@ -457,6 +457,8 @@ struct GroupPath {
   double bus_bps = 0;
   int nodes = 1;
   bool crosses_nodes = false;
+  int members_per_domain = 1;  // q: the group's members in one full NVLink domain
+  double rail_bps = 0;         // (nics/g) · B_nic · f_inter: one member's own rails
 };
 
 GroupPath group_path(const ClusterSpec& c, int group, int stride) {
@@ -471,9 +473,11 @@ GroupPath group_path(const ClusterSpec& c, int group, int stride) {
   // NICs per GPU, from the host's NICs (a rack domain's GPUs keep their own hosts' NICs).
   const int host = c.gpus_per_node;
   const double rails = (c.nics_per_node > 0 ? c.nics_per_node : host) / double(host);
-  const double inter = q * rails * c.inter_node.bandwidth_bps * c.inter_bus_fraction;
+  p.rail_bps = rails * c.inter_node.bandwidth_bps * c.inter_bus_fraction;
+  const double inter = q * p.rail_bps;
   p.bus_bps = q > 1 ? std::min(intra, inter) : inter;
   p.nodes = (group + q - 1) / q;
+  p.members_per_domain = q;
   p.crosses_nodes = true;
   return p;
 }
@@ -491,18 +495,20 @@ double collective_seconds(Collective c, double bytes_per_rank, int group, int st
   const GroupPath p = group_path(cluster, group, stride);
   const int steps = collective_steps(c, group);
   if (c == Collective::all_to_all && p.crosses_nodes) {
-    // Pairwise exchange, every pair at once: a rank's messages to the q − 1 peers in its domain
-    // go over NVLink, those to the k − q outside over its own rails; the slower part paces it.
-    // One network latency (all peers in flight) plus the in-domain steps.
-    const int q = std::max(1, (group + p.nodes - 1) / p.nodes);
+    // Pairwise exchange, every pair at once: a rank's messages to the q_i − 1 peers in its domain
+    // go over NVLink, those to the k − q_i outside over its own rails; the slower part paces it,
+    // and the slowest rank paces the collective. Full domains hold q members; when q does not
+    // divide k the last holds the rest, whose members send the most over their rails. One network
+    // latency (all peers in flight) plus the in-domain steps.
+    const int q = p.members_per_domain;
     const double per_peer = bytes_per_rank / double(group - 1);
-    const int host = cluster.gpus_per_node;
-    const double rails =
-        (cluster.nics_per_node > 0 ? cluster.nics_per_node : host) / double(host);
-    const double nic = rails * cluster.inter_node.bandwidth_bps * cluster.inter_bus_fraction;
     const double nvl = cluster.intra_node.bandwidth_bps * cluster.intra_bus_fraction;
+    auto pace = [&](int members) {
+      return std::max(per_peer * (group - members) / p.rail_bps, per_peer * (members - 1) / nvl);
+    };
+    const int rest = group % q;
     return cluster.inter_node.latency_s + (q - 1) * cluster.intra_node.latency_s +
-           std::max(per_peer * (group - q) / nic, per_peer * (q - 1) / nvl);
+           std::max(pace(q), rest > 0 ? pace(rest) : 0.0);
   }
   int inter_steps = 0;
   if (p.crosses_nodes)

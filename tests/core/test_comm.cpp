@@ -432,6 +432,20 @@ TEST(CommNccl, AllToAllAcrossHostsRunsOnEachRanksOwnRail) {
                    7 * c.intra_node.latency_s + 7e6 / nvl);
 }
 
+// A group of 12 on 8-GPU hosts (stride 1): ranks 0–7 share one host, 8–11 the next. A rank of the
+// 4-member host sends 8 of its 11 peer messages over its NIC, more than any rank of the full host
+// (4): the collective waits for it. (Averaging the members over the hosts, 6 per host, would have
+// sent 6 over the NIC.)
+TEST(CommNccl, AllToAllOverAPartialHostIsPacedByItsSmallestDomain) {
+  const ClusterSpec c = *cluster_preset("h100-80g");
+  const double per_peer = 1e6, bytes = 11 * per_peer;
+  const double nic = c.inter_node.bandwidth_bps * c.inter_bus_fraction;
+  const double nvl = c.intra_node.bandwidth_bps * c.intra_bus_fraction;
+  ASSERT_GT(8 * per_peer / nic, 7 * per_peer / nvl);  // the NIC part paces
+  const double expect = c.inter_node.latency_s + 7 * c.intra_node.latency_s + 8 * per_peer / nic;
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 12, 1, c), expect);
+}
+
 // ZeRO-3 under pipeline parallelism (torchtitan's FSDP with torch.distributed.pipelining): the stage
 // is gathered once and its gradients reduce-scattered once per step, whatever the micro-batches.
 TEST(StepTraffic, ZeroThreeUnderPipelineGathersOncePerStep) {
