@@ -21,7 +21,7 @@ namespace {
 
 struct Flags {
   engine::TpOptions run;
-  bool sp = false, compare_sp = false, json = false;
+  bool sp = false, compare_sp = false, recompute = false, compare_recompute = false, json = false;
 };
 
 double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
@@ -62,6 +62,12 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
           measured_json(m.bytes_sent / double(m.calls), t.bytes_per_call);
     j["variants"].push_back(
         {{"sequence_parallel", v.sequence_parallel},
+         {"full_recompute", v.full_recompute},
+         {"activation_bytes_per_layer",
+          measured_json(v.activation_bytes_per_layer - v.layer_norm_stat_bytes,
+                        v.predicted_activation_bytes_per_layer)},
+         {"allocated_bytes_per_layer", v.activation_bytes_per_layer},
+         {"layer_norm_stat_bytes_per_layer", v.layer_norm_stat_bytes},
          {"loss_f64", measured_json(v.loss_f64, v.reference_loss_f64)},
          {"max_grad_rel_diff_f64", v.max_grad_rel_diff},
          {"worst_grad", v.worst_grad},
@@ -80,6 +86,7 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
          {"layers", layers},
          {"sp_edges", collectives_json(v.edges)},
          {"sp_grad_reduce", collectives_json(v.sp_grad_reduce)},
+         {"sp_regather", collectives_json(v.sp_regather)},
          {"tp_comm_bytes_per_step", v.tp_comm_bytes},
          {"predicted_tp", {{"collective", std::string(to_string(t.collective))},
                            {"calls_per_step", t.calls},
@@ -104,7 +111,8 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
              r.world_size, m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch, r.n_params);
   for (const engine::TpVariant& v : r.variants) {
     const TrafficItem& t = v.predicted.tp;
-    fmt::print("{}:\n", v.sequence_parallel ? "TP + SP" : "TP");
+    fmt::print("{}{}:\n", v.sequence_parallel ? "TP + SP" : "TP",
+               v.full_recompute ? ", full recompute" : "");
     fmt::print("  float64 vs single-process: loss {:.12g} vs {:.12g}; max gradient difference "
                "{:.2e} relative ({})\n",
                v.loss_f64, v.reference_loss_f64, v.max_grad_rel_diff, v.worst_grad);
@@ -122,15 +130,30 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
                    c.bytes_sent / double(c.calls), t.bytes_per_call,
                    ratio(c.bytes_sent / double(c.calls), t.bytes_per_call));
     fmt::print("  core: {}\n", t.formula);
+    const double acts = v.activation_bytes_per_layer - v.layer_norm_stat_bytes;
+    fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n", "activation bytes per layer (fp32)",
+               acts, v.predicted_activation_bytes_per_layer,
+               ratio(acts, v.predicted_activation_bytes_per_layer));
+    if (v.layer_norm_stat_bytes > 0)
+      fmt::print("  (allocated {:.0f} bytes per layer, with LayerNorm's mean and rstd, {:.0f} bytes, "
+                 "which Korthikanti's inventory omits)\n",
+                 v.activation_bytes_per_layer, v.layer_norm_stat_bytes);
     if (v.sequence_parallel) {
       double edge = 0, grads = 0;
       for (const auto& c : v.edges) edge += c.bytes_sent;
       for (const auto& c : v.sp_grad_reduce) grads += c.bytes_sent;
+      double regather = 0;
+      for (const auto& c : v.sp_regather) regather += c.bytes_sent;
       fmt::print("  outside core's ledger: SP edges (embedding split, final gather) {:.0f} bytes, "
-                 "sequence-sharded parameter gradients all-reduce {:.0f} bytes per step\n",
-                 edge, grads);
+                 "sequence-sharded parameter gradients all-reduce {:.0f} bytes, backward re-gather "
+                 "of the column-parallel inputs (Megatron; overlapped) {:.0f} bytes per step\n",
+                 edge, grads, regather);
     }
   }
+  for (const auto& c : checks)
+    if (c.what.starts_with("SP-on / SP-off"))
+      fmt::print("{}: measured {:.4f}, core {:.4f} (seed plan 2: the saving SP buys)\n", c.what,
+                 c.measured, c.predicted);
   int failed = 0;
   for (const auto& c : checks) failed += c.ok ? 0 : 1;
   fmt::print("checks: {} of {} passed\n", int(checks.size()) - failed, int(checks.size()));
@@ -138,6 +161,11 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
 
 void run(Flags& f) {
   if (f.sp && f.compare_sp) throw InvalidInput("--sp with --compare-sp: give one of them");
+  if (f.recompute && f.compare_recompute)
+    throw InvalidInput("--recompute with --compare-recompute: give one of them");
+  f.run.recompute = f.compare_recompute ? engine::RecomputeMode::both
+                    : f.recompute       ? engine::RecomputeMode::full
+                                        : engine::RecomputeMode::none;
   f.run.sp = f.compare_sp ? engine::SpMode::both : f.sp ? engine::SpMode::on : engine::SpMode::off;
   const engine::TpResult r = engine::run_tp(engine::DistEnv::from_environment(), f.run);
   const auto checks = engine::tp_checks(r);
@@ -161,14 +189,18 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       "tp",
       "Megatron tensor parallelism (column/row-parallel linears, --sp: sequence parallelism) on "
       "the engine's GPT over every rank: float64 loss and gradients vs the single-process model, "
-      "fp32 loss trajectory, bytes per TP collective and per layer vs core's TP ledger; start it "
+      "fp32 loss trajectory, bytes per TP collective and per layer vs core's TP ledger, "
+      "activation bytes per layer vs core's activation ledger; start it "
       "with `tally launch --nproc T -- tally run tp --tp T`");
   cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative, fp32 losses ≤ 1e-5, bytes "
-              "exact. Rank 0 prints.");
+              "exact, activations ±1 %. Rank 0 prints.");
   cmd->add_option("--tp", f->run.tp, "TP ranks; must equal the world size (0 = the world size)")
       ->capture_default_str();
   cmd->add_flag("--sp", f->sp, "sequence parallelism (Korthikanti 2022 §4.2.2)");
   cmd->add_flag("--compare-sp", f->compare_sp, "run without and then with SP");
+  cmd->add_flag("--recompute", f->recompute,
+                "full activation recompute of every block (replays its forward collectives)");
+  cmd->add_flag("--compare-recompute", f->compare_recompute, "run without and then with --recompute");
   cmd->add_option("--hidden", f->run.model.hidden, "C")->capture_default_str();
   cmd->add_option("--layers", f->run.model.layers, "L")->capture_default_str();
   cmd->add_option("--heads", f->run.model.heads, "a")->capture_default_str();

@@ -9,8 +9,11 @@
 #include <numeric>
 
 #include "gpt_model.hpp"
+#include "tally/core/activations.hpp"
 #include "tally/core/types.hpp"
+#include "tally/engine/experiments/memory_profile.hpp"
 #include "tally/engine/process_groups.hpp"
+#include "tally/engine/tracking_allocator.hpp"
 #include "tp_model.hpp"
 
 namespace tally::engine {
@@ -70,7 +73,7 @@ void check_f64(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v) 
   Gpt ref = reference_model(o, at::kDouble);
   const at::Tensor ref_loss = ref->forward(data.idx[0], data.targets[0]);
   ref_loss.backward();
-  TpGpt model(ref, tp, v.sequence_parallel);
+  TpGpt model(ref, tp, v.sequence_parallel, v.full_recompute);
   const at::Tensor loss = model.forward(data.idx[0], data.targets[0]);
   loss.backward();
   model.sp_reduce_grads();
@@ -100,7 +103,7 @@ void sgd(std::vector<at::Tensor> params, double lr) {
 // fp32: `steps` SGD steps of both models on batches 1…steps; the first step's collectives kept.
 void train_f32(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v, bool progress) {
   Gpt ref = reference_model(o, at::kFloat);
-  TpGpt model(ref, tp, v.sequence_parallel);
+  TpGpt model(ref, tp, v.sequence_parallel, v.full_recompute);
   std::vector<at::Tensor> tp_params;
   for (auto& p : model.parameters()) tp_params.push_back(p.tensor);
   for (int s = 1; s <= o.steps; ++s) {
@@ -124,19 +127,57 @@ void train_f32(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v, 
     if (s == 1) {
       for (TpSite& site : model.layer_sites()) v.per_layer.push_back(measures(site.issued));
       v.edges = measures(model.edge_site().issued);
+      CommCounters regather;
+      for (const TpSite& site : model.regather_sites())
+        for (std::size_t c = 0; c < regather.by_collective.size(); ++c) {
+          regather.by_collective[c].calls += site.issued.by_collective[c].calls;
+          regather.by_collective[c].bytes_sent += site.issued.by_collective[c].bytes_sent;
+          regather.by_collective[c].seconds += site.issued.by_collective[c].seconds;
+        }
+      v.sp_regather = measures(regather);
       v.sp_grad_reduce = measures(model.grad_site().issued);
       v.tp_comm_bytes = tp.counters()[Collective::all_reduce].bytes_sent +
                         tp.counters()[Collective::all_gather].bytes_sent +
                         tp.counters()[Collective::reduce_scatter].bytes_sent - before;
     }
     if (progress)
-      std::fprintf(stderr, "tp t=%d sp=%s: step %d/%d loss %.6f (single-process %.6f) %.3f s\n",
-                   tp.world_size(), v.sequence_parallel ? "on" : "off", s, o.steps,
+      std::fprintf(stderr, "tp t=%d sp=%s recompute=%s: step %d/%d loss %.6f (single-process "
+                   "%.6f) %.3f s\n",
+                   tp.world_size(), v.sequence_parallel ? "on" : "off",
+                   v.full_recompute ? "full" : "none", s, o.steps,
                    v.losses.back(), v.reference_losses.back(), v.step_seconds.back());
   }
 }
 
-StepTraffic predict(const TpOptions& o, std::int64_t n_params, int t, bool sp) {
+// Activations of one fp32 forward on batch 1, measured by the tracking allocator at each block
+// boundary: what block l leaves alive is the growth of the allocated bytes across it (its output
+// stands for the next block's saved input, which the growth of block l − 1 counted), so the mean
+// over the L blocks is (allocated after the last − allocated before the first) / L.
+void measure_activations(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v) {
+  Gpt ref = reference_model(o, at::kFloat);
+  TpGpt model(ref, tp, v.sequence_parallel, v.full_recompute);
+  std::vector<std::int64_t> allocated;
+  at::Tensor loss;
+  {
+    TrackingAllocatorScope scope({.cache = false});
+    model.set_block_observer(
+        [&](std::size_t) { allocated.push_back(scope.counters().allocated_bytes); });
+    loss = model.forward(data.idx[1], data.targets[1]);
+    model.set_block_observer({});
+  }
+  loss.backward();  // the peers' collectives in backward must be matched; frees the graph
+  const auto L = double(o.model.layers);
+  v.activation_bytes_per_layer = double(allocated.back() - allocated.front()) / L;
+  ActivationSetup a = gpt_activation_setup(o.model, Precision::fp32);
+  a.tp = tp.world_size();
+  a.sequence_parallel = v.sequence_parallel;
+  a.recompute = v.full_recompute ? Recompute::full : Recompute::none;
+  v.predicted_activation_bytes_per_layer = activations(gpt_model_spec(o.model), a).per_layer_bytes;
+  const double tokens = double(o.model.micro_batch * o.model.seq) / (v.sequence_parallel ? a.tp : 1);
+  v.layer_norm_stat_bytes = v.full_recompute ? 0.0 : 2 * 2 * 4.0 * tokens;
+}
+
+StepTraffic predict(const TpOptions& o, std::int64_t n_params, int t, bool sp, bool full) {
   const GptConfig& m = o.model;
   return step_traffic({.params = double(n_params),
                        .param_bytes = 4,
@@ -148,7 +189,8 @@ StepTraffic predict(const TpOptions& o, std::int64_t n_params, int t, bool sp) {
                        .micro_batch = m.micro_batch,
                        .micro_batches = 1,
                        .tp = t,
-                       .sequence_parallel = sp});
+                       .sequence_parallel = sp,
+                       .recompute = full ? Recompute::full : Recompute::none});
 }
 
 }  // namespace
@@ -193,12 +235,16 @@ std::vector<TpCheck> tp_checks(const TpResult& r) {
     out.push_back({std::move(what), measured, predicted, tol, d <= tol});
   };
   for (const TpVariant& v : r.variants) {
-    const std::string sp = v.sequence_parallel ? "sp=on " : "sp=off ";
+    const std::string sp = std::string(v.sequence_parallel ? "sp=on " : "sp=off ") +
+                           (v.full_recompute ? "recompute=full " : "");
     rel(sp + "loss f64 vs single-process", v.loss_f64, v.reference_loss_f64, kTpF64Tolerance);
     out.push_back({sp + "max gradient difference f64 (" + v.worst_grad + ")", v.max_grad_rel_diff,
                    0, kTpF64Tolerance, v.max_grad_rel_diff <= kTpF64Tolerance});
     out.push_back({sp + "max loss difference fp32 over the steps", v.max_loss_rel_diff, 0,
                    kTpF32LossTolerance, v.max_loss_rel_diff <= kTpF32LossTolerance});
+    rel(sp + "activation bytes per layer less LayerNorm statistics",
+        v.activation_bytes_per_layer - v.layer_norm_stat_bytes,
+        v.predicted_activation_bytes_per_layer, kTpActivationTolerance);
     const TrafficItem& t = v.predicted.tp;
     for (std::size_t l = 0; l < v.per_layer.size(); ++l) {
       const std::string layer = sp + "layer " + std::to_string(l) + " ";
@@ -217,6 +263,16 @@ std::vector<TpCheck> tp_checks(const TpResult& r) {
       if (r.world_size > 1) rel(layer + "calls", double(calls), v.predicted_calls_per_layer(), 0);
     }
   }
+  // Seed plan 2: the SP-on / SP-off activation ratio against core's, for each recompute setting.
+  for (const TpVariant& off : r.variants)
+    for (const TpVariant& on : r.variants)
+      if (!off.sequence_parallel && on.sequence_parallel && off.full_recompute == on.full_recompute)
+        rel(std::string("SP-on / SP-off activation ratio") +
+                (on.full_recompute ? " (recompute=full)" : ""),
+            (on.activation_bytes_per_layer - on.layer_norm_stat_bytes) /
+                (off.activation_bytes_per_layer - off.layer_norm_stat_bytes),
+            on.predicted_activation_bytes_per_layer / off.predicted_activation_bytes_per_layer,
+            kTpActivationTolerance);
   return out;
 }
 
@@ -235,17 +291,21 @@ TpResult run_tp(const DistEnv& env, const TpOptions& options) {
   r.n_params = count_params(gpt_model_spec(options.model)).total();
   Comm world(env, {.timeout_s = options.timeout_s});
   ProcessGroups groups(world, ParallelLayout{.tp = env.world_size});
-  std::vector<bool> layouts;
+  std::vector<bool> layouts, recomputes;
   if (options.sp != SpMode::on) layouts.push_back(false);
   if (options.sp != SpMode::off) layouts.push_back(true);
+  if (options.recompute != RecomputeMode::full) recomputes.push_back(false);
+  if (options.recompute != RecomputeMode::none) recomputes.push_back(true);
   const Batches data = draw_batches(options);
-  for (const bool sp : layouts) {
-    TpVariant v{.sequence_parallel = sp};
-    check_f64(options, groups.tp(), data, v);
-    train_f32(options, groups.tp(), data, v, env.rank == 0);
-    v.predicted = predict(options, r.n_params, env.world_size, sp);
-    r.variants.push_back(std::move(v));
-  }
+  for (const bool full : recomputes)
+    for (const bool sp : layouts) {
+      TpVariant v{.sequence_parallel = sp, .full_recompute = full};
+      check_f64(options, groups.tp(), data, v);
+      train_f32(options, groups.tp(), data, v, env.rank == 0);
+      measure_activations(options, groups.tp(), data, v);
+      v.predicted = predict(options, r.n_params, env.world_size, sp, full);
+      r.variants.push_back(std::move(v));
+    }
   world.barrier();  // no rank tears its groups down while a peer still reduces
   return r;
 }

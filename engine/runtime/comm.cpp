@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "comm_torch.hpp"
 #include "ring.hpp"
@@ -219,6 +220,19 @@ struct Comm::Impl {
     } catch (...) {
       fail(op, peer, what_failed, current_error());
     }
+    released(work);
+  }
+
+  // Note [released tensors]: Work::wait returns when the worker thread marks the work done; the
+  // thread drops its own reference (ProcessGroupGloo::runLoop's workInProgress_) a moment later.
+  // Until then the work keeps the caller's tensors alive, so a tensor the caller drops right after
+  // a collective could outlive it by a race — and the tracking allocator (the engine's memory
+  // probe) would count it or not by chance. Waiting for that reference to go (microseconds; never
+  // longer than the timeout) makes a returned collective hold nothing of the caller's.
+  void released(const c10::intrusive_ptr<c10d::Work>& work) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (work.use_count() > 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
   }
 
   std::string describe(const std::string& op, double size_bytes) const {

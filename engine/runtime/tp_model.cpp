@@ -86,17 +86,6 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   static variable_list backward(AutogradContext*, variable_list g) { return {g[0], torch::Tensor()}; }
 };
 
-// ḡ (SP, before a column-parallel block): all-gather forward, reduce-scatter backward.
-struct GatherFromSeq : torch::autograd::Function<GatherFromSeq> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
-    remember(ctx, site);
-    return seq_all_gather(*site, x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {seq_reduce_scatter(*site_of(ctx), g[0]), torch::Tensor()};
-  }
-};
-
 // g̅ (SP, after a row-parallel block): reduce-scatter forward, all-gather backward.
 struct ReduceScatterToSeq : torch::autograd::Function<ReduceScatterToSeq> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpSite* site) {
@@ -117,6 +106,57 @@ struct ScatterToSeq : torch::autograd::Function<ScatterToSeq> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     return {seq_all_gather(*site_of(ctx), g[0]), torch::Tensor()};
+  }
+};
+
+// ḡ and a column-parallel linear under SP, as one operation that keeps only the shard
+// (Note [SP re-gather]): forward all-gathers x's shards and applies the linear; backward all-
+// gathers them again (on `regather`) for the weight gradient and reduce-scatters the input
+// gradient back to the shards.
+struct SeqParallelColumnLinear : torch::autograd::Function<SeqParallelColumnLinear> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& shard,
+                               const torch::Tensor& w, const torch::Tensor& b, TpSite* site,
+                               TpSite* regather) {
+    remember(ctx, site);
+    ctx->saved_data["regather"] = reinterpret_cast<std::int64_t>(regather);
+    ctx->save_for_backward({shard, w});
+    return torch::linear(seq_all_gather(*site, shard), w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &shard = saved[0], &w = saved[1];
+    auto* regather = reinterpret_cast<TpSite*>(ctx->saved_data["regather"].toInt());
+    const torch::Tensor full = seq_all_gather(*regather, shard);  // (B, T, C)
+    const torch::Tensor go = g[0].reshape({-1, w.size(0)});       // (B·T, out)
+    const torch::Tensor grad_w = go.t().mm(full.reshape({-1, w.size(1)}));
+    const torch::Tensor grad_b = go.sum(0);
+    const torch::Tensor grad_x = seq_reduce_scatter(*site_of(ctx), g[0].matmul(w));
+    return {grad_x, grad_w, grad_b, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Note [full recompute]: forward keeps the block's input only; backward replays the block from it
+// with autograd on and backpropagates through the replay at once.
+struct RecomputedBlock : torch::autograd::Function<RecomputedBlock> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGpt* model,
+                               std::int64_t layer, const torch::Tensor& mask) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["model"] = reinterpret_cast<std::int64_t>(model);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["mask"] = mask;
+    return model->block_forward(std::size_t(layer), x, mask);  // autograd is off here
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    auto* model = reinterpret_cast<TpGpt*>(ctx->saved_data["model"].toInt());
+    const auto layer = std::size_t(ctx->saved_data["layer"].toInt());
+    const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      y = model->block_forward(layer, x, ctx->saved_data["mask"].toTensor());
+    }
+    torch::autograd::backward({y}, {g[0]});
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -175,14 +215,15 @@ std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads) {
   return out;
 }
 
-TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel)
-    : config_(full->config), comm_(tp_comm), sp_(sequence_parallel) {
+TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute)
+    : config_(full->config), comm_(tp_comm), sp_(sequence_parallel), recompute_(full_recompute) {
   const int t = comm_.world_size();
   TALLY_INVARIANT(!sp_ || config_.seq % t == 0);
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : tp_shards(full, t, comm_.rank(), false))
     params_.push_back({name, tensor.detach().clone().set_requires_grad(true)});
   layer_sites_.assign(std::size_t(config_.layers), TpSite{.comm = &comm_});
+  regather_sites_.assign(std::size_t(config_.layers), TpSite{.comm = &comm_});
   edge_site_.comm = &comm_;
   grad_site_.comm = &comm_;
 }
@@ -197,19 +238,22 @@ torch::Tensor& TpGpt::p(std::size_t block, const char* name) {
 
 torch::Tensor TpGpt::block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask) {
   TpSite* site = &layer_sites_[l];
+  TpSite* regather = &regather_sites_[l];
   const std::int64_t C = config_.hidden;
   const std::int64_t local_heads = config_.heads / comm_.world_size();
-  auto column_in = [&](const torch::Tensor& a) {  // f, or ḡ with SP
-    return sp_ ? GatherFromSeq::apply(a, site) : CopyToTp::apply(a, site);
+  // f + column-parallel linear, or ḡ + it with SP (Note [SP re-gather])
+  auto column = [&](const torch::Tensor& a, const char* w, const char* b) {
+    return sp_ ? SeqParallelColumnLinear::apply(a, p(l, w), p(l, b), site, regather)
+               : torch::linear(CopyToTp::apply(a, site), p(l, w), p(l, b));
   };
   auto row_out = [&](const torch::Tensor& o) {  // g, or g̅ with SP
     return sp_ ? ReduceScatterToSeq::apply(o, site) : ReduceFromTp::apply(o, site);
   };
-  const auto a = column_in(torch::layer_norm(x, {C}, p(l, "ln1_w"), p(l, "ln1_b")));
-  const auto y = causal_self_attention(torch::linear(a, p(l, "qkv_w"), p(l, "qkv_b")), local_heads, mask);
+  const auto a = torch::layer_norm(x, {C}, p(l, "ln1_w"), p(l, "ln1_b"));
+  const auto y = causal_self_attention(column(a, "qkv_w", "qkv_b"), local_heads, mask);
   const auto h = x + (row_out(torch::linear(y, p(l, "proj_w"))) + p(l, "proj_b"));
-  const auto m = column_in(torch::layer_norm(h, {C}, p(l, "ln2_w"), p(l, "ln2_b")));
-  const auto z = torch::gelu(torch::linear(m, p(l, "fc_w"), p(l, "fc_b")), "tanh");
+  const auto m = torch::layer_norm(h, {C}, p(l, "ln2_w"), p(l, "ln2_b"));
+  const auto z = torch::gelu(column(m, "fc_w", "fc_b"), "tanh");
   return h + (row_out(torch::linear(z, p(l, "mlp_w"))) + p(l, "mlp_b"));
 }
 
@@ -219,7 +263,11 @@ torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targ
   auto x = torch::embedding(wte, idx) + params_[1].tensor.narrow(0, 0, T);  // (B, T, C)
   if (sp_) x = ScatterToSeq::apply(x, &edge_site_);                         // (B, T/t, C)
   const auto mask = causal_mask(T);
-  for (std::size_t l = 0; l < layer_sites_.size(); ++l) x = block_forward(l, x, mask);
+  if (observer_) observer_(0);
+  for (std::size_t l = 0; l < layer_sites_.size(); ++l) {
+    x = recompute_ ? RecomputedBlock::apply(x, this, std::int64_t(l), mask) : block_forward(l, x, mask);
+    if (observer_) observer_(l + 1);
+  }
   if (sp_) x = GatherSeqToReplicated::apply(x, &edge_site_);  // (B, T, C)
   const auto& lnf_w = params_[params_.size() - 2].tensor;
   const auto& lnf_b = params_[params_.size() - 1].tensor;
@@ -244,6 +292,7 @@ void TpGpt::sp_reduce_grads() {
 
 void TpGpt::clear_counts() {
   for (auto& s : layer_sites_) s.issued = {};
+  for (auto& s : regather_sites_) s.issued = {};
   edge_site_.issued = {};
   grad_site_.issued = {};
 }

@@ -26,18 +26,33 @@
 // With SP, x is the sequence shard (B, T/t, C) of rank r (positions [r·T/t, (r+1)·T/t)); LayerNorm,
 // residual adds and biases run on it. ḡ before each column-parallel block: all-gather along the
 // sequence forward, reduce-scatter backward; g̅ after each row-parallel block: reduce-scatter
-// forward, all-gather backward. Same bytes as the all-reduces, twice the calls. The gathered input
-// is kept for the weight gradient (Megatron re-gathers it in backward to save memory; that extra
-// all-gather is not run here, nor counted by core). The sequence-sharded parameters (ln_1, ln_2,
-// the row-parallel biases) get partial gradients: sp_reduce_grads() sums them over the group once
-// per step, as Megatron does. At the model's edges the embedding output is split to the shard
-// (backward: all-gather) and the last block's output all-gathered before ln_f (backward: split).
+// forward, all-gather backward. Same bytes as the all-reduces, twice the calls. The sequence-
+// sharded parameters (ln_1, ln_2, the row-parallel biases) get partial gradients: sp_reduce_grads()
+// sums them over the group once per step, as Megatron does. At the model's edges the embedding
+// output is split to the shard (backward: all-gather) and the last block's output all-gathered
+// before ln_f (backward: split).
 // Collectives run over the sequence-major layout (T, B, C), so a rank's chunk is its shard.
+//
+// Note [SP re-gather]
+// A column-parallel linear under SP needs the gathered input (B, T, C) for its weight gradient.
+// Megatron-LM (LinearWithGradAccumulationAndAsyncCommunication, sequence_parallel=True) keeps only
+// the shard (B, T/t, C) and all-gathers it again in backward, overlapped with the input-gradient
+// GEMM; Korthikanti 2022 §4.2.2's 34/t·sbh counts the shard, and so does core's activation
+// ledger. TpGpt does the same: per layer two extra all-gathers of S in backward, on their own site
+// (TpGpt::regather_sites), outside core's TP traffic item, which counts the collectives on the
+// critical path (comm.cpp).
+//
+// Note [full recompute]
+// With full recompute each block runs in forward without keeping anything but its input; in
+// backward it is replayed from that input (issuing its forward collectives again: core's 6 instead
+// of 4 per layer, DESIGN.md erratum 2) and backpropagated through at once — the reentrant
+// checkpoint of torch.utils.checkpoint and Megatron-LM's CheckpointFunction.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,8 +81,14 @@ std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads);
 class TpGpt {
  public:
   // Copies of tp_shards(full, comm.world_size(), comm.rank(), false), leaves requiring grad.
-  // With sequence_parallel, T must be divisible by t.
-  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel);
+  // With sequence_parallel, T must be divisible by t. full_recompute: Note [full recompute].
+  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute = false);
+
+  // Called by forward() at each block boundary: 0 before the first block (after the embedding and
+  // the causal mask), l + 1 after block l. For measuring what each block leaves alive.
+  void set_block_observer(std::function<void(std::size_t)> observer) {
+    observer_ = std::move(observer);
+  }
 
   // idx, targets: (B, T) int64, the same on every TP rank. Returns the mean cross-entropy (every
   // rank the same value). Collectives run now (forward) and in backward() of the result.
@@ -80,17 +101,21 @@ class TpGpt {
   std::vector<TpSite>& layer_sites() { return layer_sites_; }  // one per block
   TpSite& edge_site() { return edge_site_; }                   // SP split / gather at the edges
   TpSite& grad_site() { return grad_site_; }                   // sp_reduce_grads
+  std::vector<TpSite>& regather_sites() { return regather_sites_; }  // Note [SP re-gather]
   void clear_counts();                                         // every site's `issued`
+
+  // Block l's forward on x (its input); with recompute, what backward replays.
+  torch::Tensor block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
 
  private:
   torch::Tensor& p(std::size_t block, const char* name);
-  torch::Tensor block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
 
   GptConfig config_;
   Comm& comm_;
-  bool sp_;
+  bool sp_, recompute_;
   std::vector<NamedTensor> params_;
-  std::vector<TpSite> layer_sites_;
+  std::vector<TpSite> layer_sites_, regather_sites_;
+  std::function<void(std::size_t)> observer_;
   TpSite edge_site_, grad_site_;
 };
 

@@ -10,6 +10,12 @@
 //                1024; all-reduce 2S(t−1)/t, all-gather / reduce-scatter S(t−1)/t (ring volumes,
 //                Patarasuk & Yuan 2009), 4 all-reduces or 4 (all-gather + reduce-scatter) pairs per
 //                layer (Shoeybi 2019 §3, Korthikanti 2022 §4.2.2);
+//                With full recompute the replay issues the forward's collectives again: 6 per
+//                layer (DESIGN.md erratum 2); SP's backward re-gather (Megatron) 2 per layer;
+//   activations  bytes each block leaves alive, by hand from Korthikanti 2022 §4.1's inventory
+//                without dropout in fp32 elements (Note [what eager PyTorch saves]): TP (4 + 12/t)
+//                ·BTC + a·T²·B/t, TP+SP (16·BTC + a·T²·B)/t, full recompute the block input BTC
+//                (/t with SP); plus LayerNorm's mean and rstd, 4·B·T (/t with SP), outside it;
 //   the CLI      bad input exits 2 naming the flag; `tally launch -- tally run tp --compare-sp
 //                --json` reports measured beside predicted.
 #include <gtest/gtest.h>
@@ -39,8 +45,9 @@ using subprocess::run_command;
 constexpr double kLimit_s = 90;  // one run of t ranks on a loaded 2-core box; ctest's 300 s backstop
 
 // h 16, L 2, a 4, V 32, T 8, B 2: t = 2 and 4 divide a, 4h = 64 and T.
-TpOptions tiny(SpMode sp) {
+TpOptions tiny(SpMode sp, RecomputeMode recompute = RecomputeMode::none) {
   return {.sp = sp,
+          .recompute = recompute,
           .model = {.hidden = 16, .layers = 2, .heads = 4, .vocab = 32, .seq = 8, .micro_batch = 2},
           .steps = 10,
           .timeout_s = 60};
@@ -92,17 +99,21 @@ TEST(TpOptions, BadLayoutNamesTheFlagAndRange) {
   EXPECT_EQ(message(o, 4), "--seq = 6: must be divisible by --tp = 4 with --sp (sequence shards)");
 }
 
-// One launch per t runs both layouts (SP off, then on) over the same groups.
+// One launch per t runs the four layouts (SP off and on, without and with full recompute) over
+// the same groups.
 class TpEquivalence : public ::testing::TestWithParam<int> {};
 
 TEST_P(TpEquivalence, LossGradientsAndBytesMatch) {
   const int t = GetParam();
   const auto run = harness::run_ranks(t, kLimit_s, [t](const DistEnv& env) {
-    const TpResult r = run_tp(env, tiny(SpMode::both));
-    ASSERT_EQ(r.variants.size(), 2u);
+    const TpResult r = run_tp(env, tiny(SpMode::both, RecomputeMode::both));
+    ASSERT_EQ(r.variants.size(), 4u);
     const double S = 2 * 8 * 16 * 4.0;  // B·T·C fp32 bytes
+    const double BTC = 2 * 8 * 16, aT2B = 4 * 8 * 8 * 2, BT = 2 * 8;
     for (const TpVariant& v : r.variants) {
-      SCOPED_TRACE(v.sequence_parallel ? "SP" : "TP");
+      SCOPED_TRACE(std::string(v.sequence_parallel ? "SP" : "TP") +
+                   (v.full_recompute ? " recompute" : ""));
+      const double per_layer_calls = v.full_recompute ? 6 : 4;  // forward, backward (, replay)
       EXPECT_LE(std::abs(v.loss_f64 - v.reference_loss_f64) / v.reference_loss_f64, 1e-10);
       EXPECT_LE(v.max_grad_rel_diff, 1e-10) << v.worst_grad;
       ASSERT_EQ(v.losses.size(), 10u);
@@ -119,17 +130,25 @@ TEST_P(TpEquivalence, LossGradientsAndBytesMatch) {
           if (v.sequence_parallel) {
             EXPECT_TRUE(m.collective == Collective::all_gather ||
                         m.collective == Collective::reduce_scatter);
-            EXPECT_EQ(m.calls, 4);  // 2 forward + 2 backward of each
+            EXPECT_EQ(m.calls, per_layer_calls);  // 2 forward + 2 backward (+ 2 replayed) of each
             EXPECT_DOUBLE_EQ(m.bytes_sent / m.calls, S * (t - 1) / t);
           } else {
             EXPECT_EQ(m.collective, Collective::all_reduce);
             EXPECT_DOUBLE_EQ(m.bytes_sent / m.calls, 2 * S * (t - 1) / t);
           }
         }
-        EXPECT_EQ(calls, v.sequence_parallel ? 8 : 4);
-        EXPECT_DOUBLE_EQ(bytes, 4 * 2 * S * (t - 1) / t);  // SP: same bytes, twice the calls
+        EXPECT_EQ(calls, (v.sequence_parallel ? 2 : 1) * per_layer_calls);
+        // SP: same bytes, twice the calls
+        EXPECT_DOUBLE_EQ(bytes, per_layer_calls * 2 * S * (t - 1) / t);
       }
       EXPECT_DOUBLE_EQ(v.measured_bytes_per_layer(), v.predicted_bytes_per_layer());
+      // Activations, fp32 bytes per layer (the file's comment).
+      const double saved = v.full_recompute ? BTC / (v.sequence_parallel ? t : 1)
+                           : v.sequence_parallel ? (16 * BTC + aT2B) / t + 4 * BT / t
+                                                 : (4 + 12.0 / t) * BTC + aT2B / t + 4 * BT;
+      EXPECT_DOUBLE_EQ(v.activation_bytes_per_layer, 4 * saved);
+      EXPECT_DOUBLE_EQ(v.layer_norm_stat_bytes,
+                       v.full_recompute ? 0 : 4 * 4 * BT / (v.sequence_parallel ? t : 1));
       if (v.sequence_parallel) {
         // Edges: the embedding split's backward and the final gather, one all-gather each; the
         // gradients of ln_1, ln_2 and the two row-parallel biases, 6C per layer, one all-reduce.
@@ -137,9 +156,15 @@ TEST_P(TpEquivalence, LossGradientsAndBytesMatch) {
         EXPECT_EQ(v.edges[0].calls, 2);
         ASSERT_EQ(v.sp_grad_reduce.size(), 1u);
         EXPECT_DOUBLE_EQ(v.sp_grad_reduce[0].bytes_sent, 2 * (2 * 6 * 16 * 4.0) * (t - 1) / t);
+        // Megatron's re-gather of the QKV and W1 inputs in backward, 2 layers × 2.
+        ASSERT_EQ(v.sp_regather.size(), 1u);
+        EXPECT_EQ(v.sp_regather[0].collective, Collective::all_gather);
+        EXPECT_EQ(v.sp_regather[0].calls, 4);
+        EXPECT_DOUBLE_EQ(v.sp_regather[0].bytes_sent, 4 * S * (t - 1) / t);
       } else {
         EXPECT_TRUE(v.edges.empty());
         EXPECT_TRUE(v.sp_grad_reduce.empty());
+        EXPECT_TRUE(v.sp_regather.empty());
       }
     }
     for (const TpCheck& c : tp_checks(r)) EXPECT_TRUE(c.ok) << c.what << ": " << c.measured;
@@ -196,8 +221,11 @@ TEST(TpCli, JsonMeasuredBesidePredicted) {
   EXPECT_DOUBLE_EQ(sp["bytes_per_call"]["all-gather"]["measured"].get<double>(), S / 2);
   EXPECT_DOUBLE_EQ(sp["calls_per_layer"]["measured"].get<double>(), 8);
   EXPECT_EQ(sp["losses_fp32"].size(), 3u);
+  // Measured activations less LayerNorm's statistics equal core's per-layer figure.
+  EXPECT_DOUBLE_EQ(sp["activation_bytes_per_layer"]["ratio"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(sp["layer_norm_stat_bytes_per_layer"].get<double>(), 4 * 4 * 2 * 8 / 2.0);
   // One progress line per step per layout on stderr, from rank 0.
-  EXPECT_NE(r.err.find("tp t=2 sp=on: step 3/3 loss "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tp t=2 sp=on recompute=none: step 3/3 loss "), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -7,7 +7,15 @@
 //                 1e-5 relative per step
 //   communication bytes per TP collective and per layer, measured by the TP group's Comm
 //                 counters over one training step, beside core step_traffic()'s TP item (Shoeybi
-//                 2019 §3; Korthikanti 2022 §4.2.2; DESIGN.md erratum 2), exact
+//                 2019 §3; Korthikanti 2022 §4.2.2; DESIGN.md erratum 2), exact, with and without
+//                 full recompute (Note [full recompute] in tp_model.hpp)
+//   activations   bytes each block leaves alive for backward, per layer per rank, measured with
+//                 the tracking allocator over one fp32 forward, beside core activations()'
+//                 Korthikanti terms for this model (fp32, no dropout, materialised attention):
+//                 TP (4 + 12/t)·BTC + a·T²·B/t elements, TP + SP (16·BTC + a·T²·B)/t, full
+//                 recompute the layer input; within 1 % once LayerNorm's statistics, which the
+//                 inventory omits, are taken off (kTpActivationTolerance), and the SP-on / SP-off
+//                 ratio against core's (seed plan 2: "check the saving reaches the theory")
 //
 // Legend: t = TP ranks, B = micro-batch, T = sequence, C = hidden, L = layers, a = heads, V = vocab.
 // Every rank builds the single-process GPT from `seed` (the same weights everywhere), cuts its
@@ -27,6 +35,7 @@ namespace tally::engine {
 
 // Which layouts one run executes, one after another over the same process group and data.
 enum class SpMode { off, on, both };
+enum class RecomputeMode { none, full, both };  // full recompute of every block
 
 // Note [default TP model]
 // h 64, L 2, a 8, V 256, T 32, B 2: divisible by t = 1, 2, 4, 8 (heads, FFN width 256, sequence);
@@ -35,6 +44,7 @@ enum class SpMode { off, on, both };
 struct TpOptions {
   int tp = 0;                      // TP ranks; 0 = the world size. Must equal the world size.
   SpMode sp = SpMode::off;
+  RecomputeMode recompute = RecomputeMode::none;
   GptConfig model{.hidden = 64, .layers = 2, .heads = 8, .vocab = 256, .seq = 32, .micro_batch = 2};
   int steps = 10;                  // fp32 SGD steps
   double lr = 0.1;                 // SGD learning rate
@@ -56,6 +66,7 @@ struct TpCollectiveMeasure {
 
 struct TpVariant {
   bool sequence_parallel = false;
+  bool full_recompute = false;
   // float64 equivalence, this rank
   double loss_f64 = 0, reference_loss_f64 = 0;
   double loss_rel_diff = 0;                // |l − l_ref| / |l_ref|
@@ -70,6 +81,14 @@ struct TpVariant {
   // SP gradient all-reduce of the sequence-sharded parameters, which core's ledger does not hold.
   std::vector<std::vector<TpCollectiveMeasure>> per_layer;
   std::vector<TpCollectiveMeasure> edges, sp_grad_reduce;
+  std::vector<TpCollectiveMeasure> sp_regather;  // Note [SP re-gather], all layers together
+  // Activations: bytes the blocks leave alive after one fp32 forward, per layer (mean over the
+  // layers), this rank; core's per-layer figure for the same layout.
+  double activation_bytes_per_layer = 0;
+  double predicted_activation_bytes_per_layer = 0;
+  // Of the measured bytes, LayerNorm's saved mean and rstd: 2 norms × 2 fp32 values per token of
+  // the block's input (÷t with SP; none under full recompute, which keeps the input only).
+  double layer_norm_stat_bytes = 0;
   double tp_comm_bytes = 0;                // all the TP Comm's bytes in that step
   StepTraffic predicted;                   // core step_traffic() for this layout (fp32 bytes)
   // Derived, this rank: bytes per layer (mean over layers; each layer checked apart by checks).
@@ -82,7 +101,7 @@ struct TpResult {
   TpOptions options;
   int rank = 0, world_size = 1;
   std::int64_t n_params = 0;               // N of the single-process model
-  std::vector<TpVariant> variants;         // SP off first when both
+  std::vector<TpVariant> variants;         // SP off first when both; recompute off first
 };
 
 // Tolerances, with their reason: float64 sums in a different order differ by a few ulps (1e-16);
@@ -92,6 +111,12 @@ struct TpResult {
 inline constexpr double kTpF64Tolerance = 1e-10;
 inline constexpr double kTpF32LossTolerance = 1e-5;
 inline constexpr double kTpBytesTolerance = 1e-12;
+// Activations: the module saves exactly core's inventory plus LayerNorm's fp32 mean and rstd
+// (Note [what eager PyTorch saves] in gpt_model.cpp), which Korthikanti's inventory omits; the
+// check compares the measured bytes less those statistics (TpVariant::layer_norm_stat_bytes) with
+// core's. The issue allows ±15 %; 1 % leaves room for allocator details of other libtorch versions,
+// while the smallest tensor of the inventory, B·T·C/t, is ≥ 5 % of a layer at t ≤ 4.
+inline constexpr double kTpActivationTolerance = 0.01;
 
 struct TpCheck {
   std::string what;   // "sp=off loss f64", "sp=on layer 1 all-gather bytes per call", …
