@@ -97,17 +97,19 @@ void run_memory(const MemoryOptions& o) {
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
 
+  const std::optional<LoraSetup> lora = lora_setup(o.lora, precision, optimizer_from(o.optimizer));
   auto activations_at = [&](std::int64_t seq) {
-    return activations(model, ActivationSetup{
-                                  .seq = seq, .micro_batch = o.micro_batch, .tp = o.tp,
-                                  .sequence_parallel = o.sp, .cp = o.cp, .pp = o.pp,
-                                  .interleave = o.interleave,
-                                  .micro_batches = o.micro_batches.value_or(o.pp),
-                                  .recompute = recompute_from(o.recompute),
-                                  .attention = attention_from(o.attention),
-                                  .dropout = o.dropout || (!o.no_dropout && model.dropout),
-                                  .capacity_factor = o.capacity_factor,
-                                  .eager_loss = o.loss == "eager"});
+    ActivationSetup a{.seq = seq, .micro_batch = o.micro_batch, .tp = o.tp,
+                      .sequence_parallel = o.sp, .cp = o.cp, .pp = o.pp,
+                      .interleave = o.interleave,
+                      .micro_batches = o.micro_batches.value_or(o.pp),
+                      .recompute = recompute_from(o.recompute),
+                      .attention = attention_from(o.attention),
+                      .dropout = o.dropout || (!o.no_dropout && model.dropout),
+                      .capacity_factor = o.capacity_factor,
+                      .eager_loss = o.loss == "eager"};
+    if (lora) add_lora_activations(model, *lora, a);
+    return activations(model, a);
   };
   const double states_total = ft ? ft->static_bytes() : states.bytes.total();
   std::optional<ClusterSpec> gpu;

@@ -125,6 +125,11 @@ void add_lora_flags(CLI::App* cmd, LoraOptions& o) {
   cmd->add_option("--lora-alpha", o.alpha, "LoRA α (scale α/r; no memory of its own)")
       ->check(finite_in(1e-6, 1e6))
       ->capture_default_str();
+  cmd->add_option("--lora-dropout", o.dropout,
+                  "PEFT lora_dropout: > 0 keeps each adapter's dropped input and mask for "
+                  "backward (activations)")
+      ->check(finite_in(0, 1, Ends::open_hi))
+      ->capture_default_str();
   cmd->add_option("--lora-targets", o.targets,
                   "adapted matrices, Hugging Face Llama names: q,k,v,o,gate,up,down")
       ->delimiter(',')
@@ -144,8 +149,8 @@ void add_lora_flags(CLI::App* cmd, LoraOptions& o) {
 }
 
 void note_lora_flags(CLI::App* cmd, LoraOptions& o) {
-  for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-targets", "--quant",
-                           "--no-double-quant", "--quant-block", "--no-upcast"})
+  for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets",
+                           "--quant", "--no-double-quant", "--quant-block", "--no-upcast"})
     if (o.flag_given.empty() && cmd->get_option(flag)->count() > 0) o.flag_given = flag;
 }
 
@@ -161,7 +166,8 @@ std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Opt
   if (is_low_precision(compute))
     throw InvalidInput("--method " + o.method + " --precision " + std::string(to_string(compute)) +
                        ": the LoRA ledger's precision is the compute dtype: fp32, bf16 or fp16");
-  LoraSetup s{.method = method, .rank = o.rank, .alpha = o.alpha, .targets = {},
+  LoraSetup s{.method = method, .rank = o.rank, .alpha = o.alpha, .dropout = o.dropout,
+              .targets = {},
               .quant = *parse_quant(o.quant), .double_quant = !o.no_double_quant,
               .block = o.quant_block, .compute = compute, .optimizer = optimizer};
   s.upcast_unquantized = !o.no_upcast;

@@ -57,7 +57,7 @@ void add_loss_flag(CLI::App* cmd, std::string& loss);
 struct LoraOptions {
   std::string method = "full", quant = "nf4";
   int rank = 8, quant_block = 64;
-  double alpha = 16;
+  double alpha = 16, dropout = 0.05;
   std::vector<std::string> targets = {"q", "v"};
   bool no_double_quant = false, no_upcast = false;
   std::string flag_given;  // the first LoRA/quantization flag typed ("" = none)

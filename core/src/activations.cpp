@@ -1,6 +1,7 @@
 #include "tally/core/activations.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "tally/core/pipeline.hpp"
@@ -63,6 +64,11 @@ void ActivationSetup::validate(const ModelSpec& m) const {
     throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
   require_recompute_applies(recompute, m);
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
+  if (!(std::isfinite(lora_input_width) && lora_input_width >= 0 &&
+        std::isfinite(lora_rank_width) && lora_rank_width >= 0))
+    throw InvalidInput("LoRA activation widths must be finite and >= 0");
+  if ((lora_input_width > 0 || lora_rank_width > 0) && tp != 1)
+    throw InvalidInput("--tp = " + i2s(tp) + ": LoRA fine-tuning plans run without TP (tp 1)");
   if (!(capacity_factor >= 1 && capacity_factor <= 64))
     throw InvalidInput("--capacity-factor = " + std::to_string(capacity_factor) +
                        ": must be in [1, 64]");
@@ -121,6 +127,15 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("dispatched tokens (expert input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep);
     add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep);
   };
+  // Note [activation inventory], LoRA adapters.
+  const auto lora_terms = [&] {
+    if (a.lora_rank_width > 0)
+      add("LoRA A outputs (B inputs)", "2sb·Σr", e * tokens * a.lora_rank_width);
+    if (a.lora_dropout && a.lora_input_width > 0) {
+      add("LoRA dropout outputs (A inputs)", "2sb·Σd_in", e * tokens * a.lora_input_width);
+      add("LoRA dropout masks", "sb·Σd_in", tokens * a.lora_input_width);
+    }
+  };
   if (a.recompute == Recompute::full) {
     add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
     return;
@@ -143,6 +158,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
       add("MLP down output (w2)", "2sbh", e * tokens * h / rep);
     }
     add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+    lora_terms();
     return;
   }
   if (a.recompute == Recompute::save_matmuls) {
@@ -163,6 +179,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
       add("MLP gate, up outputs (SwiGLU replay)", "2·2sbf /t", 2 * e * tokens * f / t);
     moe_terms();
     add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+    lora_terms();
     return;
   }
   add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
@@ -187,6 +204,7 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("MLP hidden: gate, up, down input (SwiGLU)", "3·2sbf /t", 3 * e * tokens * f / t);
   moe_terms();
   add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+  lora_terms();
 }
 
 // Stage totals from the per-layer bytes (shared by the report and the fast path).

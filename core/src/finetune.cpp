@@ -94,6 +94,8 @@ void LoraSetup::validate(const ModelSpec& m) const {
     throw InvalidInput("--method full: the model-state ledger answers it, not the LoRA ledger");
   require_int(rank >= 1 && rank <= 65536, "lora-rank", rank, "must be in [1, 65536]");
   require_real(std::isfinite(alpha) && alpha > 0, "lora-alpha", alpha, "must be > 0");
+  require_real(std::isfinite(dropout) && dropout >= 0 && dropout < 1, "lora-dropout", dropout,
+               "must be in [0, 1)");
   require_int(block >= 16 && block <= 4096, "quant-block", block, "must be in [16, 4096]");
   require_int(block2 >= 16 && block2 <= 4096, "quant-block2", block2, "must be in [16, 4096]");
   if (targets.empty()) throw InvalidInput("--lora-targets: at least one target (q,k,v,o,gate,up,down)");
@@ -179,6 +181,20 @@ FineTuneLedger finetune_ledger(const ModelSpec& m, const LoraSetup& s) {
                                        : std::string(to_string(s.compute))) +
                  " | one dequantized layer";
   return r;
+}
+
+void add_lora_activations(const ModelSpec& m, const LoraSetup& s, ActivationSetup& a) {
+  s.validate(m);
+  a.lora_input_width = a.lora_rank_width = 0;
+  for (const Linear& l : layer_linears(m)) {
+    if (!l.target || std::find(s.targets.begin(), s.targets.end(), *l.target) == s.targets.end())
+      continue;
+    // An expert's matrix sees the tokens routed to it: top-k copies of each token in all.
+    const double per_token = l.copies > 1 ? double(m.experts_per_token) : 1.0;
+    a.lora_input_width += l.d_in * per_token;
+    a.lora_rank_width += double(s.rank) * per_token;
+  }
+  a.lora_dropout = s.dropout > 0;
 }
 
 }  // namespace tally

@@ -101,11 +101,10 @@ FineTuneEval evaluate_finetune(const PlanRequest& r, const LoraSetup& s, std::in
   FineTuneEval ev{.gpus = r.gpus, .micro_batch = micro_batch,
                   .grad_accum = per_gpu / micro_batch, .recompute = recompute};
   ev.ledger = finetune_ledger(m, s);
-  ev.activation_bytes =
-      activations(m, ActivationSetup{.seq = r.seq, .micro_batch = micro_batch,
-                                     .recompute = recompute, .dropout = r.uses_dropout(),
-                                     .act_bytes = e, .eager_loss = r.eager_loss})
-          .peak_stage_bytes;
+  ActivationSetup acts{.seq = r.seq, .micro_batch = micro_batch, .recompute = recompute,
+                       .dropout = r.uses_dropout(), .act_bytes = e, .eager_loss = r.eager_loss};
+  add_lora_activations(m, s, acts);
+  ev.activation_bytes = activations(m, acts).peak_stage_bytes;
   ev.fit = check_fit(ev.ledger.static_bytes(), ev.activation_bytes, 0, r.memory_budget());
 
   const OperatorSetup os{.seq = r.seq, .micro_batch = micro_batch, .recompute = recompute,
@@ -174,13 +173,11 @@ FineTunePlan plan_finetune(const PlanRequest& r, const LoraSetup& s, int top) {
   std::int64_t cap = std::int64_t(1) << 24;
   if (r.model.position == PositionKind::learned) cap = std::min(cap, r.model.max_positions);
   plan.max_seq = longest_sequence(64, cap, [&](std::int64_t seq) {
-    const double act =
-        activations(r.model, ActivationSetup{.seq = seq, .micro_batch = 1,
-                                             .recompute = Recompute::full,
-                                             .dropout = r.uses_dropout(),
-                                             .act_bytes = dtype_bytes(s.compute),
-                                             .eager_loss = r.eager_loss})
-            .peak_stage_bytes;
+    ActivationSetup acts{.seq = seq, .micro_batch = 1, .recompute = Recompute::full,
+                         .dropout = r.uses_dropout(), .act_bytes = dtype_bytes(s.compute),
+                         .eager_loss = r.eager_loss};
+    add_lora_activations(r.model, s, acts);
+    const double act = activations(r.model, acts).peak_stage_bytes;
     return check_fit(ledger.static_bytes(), act, 0, r.memory_budget()).fits;
   });
   plan.convention = ledger.convention + " | data parallel over " + std::to_string(r.gpus) +

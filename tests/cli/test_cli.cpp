@@ -483,7 +483,16 @@ TEST_P(CliEdges, NoInfOrNanAtTheEndsOfEveryInterval) {
   std::vector<Bounded> flags;
   std::istringstream in(tally(std::string(command) + " --help").out);
   std::string line;
-  const std::regex bounded(R"(^\s+(--[a-z0-9-]+) FLOAT:in [\[(]([^,]+), ([^\])]+)[\])])");
+  const std::regex bounded(R"(^\s+(--[a-z0-9-]+) FLOAT:in ([\[(])([^,]+), ([^\])]+)([\])]))");
+  // An open end is not a value: take the value just inside it.
+  auto end = [](const std::string& at, const std::string& other, bool open) {
+    if (!open) return at;
+    const double a = std::stod(at), b = std::stod(other);
+    std::ostringstream os;
+    os.precision(17);
+    os << a + (b - a) * 1e-9;
+    return os.str();
+  };
   while (std::getline(in, line)) {
     std::smatch m;
     // --tokens excludes --days; --lora-* need --method lora|qlora; flags in `base` stay as given.
@@ -491,7 +500,7 @@ TEST_P(CliEdges, NoInfOrNanAtTheEndsOfEveryInterval) {
         !(m[1].str().rfind("--lora-", 0) == 0 &&
           std::string(base).find("--method") == std::string::npos) &&
         std::string(base).find(m[1].str() + " ") == std::string::npos)
-      flags.push_back({m[1], m[2], m[3]});
+      flags.push_back({m[1], end(m[3], m[4], m[2] == "("), end(m[4], m[3], m[5] == ")")});
   }
   int bits = 1;
   while ((std::size_t(1) << bits) < flags.size()) ++bits;

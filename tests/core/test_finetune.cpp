@@ -112,5 +112,60 @@ TEST(FineTune, BadInputIsRefused) {
   EXPECT_EQ(parse_lora_target("down"), LoraTarget::down);
 }
 
+
+// Note [activation inventory], LoRA adapters, on the seed's program (Llama-2-7B, r = 8 on q_proj and
+// v_proj, lora_dropout 0.05, bf16): per layer and token, q's and v's A outputs 2·(2·8) bytes, their
+// dropped inputs 2·(2·4096) and the dropout masks 1·(2·4096). By hand at s = 512, b = 1:
+// 512·(32 + 16384 + 8192) = 12,599,296 bytes more than the backbone's layer.
+TEST(LoraActivations, SeedProgramKeepsTheAdaptersInputsRankOutputsAndMasks) {
+  const ModelSpec m = *model_preset("llama-2-7b");
+  const ActivationSetup base{.seq = 512, .micro_batch = 1, .dropout = false, .act_bytes = 2};
+  LoraSetup s;  // the seed's defaults: qlora, r 8, α 16, dropout 0.05, targets q and v
+  ActivationSetup with = base;
+  add_lora_activations(m, s, with);
+  EXPECT_DOUBLE_EQ(with.lora_input_width, 2 * 4096.0);
+  EXPECT_DOUBLE_EQ(with.lora_rank_width, 16.0);
+  EXPECT_TRUE(with.lora_dropout);
+  EXPECT_DOUBLE_EQ(activations(m, with).per_layer_bytes - activations(m, base).per_layer_bytes,
+                   512.0 * (32 + 16384 + 8192));
+  // Without dropout A reads the base layer's input: only the rank-r outputs remain.
+  s.dropout = 0;
+  with = base;
+  add_lora_activations(m, s, with);
+  EXPECT_DOUBLE_EQ(activations(m, with).per_layer_bytes - activations(m, base).per_layer_bytes,
+                   512.0 * 32);
+  // Gradient checkpointing keeps the layer input only; the adapters' terms come back in the
+  // replayed layer's transient.
+  s.dropout = 0.05;
+  ActivationSetup full = base;
+  full.recompute = Recompute::full;
+  ActivationSetup full_lora = full;
+  add_lora_activations(m, s, full_lora);
+  EXPECT_DOUBLE_EQ(activations(m, full_lora).per_layer_bytes, activations(m, full).per_layer_bytes);
+  EXPECT_DOUBLE_EQ(activations(m, full_lora).recompute_transient_bytes -
+                       activations(m, full).recompute_transient_bytes,
+                   512.0 * (32 + 16384 + 8192));
+  // A bad dropout is bad input, and the plans run without TP.
+  s.dropout = 1;
+  EXPECT_THROW(add_lora_activations(m, s, with), InvalidInput);
+  ActivationSetup tp = base;
+  tp.tp = 2;
+  tp.lora_rank_width = 16;
+  EXPECT_THROW(activations(m, tp), InvalidInput);
+}
+
+// An MoE expert's adapter sees each token once per routed choice: Qwen3-30B-A3B (128 experts, top 8,
+// hidden 2048) with r = 4 on up_proj: Σd_in = 8·2048 per token, Σr = 8·4.
+TEST(LoraActivations, ExpertAdaptersCountTheRoutedChoices) {
+  const ModelSpec m = *model_preset("qwen3-30b-a3b");
+  ASSERT_EQ(m.experts_per_token, 8);
+  ASSERT_EQ(m.hidden, 2048);
+  LoraSetup s{.method = FineTune::lora, .rank = 4, .targets = {LoraTarget::up}};
+  ActivationSetup a{.seq = 128};
+  add_lora_activations(m, s, a);
+  EXPECT_DOUBLE_EQ(a.lora_input_width, 8 * 2048.0);
+  EXPECT_DOUBLE_EQ(a.lora_rank_width, 8 * 4.0);
+}
+
 }  // namespace
 }  // namespace tally

@@ -39,6 +39,12 @@
 //                    (the grouped GEMM's input, read by its weight gradient); the experts'
 //                    outputs 2sb·E_act·c_f·h (read by the combine's gradient with respect to the
 //                    routing weights). Replicated under TP (÷t with SP), like the MLP input.
+//   LoRA adapters:   (fine-tuning, core/finetune.hpp; PEFT's LoraLayer: B(A(dropout(x)))·α/r)
+//                    per adapted matrix the rank-r output of A, B's input, 2sb·r; with
+//                    lora_dropout > 0 the dropout makes A a new input, 2sb·d_in, and keeps its
+//                    mask, sb·d_in (without dropout A reads the base layer's input, already
+//                    counted). Under bf16 autocast the fp32 adapters see bf16 copies, hence the
+//                    compute dtype's bytes; the mask is one byte.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +80,12 @@ struct ActivationSetup {
   // log-softmax's fp32 input gradient are alive together as backward starts: 12sbV/t (torchtitan
   // before it compiled the loss; Hugging Face's Trainer).
   bool eager_loss = false;
+  // LoRA adapters of one layer (finetune.hpp lora_activation_widths): per token, the summed input
+  // width Σd_in and the summed rank Σr of the adapted matrices (an MoE expert counted once per
+  // routed choice); lora_dropout: PEFT's lora_dropout > 0. Fine-tuning plans run without TP.
+  double lora_input_width = 0;
+  double lora_rank_width = 0;
+  bool lora_dropout = false;
   // Layers of the first and last pipeline stage (core/pipeline.hpp stage_layers); 0 = the even
   // split L/p (which needs p·v | L). Uneven stages need interleave 1.
   int first_stage_layers = 0, last_stage_layers = 0;

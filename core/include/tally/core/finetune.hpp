@@ -36,6 +36,7 @@
 #include <optional>
 #include <vector>
 
+#include "tally/core/activations.hpp"
 #include "tally/core/model.hpp"
 #include "tally/core/types.hpp"
 
@@ -57,6 +58,7 @@ struct LoraSetup {
   FineTune method = FineTune::qlora;
   int rank = 8;
   double alpha = 16;                 // scale α/r; no memory of its own
+  double dropout = 0.05;             // PEFT lora_dropout (the seed's 0.05; PEFT's default is 0)
   std::vector<LoraTarget> targets = {LoraTarget::q, LoraTarget::v};
   Quant quant = Quant::nf4;
   bool double_quant = true;
@@ -93,5 +95,10 @@ struct FineTuneLedger {
 
 // Note [QLoRA ledger]; method must be lora or qlora (full fine-tuning: core/model_states.hpp).
 FineTuneLedger finetune_ledger(const ModelSpec& m, const LoraSetup& s);
+
+// The adapters' share of the activation ledger (Note [activation inventory], LoRA adapters): sets
+// a's lora_input_width (Σ d_in of one layer's adapted matrices, an MoE expert's once per routed
+// choice), lora_rank_width (Σ r over them) and lora_dropout (s.dropout > 0).
+void add_lora_activations(const ModelSpec& m, const LoraSetup& s, ActivationSetup& a);
 
 }  // namespace tally
