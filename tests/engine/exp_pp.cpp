@@ -9,8 +9,9 @@
 //                gradient of one micro-batch, Narayanan 2021 §3.2's b·s·h per boundary), and the
 //                number of sends by hand: a stage sends one activation per chunk-forward except
 //                on the last virtual stage, one gradient per chunk-backward except on the first;
-//   memory       stage 0's activations held at peak, in forwards' worth, near core's in-flight
-//                count (P for 1F1B, M for GPipe);
+//   memory       stage 0's activations held at peak, in forwards' worth, within one forward of
+//                the in-flight count by hand (P for 1F1B, M for GPipe, Megatron's warm-up + 1
+//                interleaved);
 //   the CLI      bad layouts exit 2 with one line naming the flag; `tally launch --nproc 3 --
 //                tally run pp --layers 7 --json` (uneven stages 2+2+3) reports measured beside
 //                predicted.
@@ -59,7 +60,7 @@ std::string message(PpOptions o, int world) {
   return "no throw";
 }
 
-TEST(PpOptions, BadLayoutsNameTheFlagAndRange) {
+TEST(PpOptions, BadLayoutsNameTheFlagAndTheSweepsShapes) {
   PpOptions o = tiny(3);
   o.sweep = false;
   EXPECT_EQ(message(o, 4), "--pp = 4: must be <= --layers = 3 (one layer per stage at least)");
@@ -81,10 +82,7 @@ TEST(PpOptions, BadLayoutsNameTheFlagAndRange) {
   o.pp = 2;
   EXPECT_EQ(message(o, 4),
             "--pp = 2: must equal the world size 4 (tally run pp runs one PP group over every rank)");
-}
-
-// The sweep's runs at P: the issue's M values, in order.
-TEST(PpOptions, SweepRunsTheIssuesShapes) {
+  // The sweep's runs at P = 4: the issue's M values, in order.
   const auto runs = tiny(8).runs(4);
   ASSERT_EQ(runs.size(), 8u);
   EXPECT_EQ(runs[0].schedule, PipelineSchedule::gpipe);
@@ -114,14 +112,17 @@ void expect_run_matches(const PpRun& run, int P) {
       EXPECT_EQ(st.max_send_bytes, kSendBytes);
     }
   }
-  // Stage 0 holds P micro-batches' activations under 1F1B (M >= P), M under GPipe (core's
-  // count, tested by hand in test_pipeline.cpp); measured by the allocator in forwards' worth.
-  // Not exact (the received inputs' gradients, autograd's buffers): within one forward.
-  if (run.spec.schedule != PipelineSchedule::interleaved) {
-    const int expect = run.spec.schedule == PipelineSchedule::gpipe ? M : std::min(P, M);
-    EXPECT_EQ(run.predicted_in_flight, expect);
-    EXPECT_NEAR(run.stages[0].in_flight(), expect, 1.0);
-  }
+  // Stage 0 holds min(P, M) micro-batches' activations under 1F1B, M under GPipe; interleaved,
+  // its (P−1)·2 + (v−1)·P warm-up chunk-forwards plus the steady state's first, or all v·M when
+  // M = P (Megatron-LM's rule). Measured by the allocator in (chunk-)forwards' worth; not exact
+  // (the received inputs' gradients, autograd's buffers): within one forward.
+  const int warm = (P - 1) * 2 + (v - 1) * P;
+  const int expect = run.spec.schedule == PipelineSchedule::gpipe         ? M
+                     : run.spec.schedule == PipelineSchedule::one_f_one_b ? std::min(P, M)
+                     : M == P                                             ? v * M
+                                                                          : std::min(warm + 1, v * M);
+  EXPECT_EQ(run.predicted_in_flight, expect);
+  EXPECT_NEAR(run.stages[0].in_flight(), expect, 1.0);
 }
 
 // One launch per P runs the whole sweep. P = 4 over 8 layers (2 per stage, v = 2); P = 2 over 6
