@@ -92,60 +92,133 @@ int min_micro_batches_for_bubble(int stages, double max_fraction, int interleave
   return int(M);
 }
 
+std::string_view to_string(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::one_f_one_b: return "1f1b";
+    case PipelineSchedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+std::string to_string(const PipelineOp& op) {
+  return std::string(op.kind == PipelineOpKind::forward ? "F" : "B") +
+         std::to_string(op.micro_batch) + (op.chunk > 0 ? "." + std::to_string(op.chunk) : "");
+}
+
+namespace {
+
+// Megatron-LM's get_model_chunk_id and micro-batch of chunk-operation k (Note [pipeline
+// schedules]): groups of P·v operations walk the chunks in P-sized runs of micro-batches.
+PipelineOp interleaved_op(PipelineOpKind kind, int k, int P, int v) {
+  const int in_group = k % (P * v);
+  const int chunk = in_group / P;
+  return {.kind = kind,
+          .micro_batch = (k / (P * v)) * P + in_group % P,
+          .chunk = kind == PipelineOpKind::forward ? chunk : v - 1 - chunk};
+}
+
+}  // namespace
+
+std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule, int P, int M,
+                                                       int v) {
+  require_int(P >= 1, "stages", P, "must be >= 1");
+  require_int(M >= 1, "micro_batches", M, "must be >= 1");
+  require_int(v >= 1, "interleave", v, "must be >= 1");
+  require_int(v == 1 || schedule == PipelineSchedule::interleaved, "interleave", v,
+              "must be 1 for the " + std::string(to_string(schedule)) + " schedule");
+  if (schedule == PipelineSchedule::interleaved)
+    require_int(M % P == 0, "micro_batches", M,
+                "must be a multiple of stages = " + std::to_string(P) +
+                    " for the interleaved schedule");
+  using K = PipelineOpKind;
+  std::vector<std::vector<PipelineOp>> out(static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s) {
+    auto& ops = out[std::size_t(s)];
+    if (schedule == PipelineSchedule::gpipe) {
+      for (int i = 0; i < M; ++i) ops.push_back({K::forward, i, 0});
+      for (int i = 0; i < M; ++i) ops.push_back({K::backward, i, 0});
+      continue;
+    }
+    // 1F1B is the interleaved schedule at v = 1: warm-up (P − s − 1)·2 there is P − s − 1 here.
+    const int total = v * M;
+    const int warm =
+        schedule == PipelineSchedule::one_f_one_b
+            ? std::min(P - s - 1, M)
+            : (M == P ? total : std::min((P - s - 1) * 2 + (v - 1) * P, total));
+    for (int k = 0; k < warm; ++k) ops.push_back(interleaved_op(K::forward, k, P, v));
+    for (int k = 0; k < total - warm; ++k) {
+      ops.push_back(interleaved_op(K::forward, warm + k, P, v));
+      ops.push_back(interleaved_op(K::backward, k, P, v));
+    }
+    for (int k = total - warm; k < total; ++k) ops.push_back(interleaved_op(K::backward, k, P, v));
+  }
+  return out;
+}
+
+int peak_in_flight(const std::vector<PipelineOp>& stage_ops) {
+  int live = 0, peak = 0;
+  for (const PipelineOp& op : stage_ops) {
+    live += op.kind == PipelineOpKind::forward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 // Note [1F1B simulation]: no resource is shared between stages, so an operation's start time is
 // max(its stage's previous finish, its dependency's finish) whatever order we settle the stages in.
-// We sweep the stages repeatedly, advancing each as far as its dependencies allow.
-double simulate_1f1b_makespan(const std::vector<double>& forward_s,
-                              const std::vector<double>& backward_s, int micro_batches) {
+// We sweep the stages repeatedly, advancing each as far as its dependencies allow. A sweep that
+// advances no stage would mean the schedule deadlocks: an invariant (every schedule above is
+// deadlock-free; tests/core/test_pipeline.cpp checks it for many P, M, v).
+double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
+                                  const std::vector<double>& backward_s, int M, int v) {
   require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
               std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
-  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
   for (std::size_t s = 0; s < forward_s.size(); ++s) {
     require_real(std::isfinite(forward_s[s]) && forward_s[s] > 0, "forward_s", forward_s[s],
                  "must be > 0 s");
     require_real(std::isfinite(backward_s[s]) && backward_s[s] > 0, "backward_s", backward_s[s],
                  "must be > 0 s");
   }
-  const int P = int(forward_s.size()), M = micro_batches;
-  struct Op { bool backward; int mb; };
-  std::vector<std::vector<Op>> order(P);
-  for (int s = 0; s < P; ++s) {
-    const int warm = std::min(P - s - 1, M);
-    for (int i = 0; i < warm; ++i) order[s].push_back({false, i});
-    for (int i = 0; i < M - warm; ++i) {
-      order[s].push_back({false, warm + i});
-      order[s].push_back({true, i});
-    }
-    for (int i = M - warm; i < M; ++i) order[s].push_back({true, i});
-  }
+  const int P = int(forward_s.size());
+  const auto order = pipeline_schedule(schedule, P, M, v);
+  const int V = P * v;  // virtual stages; chunk c of stage s is virtual stage c·P + s
   constexpr double kPending = -1.0;
-  std::vector<std::vector<double>> fwd_done(P, std::vector<double>(M, kPending));
-  std::vector<std::vector<double>> bwd_done(P, std::vector<double>(M, kPending));
-  std::vector<std::size_t> next(P, 0);
-  std::vector<double> free_at(P, 0.0);
-  std::size_t remaining = std::size_t(2) * P * M;
+  std::vector<std::vector<double>> fwd_done(std::size_t(V), std::vector<double>(M, kPending));
+  std::vector<std::vector<double>> bwd_done(std::size_t(V), std::vector<double>(M, kPending));
+  std::vector<std::size_t> next(std::size_t(P), 0);
+  std::vector<double> free_at(std::size_t(P), 0.0);
+  std::size_t remaining = std::size_t(2) * V * M;
   while (remaining > 0) {
     bool progressed = false;
     for (int s = 0; s < P; ++s) {
       while (next[s] < order[s].size()) {
-        const Op op = order[s][next[s]];
+        const PipelineOp op = order[s][next[s]];
+        const int j = op.chunk * P + s;
         double ready = 0.0;
-        if (!op.backward)
-          ready = s == 0 ? 0.0 : fwd_done[s - 1][op.mb];
+        if (op.kind == PipelineOpKind::forward)
+          ready = j == 0 ? 0.0 : fwd_done[j - 1][op.micro_batch];
         else
-          ready = s == P - 1 ? fwd_done[s][op.mb] : bwd_done[s + 1][op.mb];
+          ready = j == V - 1 ? fwd_done[j][op.micro_batch] : bwd_done[j + 1][op.micro_batch];
         if (ready == kPending) break;
         const double start = std::max(ready, free_at[s]);
-        free_at[s] = start + (op.backward ? backward_s[s] : forward_s[s]);
-        (op.backward ? bwd_done : fwd_done)[s][op.mb] = free_at[s];
+        free_at[s] = start + (op.kind == PipelineOpKind::backward ? backward_s[s] : forward_s[s]) / v;
+        (op.kind == PipelineOpKind::backward ? bwd_done : fwd_done)[j][op.micro_batch] = free_at[s];
         ++next[s];
         --remaining;
         progressed = true;
       }
     }
-    TALLY_INVARIANT(progressed);  // a 1F1B order never deadlocks
+    TALLY_INVARIANT(progressed);
   }
   return *std::max_element(free_at.begin(), free_at.end());
+}
+
+double simulate_1f1b_makespan(const std::vector<double>& forward_s,
+                              const std::vector<double>& backward_s, int micro_batches) {
+  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
+  return simulate_pipeline_makespan(PipelineSchedule::one_f_one_b, forward_s, backward_s,
+                                    micro_batches);
 }
 
 double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s) {

@@ -29,6 +29,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm_p2p.hpp"
 #include "comm_torch.hpp"
 #include "ring.hpp"
 #include "tally/core/sharding.hpp"
@@ -262,6 +263,8 @@ struct Comm::Impl {
   void all_reduce(at::Tensor& t, ReduceOp op);  // start_all_reduce + finish
   // Enqueues the all-reduce on Gloo's workers and counts it (Note [async collectives]).
   PendingCollective::State start_all_reduce(const at::Tensor& t, ReduceOp op);
+  // Posts a send of t (contiguous, kept alive by the state) and counts it as checked_send does.
+  PendingCollective::State start_send(const at::Tensor& t, int dst, int tag);
   void finish(PendingCollective::State& pending);
 
   void broadcast(at::Tensor& t, int root) {
@@ -400,6 +403,9 @@ struct PendingCollective::State {
   ReduceOp op = ReduceOp::sum;
   std::string what;                     // "all-reduce of 40 bytes over 2 ranks"
   bool waited = false;
+  Collective kind = Collective::all_reduce;  // or send_recv (start_send)
+  std::string op_name = "all-reduce";        // for CommError
+  int peer = -1;                             // the send's destination
 };
 
 PendingCollective::State Comm::Impl::start_all_reduce(const at::Tensor& t, ReduceOp op) {
@@ -430,13 +436,49 @@ void Comm::Impl::all_reduce(at::Tensor& t, ReduceOp op) {
   finish(pending);
 }
 
+// Note [non-blocking send]: Gloo's TCP transport ships a message only once the receiver has
+// posted its buffer, so a blocking send waits for the peer's recv. A pipeline stage in 1F1B's
+// steady state both sends (its output onward) and receives (a gradient back); if two neighbours
+// each block in a send to the other, neither reaches its recv. Posting the send and waiting for
+// it later (PendingCollective::wait) leaves the rank free to run its recv meanwhile, as Megatron's
+// batched isend / irecv does.
+PendingCollective::State Comm::Impl::start_send(const at::Tensor& t, int dst, int tag) {
+  const TimedInto timed(counters[Collective::send_recv]);
+  check_peer(dst, "dst_rank", "send");
+  check_tag(tag, "send");
+  if (dst == env.rank) throw InvalidInput("send: dst_rank = " + std::to_string(dst) + ": is this rank");
+  check_usable("send", dst);
+  PendingCollective::State s;
+  s.impl = this;
+  s.reduced = t;
+  s.kind = Collective::send_recv;
+  s.op_name = "send";
+  s.peer = dst;
+  s.what = "send of " + std::to_string(t.nbytes()) + " bytes to rank " + std::to_string(dst) +
+           " (tag " + std::to_string(tag) + ")";
+  if (t.numel() > 0) {
+    std::vector<at::Tensor> tensors{t};
+    try {
+      s.work = group->send(tensors, dst, tag);
+    } catch (...) {
+      fail("send", dst, s.what, current_error());
+    }
+  }
+  count(Collective::send_recv, double(t.nbytes()));
+  return s;
+}
+
 void Comm::Impl::finish(PendingCollective::State& s) {
   if (s.waited) return;
-  const TimedInto timed(counters[Collective::all_reduce]);
+  const TimedInto timed(counters[s.kind]);
   if (s.work) {
-    check_usable("all-reduce", -1);
-    wait(s.work, "all-reduce", -1, s.what);
+    check_usable(s.op_name, s.peer);
+    wait(s.work, s.op_name, s.peer, s.what);
     s.work.reset();
+  }
+  if (s.kind != Collective::all_reduce) {
+    s.waited = true;
+    return;
   }
   if (s.op == ReduceOp::average && s.reduced.numel() > 0 && k() > 1) s.reduced.div_(k());
   if (s.target.defined()) s.target.copy_(s.reduced);
@@ -769,6 +811,12 @@ void broadcast(Comm& comm, at::Tensor& tensor, int root_rank) {
 void send(Comm& comm, const at::Tensor& tensor, int dst_rank, int tag) {
   dtype_of_tensor(tensor, "send");
   comm.impl().checked_send(tensor.contiguous(), dst_rank, tag);
+}
+
+PendingCollective send_async(Comm& comm, const at::Tensor& tensor, int dst_rank, int tag) {
+  dtype_of_tensor(tensor, "send");
+  return PendingCollective(std::make_unique<PendingCollective::State>(
+      comm.impl().start_send(tensor.contiguous(), dst_rank, tag)));
 }
 
 void recv(Comm& comm, at::Tensor& tensor, int src_rank, int tag) {

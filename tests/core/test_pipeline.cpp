@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "tally/core/types.hpp"
 
 namespace tally {
@@ -150,6 +153,133 @@ TEST(Pipeline, StageLayers) {
   EXPECT_EQ(stage_layers(11, 4, 1, 1), (std::vector<int>{1, 4, 5, 1}));
   EXPECT_THROW(stage_layers(10, 4, 5, 5), InvalidInput);  // nothing left for the middle
   EXPECT_THROW(stage_layers(3, 4), InvalidInput);
+}
+
+// ---- schedules (Note [pipeline schedules]) ----
+
+// "F0 F1 B0 …" → ops; "F1.1" is micro-batch 1's chunk 1.
+std::vector<PipelineOp> ops(const std::string& text) {
+  std::vector<PipelineOp> out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ' ') { ++i; continue; }
+    PipelineOp op{.kind = text[i] == 'F' ? PipelineOpKind::forward : PipelineOpKind::backward};
+    std::size_t used = 0;
+    op.micro_batch = std::stoi(text.substr(i + 1), &used);
+    i += 1 + used;
+    if (i < text.size() && text[i] == '.') {
+      op.chunk = std::stoi(text.substr(i + 1), &used);
+      i += 1 + used;
+    }
+    out.push_back(op);
+  }
+  return out;
+}
+
+std::string str(const std::vector<PipelineOp>& list) {
+  std::string s;
+  for (const auto& op : list) s += (s.empty() ? "" : " ") + to_string(op);
+  return s;
+}
+
+// Narayanan et al. 2021 Fig. 4 (top), 4 devices and 8 micro-batches, renumbered from 0: device 1
+// runs 4 forwards before its first backward; device 4 alternates from the start.
+TEST(PipelineSchedule, OneFOneBMatchesNarayananFigure4) {
+  const auto s = pipeline_schedule(PipelineSchedule::one_f_one_b, 4, 8);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(str(s[0]), str(ops("F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7")));
+  EXPECT_EQ(str(s[1]), str(ops("F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7")));
+  EXPECT_EQ(str(s[2]), str(ops("F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7")));
+  EXPECT_EQ(str(s[3]), str(ops("F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7")));
+  // P = 2, M = 3 by the same rule (one warm-up forward on stage 0).
+  const auto t = pipeline_schedule(PipelineSchedule::one_f_one_b, 2, 3);
+  EXPECT_EQ(str(t[0]), "F0 F1 B0 F2 B1 B2");
+  EXPECT_EQ(str(t[1]), "F0 B0 F1 B1 F2 B2");
+  // M < P: the warm-up is cut to M.
+  const auto u = pipeline_schedule(PipelineSchedule::one_f_one_b, 4, 2);
+  EXPECT_EQ(str(u[0]), "F0 F1 B0 B1");
+  EXPECT_EQ(str(u[3]), "F0 B0 F1 B1");
+}
+
+// GPipe (Narayanan et al. 2021 Fig. 3): all forwards, then all backwards.
+TEST(PipelineSchedule, GPipeRunsAllForwardsFirst) {
+  const auto s = pipeline_schedule(PipelineSchedule::gpipe, 2, 3);
+  for (const auto& stage : s) EXPECT_EQ(str(stage), "F0 F1 F2 B0 B1 B2");
+  EXPECT_EQ(peak_in_flight(s[0]), 3);
+}
+
+// Interleaved, P = 2, v = 2, M = 4, worked by hand from Megatron-LM's rules (Note [pipeline
+// schedules]): stage 0 warms up (2−0−1)·2 + (2−1)·2 = 4 forwards, stage 1 (2−1−1)·2 + 2 = 2;
+// forward k = 0…7 runs (micro-batch, chunk) (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1),
+// backward k the same micro-batches with the chunk reversed.
+TEST(PipelineSchedule, InterleavedMatchesMegatronByHand) {
+  const auto s = pipeline_schedule(PipelineSchedule::interleaved, 2, 4, 2);
+  EXPECT_EQ(str(s[0]), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
+  EXPECT_EQ(str(s[1]), "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
+  // M = P: Megatron runs every forward first.
+  const auto t = pipeline_schedule(PipelineSchedule::interleaved, 2, 2, 2);
+  EXPECT_EQ(str(t[1]), "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1");
+  // P = 4, v = 2, M = 8 (the shape of Narayanan et al. 2021 Fig. 4, bottom): stage 0 warms up
+  // 3·2 + 4 = 10 forwards — chunk 0 of micro-batches 0–3, chunk 1 of 0–3, chunk 0 of 4 and 5 —
+  // then the steady state's first forward (chunk 0 of 6) and its first backward (chunk 1 of 0).
+  const auto f = pipeline_schedule(PipelineSchedule::interleaved, 4, 8, 2);
+  EXPECT_EQ(str({f[0].begin(), f[0].begin() + 12}),
+            "F0 F1 F2 F3 F0.1 F1.1 F2.1 F3.1 F4 F5 F6 B0.1");
+}
+
+TEST(PipelineSchedule, PropertiesOverManyShapes) {
+  for (auto kind : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b,
+                    PipelineSchedule::interleaved})
+    for (int P = 1; P <= 6; ++P)
+      for (int v : {1, 2, 3})
+        for (int M = 1; M <= 13; ++M) {
+          if (kind != PipelineSchedule::interleaved && v > 1) continue;
+          if (kind == PipelineSchedule::interleaved && M % P != 0) continue;
+          SCOPED_TRACE(std::string(to_string(kind)) + " P=" + std::to_string(P) +
+                       " M=" + std::to_string(M) + " v=" + std::to_string(v));
+          const auto s = pipeline_schedule(kind, P, M, v);
+          ASSERT_EQ(int(s.size()), P);
+          for (int st = 0; st < P; ++st) {
+            const auto& list = s[std::size_t(st)];
+            ASSERT_EQ(int(list.size()), 2 * v * M);
+            // each (micro-batch, chunk) once forward, once backward, the forward first
+            std::vector<int> state(std::size_t(M * v), 0);
+            for (const auto& op : list) {
+              ASSERT_GE(op.micro_batch, 0);
+              ASSERT_LT(op.micro_batch, M);
+              ASSERT_LT(op.chunk, v);
+              int& x = state[std::size_t(op.micro_batch * v + op.chunk)];
+              EXPECT_EQ(x, op.kind == PipelineOpKind::forward ? 0 : 1) << to_string(op);
+              ++x;
+            }
+            for (int x : state) EXPECT_EQ(x, 2);
+            // peak in flight: GPipe M; 1F1B min(P − s, M)
+            if (kind == PipelineSchedule::gpipe) {
+              EXPECT_EQ(peak_in_flight(list), M);
+            }
+            if (kind == PipelineSchedule::one_f_one_b) {
+              EXPECT_EQ(peak_in_flight(list), std::min(P - st, M));
+            }
+          }
+          // Deadlock-free: the simulation settles every operation (else an invariant fires).
+          // Equal stages (t_b = 2 t_f) give the closed form (v·M + P − 1)·(t_f + t_b)/v of
+          // bubble() (Narayanan et al. 2021 eq. 1 and §2.2.2); the interleaved schedule at M = P
+          // runs every forward first and is left out.
+          const double makespan = simulate_pipeline_makespan(
+              kind, std::vector<double>(std::size_t(P), 1.0), std::vector<double>(std::size_t(P), 2.0),
+              M, v);
+          if (kind != PipelineSchedule::interleaved || M > P || P == 1) {
+            EXPECT_NEAR(makespan, 3.0 * (v * M + P - 1) / v, 1e-9);
+          }
+        }
+  EXPECT_EQ(peak_in_flight(pipeline_schedule(PipelineSchedule::one_f_one_b, 8, 16)[0]), 8);
+}
+
+TEST(PipelineSchedule, RejectsBadShapes) {
+  EXPECT_THROW(pipeline_schedule(PipelineSchedule::interleaved, 4, 6, 2), InvalidInput);
+  EXPECT_THROW(pipeline_schedule(PipelineSchedule::one_f_one_b, 4, 8, 2), InvalidInput);
+  EXPECT_THROW(pipeline_schedule(PipelineSchedule::gpipe, 0, 8), InvalidInput);
+  EXPECT_THROW(pipeline_schedule(PipelineSchedule::gpipe, 2, 0), InvalidInput);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tally {
@@ -48,12 +49,58 @@ int min_micro_batches_for_bubble(int stages, double max_fraction, int interleave
 
 // Discrete-event simulation of non-interleaved 1F1B (Narayanan et al. 2021 §2.2.1, PipeDream-Flush):
 // stage s runs min(P−s−1, M) warm-up forwards, then alternates one forward and one backward, then
-// drains the remaining backwards. F(s, i) waits for F(s−1, i); B(s, i) waits for B(s+1, i) (on the
-// last stage for its own F). Returns stage 0's idle fraction over the makespan.
+// drains the remaining backwards: pipeline_schedule(one_f_one_b) run by simulate_pipeline_makespan.
+// Returns stage 0's idle fraction over the makespan.
 double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s);
 // The same schedule with each stage's own forward and backward time; returns the makespan.
 double simulate_1f1b_makespan(const std::vector<double>& forward_s,
                               const std::vector<double>& backward_s, int micro_batches);
+
+// Note [pipeline schedules]
+// Which operation each stage runs when: chunk c of stage s is virtual stage c·P + s of the model
+// (Megatron-LM's model-chunk order; v = 1: chunk 0 is the whole stage). A forward F(i, c) needs the
+// previous virtual stage's F(i); a backward B(i, c) needs the next virtual stage's B(i), or on the
+// last virtual stage its own F(i, c).
+//   gpipe        every forward, then every backward, both in micro-batch order (Huang et al. 2019
+//                Fig. 2c; Narayanan et al. 2021 Fig. 3; torch.distributed.pipelining ScheduleGPipe)
+//   1f1b         PipeDream-Flush (Narayanan et al. 2021 §2.2.1, Fig. 4 top): stage s runs
+//                min(P − s − 1, M) warm-up forwards, then alternates one forward and one backward,
+//                then drains the remaining backwards
+//   interleaved  Narayanan et al. 2021 §2.2.2 (Fig. 4 bottom) as Megatron-LM's
+//                forward_backward_pipelining_with_interleaving runs it: v·M chunk-operations per
+//                direction; forward k runs chunk (k mod P·v) div P of micro-batch (k div P·v)·P +
+//                k mod P, backward k the chunk v − 1 − that; min((P − s − 1)·2 + (v − 1)·P, v·M)
+//                warm-up forwards (all v·M when M = P), then 1F1B, then the remaining backwards.
+//                M must be a multiple of P.
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
+std::string_view to_string(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved"
+
+enum class PipelineOpKind { forward, backward };
+struct PipelineOp {
+  PipelineOpKind kind = PipelineOpKind::forward;
+  int micro_batch = 0;  // in [0, M)
+  int chunk = 0;        // in [0, v)
+  bool operator==(const PipelineOp&) const = default;
+};
+std::string to_string(const PipelineOp& op);  // "F3", "B0"; with chunks "F3.1"
+
+// Every stage's operations in execution order: P lists of 2·v·M operations each. interleave must
+// be 1 except for the interleaved schedule (which accepts v >= 1). Throws InvalidInput naming the
+// field otherwise.
+std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule, int stages,
+                                                       int micro_batches, int interleave = 1);
+
+// The most (micro-batch, chunk) pairs a stage's list holds forwarded but not yet backwarded, i.e.
+// the sets of activations it keeps at once: min(P − s, M) for 1F1B (P on stage 0 once M >= P), M
+// for GPipe; interleaved counts chunks (each 1/v of the stage's layers).
+int peak_in_flight(const std::vector<PipelineOp>& stage_ops);
+
+// Discrete-event makespan of a schedule (Note [1F1B simulation]): forward_s[s] / backward_s[s]
+// are one micro-batch's forward / backward over all of stage s's layers; a chunk operation takes
+// 1/v of it. Communication is free.
+double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
+                                  const std::vector<double>& backward_s, int micro_batches,
+                                  int interleave = 1);
 
 // Makespan of M micro-batches through stages of per-micro-batch time t_s (forward + backward):
 // a lower bound that holds each stage to its fill, drain and round-trip waits (Note [uneven stages]

@@ -1,0 +1,197 @@
+// PpStage (pp_model.hpp): one pipeline stage of the engine's GPT, executing core's schedule.
+#include "pp_model.hpp"
+
+#include <chrono>
+#include <string>
+
+#include "comm_p2p.hpp"
+#include "comm_torch.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double sent_bytes(const Comm& c) { return c.counters()[Collective::send_recv].bytes_sent; }
+
+}  // namespace
+
+PpStage::PpStage(Gpt& full, Comm& pp, const std::vector<int>& layers_per_stage, int interleave)
+    : full_(full), pp_(pp), v_(interleave) {
+  const int P = pp.world_size();
+  TALLY_INVARIANT(int(layers_per_stage.size()) == P && interleave >= 1);
+  first_layer_.push_back(0);
+  for (int j = 0; j < P * v_; ++j) {
+    const int per_stage = layers_per_stage[std::size_t(j % P)];
+    TALLY_INVARIANT(per_stage % v_ == 0);
+    first_layer_.push_back(first_layer_.back() + per_stage / v_);
+  }
+  TALLY_INVARIANT(first_layer_.back() == int(full->config.layers));
+  mask_ = causal_mask(full->config.seq);
+}
+
+int PpStage::tag(int sender_virtual, int micro_batch, bool backward, int M) const {
+  return (sender_virtual * M + micro_batch) * 2 + (backward ? 1 : 0);
+}
+
+// GptImpl::forward's two ends, on the same modules (gpt_model.cpp): token embedding + positions
+// on virtual stage 0; ln_f, the tied LM head and lm_loss on the last.
+torch::Tensor PpStage::embed(const torch::Tensor& idx) {
+  return full_->wte->forward(idx) + full_->wpe.narrow(0, 0, idx.size(1));  // (B, T, C)
+}
+
+torch::Tensor PpStage::head_loss(const torch::Tensor& x, const torch::Tensor& targets) {
+  return lm_loss(torch::matmul(full_->ln_f->forward(x), full_->wte->weight.t()), targets);
+}
+
+torch::Tensor PpStage::run_blocks(int j, torch::Tensor x) {
+  for (int l = first_layer_[std::size_t(j)]; l < first_layer_[std::size_t(j) + 1]; ++l)
+    x = full_->blocks[std::size_t(l)]->as<GptBlock>()->forward(x, mask_);
+  return x;
+}
+
+// Note [executing a schedule]
+// The stage walks its list once. A forward receives its input (unless it is virtual stage 0),
+// runs its blocks, and posts the send of its output (unless it is the last virtual stage, which
+// computes the loss instead); a backward receives the output's gradient (unless last), runs
+// autograd from the saved output, and posts the send of its input's gradient (unless first).
+// Receives block: that is the wait a schedule's bubble is made of. Sends are posted and waited
+// later (every completed one after each operation, the rest at the end), so no two stages can
+// block in sends to each other; the schedules' dependency graphs are acyclic (core checks that
+// they complete in simulation), so every receive is eventually served.
+PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Tensor& idx,
+                            const torch::Tensor& targets, const TrackingAllocatorScope* memory) {
+  const int P = pp_.world_size(), V = P * v_, M = int(idx.size(0));
+  const auto opts = full_->wte->weight.options();
+  const std::int64_t B = idx.size(1), T = idx.size(2), C = full_->config.hidden;
+  PpStageRecord r;
+  std::map<std::pair<int, int>, Saved> saved;  // (micro-batch, chunk)
+  std::vector<PendingCollective> sends;
+  auto reap = [&](bool all) {
+    for (std::size_t i = 0; i < sends.size();) {
+      if (all || sends[i].done()) {
+        sends[i].wait();
+        sends.erase(sends.begin() + std::ptrdiff_t(i));
+      } else {
+        ++i;
+      }
+    }
+  };
+  const std::int64_t base = memory ? memory->counters().allocated_bytes : 0;
+  double forward_added = 0;
+  int forwards = 0;
+  pp_.barrier();
+  const auto start = Clock::now();
+  for (const PipelineOp& op : ops) {
+    const int j = virtual_stage(op.chunk);
+    const std::int64_t before = memory ? memory->counters().allocated_bytes : 0;
+    if (op.kind == PipelineOpKind::forward) {
+      Saved s;
+      auto t = Clock::now();
+      if (j > 0) {
+        s.input = torch::empty({B, T, C}, opts);
+        recv(pp_, s.input, (j - 1) % P, tag(j - 1, op.micro_batch, false, M));
+        s.input.requires_grad_(true);
+      }
+      r.wait_s += since(t);
+      t = Clock::now();
+      torch::Tensor x = j == 0 ? embed(idx[op.micro_batch]) : s.input;
+      x = run_blocks(j, x);
+      if (j == V - 1) {
+        s.output = head_loss(x, targets[op.micro_batch]) / double(M);
+        r.loss += s.output.item<double>();
+      } else {
+        s.output = x;
+      }
+      const double dt = since(t);
+      r.compute_s += dt;
+      r.forward_s += dt;
+      if (j < V - 1) {
+        const double b0 = sent_bytes(pp_);
+        sends.push_back(send_async(pp_, s.output.detach(), (j + 1) % P,
+                                   tag(j, op.micro_batch, false, M)));
+        r.activation_send_bytes.push_back(sent_bytes(pp_) - b0);
+      }
+      saved[{op.micro_batch, op.chunk}] = std::move(s);
+    } else {
+      auto it = saved.find({op.micro_batch, op.chunk});
+      TALLY_INVARIANT(it != saved.end());  // core's schedules run each forward before its backward
+      Saved s = std::move(it->second);
+      saved.erase(it);
+      auto t = Clock::now();
+      torch::Tensor grad;
+      if (j < V - 1) {
+        grad = torch::empty({B, T, C}, opts);
+        recv(pp_, grad, (j + 1) % P, tag(j + 1, op.micro_batch, true, M));
+      }
+      r.wait_s += since(t);
+      t = Clock::now();
+      if (j < V - 1)
+        s.output.backward(grad);
+      else
+        s.output.backward();
+      const double dt = since(t);
+      r.compute_s += dt;
+      r.backward_s += dt;
+      if (j > 0) {
+        const double b0 = sent_bytes(pp_);
+        sends.push_back(send_async(pp_, s.input.grad(), (j - 1) % P,
+                                   tag(j, op.micro_batch, true, M)));
+        r.gradient_send_bytes.push_back(sent_bytes(pp_) - b0);
+      }
+    }
+    reap(false);
+    r.executed.push_back(op);
+    if (memory) {
+      const std::int64_t now = memory->counters().allocated_bytes;
+      r.held_bytes_after_op.push_back(now - base);
+      if (op.kind == PipelineOpKind::forward) {
+        forward_added += double(now - before);
+        ++forwards;
+      }
+    }
+  }
+  const auto t = Clock::now();
+  reap(true);
+  r.wait_s += since(t);
+  r.elapsed_s = since(start);
+  if (forwards > 0) r.bytes_per_forward = forward_added / forwards;
+  return r;
+}
+
+void PpStage::reduce_tied_embedding() {
+  const int P = pp_.world_size();
+  if (P == 1 || !(first() || last())) return;
+  torch::Tensor& g = full_->wte->weight.mutable_grad();
+  const int peer = first() ? P - 1 : 0;
+  const int kTag = Comm::kMaxUserTag - 1;  // above every schedule tag of a sane run
+  torch::Tensor mine = g.clone();
+  torch::Tensor theirs = torch::empty_like(g);
+  PendingCollective sent = send_async(pp_, mine, peer, kTag);
+  recv(pp_, theirs, peer, kTag);
+  sent.wait();
+  torch::NoGradGuard no_grad;
+  g.add_(theirs);
+}
+
+std::vector<std::string> PpStage::own_parameters() const {
+  std::vector<std::string> names;
+  const int P = pp_.world_size();
+  if (first()) names.insert(names.end(), {"wte.weight", "wpe"});
+  if (last()) {
+    if (!first()) names.push_back("wte.weight");
+    names.insert(names.end(), {"ln_f.weight", "ln_f.bias"});
+  }
+  for (int c = 0; c < v_; ++c) {
+    const int j = c * P + pp_.rank();
+    for (int l = first_layer_[std::size_t(j)]; l < first_layer_[std::size_t(j) + 1]; ++l)
+      for (const auto& p : full_->blocks[std::size_t(l)]->named_parameters())
+        names.push_back("blocks." + std::to_string(l) + "." + p.key());
+  }
+  return names;
+}
+
+}  // namespace tally::engine

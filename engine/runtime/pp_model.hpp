@@ -1,0 +1,91 @@
+// The engine's GPT decoder (gpt_model.hpp) split into pipeline stages over a PP group of P ranks
+// (internal: includes torch). Narayanan et al. 2021 §2.2; the schedules are core's
+// (tally/core/pipeline.hpp, Note [pipeline schedules]).
+//
+// Legend: P = stages (PP ranks), s = this rank's stage, v = chunks per stage, V = P·v virtual
+// stages, M = micro-batches per step, B = micro-batch, T = sequence, C = hidden.
+//
+// Layout: virtual stage j = c·P + s is chunk c of stage s; the model's blocks are laid out over
+// the virtual stages in order, virtual stage j holding stage_layers(L, P)[s] / v of them (core's
+// split, so uneven stages run too). Virtual stage 0 adds the embedding (token + positions), the
+// last one ln_f, the tied LM head and the loss. The tied embedding is used on stage 0 and stage
+// P − 1: after the step the two stages exchange its gradient and each adds the other's
+// (Megatron-LM's embedding group), so both hold the full gradient.
+//
+// Messages: a forward sends its output (B, T, C) to the next virtual stage's rank, a backward
+// the gradient of its input (B, T, C) to the previous one; both non-blocking (Note [non-blocking
+// send] in comm.cpp), the receive blocking. A tag names (sending virtual stage, micro-batch,
+// direction), so messages never match the wrong receive.
+//
+// Every rank builds the whole single-process model from the same seed and runs only its own
+// blocks (the engine's models are tiny); the gradients land in that model's parameters.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "gpt_model.hpp"
+#include "tally/core/pipeline.hpp"
+#include "tally/engine/comm.hpp"
+#include "tally/engine/tracking_allocator.hpp"
+
+namespace tally::engine {
+
+// What one stage did in one step.
+struct PpStageRecord {
+  std::vector<PipelineOp> executed;  // operations in the order they ran
+  double compute_s = 0;              // inside forward / backward computation
+  double wait_s = 0;                 // in receives and in waiting for posted sends
+  double elapsed_s = 0;              // from the step's start (after a barrier) to its last send
+  double forward_s = 0, backward_s = 0;  // compute of the forwards / backwards (all chunks)
+  std::vector<double> activation_send_bytes;  // Comm counter delta of each forward send
+  std::vector<double> gradient_send_bytes;    // of each backward send
+  double loss = 0;                 // last stage: Σ over micro-batches of loss_m / M (the mean)
+  // With a tracking allocator: bytes allocated after each operation above those before the step
+  // (the activations held between operations), and the mean that one forward adds.
+  std::vector<std::int64_t> held_bytes_after_op;
+  double bytes_per_forward = 0;
+};
+
+class PpStage {
+ public:
+  // full: the single-process model; pp: the PP group (rank = stage). layers_per_stage: core's
+  // stage_layers(L, P); each entry divisible by interleave (checked by the caller).
+  PpStage(Gpt& full, Comm& pp, const std::vector<int>& layers_per_stage, int interleave);
+
+  // One step: runs `ops` (this stage's list from core's pipeline_schedule) on micro-batches
+  // idx[m], targets[m] (idx, targets: (M, B, T) int64); the loss of micro-batch m is scaled by
+  // 1/M, so the gradients are those of the mean loss. Gradients accumulate in the model (zero
+  // them before). memory: the tracking allocator to read, or nullptr.
+  PpStageRecord step(const std::vector<PipelineOp>& ops, const torch::Tensor& idx,
+                     const torch::Tensor& targets, const TrackingAllocatorScope* memory);
+  // Stages 0 and P − 1 add each other's gradient of the tied embedding (nothing when P = 1).
+  void reduce_tied_embedding();
+
+  // The names (Gpt's named_parameters()) of the parameters this stage uses.
+  std::vector<std::string> own_parameters() const;
+  bool first() const { return pp_.rank() == 0; }
+  bool last() const { return pp_.rank() == pp_.world_size() - 1; }
+
+ private:
+  struct Saved {
+    torch::Tensor input;   // received activation (a leaf requiring grad); undefined on virtual 0
+    torch::Tensor output;  // block output, or the scaled loss on the last virtual stage
+  };
+  int virtual_stage(int chunk) const { return chunk * pp_.world_size() + pp_.rank(); }
+  int tag(int sender_virtual, int micro_batch, bool backward, int M) const;
+  torch::Tensor run_blocks(int virtual_stage, torch::Tensor x);
+  torch::Tensor embed(const torch::Tensor& idx);
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets);
+
+  Gpt& full_;
+  Comm& pp_;
+  int v_;
+  std::vector<int> first_layer_;  // per virtual stage, and one past the end
+  torch::Tensor mask_;
+};
+
+}  // namespace tally::engine
