@@ -72,11 +72,10 @@ TEST(CpOptions, BadInputNamesTheFlagAndRange) {
   EXPECT_NE(message(o, 2).find("--seq = 8192: the single-process reference's"), std::string::npos);
 }
 
-// One launch per c runs both splits over the same groups.
-class CpEquivalence : public ::testing::TestWithParam<int> {};
-
-TEST_P(CpEquivalence, OutputGradientsBytesAndBalance) {
-  const int c = GetParam();
+// One launch per c runs both splits over the same groups; the world sizes in one test, so the test
+// binary (and libtorch) loads once for all four.
+void check_equivalence(int c) {
+  SCOPED_TRACE("c = " + std::to_string(c));
   const auto run = harness::run_ranks(c, kLimit_s, [c](const DistEnv& env) {
     const CpResult r = run_cp(env, tiny());
     ASSERT_EQ(r.variants.size(), 2u);
@@ -107,8 +106,9 @@ TEST_P(CpEquivalence, OutputGradientsBytesAndBalance) {
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(CpRanks, CpEquivalence, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "c" + std::to_string(info.param); });
+TEST(CpEquivalence, OutputGradientsBytesAndBalanceAtC1To4) {
+  for (int c = 1; c <= 4; ++c) check_equivalence(c);
+}
 
 // As rank 0 of a world of k, without its peers: options are checked before the rendezvous.
 std::vector<std::string> as_rank0_of(int k, std::vector<std::string> flags) {
@@ -127,12 +127,6 @@ TEST(CpCli, BadInputExitsTwoWithOneLine) {
             std::string::npos)
       << a.err;
   EXPECT_EQ(std::count(a.err.begin(), a.err.end(), '\n'), 1) << a.err;
-  const Ran b = run_command(as_rank0_of(2, {"--heads", "6", "--kv-heads", "4"}), kLimit_s);
-  EXPECT_EQ(b.exit_code, 2) << b.err;
-  EXPECT_NE(b.err.find("--kv-heads = 4: must divide --heads = 6 (allowed: 1, 2, 3, 6)"),
-            std::string::npos)
-      << b.err;
-  EXPECT_EQ(std::count(b.err.begin(), b.err.end(), '\n'), 1) << b.err;
 }
 
 TEST(CpCli, JsonMeasuredBesidePredicted) {
