@@ -118,7 +118,7 @@ void print_text(const engine::CpResult& r, const std::vector<engine::CpCheck>& c
                  return ms;
                }(), 3),
                v.compute_imbalance());
-    fmt::print("  core: {}\n", c64.formula);
+    fmt::print("  core: {}\n", c64.formula.empty() ? "no CP traffic at c = 1" : c64.formula);
   }
   int failed = 0;
   for (const auto& c : checks) failed += c.ok ? 0 : 1;
