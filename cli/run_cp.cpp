@@ -5,13 +5,12 @@
 // timed fp32 layer on stderr (rank 0).
 #include <fmt/core.h>
 
-#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <stdexcept>
 #include <string>
 
 #include "common.hpp"
+#include "experiment_report.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/cp.hpp"
@@ -69,12 +68,7 @@ nlohmann::json to_json(const engine::CpResult& r, const std::vector<engine::CpCh
                            {"formula", c64.formula}}},
          {"convention", v.predicted_f64.convention()}});
   }
-  nlohmann::json failed = nlohmann::json::array();
-  for (const auto& c : checks)
-    if (!c.ok) failed.push_back(c.what);
-  j["checks"] = checks.size();
-  j["failed_checks"] = failed;
-  j["ok"] = failed.empty();
+  add_checks_json(j, checks);
   return j;
 }
 
@@ -127,19 +121,7 @@ void print_text(const engine::CpResult& r, const std::vector<engine::CpCheck>& c
 
 void run(Flags& f) {
   const engine::CpResult r = engine::run_cp(engine::DistEnv::from_environment(), f.run);
-  const auto checks = engine::cp_checks(r);
-  if (r.rank == 0) {
-    if (f.json)
-      std::cout << to_json(r, checks).dump() << std::endl;  // one line: `tally launch` prefixes it
-    else
-      print_text(r, checks);
-    std::fflush(stdout);
-  }
-  for (const auto& c : checks)
-    if (!c.ok)
-      throw std::runtime_error(fmt::format("cp: rank {}: check failed: {}: {:.6g} vs {:.6g} "
-                                           "(tolerance {:.1e})",
-                                           r.rank, c.what, c.measured, c.predicted, c.tolerance));
+  report_and_check("cp", r, engine::cp_checks(r), f.json, to_json, print_text);
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {
