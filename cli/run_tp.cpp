@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "experiment_report.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/tp.hpp"
@@ -95,12 +96,7 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
                            {"formula", t.formula}}},
          {"convention", v.predicted.convention()}});
   }
-  nlohmann::json failed = nlohmann::json::array();
-  for (const auto& c : checks)
-    if (!c.ok) failed.push_back(c.what);
-  j["checks"] = checks.size();
-  j["failed_checks"] = failed;
-  j["ok"] = failed.empty();
+  add_checks_json(j, checks);
   return j;
 }
 
@@ -168,19 +164,7 @@ void run(Flags& f) {
                                         : engine::RecomputeMode::none;
   f.run.sp = f.compare_sp ? engine::SpMode::both : f.sp ? engine::SpMode::on : engine::SpMode::off;
   const engine::TpResult r = engine::run_tp(engine::DistEnv::from_environment(), f.run);
-  const auto checks = engine::tp_checks(r);
-  if (r.rank == 0) {
-    if (f.json)
-      std::cout << to_json(r, checks).dump() << std::endl;  // one line: `tally launch` prefixes it
-    else
-      print_text(r, checks);
-    std::fflush(stdout);
-  }
-  for (const auto& c : checks)
-    if (!c.ok)
-      throw std::runtime_error(fmt::format("tp: rank {}: check failed: {}: {:.6g} vs {:.6g} "
-                                           "(tolerance {:.1e})",
-                                           r.rank, c.what, c.measured, c.predicted, c.tolerance));
+  report_and_check("tp", r, engine::tp_checks(r), f.json, to_json, print_text);
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {

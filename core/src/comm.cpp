@@ -227,7 +227,10 @@ void StepTrafficSetup::validate() const {
 //  CP (ring attention, Liu et al. 2023; Megatron-LM context parallel): per layer per micro-batch the
 //   c ranks pass their K and V blocks around the ring, c−1 sends of 2·b·(s/c)·(kv_hidden/tp)·
 //   act_bytes forward; backward sends K,V again and dK,dV (2(c−1) sends); full recompute replays
-//   the forward ring.
+//   the forward ring. dK,dV of a block start on the first rank after its owner and travel with
+//   it, arriving home after c−1 hops (tally run cp, engine/runtime/ring_attention.cpp). Causal
+//   masking with Transformer Engine's zigzag split (Note [causal load balancing],
+//   context_parallel.hpp) changes the work per rank, not these bytes.
 // Note [expert parallelism]
 // Megatron-Core's MoE layout ("MoE parallel folding", Liu et al. 2025; megatron/core/
 // parallel_state.py): attention runs on TP × CP × DP × PP, the MoE layers on ETP × EP × EDP × PP

@@ -97,6 +97,8 @@ void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, B
   const double probs = batch * double(d.sq) * double(d.s);  // score elements
   if (s.attention == Attention::flash) {
     // QKᵀ over d_qk and PV over d_v: 2·(d_qk + d_v) FLOPs per score (4·d without MLA).
+    // Causal: half the scores, on every CP rank alike (the zigzag split core assumes, Note
+    // [causal load balancing] in context_parallel.hpp).
     const double flops = 2.0 * probs * double(d.d + d.dv) * (s.causal ? 0.5 : 1.0);
     const double out = double(d.heads_local * d.dv);
     const double bytes = d.e * double(d.T) * (d.hq + d.hkv + d.hv + out);  // q, k, v in; o out
