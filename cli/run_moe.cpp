@@ -12,6 +12,7 @@
 
 #include "common.hpp"
 #include "run_registry.hpp"
+#include "run_report.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/moe.hpp"
 
@@ -123,18 +124,9 @@ void run(Flags& f) {
   f.run.layer.mlp = f.mlp == "gelu" ? MlpKind::gelu : MlpKind::swiglu;
   const engine::MoeResult r = engine::run_moe(engine::DistEnv::from_environment(), f.run);
   const auto checks = engine::moe_checks(r);
-  if (r.rank == 0) {
-    if (f.json)
-      std::cout << to_json(r, checks).dump() << std::endl;  // one line: `tally launch` prefixes it
-    else
-      print_text(r, checks);
-    std::fflush(stdout);
-  }
-  for (const auto& c : checks)
-    if (!c.ok)
-      throw std::runtime_error(fmt::format("moe: rank {}: check failed: {}: {:.6g} vs {:.6g} "
-                                           "(tolerance {:.1e})",
-                                           r.rank, c.what, c.measured, c.predicted, c.tolerance));
+  report_then_check(
+      "moe", r.rank, checks, f.json, [&] { return to_json(r, checks); },
+      [&] { print_text(r, checks); });
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {

@@ -12,6 +12,7 @@
 
 #include "common.hpp"
 #include "run_registry.hpp"
+#include "run_report.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/tp.hpp"
 
@@ -141,18 +142,9 @@ void run(Flags& f) {
   f.run.sp = f.compare_sp ? engine::SpMode::both : f.sp ? engine::SpMode::on : engine::SpMode::off;
   const engine::TpResult r = engine::run_tp(engine::DistEnv::from_environment(), f.run);
   const auto checks = engine::tp_checks(r);
-  if (r.rank == 0) {
-    if (f.json)
-      std::cout << to_json(r, checks).dump() << std::endl;  // one line: `tally launch` prefixes it
-    else
-      print_text(r, checks);
-    std::fflush(stdout);
-  }
-  for (const auto& c : checks)
-    if (!c.ok)
-      throw std::runtime_error(fmt::format("tp: rank {}: check failed: {}: {:.6g} vs {:.6g} "
-                                           "(tolerance {:.1e})",
-                                           r.rank, c.what, c.measured, c.predicted, c.tolerance));
+  report_then_check(
+      "tp", r.rank, checks, f.json, [&] { return to_json(r, checks); },
+      [&] { print_text(r, checks); });
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {
