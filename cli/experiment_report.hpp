@@ -1,4 +1,4 @@
-// The end of a checked `tally run <experiment>` (run_tp, run_cp): rank 0 prints its report — one
+// The end of a checked `tally run <experiment>` (run_tp, run_cp, run_moe): rank 0 prints its report — one
 // JSON line (which `tally launch` prefixes with "[rank 0] ") or the text — and then every rank
 // fails on its first failed check: exit 1 with one line naming the experiment, the rank, the
 // check, both values and the tolerance. Check is any {what, measured, predicted, tolerance, ok}.

@@ -1,5 +1,7 @@
 #include "tally/core/model.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "tally/core/types.hpp"
@@ -161,6 +163,17 @@ double routed_expert_share(const ModelSpec& m) {
   if (m.params_only || !m.is_moe()) return 0.0;
   const ParamCount c = count_params(m);
   return c.routed_experts / c.total();
+}
+
+std::int64_t expert_capacity(double tokens, std::int64_t top_k, std::int64_t experts,
+                             double capacity_factor) {
+  require_real(std::isfinite(tokens) && tokens >= 0, "tokens", tokens, "must be >= 0");
+  require_int(top_k >= 1 && top_k <= experts, "top_k", top_k,
+              "must be in [1, experts = " + std::to_string(experts) + "]");
+  require_real(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64,
+               "capacity_factor", capacity_factor, "must be in [1, 64]");
+  const double slots = std::ceil(capacity_factor * tokens * double(top_k) / double(experts));
+  return std::max<std::int64_t>(1, std::int64_t(slots));
 }
 
 bool recompute_applies(Recompute r, const ModelSpec& m) {

@@ -205,11 +205,9 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   // MoE: the tokens of ep ranks spread over E experts, E_act per token, padded to c_f times the
   // balanced share; this rank's E/ep experts batched as a grouped GEMM.
   const double experts = moe ? double(m.experts / s.ep) : 1.0;
-  const i64 rows =
-      moe ? std::max<i64>(1, i64(std::ceil(s.capacity_factor * double(d.T) *
-                                           double(m.experts_per_token) * s.ep /
-                                           double(m.experts))))
-          : d.T;
+  const i64 rows = moe ? expert_capacity(double(d.T) * s.ep, m.experts_per_token, m.experts,
+                                         s.capacity_factor)
+                       : d.T;
   if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
   const double routed =
       double(d.T) * (moe ? double(m.experts_per_token) * s.capacity_factor : 1.0);

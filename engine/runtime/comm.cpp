@@ -335,6 +335,57 @@ struct Comm::Impl {
     count(Collective::all_gather, size_bytes);
   }
 
+  // in, out: owned, contiguous, 1-D, distinct storage (Gloo reads the input while it writes the
+  // output). counts empty: equal splits; else the per-rank element counts (comm.hpp).
+  void all_to_all(const at::Tensor& in, at::Tensor& out, std::vector<std::int64_t> send_counts,
+                  std::vector<std::int64_t> recv_counts) {
+    const TimedInto timed(counters[Collective::all_to_all]);
+    check_usable("all-to-all", -1);
+    const bool even = send_counts.empty() && recv_counts.empty();
+    const double elem = double(in.element_size());
+    double sent_bytes = 0;  // uneven splits: what leaves this rank
+    if (even) {
+      if (in.numel() != out.numel() || in.numel() % k() != 0)
+        throw InvalidInput("all-to-all: input count " + std::to_string(in.numel()) +
+                           " vs output count " + std::to_string(out.numel()) +
+                           ": must be equal and a multiple of the " + std::to_string(k()) +
+                           " ranks");
+    } else {
+      auto check = [&](const std::vector<std::int64_t>& c, std::int64_t total, const char* what) {
+        std::int64_t sum = 0;
+        for (const std::int64_t n : c) sum += n < 0 ? total + 1 : n;
+        if (std::int64_t(c.size()) != k() || sum != total)
+          throw InvalidInput(std::string("all-to-all: ") + what + " counts: " +
+                             std::to_string(c.size()) + " of them summing to " +
+                             std::to_string(sum) + " vs " + std::to_string(k()) +
+                             " ranks and " + std::to_string(total) +
+                             " elements: must be one per rank, each >= 0, summing to the count");
+      };
+      check(send_counts, in.numel(), "send");
+      check(recv_counts, out.numel(), "recv");
+      for (int j = 0; j < k(); ++j)
+        if (j != env.rank) sent_bytes += double(send_counts[std::size_t(j)]) * elem;
+    }
+    const double size_bytes = double(in.nbytes());
+    auto count_it = [&] {
+      if (even) return count(Collective::all_to_all, size_bytes);
+      counters[Collective::all_to_all].calls += 1;
+      counters[Collective::all_to_all].bytes_sent += sent_bytes;
+    };
+    if (k() == 1) {  // the identity (comm.hpp): nothing runs
+      if (in.numel() > 0) out.copy_(in);
+      return count_it();
+    }
+    if (in.numel() > 0 || out.numel() > 0) {
+      c10d::AllToAllOptions opts;
+      opts.timeout = timeout;
+      at::Tensor input = in;
+      wait(group->alltoall_base(out, input, recv_counts, send_counts, opts), "all-to-all", -1,
+           describe("all-to-all", size_bytes));
+    }
+    count_it();
+  }
+
   void send(const at::Tensor& t, int dst, int tag) {
     std::vector<at::Tensor> tensors{t};
     const std::string what = "send of " + std::to_string(t.nbytes()) + " bytes to rank " +
@@ -715,6 +766,15 @@ void Comm::broadcast(Buffer data, int root_rank) {
   copy_out(t, data);
 }
 
+void Comm::all_to_all(ConstBuffer input, Buffer output, std::span<const std::int64_t> send_counts,
+                      std::span<const std::int64_t> recv_counts) {
+  require_same_dtype(input.dtype, output.dtype, "all-to-all");
+  at::Tensor out = owned_empty(output.count, output.dtype);
+  impl_->all_to_all(owned_copy(input), out, {send_counts.begin(), send_counts.end()},
+                    {recv_counts.begin(), recv_counts.end()});
+  copy_out(out, output);
+}
+
 void Comm::send(ConstBuffer data, int dst_rank, int tag) {
   impl_->checked_send(owned_copy(data), dst_rank, tag);
 }
@@ -806,6 +866,20 @@ void all_gather_in_place(Comm& comm, at::Tensor& data) {
 void broadcast(Comm& comm, at::Tensor& tensor, int root_rank) {
   dtype_of_tensor(tensor, "broadcast");
   in_place(tensor, [&](at::Tensor& c) { comm.impl().broadcast(c, root_rank); });
+}
+
+void all_to_all(Comm& comm, const at::Tensor& input, at::Tensor& output) {
+  const DType d = dtype_of_tensor(input, "all-to-all");
+  require_same_dtype(d, dtype_of_tensor(output, "all-to-all"), "all-to-all");
+  const at::Tensor in = input.contiguous().view({-1});
+  if (output.is_contiguous() && !output.storage().is_alias_of(in.storage())) {
+    at::Tensor flat = output.view({-1});
+    comm.impl().all_to_all(in, flat, {}, {});
+    return;
+  }
+  at::Tensor flat = at::empty({output.numel()}, output.options());
+  comm.impl().all_to_all(in, flat, {}, {});
+  output.copy_(flat.view(output.sizes()));
 }
 
 void send(Comm& comm, const at::Tensor& tensor, int dst_rank, int tag) {

@@ -33,6 +33,9 @@ void all_gather(Comm& comm, const at::Tensor& input, at::Tensor& output);
 // the input; at k = 1 nothing is read or written.
 void all_gather_in_place(Comm& comm, at::Tensor& data);
 void broadcast(Comm& comm, at::Tensor& tensor, int root_rank);
+// Comm::all_to_all with equal splits on flat views: output (numel == input's, a multiple of k)
+// receives chunk i from rank i. Output must not share storage with input.
+void all_to_all(Comm& comm, const at::Tensor& input, at::Tensor& output);
 void send(Comm& comm, const at::Tensor& tensor, int dst_rank, int tag = 0);
 void recv(Comm& comm, at::Tensor& tensor, int src_rank, int tag = 0);
 void ring_all_reduce(Comm& comm, at::Tensor& tensor, ReduceOp op = ReduceOp::sum);

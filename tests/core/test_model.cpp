@@ -242,6 +242,19 @@ TEST(Model, ValidateRejectsBadShapes) {
   m.layers = 0;
   EXPECT_THROW(m.validate(), InvalidInput);
 }
+// Note [expert capacity]: Megatron-Core's get_capacity (moe_utils.py) is
+// ceil(num_tokens · top_k / num_experts · capacity_factor), at least min_capacity = 1; by hand.
+TEST(Model, ExpertCapacityRoundsUpTheBalancedShare) {
+  EXPECT_EQ(expert_capacity(32, 2, 8, 1.0), 8);      // 32·2/8, exact
+  EXPECT_EQ(expert_capacity(20, 2, 8, 1.1), 6);      // 5.5 → 6
+  EXPECT_EQ(expert_capacity(32, 2, 8, 4.0), 32);     // c_f = E/k: every token fits (dropless)
+  EXPECT_EQ(expert_capacity(4096, 8, 256, 1.0), 128);  // DeepSeek-V3 routing, one 4k sequence
+  EXPECT_EQ(expert_capacity(1, 1, 64, 1.0), 1);      // 1/64 → at least one slot
+  EXPECT_EQ(expert_capacity(0, 2, 8, 1.0), 1);
+  EXPECT_THROW(expert_capacity(32, 9, 8, 1.0), InvalidInput);   // top-k > experts
+  EXPECT_THROW(expert_capacity(32, 2, 8, 0.5), InvalidInput);   // below the balanced share
+}
+
 TEST(Model, UnknownPreset) { EXPECT_FALSE(model_preset("llama-9-1t").has_value()); }
 TEST(Hardware, ClusterPresetsValidate) {
   for (const auto& n : cluster_preset_names()) {

@@ -1,6 +1,6 @@
 // tally::engine::Comm over real processes on loopback: every operation at world sizes 1–4 and
 // element counts 0, 1, odd and large gives the exact expected values; the byte counters follow
-// DESIGN.md's ring formulas; tally's ring all-reduce matches Gloo's; failures end in CommError
+// DESIGN.md's ring formulas (all-to-all: the pairwise exchange's); tally's ring all-reduce matches Gloo's; failures end in CommError
 // within the timeout instead of a hang.
 //
 // Values are small integers wherever a result is compared exactly, so every float sum is exact
@@ -102,6 +102,35 @@ void sweep_one_count(Comm& comm, std::int64_t n) {
     expect_values<double>(in, [&](std::int64_t i) { return 10.0 * left + double(i % 11); },
                           at + "recv from rank " + std::to_string(left));
   }
+  // all-to-all, equal splits (float): k chunks of n; element i of the chunk rank r sends to rank
+  // j is 1000r + 10j + (i mod 7), so rank r's chunk j must hold 1000j + 10r + (i mod 7).
+  std::vector<float> a2a_in(std::size_t(k * n)), a2a_out(std::size_t(k * n), -1.0f);
+  for (std::int64_t x = 0; x < k * n; ++x)
+    a2a_in[std::size_t(x)] = float(1000 * r + 10 * (x / std::max<std::int64_t>(n, 1)) + x % n % 7);
+  comm.all_to_all(a2a_in, a2a_out);
+  expect_values<float>(
+      a2a_out,
+      [&](std::int64_t x) { return float(1000 * (x / n) + 10 * r + x % n % 7); },
+      at + "all-to-all");
+  // Uneven splits (double): rank r sends j + r + (n mod 3) elements to rank j, each 100r + j +
+  // m/2 (m = position in the chunk); it receives r + i + (n mod 3) from rank i.
+  std::vector<std::int64_t> sends, recvs;
+  std::vector<double> v_in, v_out;
+  for (int j = 0; j < k; ++j) {
+    sends.push_back(j + r + n % 3);
+    recvs.push_back(r + j + n % 3);
+    for (std::int64_t m = 0; m < sends.back(); ++m) v_in.push_back(100.0 * r + j + 0.5 * m);
+  }
+  std::vector<double> v_want;
+  for (int i = 0; i < k; ++i)
+    for (std::int64_t m = 0; m < recvs[std::size_t(i)]; ++m) v_want.push_back(100.0 * i + r + 0.5 * m);
+  v_out.assign(v_want.size(), -1.0);
+  comm.all_to_all(v_in, v_out, sends, recvs);
+  expect_values<double>(v_out, [&](std::int64_t x) { return v_want[std::size_t(x)]; },
+                        at + "all-to-all uneven");
+  double uneven_sent = 0;
+  for (int j = 0; j < k; ++j)
+    if (j != r) uneven_sent += 8.0 * double(sends[std::size_t(j)]);
   comm.barrier();
 
   // Counters: formula bytes, S = full tensor bytes. Written out here (not via the core function)
@@ -119,6 +148,11 @@ void sweep_one_count(Comm& comm, std::int64_t n) {
   EXPECT_DOUBLE_EQ(c[Collective::broadcast].bytes_sent, k > 1 ? s_f32 : 0.0) << at;
   EXPECT_EQ(c[Collective::send_recv].calls, k > 1 ? 1 : 0) << at;
   EXPECT_DOUBLE_EQ(c[Collective::send_recv].bytes_sent, k > 1 ? s_f64 : 0.0) << at;
+  // all-to-all: S = k·n floats scattered, S(k−1)/k = the k−1 chunks of n that leave (pairwise
+  // exchange, Thakur et al. 2005); uneven: the elements sent to the other ranks.
+  EXPECT_EQ(c[Collective::all_to_all].calls, 2) << at;
+  EXPECT_DOUBLE_EQ(c[Collective::all_to_all].bytes_sent, 4.0 * double(n) * (kk - 1) + uneven_sent)
+      << at;
 
   // tally's ring vs Gloo: exact on integers, within fp tolerance on random values.
   std::vector<float> ring(n);
@@ -247,6 +281,9 @@ TEST(Comm, BadArgumentsAreInvalidInputNamingBothValues) {
     EXPECT_THROW(comm.all_gather(v, d), InvalidInput);                  // dtype mismatch
     EXPECT_THROW(comm.broadcast(v, 2), InvalidInput);                   // root out of range
     EXPECT_THROW(comm.send(v, env.rank, 0), InvalidInput);              // to itself
+    EXPECT_THROW(comm.all_to_all(v, v), InvalidInput);                  // 5 not a multiple of 2
+    const std::vector<std::int64_t> one{5};
+    EXPECT_THROW(comm.all_to_all(v, v, one, one), InvalidInput);        // one count for 2 ranks
     EXPECT_THROW(comm.recv(v, 1 - env.rank, -1), InvalidInput);         // negative tag
     comm.all_reduce(v);                                                 // still usable
   });

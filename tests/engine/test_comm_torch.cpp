@@ -84,6 +84,19 @@ TEST(CommTorch, TensorOverloadsMatchExpectedValues) {
       EXPECT_TRUE(at::equal(got, at::full({4}, 2.5, at::kDouble)));
     }
 
+    // all-to-all into a non-contiguous output (a column of a (3k, 2) matrix): chunk j of rank r's
+    // input is 100r + 3j + i, so rank r's chunk j holds 100j + 3r + i.
+    at::Tensor a2a_in = at::arange(0, 3, at::kDouble).repeat({k}) + 100.0 * r +
+                        3.0 * at::arange(0, k, at::kDouble).repeat_interleave(3);
+    at::Tensor grid = at::zeros({3 * k, 2}, at::kDouble);
+    at::Tensor column = grid.select(1, 0);
+    ASSERT_FALSE(column.is_contiguous());
+    all_to_all(comm, a2a_in, column);
+    EXPECT_TRUE(at::equal(grid.select(1, 0), at::arange(0, 3, at::kDouble).repeat({k}) + 3.0 * r +
+                                                 100.0 * at::arange(0, k, at::kDouble)
+                                                             .repeat_interleave(3)));
+    EXPECT_TRUE(at::equal(grid.select(1, 1), at::zeros({3 * k}, at::kDouble)));
+
     at::Tensor ints = at::zeros({3}, at::kInt);
     EXPECT_THROW(all_reduce(comm, ints), InvalidInput);
     at::Tensor undefined;

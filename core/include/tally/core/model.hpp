@@ -117,6 +117,16 @@ double gemm_weight_share(const ModelSpec& m);
 // (0 for a dense or params-only model). One rule for the planner, `memory` and `comm`.
 double routed_expert_share(const ModelSpec& m);
 
+// Note [expert capacity]
+// Slots one expert holds for the routed copies of `tokens` tokens, top_k choices each, spread over
+// `experts` experts at capacity factor c_f (token dropping: copies past the slots are dropped):
+// ⌈c_f · tokens · top_k / experts⌉, at least 1 — GShard (Lepikhin et al. 2021 §2.2, per group)
+// and Megatron-Core's get_capacity (moe_utils.py, per source rank, with pad_to_capacity filling
+// every slot so the all-to-all splits are equal). The operator model sizes an expert's GEMM with
+// it over the tokens of all ep ranks; the engine's MoE layer slots each rank's tokens with it.
+std::int64_t expert_capacity(double tokens, std::int64_t top_k, std::int64_t experts,
+                             double capacity_factor);
+
 // Whether a recompute policy is defined for the model's layers: op_sac (types.hpp) only for dense
 // layers with ordinary attention (no MoE, no MLA, an architecture, not --params).
 bool recompute_applies(Recompute r, const ModelSpec& m);

@@ -206,6 +206,16 @@ class Comm {
   // ranks' chunks. Gloo's all-gather (chunks padded to the largest one).
   void all_gather(ConstBuffer input, Buffer output);
   void broadcast(Buffer data, int root_rank);
+  // Pairwise exchange (MPI_Alltoall; c10d's alltoall_base on Gloo): input holds k chunks, chunk j
+  // for rank j; output receives chunk i from rank i. Equal splits (send_counts empty): input.count
+  // == output.count, a multiple of k, every chunk count/k elements. Uneven splits (MPI_Alltoallv):
+  // send_counts[j] elements go to rank j and recv_counts[i] come from rank i, in rank order,
+  // summing to input.count and output.count; every rank's send_counts[j] must equal rank j's
+  // recv_counts[this rank]. Counted as all_to_all: equal splits by core's formula on S = input's
+  // bytes, S(k−1)/k — exactly the k−1 chunks that leave this rank; uneven splits by the bytes that
+  // leave it, Σ_{j≠rank} send_counts[j] (the same figure when the splits are equal).
+  void all_to_all(ConstBuffer input, Buffer output, std::span<const std::int64_t> send_counts = {},
+                  std::span<const std::int64_t> recv_counts = {});
   // Point to point; tag (0 <= tag < kMaxUserTag) matches a send with its recv. Gloo's TCP
   // transport is rendezvous-based: a send completes only once the peer has posted the matching
   // recv, so two ranks that both send first wait until the timeout. Pair them up (e.g. even ranks
