@@ -60,11 +60,10 @@ TEST(ElasticDrill, BadFlagsExitTwoWithOneLine) {
        "batch of 48"},
       {{"--elastic", "--node-rank", "1"}, "--master-port = 0: with --node-rank every host needs"},
       {{"--elastic", "--nproc", "3"}, "--nproc = 3: not with --elastic"},
-      {{"--consistency-every", "3"}, "--consistency-every = 3: only with --elastic"},
-      // The plain drill across hosts takes the host flags with --nnodes >= 2 only.
+      // The plain drill across hosts takes the host flags with --nnodes >= 2 only (and checks
+      // them with the code above: drill::DrillHosts).
       {{"--nnodes", "2", "--nproc", "4"}, "--nproc = 4: not with --nnodes; give --nproc-per-node"},
       {{"--node-rank", "1"}, "--node-rank = 1: only with --nnodes >= 2 (or --elastic)"},
-      {{"--nnodes", "2", "--node-rank", "1"}, "--master-port = 0: with --node-rank every host"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> cmd = {TALLY_BINARY, "run", "fault-drill"};
