@@ -101,6 +101,7 @@ void print_calibration(const engine::HealthCheckResult& r, double limit) {
 void print_text(const engine::HealthCheckResult& r) {
   const auto& o = r.options;
   const double limit = 1 / (1 + o.straggler_threshold);
+  const double calibration_limit = 1 / (1 + o.calibration_threshold);
   fmt::print("health-check: {} rank{} (Gloo, CPU, 1 torch thread each, kernels on the CPU clock); "
              "straggler = figure < {} × the group median (a link: < {} ×); {} rounds, each rank or "
              "link timed alone\n",
@@ -117,7 +118,7 @@ void print_text(const engine::HealthCheckResult& r) {
              r.gemm_median_flops_per_s / 1e9, "", r.memory_median_bytes_per_s / kGB, "",
              "", o.gemm_n, sig_str(o.memory_bytes / kMiB, 4),
              r.majority_checksum ? io::crc32c_hex(*r.majority_checksum) : "none");
-  if (o.calibration) print_calibration(r, limit);
+  if (o.calibration) print_calibration(r, calibration_limit);
   if (!r.links.empty()) {
     fmt::print("  {:>6} {:>13} {:>8} {:>10}  {}   (send/recv of {} MB to the ring neighbour; "
                "its fastest message)\n",
@@ -173,6 +174,7 @@ nlohmann::json to_json(const engine::HealthCheckResult& r) {
       {"world_size", r.world_size},
       {"straggler_threshold", o.straggler_threshold},
       {"link_straggler_threshold", o.link_straggler_threshold},
+      {"calibration_threshold", o.calibration_threshold},
       {"rounds", o.rounds},
       {"gemm_n", o.gemm_n},
       {"memory_working_set_bytes", o.memory_bytes},
@@ -270,8 +272,14 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--calibration", f->calibration,
                   "also judge each rank against its own host's calibration (`tally bench "
-                  "gemm|memory --threads 1 --calibration-out FILE`, read on each host): flag a "
-                  "figure below expected / (1 + --straggler-threshold)");
+                  "gemm|memory --threads 1 --clock cpu --calibration-out FILE`, read on each "
+                  "host): flag a figure below expected / (1 + --calibration-threshold)");
+  cmd->add_option("--calibration-threshold", o.calibration_threshold,
+                  "with --calibration: flag a rank whose time exceeds (1 + this) × its "
+                  "calibration's (looser than the median's: the calibration was measured at "
+                  "another time)")
+      ->check(finite_in(0.01, 10))
+      ->capture_default_str();
   cmd->add_flag("--json", f->json, "rank 0 prints one JSON object on one line");
   cmd->callback([f] { run(*f); });
 }};

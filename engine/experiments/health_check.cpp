@@ -99,6 +99,9 @@ void HealthCheckOptions::validate(int world_size) const {
   require_real(link_straggler_threshold >= 0.01 && link_straggler_threshold <= 10, "--link-threshold",
                link_straggler_threshold, "must be in [0.01, 10] (1.5 = flag a link whose time is "
                "2.5× the median's)");
+  require_real(calibration_threshold >= 0.01 && calibration_threshold <= 10,
+               "--calibration-threshold", calibration_threshold,
+               "must be in [0.01, 10] (1 = flag a rank whose time is 2× its calibration's)");
   require_int(gemm_n >= 16 && gemm_n <= 4096, "--gemm-n", gemm_n, "must be in [16, 4096]");
   require_real(memory_bytes >= 4096 && memory_bytes <= 4.0 * (1LL << 30), "--memory-mib",
                memory_bytes / 1048576.0, "must be in [0.00390625, 4096] MiB");
@@ -137,13 +140,13 @@ HealthExpectation expect_from_calibration(const io::Calibration& c, const std::s
     throw InvalidInput(flag + " = " + source + ": " + what);
   };
   if (!c.kernels)
-    refuse("no kernels section (write one with `tally bench gemm --threads 1 --calibration-out " +
-           source + "` and `tally bench memory --threads 1 --calibration-out " + source + "`)");
+    refuse("no kernels section (write one with `tally bench gemm --threads 1 --clock cpu "
+           "--calibration-out " + source + "` and `tally bench memory` alike)");
   const io::KernelCalibration& k = *c.kernels;
   if (k.device != ours || k.precision != "fp32")
     refuse("measured on '" + k.device + "' at " + k.precision + "; health-check times '" + ours +
            "' at fp32 (calibrate with `tally bench gemm|memory --threads " +
-           std::to_string(kKernelTiming.threads) + " --calibration-out FILE`)");
+           std::to_string(kKernelTiming.threads) + " --clock cpu --calibration-out FILE`)");
   HealthExpectation e{.source = source};
   const double n = double(gemm_n), flops = 2 * n * n * n;
   for (const GemmSample& g : k.gemm)
@@ -160,12 +163,12 @@ HealthExpectation expect_from_calibration(const io::Calibration& c, const std::s
     }
   if (e.gemm_measured && e.memory_measured) return e;
   if (!k.memory_bps)
-    refuse("no memory figures (run `tally bench memory --threads 1 --calibration-out " + source +
-           "`)");
+    refuse("no memory figures (run `tally bench memory --threads 1 --clock cpu --calibration-out " +
+           source + "`)");
   if (!e.gemm_measured && k.gemm.size() < 3)
     refuse("no " + std::to_string(gemm_n) + "³ GEMM and " + std::to_string(k.gemm.size()) +
-           " others (the fit needs >= 3: `tally bench gemm --threads 1 --calibration-out " +
-           source + "`)");
+           " others (the fit needs >= 3: `tally bench gemm --threads 1 --clock cpu "
+           "--calibration-out " + source + "`)");
   const GpuSpec host = io::host_cluster(c, false).gpu;
   if (!e.gemm_measured) {
     const Op gemm{.name = "health-check gemm", .kind = OpKind::gemm, .m = gemm_n, .n = gemm_n,
@@ -262,9 +265,9 @@ HealthCheckResult run_health_check(const DistEnv& env, const HealthCheckOptions&
       h.gemm_vs_calibration = h.gemm_flops_per_s / h.gemm_expected_flops_per_s;
       h.memory_vs_calibration = h.memory_bytes_per_s / h.memory_expected_bytes_per_s;
       h.gemm_below_calibration =
-          below(h.gemm_flops_per_s, h.gemm_expected_flops_per_s, o.straggler_threshold);
+          below(h.gemm_flops_per_s, h.gemm_expected_flops_per_s, o.calibration_threshold);
       h.memory_below_calibration =
-          below(h.memory_bytes_per_s, h.memory_expected_bytes_per_s, o.straggler_threshold);
+          below(h.memory_bytes_per_s, h.memory_expected_bytes_per_s, o.calibration_threshold);
     }
   }
 
