@@ -26,11 +26,13 @@ namespace {
 struct TimingFlags {
   int threads = 1, warmup = 2, samples = 7;
   double min_sample_ms = 2;
+  std::string clock = "wall";
   bool json = false;
   std::string calibration_out;
   engine::BenchKernelTiming timing() const {
     return {.threads = threads, .warmup = warmup, .samples = samples,
-            .min_sample_s = min_sample_ms / 1e3};
+            .min_sample_s = min_sample_ms / 1e3,
+            .clock = clock == "cpu" ? engine::TimerClock::process_cpu : engine::TimerClock::wall};
   }
 };
 
@@ -48,6 +50,12 @@ void add_timing_flags(CLI::App& cmd, TimingFlags& f) {
   cmd.add_option("--min-sample-ms", f.min_sample_ms,
                  "each sample repeats the kernel until it lasts this long, ms")
       ->check(finite_in(0.01, 1e4))
+      ->capture_default_str();
+  cmd.add_option("--clock", f.clock,
+                 "wall | cpu: time the wall clock, or this process's CPU time (what `tally run "
+                 "health-check` times: calibrate it with --threads 1 --clock cpu; on a busy host "
+                 "the wall clock counts other processes' turns)")
+      ->check(one_of({"wall", "cpu"}))
       ->capture_default_str();
   cmd.add_flag("--json", f.json, "print one JSON object instead of the table");
   cmd.add_option("--calibration-out", f.calibration_out,

@@ -30,10 +30,10 @@ struct Flags {
 
 // Flags of one form only: naming one with the other form is bad input.
 const std::vector<std::string> kPlainOnly = {"--nproc", "--kill-rank", "--kill-at-save"};
-const std::vector<std::string> kElasticOnly = {"--nnodes",      "--nproc-per-node", "--node-rank",
-                                               "--master-addr", "--master-port",
-                                               "--consistency-every", "--tolerance",
-                                               "--join-timeout"};
+const std::vector<std::string> kElasticOnly = {"--consistency-every", "--tolerance"};
+// The plain form across hosts takes these (with --nnodes >= 2).
+const std::vector<std::string> kHostFlags = {"--nproc-per-node", "--node-rank", "--master-addr",
+                                             "--master-port", "--join-timeout"};
 
 void run_elastic(const Flags& f, const CLI::App& cmd) {
   for (const std::string& flag : kPlainOnly)
@@ -62,6 +62,30 @@ void run_elastic(const Flags& f, const CLI::App& cmd) {
 
 const char* mark(bool ok) { return ok ? "ok" : "FAILED"; }
 
+// The plain drill's host flags (shared with --elastic): --nnodes N >= 2 and --nproc-per-node K
+// make N·K ranks instead of --nproc.
+void across_hosts(const Flags& f, const CLI::App& cmd, engine::FaultDrillOptions& o) {
+  const bool nnodes = cmd.count("--nnodes") > 0;
+  if (!nnodes || f.elastic.nnodes == 1) {
+    for (const std::string& flag : kHostFlags)
+      if (cmd.count(flag) > 0)
+        throw InvalidInput(flag + " = " + cmd.get_option(flag)->results().front() +
+                           ": only with --nnodes >= 2 (or --elastic)");
+    if (nnodes) o.nnodes = 1;
+    return;
+  }
+  if (cmd.count("--nproc") > 0)
+    throw InvalidInput("--nproc = " + cmd.get_option("--nproc")->results().front() +
+                       ": not with --nnodes; give --nproc-per-node (ranks per host)");
+  const engine::ElasticDrillOptions& e = f.elastic;
+  o.nnodes = e.nnodes;
+  o.world_size = e.nnodes * e.nproc_per_node;
+  o.node_rank = e.node_rank;
+  o.master_addr = e.master_addr;
+  o.master_port = e.master_port;
+  o.join_timeout_s = e.join_timeout_s;
+}
+
 json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOptions& o) {
   json survivors = json::array();
   for (const auto& v : s.survivors)
@@ -70,6 +94,7 @@ json scenario_json(const engine::KillScenario& s, const engine::FaultDrillOption
                          {"exit", v.exit}, {"error_line", v.error_line}});
   return {{"name", s.name},
           {"kill_rank", o.kill_rank},
+          {"kill_node", o.node_of(o.kill_rank)},
           {"kill_step", s.kill_step},
           {"failed", drill_launch_json(s.failed)},
           {"relaunch", drill_launch_json(s.relaunch)},
@@ -108,6 +133,12 @@ json to_json(const engine::FaultDrillResult& r) {
                       {"io_verify_alone_rejects", c.io_verify_alone_rejects}, {"ok", c.ok()}});
   return {{"command", "run fault-drill"},
           {"world_size", o.world_size},
+          {"nnodes", o.nnodes},
+          {"nproc_per_node", o.nproc_per_node()},
+          {"node_rank", o.node_rank},
+          {"hosts_here", r.hosts_here},
+          {"master_addr", o.master_addr},
+          {"gathered", r.gathered},
           {"steps", o.steps},
           {"save_every", o.save_every},
           {"collective_timeout_s", o.collective_timeout_s},
@@ -116,7 +147,7 @@ json to_json(const engine::FaultDrillResult& r) {
           {"reference", drill_launch_json(r.reference)},
           {"reference_params_crc32c", r.reference_params_crc32c},
           {"mid_step", scenario_json(r.mid_step, o)},
-          {"during_save", scenario_json(r.during_save, o)},
+          {"during_save", o.nnodes == 1 ? scenario_json(r.during_save, o) : json(nullptr)},
           {"corruptions", damage},
           {"leftover_pids", r.leftover_pids},
           {"ok", r.ok()}};
@@ -124,7 +155,9 @@ json to_json(const engine::FaultDrillResult& r) {
 
 void print_scenario(const char* label, const engine::KillScenario& s,
                     const engine::FaultDrillOptions& o) {
-  fmt::print("{} kill rank {} {} at step {}:\n", label, o.kill_rank, s.name, s.kill_step);
+  fmt::print("{} kill rank {}{} {} at step {}:\n", label, o.kill_rank,
+             o.nnodes > 1 ? fmt::format(" (host {})", o.node_of(o.kill_rank)) : "", s.name,
+             s.kill_step);
   fmt::print("    tally launch exit {}: {}\n", s.failed.exit_code, s.failed.message);
   for (const auto& v : s.survivors) {
     switch (v.outcome) {
@@ -170,12 +203,35 @@ void print_scenario(const char* label, const engine::KillScenario& s,
 
 void print_text(const engine::FaultDrillResult& r) {
   const auto& o = r.options;
-  fmt::print("fault-drill: {} ranks over loopback, {} steps, checkpoint every {}, collective "
+  std::string where = "over loopback";
+  if (o.nnodes > 1) {
+    where = fmt::format("on {} hosts × {} (", o.nnodes, o.nproc_per_node());
+    if (int(r.hosts_here.size()) == o.nnodes)
+      where += "every host, on this machine)";
+    else
+      where += fmt::format("this is host {}; master {}; every host's ranks read back from the "
+                           "work dir)",
+                           o.node_rank, o.master_addr);
+  }
+  fmt::print("fault-drill: {} ranks {}, {} steps, checkpoint every {}, collective "
              "timeout {:g} s; work dir {}\n",
-             o.world_size, o.steps, o.save_every, o.collective_timeout_s, r.work_dir.string());
+             o.world_size, where, o.steps, o.save_every, o.collective_timeout_s,
+             r.work_dir.string());
   fmt::print("  reference: uninterrupted run, exit {}, final params crc32c {}\n",
              r.reference.exit_code, r.reference_params_crc32c);
   print_scenario("  (1)", r.mid_step, o);
+  if (!r.gathered)
+    fmt::print("  ANOTHER HOST'S PART OF A SUB-RUN NEVER ARRIVED in the work dir (within "
+               "--join-timeout {:g} s)\n",
+               o.join_timeout_s);
+  if (o.nnodes > 1) {
+    fmt::print("  (2), (3): on one host only (what they test lands in the checkpoint files, "
+               "wherever the ranks run)\n");
+    fmt::print("  leftover processes: {}; work dir {}\n", r.leftover_pids.size(),
+               r.work_dir_removed ? "removed" : "kept");
+    fmt::print("fault-drill: {}\n", mark(r.ok()));
+    return;
+  }
   print_scenario("  (2)", r.during_save, o);
   fmt::print("  (3) damaged copies of the step-{} checkpoint, resumed:\n", o.steps);
   for (const auto& c : r.corruptions)
@@ -199,7 +255,10 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->footer(
       "Runs by itself (not under `tally launch`): it starts every sub-run of `tally run "
       "checkpoint` with the launcher, on 127.0.0.1, in a temporary directory it removes. Takes "
-      "≈15–30 s at 2 ranks. Exit 1 if a criterion fails. With --elastic: three sub-runs, each "
+      "≈15–30 s at 2 ranks. Exit 1 if a criterion fails. With --nnodes N (>= 2) and "
+      "--nproc-per-node K: (1) across N hosts (the victim may be on any), each host a launcher "
+      "of its own — threads of this process, or with --node-rank this host's only, every host "
+      "running the same drill. With --elastic: three sub-runs, each "
       "host a launcher of its own (threads of this process, or with --node-rank this host's "
       "only, every host running the same drill).");
   auto& o = f->drill;
@@ -229,18 +288,20 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
                 "resume from the last checkpoint at the smaller world size with the gradient "
                 "accumulation that keeps the global batch, compared with an uninterrupted run "
                 "(defaults then: --steps 8, --save-every 4, --kill-at-step 6)");
-  cmd->add_option("--nnodes", e.nnodes, "--elastic: hosts before the loss")->capture_default_str();
-  cmd->add_option("--nproc-per-node", e.nproc_per_node, "--elastic: ranks per host")
+  cmd->add_option("--nnodes", e.nnodes,
+                  "hosts (--elastic: before the loss; without it the default is 1)")
+      ->capture_default_str();
+  cmd->add_option("--nproc-per-node", e.nproc_per_node, "with --nnodes: ranks per host")
       ->capture_default_str();
   cmd->add_option("--node-rank", e.node_rank,
-                  "--elastic: play only this host (run the drill on every host, each with its "
-                  "own; needs --master-addr, --master-port, a shared --work-dir); -1 = every "
+                  "with --nnodes: play only this host (run the drill on every host, each with "
+                  "its own; needs --master-addr, --master-port, a shared --work-dir); -1 = every "
                   "host on this machine")
       ->capture_default_str();
-  cmd->add_option("--master-addr", e.master_addr, "--elastic: host 0, as every host reaches it")
+  cmd->add_option("--master-addr", e.master_addr, "with --nnodes: host 0, as every host reaches it")
       ->capture_default_str();
   cmd->add_option("--master-port", e.master_port,
-                  "--elastic: sub-run j uses port + 2j and + 2j + 1 (0 = free ports)")
+                  "with --nnodes: sub-run j uses port + 2j and + 2j + 1 (0 = free ports)")
       ->capture_default_str();
   cmd->add_option("--consistency-every", e.consistency_every,
                   "--elastic: the runs compare their replicas every N steps (0 = never)")
@@ -249,7 +310,8 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
                   "--elastic: relative difference allowed in loss and grad-norm after the resume")
       ->check(finite_in(0, 1, Ends::open_hi))
       ->capture_default_str();
-  cmd->add_option("--join-timeout", e.join_timeout_s, "--elastic: the hosts' launchers meet within, s")
+  cmd->add_option("--join-timeout", e.join_timeout_s,
+                  "with --nnodes: the hosts' launchers meet (and their parts arrive) within, s")
       ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->callback([f, cmd] {
@@ -260,6 +322,7 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
                            ": only with --elastic");
     engine::FaultDrillOptions o = f->drill;
     o.work_dir = f->work_dir;
+    across_hosts(*f, *cmd, o);
     const engine::FaultDrillResult r = engine::run_fault_drill(o);
     if (f->json)
       print_json(to_json(r));

@@ -18,6 +18,7 @@
 #include "run_registry.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/health_check.hpp"
+#include "tally/io/calibration.hpp"
 #include "tally/io/files.hpp"
 
 namespace tally::cli {
@@ -27,6 +28,7 @@ namespace {
 struct Flags {
   engine::HealthCheckOptions options;
   double memory_mib = 16, link_mb = 4;
+  std::string calibration;
   bool json = false;
 };
 
@@ -52,6 +54,8 @@ std::string flagged(const engine::HealthCheckResult& r) {
   }
   if (const auto s = r.wrong_result_ranks(); !s.empty())
     parts.push_back("wrong result rank " + list(s));
+  if (const auto s = r.below_calibration_ranks(); !s.empty())
+    parts.push_back("below its own calibration rank " + list(s));
   std::string out;
   for (const std::string& p : parts) out += (out.empty() ? "" : "; ") + p;
   return out;
@@ -67,9 +71,37 @@ std::string rank_verdict(const engine::RankHealth& h) {
   return s.empty() ? "ok" : s;
 }
 
+// The verdict against the rank's own calibration (Note [health-check against a calibration]).
+std::string calibration_verdict(const engine::RankHealth& h) {
+  if (h.gemm_below_calibration && h.memory_below_calibration) return "BELOW (gemm, memory)";
+  if (h.gemm_below_calibration) return "BELOW (gemm)";
+  if (h.memory_below_calibration) return "BELOW (memory)";
+  return "ok";
+}
+
+void print_calibration(const engine::HealthCheckResult& r, double limit) {
+  const auto& c = *r.options.calibration;
+  fmt::print("  against each rank's own calibration ({}; rank 0's expects gemm from {}, "
+             "memory from {}); below = figure < {} × expected:\n",
+             c.source,
+             c.gemm_measured ? "its own " + std::to_string(r.options.gemm_n) + "³ sample"
+                             : "the operator model fitted to its GEMMs",
+             c.memory_measured ? "its curve at the same working set"
+                               : "its DRAM streaming rate",
+             sig_str(limit, 3));
+  fmt::print("  {:>4} {:>13} {:>8} {:>13} {:>8}  {:<22}  {}\n", "rank", "exp_GFLOP/s", "×calib",
+             "exp_GB/s", "×calib", "vs own calibration", "vs group median");
+  for (const engine::RankHealth& h : r.ranks)
+    fmt::print("  {:>4} {:>13.2f} {:>8.2f} {:>13.2f} {:>8.2f}  {:<22}  {}\n", h.rank,
+               h.gemm_expected_flops_per_s / 1e9, h.gemm_vs_calibration,
+               h.memory_expected_bytes_per_s / kGB, h.memory_vs_calibration,
+               calibration_verdict(h), rank_verdict(h));
+}
+
 void print_text(const engine::HealthCheckResult& r) {
   const auto& o = r.options;
   const double limit = 1 / (1 + o.straggler_threshold);
+  const double calibration_limit = 1 / (1 + o.calibration_threshold);
   fmt::print("health-check: {} rank{} (Gloo, CPU, 1 torch thread each, kernels on the CPU clock); "
              "straggler = figure < {} × the group median (a link: < {} ×); {} rounds, each rank or "
              "link timed alone\n",
@@ -86,6 +118,7 @@ void print_text(const engine::HealthCheckResult& r) {
              r.gemm_median_flops_per_s / 1e9, "", r.memory_median_bytes_per_s / kGB, "",
              "", o.gemm_n, sig_str(o.memory_bytes / kMiB, 4),
              r.majority_checksum ? io::crc32c_hex(*r.majority_checksum) : "none");
+  if (o.calibration) print_calibration(r, calibration_limit);
   if (!r.links.empty()) {
     fmt::print("  {:>6} {:>13} {:>8} {:>10}  {}   (send/recv of {} MB to the ring neighbour; "
                "its fastest message)\n",
@@ -117,6 +150,17 @@ nlohmann::json to_json(const engine::HealthCheckResult& r) {
                      {"memory_straggler", h.memory_straggler},
                      {"straggler", h.straggler()},
                      {"wrong_result", h.wrong_result}});
+  if (o.calibration)
+    for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+      const engine::RankHealth& h = r.ranks[i];
+      ranks[i]["gemm_expected_flops_per_s"] = h.gemm_expected_flops_per_s;
+      ranks[i]["gemm_vs_calibration"] = h.gemm_vs_calibration;
+      ranks[i]["memory_expected_bytes_per_s"] = h.memory_expected_bytes_per_s;
+      ranks[i]["memory_vs_calibration"] = h.memory_vs_calibration;
+      ranks[i]["gemm_below_calibration"] = h.gemm_below_calibration;
+      ranks[i]["memory_below_calibration"] = h.memory_below_calibration;
+      ranks[i]["below_calibration"] = h.below_calibration();
+    }
   for (const engine::LinkHealth& l : r.links)
     links.push_back({{"src", l.src},
                      {"dst", l.dst},
@@ -130,6 +174,7 @@ nlohmann::json to_json(const engine::HealthCheckResult& r) {
       {"world_size", r.world_size},
       {"straggler_threshold", o.straggler_threshold},
       {"link_straggler_threshold", o.link_straggler_threshold},
+      {"calibration_threshold", o.calibration_threshold},
       {"rounds", o.rounds},
       {"gemm_n", o.gemm_n},
       {"memory_working_set_bytes", o.memory_bytes},
@@ -144,8 +189,14 @@ nlohmann::json to_json(const engine::HealthCheckResult& r) {
       {"straggler_ranks", r.straggler_ranks()},
       {"straggler_links", r.straggler_links()},
       {"wrong_result_ranks", r.wrong_result_ranks()},
+      {"below_calibration_ranks", r.below_calibration_ranks()},
+      {"calibration", nullptr},
       {"ok", r.ok()},
   };
+  if (o.calibration)
+    j["calibration"] = {{"file", o.calibration->source},
+                        {"gemm_basis", o.calibration->gemm_measured ? "measured" : "fitted"},
+                        {"memory_basis", o.calibration->memory_measured ? "measured" : "dram"}};
   if (r.world_size > 1)
     j["all_reduce"] = {{"bytes", r.link_message_bytes},
                        {"median_s", r.all_reduce_time.median_s},
@@ -157,6 +208,10 @@ void run(const Flags& f) {
   engine::HealthCheckOptions o = f.options;
   o.memory_bytes = f.memory_mib * kMiB;
   o.link_bytes = f.link_mb * kMB;
+  if (!f.calibration.empty())
+    o.calibration = engine::expect_from_calibration(io::load_calibration(f.calibration),
+                                                    "--calibration", f.calibration, o.gemm_n,
+                                                    o.memory_bytes);
   const engine::DistEnv env = engine::DistEnv::from_environment();
   const engine::HealthCheckResult r = engine::run_health_check(env, o);
   if (env.rank != 0) return;
@@ -181,7 +236,8 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->footer(
       "Rank 0 prints the report; exit 1 when a rank or link is a straggler (slower than the "
       "median by more than --straggler-threshold) or a rank's checksum differs from the "
-      "majority's. --inject-slow-rank/--inject-slow-factor/--inject-corrupt-rank inject those "
+      "majority's, or (with --calibration) a rank is slower than its own calibration by as "
+      "much. --inject-slow-rank/--inject-slow-factor/--inject-corrupt-rank inject those "
       "faults (tests and drills).");
   cmd->add_option("--straggler-threshold", o.straggler_threshold,
                   "flag a rank or link whose time exceeds (1 + this) × the group median's")
@@ -213,6 +269,16 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--inject-corrupt-rank", o.fault.corrupt_rank,
                   "fault: this rank flips one bit of its checksum GEMM's result (-1 = none)")
+      ->capture_default_str();
+  cmd->add_option("--calibration", f->calibration,
+                  "also judge each rank against its own host's calibration (`tally bench "
+                  "gemm|memory --threads 1 --clock cpu --calibration-out FILE`, read on each "
+                  "host): flag a figure below expected / (1 + --calibration-threshold)");
+  cmd->add_option("--calibration-threshold", o.calibration_threshold,
+                  "with --calibration: flag a rank whose time exceeds (1 + this) × its "
+                  "calibration's (looser than the median's: the calibration was measured at "
+                  "another time)")
+      ->check(finite_in(0.01, 10))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "rank 0 prints one JSON object on one line");
   cmd->callback([f] { run(*f); });

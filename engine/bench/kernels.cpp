@@ -19,12 +19,11 @@ void check_dims(const std::vector<std::int64_t>& dims, const char* flag) {
   for (std::int64_t d : dims) require_int(d >= 1 && d <= 16384, flag, d, "must be in [1, 16384]");
 }
 
-// The host as the calibration names it.
-std::string device_name(int threads) {
+}  // namespace
+
+std::string host_device_name(int threads) {
   return "cpu, libtorch " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
 }
-
-}  // namespace
 
 void BenchKernelTiming::validate() const {
   require_int(threads >= 1 && threads <= 256, "--threads", threads, "must be in [1, 256]");
@@ -107,7 +106,7 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
 }
 
 void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
-  k.device = device_name(r.options.timing.threads);
+  k.device = host_device_name(r.options.timing.threads);
   k.precision = "fp32";
   k.peak_flops = r.best_flops_per_s;
   k.sm_count = r.options.timing.threads;
@@ -117,7 +116,7 @@ void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
 }
 
 void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k) {
-  if (k.device.empty()) k.device = device_name(r.options.timing.threads);
+  if (k.device.empty()) k.device = host_device_name(r.options.timing.threads);
   k.memory_curve.clear();
   for (const MemoryRow& row : r.rows)
     k.memory_curve.push_back({.working_set_bytes = row.working_set_bytes, .bytes_per_s = row.add_bps});

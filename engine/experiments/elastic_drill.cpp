@@ -3,19 +3,13 @@
 // read back, the checkpoint inspected with io, the resumed steps set beside the reference's.
 #include "tally/engine/experiments/elastic_drill.hpp"
 
-#include <signal.h>
-
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <exception>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "drill_driver.hpp"
 #include "tally/core/types.hpp"
-#include "tally/engine/dist_env.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/io/checkpoint.hpp"
 
@@ -31,25 +25,6 @@ namespace {
 
 const std::int64_t kGlobalBatch = CheckpointRunOptions{}.global_batch;  // the sub-runs' default
 
-// engine::launch installs its signal handlers for its duration and puts back what it found; two
-// launches in threads of one process can interleave that and leave its handler installed. This
-// puts back what the drill found, once the threads are joined.
-class SignalDispositions {
- public:
-  SignalDispositions() {
-    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], nullptr, &saved_[i]);
-  }
-  ~SignalDispositions() {
-    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &saved_[i], nullptr);
-  }
-  SignalDispositions(const SignalDispositions&) = delete;
-  SignalDispositions& operator=(const SignalDispositions&) = delete;
-
- private:
-  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-  std::array<struct sigaction, 4> saved_{};
-};
-
 double rel_diff(double x, double ref) {
   return ref != 0 ? std::abs(x - ref) / std::abs(ref) : std::abs(x - ref);
 }
@@ -57,6 +32,7 @@ double rel_diff(double x, double ref) {
 // Rank 0's result event of a sub-run, or nullptr.
 const json* result_of(const SubRun& s) { return s.find(0, "result"); }
 
+// Runs this process's hosts of each sub-run (drill::run_hosts).
 class ElasticRunner {
  public:
   ElasticRunner(const ElasticDrillOptions& o, const fs::path& work)
@@ -68,37 +44,17 @@ class ElasticRunner {
                  .save_every = o.save_every},
                 work) {}
 
-  // Sub-run `index` on `nnodes` hosts: this process's hosts among them, each on its own thread;
-  // returns their SubRuns in the order of `hosts`.
+  // Sub-run `index` on `nnodes` hosts, returned in the order of `hosts`.
   std::vector<SubRun> run(int index, const std::string& what, const fs::path& dir,
                           const std::vector<std::string>& extra, int nnodes,
                           const std::vector<int>& hosts) {
-    const int port = o_.master_port > 0 ? o_.master_port + 2 * index : find_free_port();
-    std::vector<SubRun> runs(hosts.size());
-    std::vector<std::exception_ptr> errors(hosts.size());
-    const auto one = [&](std::size_t h) {
-      try {
-        runs[h] = driver_.run(what, dir, extra, 0,
-                              Topology{.nnodes = nnodes,
-                                       .node_rank = hosts[h],
-                                       .nproc = o_.nproc_per_node,
-                                       .master_addr = o_.master_addr,
-                                       .master_port = port,
-                                       .join_timeout_s = o_.join_timeout_s});
-      } catch (...) {
-        errors[h] = std::current_exception();
-      }
-    };
-    {
-      const SignalDispositions keep;
-      std::vector<std::thread> threads;
-      for (std::size_t h = 1; h < hosts.size(); ++h) threads.emplace_back(one, h);
-      if (!hosts.empty()) one(0);
-      for (std::thread& t : threads) t.join();
-    }
-    for (const std::exception_ptr& e : errors)
-      if (e) std::rethrow_exception(e);
-    return runs;
+    return drill::run_hosts(driver_, index, what, dir, extra,
+                            Topology{.nnodes = nnodes,
+                                     .nproc = o_.nproc_per_node,
+                                     .master_addr = o_.master_addr,
+                                     .master_port = o_.master_port,
+                                     .join_timeout_s = o_.join_timeout_s},
+                            hosts);
   }
 
  private:
@@ -191,19 +147,13 @@ void ElasticDrillOptions::validate() const {
         "--nnodes × (--nnodes − 1) × --nproc-per-node = " +
             i(std::int64_t(nnodes) * (nnodes - 1) * nproc_per_node) + " must divide the batch of " +
             i(kGlobalBatch) + " (micro-batches of one size before and after the loss)");
-  if (node_rank < -1 || node_rank >= nnodes)
-    bad("--node-rank", i(node_rank),
-        "must be in [0, --nnodes = " + i(nnodes) + ") or -1 (this machine plays every host)");
-  if (node_rank >= 0 && master_port == 0)
-    bad("--master-port", "0", "with --node-rank every host needs the same port: must be in [1, " +
-                                  i(65535 - 5) + "]");
-  if (master_port < 0 || master_port > 65535 - 5)
-    bad("--master-port", i(master_port),
-        "must be in [0, " + i(65535 - 5) + "] (the drill uses it up to port + 5; 0 = free ports)");
-  if (node_rank >= 0 && work_dir.empty())
-    bad("--work-dir", "(none)",
-        "with --node-rank every host needs the same directory (a shared mount): give it");
-  if (master_addr.empty()) bad("--master-addr", "(empty)", "must name host 0");
+  drill::DrillHosts{.nnodes = nnodes,
+                    .node_rank = node_rank,
+                    .master_port = master_port,
+                    .work_dir_given = !work_dir.empty(),
+                    .master_addr = master_addr,
+                    .join_timeout_s = join_timeout_s}
+      .validate();
   drill::DrillSchedule{.steps = steps,
                        .save_every = save_every,
                        .kill_at_step = kill_at_step,
@@ -214,8 +164,6 @@ void ElasticDrillOptions::validate() const {
     bad("--consistency-every", i(consistency_every),
         "must be in [0, --steps = " + i(steps) + "] (0 = never)");
   if (!(tolerance >= 0 && tolerance < 1)) bad("--tolerance", format_number(tolerance), "must be in [0, 1)");
-  if (!(join_timeout_s > 0 && join_timeout_s <= 3600))
-    bad("--join-timeout", format_number(join_timeout_s), "must be in (0, 3600] s");
 }
 
 ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {

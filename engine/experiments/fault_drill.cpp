@@ -49,20 +49,76 @@ bool ended_by_launcher_signal(const RankExit& exit, const std::string& error_lin
   return exit.exit_code != 0 && error_line.find("stopped by SIGTERM") != std::string::npos;
 }
 
-KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path& work,
+// The drill's sub-runs: one launcher of every rank, or across hosts this process's launchers
+// (drill::run_hosts), gathered into one view of every rank (Note [gathering the hosts' sub-runs]).
+class Runner {
+ public:
+  Runner(const FaultDrillOptions& o, const fs::path& work, std::vector<int> hosts)
+      : o_(o),
+        driver_({.tally_binary = o.tally_binary,
+                 .collective_timeout_s = o.collective_timeout_s,
+                 .launch_timeout_s = o.launch_timeout_s,
+                 .steps = o.steps,
+                 .save_every = o.save_every},
+                work),
+        hosts_(std::move(hosts)) {}
+
+  // `steps` > 0 replaces the drill's --steps (one host only).
+  SubRun run(const std::string& what, const fs::path& dir, const std::vector<std::string>& extra,
+             std::int64_t steps = 0) {
+    const int index = subruns_++;
+    if (o_.nnodes == 1)
+      return driver_.run(what, dir, extra, steps, Topology{.nproc = o_.world_size});
+    Topology where{.nnodes = o_.nnodes,
+                   .nproc = o_.nproc_per_node(),
+                   .master_addr = o_.master_addr,
+                   .master_port = o_.master_port,
+                   .join_timeout_s = o_.join_timeout_s};
+    std::vector<SubRun> runs = drill::run_hosts(driver_, index, what, dir, extra, where, hosts_);
+    where.node_rank = hosts_.front();
+    SubRun all = driver_.gather(std::move(runs.front()), index, where);
+    gathered_ = gathered_ && all.gathered;
+    return all;
+  }
+  bool gathered() const { return gathered_; }
+
+ private:
+  const FaultDrillOptions& o_;
+  Driver driver_;
+  std::vector<int> hosts_;
+  int subruns_ = 0;
+  bool gathered_ = true;
+};
+
+// How rank r ended, as its launcher saw it.
+RankExit exit_of(const DrillLaunch& l, int r) {
+  for (const RankExit& e : l.ranks)
+    if (e.rank == r) return e;
+  return RankExit{.rank = r};
+}
+
+// The launcher's line names the lost rank: "rank q failed" on one host, "rank q on node i (host
+// …) failed" across hosts (launch.hpp).
+bool names_rank(const std::string& message, const FaultDrillOptions& o, int q) {
+  const std::string rank = "rank " + std::to_string(q);
+  if (o.nnodes == 1) return message.find(rank + " failed") != std::string::npos;
+  return message.find(rank + " on node " + std::to_string(o.node_of(q)) + " (host ") !=
+             std::string::npos &&
+         message.find(") failed (") != std::string::npos;
+}
+
+KillScenario run_kill(const FaultDrillOptions& o, Runner& runner, const fs::path& work,
                       FaultPhase phase, std::int64_t kill_step, const Reference& ref) {
   KillScenario sc;
   sc.name = std::string(to_string(phase));
   sc.kill_step = kill_step;
   const fs::path dir = work / ("ckpt-" + sc.name);
-  const Topology here{.nproc = o.world_size};
   const SubRun failed =
-      driver.run("kill rank " + std::to_string(o.kill_rank) + " " + sc.name + " at step " +
+      runner.run("kill rank " + std::to_string(o.kill_rank) + " " + sc.name + " at step " +
                      std::to_string(kill_step),
                  dir,
                  {"--kill-rank", std::to_string(o.kill_rank), "--kill-at-step",
-                  std::to_string(kill_step), "--kill-phase", sc.name},
-                 0, here);
+                  std::to_string(kill_step), "--kill-phase", sc.name});
   sc.failed = failed.launch;
 
   // Detection: the victim's last word; each survivor's CommError, or the launcher's signal that
@@ -71,9 +127,7 @@ KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path
   for (int r = 0; r < o.world_size; ++r) {
     if (r == o.kill_rank) continue;
     SurvivorReport s{.rank = r, .error_line = failed.error_line(r)};
-    const RankExit exit = std::size_t(r) < failed.launch.ranks.size()
-                              ? failed.launch.ranks[std::size_t(r)]
-                              : RankExit{.rank = r};
+    const RankExit exit = exit_of(failed.launch, r);
     s.exit = exit.describe();
     if (const json* e = failed.find(r, "comm_failure")) {
       s.outcome = SurvivorOutcome::noticed;
@@ -86,8 +140,7 @@ KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path
     sc.survivors.push_back(s);
   }
   sc.all_exited_s = sc.failed.end_unix_s - sc.kill_unix_s;
-  sc.launch_names_lost_rank =
-      sc.failed.message.find("rank " + std::to_string(o.kill_rank) + " failed") != std::string::npos;
+  sc.launch_names_lost_rank = names_rank(sc.failed.message, o, o.kill_rank);
 
   // What the failure left on disk.
   try {
@@ -100,7 +153,7 @@ KillScenario run_kill(const FaultDrillOptions& o, Driver& driver, const fs::path
   sc.steps_redone = last_completed - sc.checkpoint_step;
 
   // Recovery: the same command, with --resume.
-  const SubRun again = driver.run("relaunch with --resume", dir, {"--resume"}, 0, here);
+  const SubRun again = runner.run("relaunch with --resume", dir, {"--resume"});
   sc.relaunch = again.launch;
   sc.staging_removed_on_relaunch = !has_staging(dir);
   const json* started = again.find(0, "started");
@@ -149,7 +202,7 @@ void flip_byte(const fs::path& file) {
   f.write(&c, 1);
 }
 
-CorruptionCase run_corruption(const FaultDrillOptions& o, Driver& driver, const fs::path& work,
+CorruptionCase run_corruption(const FaultDrillOptions& o, Runner& runner, const fs::path& work,
                               const fs::path& source, int index) {
   CorruptionCase c;
   const int k = o.world_size;
@@ -194,8 +247,7 @@ CorruptionCase run_corruption(const FaultDrillOptions& o, Driver& driver, const 
   } catch (const InvalidInput&) {
     c.io_verify_alone_rejects = true;
   }
-  const SubRun s = driver.run("resume from damage: " + c.damage, dir, {"--resume"}, o.steps + 1,
-                              Topology{.nproc = k});
+  const SubRun s = runner.run("resume from damage: " + c.damage, dir, {"--resume"}, o.steps + 1);
   c.launch = s.launch;
   c.error_line = s.error_line(0);
   c.loaded_anything = false;
@@ -253,9 +305,11 @@ bool CorruptionCase::ok() const {
 }
 
 bool FaultDrillResult::ok() const {
-  bool all = reference.exit_code == 0 && leftover_pids.empty() &&
-             mid_step.ok(options.kill_rank, options.collective_timeout_s) &&
-             during_save.ok(options.kill_rank, options.collective_timeout_s);
+  const FaultDrillOptions& o = options;
+  bool all = reference.exit_code == 0 && leftover_pids.empty() && gathered &&
+             mid_step.ok(o.kill_rank, o.collective_timeout_s);
+  if (o.nnodes > 1) return all;  // (2) and (3): one host only
+  all = all && during_save.ok(o.kill_rank, o.collective_timeout_s) && !corruptions.empty();
   for (const CorruptionCase& c : corruptions) all = all && c.ok();
   return all;
 }
@@ -265,8 +319,22 @@ void FaultDrillOptions::validate() const {
     throw InvalidInput(flag + " = " + value + ": " + rule);
   };
   const auto i = [](std::int64_t v) { return std::to_string(v); };
-  if (world_size < 2 || world_size > 8 || kGlobalBatch % world_size != 0)
+  if (nnodes < 1 || nnodes > 4) bad("--nnodes", i(nnodes), "must be in [1, 4]");
+  if (nnodes == 1 && (world_size < 2 || world_size > 8 || kGlobalBatch % world_size != 0))
     bad("--nproc", i(world_size), "must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
+  if (nnodes > 1 && (world_size % nnodes != 0 || world_size < 2 || world_size > 8 ||
+                     kGlobalBatch % world_size != 0))
+    bad("--nproc-per-node", i(world_size / nnodes),
+        "--nnodes × --nproc-per-node = " + i(world_size) +
+            " must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
+  if (node_rank >= 0 && nnodes == 1) bad("--node-rank", i(node_rank), "only with --nnodes >= 2");
+  drill::DrillHosts{.nnodes = nnodes,
+                    .node_rank = node_rank,
+                    .master_port = master_port,
+                    .work_dir_given = !work_dir.empty(),
+                    .master_addr = master_addr,
+                    .join_timeout_s = join_timeout_s}
+      .validate();
   drill::DrillSchedule{.steps = steps,
                        .save_every = save_every,
                        .kill_at_step = kill_at_step,
@@ -288,20 +356,16 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
   FaultDrillOptions& o = res.options;
   if (o.tally_binary.empty()) o.tally_binary = fs::read_symlink("/proc/self/exe").string();
 
+  for (int h = 0; h < o.nnodes; ++h)
+    if (o.node_rank < 0 || o.node_rank == h) res.hosts_here.push_back(h);
   drill::WorkDirectory work_dir(o.work_dir, "tally-fault-drill", o.keep_work_dir);
   o.work_dir = res.work_dir = work_dir.path();
   const fs::path work = o.work_dir;
   {
-    Driver driver({.tally_binary = o.tally_binary,
-                   .collective_timeout_s = o.collective_timeout_s,
-                   .launch_timeout_s = o.launch_timeout_s,
-                   .steps = o.steps,
-                   .save_every = o.save_every},
-                  work);
+    Runner runner(o, work, res.hosts_here);
     // Reference: uninterrupted.
     const fs::path ref_dir = work / "ckpt-reference";
-    const SubRun ref_run =
-        driver.run("reference (uninterrupted)", ref_dir, {}, 0, Topology{.nproc = o.world_size});
+    const SubRun ref_run = runner.run("reference (uninterrupted)", ref_dir, {});
     res.reference = ref_run.launch;
     const json* ref_result = ref_run.find(0, "result");
     if (ref_run.launch.exit_code != 0 || ref_result == nullptr)
@@ -313,11 +377,16 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
     ref.optimizer_crc32c = (*ref_result)["optimizer_crc32c"];
     res.reference_params_crc32c = ref.params_crc32c;
 
-    res.mid_step = run_kill(o, driver, work, FaultPhase::mid_step, o.kill_at_step, ref);
-    res.during_save = run_kill(o, driver, work, FaultPhase::after_shard, o.kill_at_save, ref);
-    for (int i = 0; i < 4; ++i)
-      res.corruptions.push_back(run_corruption(o, driver, work, ref_dir, i));
-    res.leftover_pids = drill::processes_mentioning(work);
+    res.mid_step = run_kill(o, runner, work, FaultPhase::mid_step, o.kill_at_step, ref);
+    if (o.nnodes == 1) {
+      res.during_save = run_kill(o, runner, work, FaultPhase::after_shard, o.kill_at_save, ref);
+      for (int i = 0; i < 4; ++i)
+        res.corruptions.push_back(run_corruption(o, runner, work, ref_dir, i));
+    }
+    res.gathered = runner.gathered();
+    // Across hosts the other hosts' drills mention the work directory too: only the sub-runs'
+    // checkpoint directories name a rank left behind.
+    res.leftover_pids = drill::processes_mentioning(o.nnodes == 1 ? work : work / "ckpt-");
   }
   res.work_dir_removed = work_dir.remove();
   return res;

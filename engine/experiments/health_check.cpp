@@ -5,12 +5,14 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <span>
 #include <string>
 
 #include "tally/core/comm.hpp"
+#include "tally/core/operators.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/bench/kernels.hpp"
 #include "tally/engine/comm.hpp"
@@ -97,6 +99,9 @@ void HealthCheckOptions::validate(int world_size) const {
   require_real(link_straggler_threshold >= 0.01 && link_straggler_threshold <= 10, "--link-threshold",
                link_straggler_threshold, "must be in [0.01, 10] (1.5 = flag a link whose time is "
                "2.5× the median's)");
+  require_real(calibration_threshold >= 0.01 && calibration_threshold <= 10,
+               "--calibration-threshold", calibration_threshold,
+               "must be in [0.01, 10] (1 = flag a rank whose time is 2× its calibration's)");
   require_int(gemm_n >= 16 && gemm_n <= 4096, "--gemm-n", gemm_n, "must be in [16, 4096]");
   require_real(memory_bytes >= 4096 && memory_bytes <= 4.0 * (1LL << 30), "--memory-mib",
                memory_bytes / 1048576.0, "must be in [0.00390625, 4096] MiB");
@@ -113,13 +118,68 @@ void HealthCheckOptions::validate(int world_size) const {
               fault.corrupt_rank, ranks);
 }
 
+bool below(double figure, double expected, double threshold) {
+  return figure < expected / (1 + threshold);
+}
+
 std::vector<bool> flag_stragglers(const std::vector<double>& figures, double threshold) {
   std::vector<bool> flagged(figures.size(), false);
   if (figures.empty()) return flagged;
   const double median = quantile(figures, 0.5);
   for (std::size_t i = 0; i < figures.size(); ++i)
-    flagged[i] = figures[i] < median / (1 + threshold);
+    flagged[i] = below(figures[i], median, threshold);
   return flagged;
+}
+
+// Note [health-check against a calibration].
+HealthExpectation expect_from_calibration(const io::Calibration& c, const std::string& flag,
+                                          const std::string& source, std::int64_t gemm_n,
+                                          double memory_bytes) {
+  const std::string ours = host_device_name(kKernelTiming.threads);
+  const auto refuse = [&](const std::string& what) {
+    throw InvalidInput(flag + " = " + source + ": " + what);
+  };
+  if (!c.kernels)
+    refuse("no kernels section (write one with `tally bench gemm --threads 1 --clock cpu "
+           "--calibration-out " + source + "` and `tally bench memory` alike)");
+  const io::KernelCalibration& k = *c.kernels;
+  if (k.device != ours || k.precision != "fp32")
+    refuse("measured on '" + k.device + "' at " + k.precision + "; health-check times '" + ours +
+           "' at fp32 (calibrate with `tally bench gemm|memory --threads " +
+           std::to_string(kKernelTiming.threads) + " --clock cpu --calibration-out FILE`)");
+  HealthExpectation e{.source = source};
+  const double n = double(gemm_n), flops = 2 * n * n * n;
+  for (const GemmSample& g : k.gemm)
+    if (g.m == gemm_n && g.n == gemm_n && g.k == gemm_n && g.batch == 1) {
+      e.gemm_flops_per_s = flops / g.seconds;
+      e.gemm_measured = true;
+    }
+  // The working set as time_memory runs it: whole float32 pairs.
+  const double w = 8.0 * std::max<double>(1, std::floor(memory_bytes / 8));
+  for (const io::BandwidthPoint& p : k.memory_curve)
+    if (std::abs(p.working_set_bytes - w) <= 1e-9 * w) {
+      e.memory_bytes_per_s = p.bytes_per_s;
+      e.memory_measured = true;
+    }
+  if (e.gemm_measured && e.memory_measured) return e;
+  if (!k.memory_bps)
+    refuse("no memory figures (run `tally bench memory --threads 1 --clock cpu --calibration-out " +
+           source + "`)");
+  if (!e.gemm_measured && k.gemm.size() < 3)
+    refuse("no " + std::to_string(gemm_n) + "³ GEMM and " + std::to_string(k.gemm.size()) +
+           " others (the fit needs >= 3: `tally bench gemm --threads 1 --clock cpu "
+           "--calibration-out " + source + "`)");
+  const GpuSpec host = io::host_cluster(c, false).gpu;
+  if (!e.gemm_measured) {
+    const Op gemm{.name = "health-check gemm", .kind = OpKind::gemm, .m = gemm_n, .n = gemm_n,
+                  .k = gemm_n, .flops = flops, .bytes = 4 * 3 * n * n};
+    e.gemm_flops_per_s = flops / op_seconds(gemm, host, Precision::fp32);
+  }
+  if (!e.memory_measured) {
+    const Op add{.name = "health-check add", .kind = OpKind::memory, .bytes = 3 * w / 2};
+    e.memory_bytes_per_s = add.bytes / op_seconds(add, host, Precision::fp32);
+  }
+  return e;
 }
 
 std::optional<std::uint32_t> majority_value(const std::vector<std::uint32_t>& values) {
@@ -143,6 +203,13 @@ std::vector<int> HealthCheckResult::wrong_result_ranks() const {
   return out;
 }
 
+std::vector<int> HealthCheckResult::below_calibration_ranks() const {
+  std::vector<int> out;
+  for (const RankHealth& h : ranks)
+    if (h.below_calibration()) out.push_back(h.rank);
+  return out;
+}
+
 std::vector<int> HealthCheckResult::straggler_links() const {
   std::vector<int> out;
   for (const LinkHealth& l : links)
@@ -158,20 +225,24 @@ HealthCheckResult run_health_check(const DistEnv& env, const HealthCheckOptions&
   const int k = env.world_size, r = env.rank;
   at::set_num_threads(kKernelTiming.threads);
 
-  // Per rank: gemm FLOP/s, memory bytes/s, checksum; all-gathered (3 doubles each).
+  // Per rank: gemm FLOP/s, memory bytes/s, checksum, and the figures its own calibration
+  // expects (0: none); all-gathered (5 doubles each).
   const auto [gemm_flops, memory_bps] = time_kernels_in_turn(comm, o);
   const std::uint32_t checksum = checksum_gemm(o.gemm_n, r == o.fault.corrupt_rank);
-  const std::vector<double> mine = {gemm_flops, memory_bps, double(checksum)};
-  std::vector<double> all(std::size_t(3 * k));
+  const HealthExpectation expected = o.calibration.value_or(HealthExpectation{});
+  constexpr int kFields = 5;
+  const std::vector<double> mine = {gemm_flops, memory_bps, double(checksum),
+                                    expected.gemm_flops_per_s, expected.memory_bytes_per_s};
+  std::vector<double> all(std::size_t(kFields * k));
   comm.all_gather(mine, all);
 
   HealthCheckResult res{.options = o, .world_size = k};
   std::vector<double> gemm, memory;
   std::vector<std::uint32_t> sums;
   for (int q = 0; q < k; ++q) {
-    gemm.push_back(all[std::size_t(3 * q)]);
-    memory.push_back(all[std::size_t(3 * q + 1)]);
-    sums.push_back(std::uint32_t(all[std::size_t(3 * q + 2)]));
+    gemm.push_back(all[std::size_t(kFields * q)]);
+    memory.push_back(all[std::size_t(kFields * q + 1)]);
+    sums.push_back(std::uint32_t(all[std::size_t(kFields * q + 2)]));
   }
   res.gemm_median_flops_per_s = quantile(gemm, 0.5);
   res.memory_median_bytes_per_s = quantile(memory, 0.5);
@@ -187,6 +258,17 @@ HealthCheckResult run_health_check(const DistEnv& env, const HealthCheckOptions&
                          .memory_vs_median = memory_rel[i], .gemm_straggler = slow_gemm[i],
                          .memory_straggler = slow_memory[i],
                          .wrong_result = res.majority_checksum != sums[i]});
+    RankHealth& h = res.ranks.back();
+    h.gemm_expected_flops_per_s = all[std::size_t(kFields * q + 3)];
+    h.memory_expected_bytes_per_s = all[std::size_t(kFields * q + 4)];
+    if (h.gemm_expected_flops_per_s > 0) {
+      h.gemm_vs_calibration = h.gemm_flops_per_s / h.gemm_expected_flops_per_s;
+      h.memory_vs_calibration = h.memory_bytes_per_s / h.memory_expected_bytes_per_s;
+      h.gemm_below_calibration =
+          below(h.gemm_flops_per_s, h.gemm_expected_flops_per_s, o.calibration_threshold);
+      h.memory_below_calibration =
+          below(h.memory_bytes_per_s, h.memory_expected_bytes_per_s, o.calibration_threshold);
+    }
   }
 
   // Links and the group's all-reduce: S bytes of float32.

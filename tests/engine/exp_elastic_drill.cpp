@@ -1,8 +1,8 @@
 // `tally run fault-drill --elastic` end to end through the real binary
 // (tally/engine/experiments/elastic_drill.hpp), this machine playing both hosts: 2 hosts × 1 rank
 // (the fewest processes: CI's time), host 1 lost mid-step at step 6, host 0 resumes at world size
-// 1 with twice the accumulation (the report's checks: elastic_drill_checks.hpp). The namespace form (two network
-// stacks, each host its own drill process) is in test_multihost.cpp.
+// 1 with twice the accumulation (the report's checks: drill_checks.hpp). The namespace form (two
+// network stacks, each host its own drill process) is in test_multihost.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../support/subprocess.hpp"
-#include "elastic_drill_checks.hpp"
+#include "drill_checks.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
@@ -60,7 +60,10 @@ TEST(ElasticDrill, BadFlagsExitTwoWithOneLine) {
        "batch of 48"},
       {{"--elastic", "--node-rank", "1"}, "--master-port = 0: with --node-rank every host needs"},
       {{"--elastic", "--nproc", "3"}, "--nproc = 3: not with --elastic"},
-      {{"--nnodes", "2"}, "--nnodes = 2: only with --elastic"},
+      // The plain drill across hosts takes the host flags with --nnodes >= 2 only (and checks
+      // them with the code above: drill::DrillHosts).
+      {{"--nnodes", "2", "--nproc", "4"}, "--nproc = 4: not with --nnodes; give --nproc-per-node"},
+      {{"--node-rank", "1"}, "--node-rank = 1: only with --nnodes >= 2 (or --elastic)"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> cmd = {TALLY_BINARY, "run", "fault-drill"};

@@ -2,14 +2,20 @@
 // group flags nothing (k = 3, 4, on a loaded 2-core box too: Note [health-check timing under
 // load]), a rank slowed 8× is named as the straggler (and so is its outgoing link), a rank whose
 // GEMM result has one flipped bit is named as the wrong result, and bad flags exit 2 with one
-// line. Plus the pure parts (flag_stragglers, majority_value) against hand-worked cases.
+// line. Plus the pure parts (flag_stragglers, majority_value) against hand-worked cases. And
+// --calibration (Note [health-check against a calibration]): a calibration `tally bench
+// gemm|memory` writes here flags no healthy rank, the same figures made 100× faster flag every
+// rank (a 1-rank run too), a slowed rank is named in both verdicts, another thread count's
+// calibration is refused.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
 #include "tally/engine/experiments/health_check.hpp"
 
 #ifndef TALLY_BINARY
@@ -159,6 +165,127 @@ TEST(HealthCheckText, ReportNamesEveryRankAndLink) {
   EXPECT_NE(r.out.find("1→0"), std::string::npos) << r.out;
   EXPECT_EQ(lines.back().rfind("  verdict: ", 0), 0u) << lines.back();
   EXPECT_NE(lines.back().find("wrong result rank 0, 1"), std::string::npos) << lines.back();
+}
+
+// ---- --calibration -----------------------------------------------------------------------------
+
+json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+void write_json(const std::filesystem::path& p, const json& j) { std::ofstream(p) << j.dump(1); }
+
+// This host's calibration, written by `tally bench gemm|memory --threads 1 --clock cpu` now (the
+// health check's own clock: at load 12 a wall-clock calibration read 9× below it): GEMMs of m, k in
+// {128, 256, 512} at n = 256 (256³ among them), working sets 4, 16 (the health check's) and 64 MiB.
+// Then variants built here from its figures: `fitted` without the 256³ GEMM and the 16 MiB point
+// (the model's prediction and the DRAM rate then stand in), `fast` with every figure 100× faster
+// (seconds ÷ 100, bytes/s × 100), `threads` claiming 2 threads.
+TEST(HealthCheckCalibration, OwnCalibrationFlagsSlowRanksTheMedianCannot) {
+  tally::test::TempDir tmp;
+  const std::string cal = (tmp / "cal.json").string();
+  const Ran gemm = run_command({TALLY_BINARY, "bench", "gemm", "--threads", "1", "--clock", "cpu",
+                                "--warmup", "1",
+                                "--samples", "3", "--m", "128,256,512", "--n", "256", "--k",
+                                "128,256,512", "--calibration-out", cal},
+                               120);
+  ASSERT_EQ(gemm.exit_code, 0) << gemm.out << gemm.err;
+  const Ran memory = run_command({TALLY_BINARY, "bench", "memory", "--threads", "1", "--clock",
+                                  "cpu", "--warmup", "1", "--samples", "3", "--sizes-mib", "4,16,64",
+                                  "--calibration-out", cal},
+                                 120);
+  ASSERT_EQ(memory.exit_code, 0) << memory.out << memory.err;
+  const json measured = read_json(cal);
+  double gemm_256_s = 0, memory_16_bps = 0;
+  json fitted = measured, fast = measured, threads = measured;
+  fitted["kernels"]["gemm"] = json::array();
+  for (const json& g : measured["kernels"]["gemm"]) {
+    if (g["m"] == 256 && g["k"] == 256) gemm_256_s = g["seconds_median"];
+    else fitted["kernels"]["gemm"].push_back(g);
+  }
+  fitted["kernels"]["memory_curve"] = json::array();
+  for (const json& p : measured["kernels"]["memory_curve"]) {
+    if (p["working_set_bytes"] == 16.0 * 1048576) memory_16_bps = p["bytes_per_s"];
+    else fitted["kernels"]["memory_curve"].push_back(p);
+  }
+  ASSERT_GT(gemm_256_s, 0.0) << measured.dump();
+  ASSERT_GT(memory_16_bps, 0.0) << measured.dump();
+  const json& k = measured["kernels"];
+  fast["kernels"]["peak_flops"] = 100 * k["peak_flops"].get<double>();
+  fast["kernels"]["memory_bytes_per_s"] = 100 * k["memory_bytes_per_s"].get<double>();
+  for (json& g : fast["kernels"]["gemm"])
+    g["seconds_median"] = g["seconds_median"].get<double>() / 100;
+  for (json& p : fast["kernels"]["memory_curve"])
+    p["bytes_per_s"] = 100 * p["bytes_per_s"].get<double>();
+  threads["kernels"]["device"] = "cpu, libtorch 2 threads";
+  write_json(tmp / "fitted.json", fitted);
+  write_json(tmp / "fast.json", fast);
+  write_json(tmp / "threads.json", threads);
+
+  // (1) Two ranks, rank 1 slowed 8×, against the calibration as measured: rank 1 is named in
+  // both verdicts, healthy rank 0 in neither. Its expected figures are the file's own samples.
+  Ran r = run_command(launch(2, {"--rounds", "3", "--calibration", cal, "--inject-slow-rank", "1",
+                                 "--inject-slow-factor", "8"}),
+                      kLimit_s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  json j = report(r, 2);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(ints(j["straggler_ranks"]), std::vector<int>{1}) << j.dump();
+  EXPECT_EQ(ints(j["below_calibration_ranks"]), std::vector<int>{1}) << j.dump();
+  EXPECT_EQ(j["calibration"]["gemm_basis"], "measured");
+  EXPECT_EQ(j["calibration"]["memory_basis"], "measured");
+  const double n3 = 256.0 * 256 * 256;
+  for (int q = 0; q < 2; ++q) {
+    const json& h = j["ranks"][q];
+    SCOPED_TRACE(h.dump());
+    EXPECT_DOUBLE_EQ(h["gemm_expected_flops_per_s"].get<double>(), 2 * n3 / gemm_256_s);
+    EXPECT_DOUBLE_EQ(h["memory_expected_bytes_per_s"].get<double>(), memory_16_bps);
+    EXPECT_EQ(h["below_calibration"].get<bool>(), q == 1);
+  }
+  // 8× the work: rank 1 sits far below rank 0 against the same calibration.
+  EXPECT_LT(j["ranks"][1]["gemm_vs_calibration"].get<double>(),
+            j["ranks"][0]["gemm_vs_calibration"].get<double>() / 4)
+      << j.dump();
+  EXPECT_NE(r.err.find("health-check: straggler rank 1;"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("; below its own calibration rank 1"), std::string::npos) << r.err;
+
+  // (2) One rank — no median can judge it — against the fitted variant: healthy, nothing flagged.
+  r = run_command({TALLY_BINARY, "launch", "--nproc", "1", "--timeout", "240", "--", TALLY_BINARY,
+                   "run", "health-check", "--rounds", "3", "--calibration",
+                   (tmp / "fitted.json").string()},
+                  kLimit_s);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("gemm from the operator model fitted to its GEMMs, memory from its DRAM "
+                       "streaming rate"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("verdict: healthy: nothing flagged"), std::string::npos) << r.out;
+
+  // (3) One rank against the 100× faster figures: flagged below its calibration on both tests
+  // (about 0.01×), while the median sees nothing.
+  r = run_command(launch(1, {"--rounds", "3", "--calibration", (tmp / "fast.json").string()}),
+                  kLimit_s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  j = report(r, 1);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_TRUE(j["straggler_ranks"].empty()) << j.dump();
+  EXPECT_EQ(ints(j["below_calibration_ranks"]), std::vector<int>{0}) << j.dump();
+  EXPECT_DOUBLE_EQ(j["ranks"][0]["gemm_expected_flops_per_s"].get<double>(),
+                   100 * 2 * n3 / gemm_256_s);
+  EXPECT_TRUE(j["ranks"][0]["gemm_below_calibration"].get<bool>());
+  EXPECT_TRUE(j["ranks"][0]["memory_below_calibration"].get<bool>());
+  EXPECT_LT(j["ranks"][0]["gemm_vs_calibration"].get<double>(), 0.1) << j.dump();
+
+  // (4) Another thread count's calibration: one line, exit 2, nothing measured.
+  r = run_command({TALLY_BINARY, "run", "health-check", "--calibration",
+                   (tmp / "threads.json").string()},
+                  60);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, "tally: error: --calibration = " + (tmp / "threads.json").string() +
+                       ": measured on 'cpu, libtorch 2 threads' at fp32; health-check times "
+                       "'cpu, libtorch 1 thread' at fp32 (calibrate with `tally bench gemm|memory "
+                       "--threads 1 --clock cpu --calibration-out FILE`)\n");
 }
 
 TEST(HealthCheckInput, BadThresholdIsOneLineAndExitTwo) {

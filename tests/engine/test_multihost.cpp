@@ -3,7 +3,8 @@
 // would on two machines. ddp-check and ZeRO-3 at 2 hosts × 2 ranks, a checkpoint saved there at
 // world size 4 and resumed at world size 2 on one host (resharding), the elastic fault drill with
 // the second host's ranks killed (each host running the drill), and a host that never joins
-// (the other fails at the rendezvous timeout, naming the address it used). The launchers watch
+// (the other fails at the rendezvous timeout, naming the address it used), and the plain fault
+// drill with a rank of the second host killed. The launchers watch
 // each other (Note [launchers' store]): a rank failing on node 1 stops node 0's ranks within a
 // bound and both launchers name it; a launcher that never arrives is named by the other at the
 // join timeout. Plus two launchers on this host's loopback, which needs no namespaces. No torch
@@ -18,7 +19,7 @@
 
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
-#include "elastic_drill_checks.hpp"
+#include "drill_checks.hpp"
 #include "netns_fixture.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/io/checkpoint.hpp"
@@ -241,7 +242,7 @@ TEST_F(TwoHosts, CheckpointSavedAcrossTwoHostsResumesAtWorldSizeTwoOnOne) {
 // (`--node-rank i`, the same --master-addr, --master-port and a work directory both see): host
 // 1's ranks (2 and 3) all die mid-step at step 6; host 0's drill relaunches alone at world size 2
 // with twice the accumulation, resumes from step 4's checkpoint (saved by 4 ranks on two hosts),
-// and sets every figure beside the uninterrupted run's (elastic_drill_checks.hpp). Host 1's drill
+// and sets every figure beside the uninterrupted run's (drill_checks.hpp). Host 1's drill
 // reports its part: the reference passed, its ranks were killed, its launcher exited 1.
 TEST_F(TwoHosts, ElasticFaultDrillLosesTheSecondHostAndResumesOnTheFirst) {
   tally::test::TempDir tmp;
@@ -268,6 +269,43 @@ TEST_F(TwoHosts, ElasticFaultDrillLosesTheSecondHostAndResumesOnTheFirst) {
   EXPECT_NE(lost.find(", 10.77.0.2) failed (killed by signal 9 (SIGKILL))"), std::string::npos)
       << lost;
   EXPECT_EQ(host1["resume"]["command"], json::array()) << "the lost host takes no part";
+}
+
+// The plain fault drill across the two hosts, each running it as a user would (`--nnodes 2
+// --node-rank i`): rank 3, host 1's second rank, dies mid-step at step 7. Both hosts' reports are
+// whole (each reads the other's part from the shared work directory): the launchers exit 1 naming
+// rank 3, node 1 and its address; each survivor — two on host 0, one on host 1 — noticed or was
+// stopped (Note [detection criterion]); both hosts relaunch from step 4's checkpoint and every
+// figure equals the uninterrupted run's exactly (drill_checks.hpp, as the one-host drill).
+TEST_F(TwoHosts, FaultDrillKillsARankOnTheSecondHostAndResumesExactly) {
+  tally::test::TempDir tmp;
+  const auto drill = [&](int node) {
+    return tally::netns::in_namespace(
+        node == 0 ? a.ns : b.ns,
+        {TALLY_BINARY, "run", "fault-drill", "--json", "--nnodes", "2", "--nproc-per-node", "2",
+         "--kill-rank", "3", "--steps", "8", "--node-rank", std::to_string(node), "--master-addr",
+         a.address, "--master-port", std::to_string(kPort), "--work-dir", tmp.path.string(),
+         "--join-timeout", "40"});
+  };
+  const std::array<Ran, 2> ran = run_together({drill(0), drill(1)});
+  for (int node = 0; node < 2; ++node) {
+    ASSERT_EQ(ran[node].exit_code, 0) << ran[node].out << ran[node].err;
+    const json j = json::parse(ran[node].out);
+    SCOPED_TRACE("node " + std::to_string(node));
+    EXPECT_EQ(j["hosts_here"], json::array({node}));
+    EXPECT_EQ(j["world_size"], 4);
+    EXPECT_EQ(j["nnodes"], 2);
+    EXPECT_TRUE(j["gathered"].get<bool>());
+    EXPECT_EQ(j["reference"]["exit_code"], 0);
+    EXPECT_EQ(j["mid_step"]["kill_node"], 1);
+    tally::fault_drill::expect_scenario(j["mid_step"], 3, 7, 4, "rank 3 on node 1 (host ");
+    const std::string named = j["mid_step"]["failed"]["message"];
+    EXPECT_NE(named.find(", 10.77.0.2) failed (killed by signal 9 (SIGKILL))"), std::string::npos)
+        << named;
+    EXPECT_EQ(j["during_save"], nullptr) << "(2) and (3) run on one host only";
+    EXPECT_EQ(j["leftover_pids"], json::array());
+    EXPECT_TRUE(j["ok"].get<bool>());
+  }
 }
 
 // Node 1's launcher never starts: node 0's launcher (its ranks healthy, sleeping) stops them at

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tally/engine/bench/harness.hpp"
@@ -80,6 +81,9 @@ struct BenchMemoryResult {
 BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options);
 // One working set of that sweep (rounded down to whole float32 pairs); `repeat` as in time_gemm.
 MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& timing, int repeat = 1);
+
+// The device a calibration of this host's kernels names: "cpu, libtorch 1 thread".
+std::string host_device_name(int threads);
 
 // The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
 // device, peak_flops, sm_count and gemm; a memory result memory_curve and memory_bytes_per_s.

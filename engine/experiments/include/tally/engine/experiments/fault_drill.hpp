@@ -22,6 +22,16 @@
 //               truncated shard, a deleted shard, and an edited index.json (consumed_samples):
 //               a resume must fail on rank 0 with one line naming the file and the failed check,
 //               having loaded nothing.
+// Across hosts (nnodes N > 1, `world_size` = N·K ranks, K per host, torchrun's numbering): each
+// sub-run is N launchers — threads of this process, or with node_rank ≥ 0 this host's alone, every
+// host running the same drill with its own node rank, the same master address and port and a work
+// directory they all see (the checkpoint's shared mount), as `tally launch --nnodes` is run. The
+// victim may be on any host; every launcher must exit 1 naming it, its node and host (Note
+// [launchers' store]), and the relaunch is on every host again. Each host's drill reads the
+// others' parts of each sub-run from the work directory (Note [gathering the hosts' sub-runs],
+// drill_driver.hpp), so every host reports the whole drill. Only (1) runs across hosts: (2) and
+// (3) test what lands in the checkpoint files, which does not depend on where the ranks run.
+//
 // Reported: how each survivor ended and, for those that noticed, detection time (the kill to its
 // CommError, wall clock across processes), the kill to `tally launch` returning, restart time
 // (relaunch to checkpoint loaded) and recovery time (the kill to the relaunched job finishing the
@@ -65,8 +75,16 @@ struct FaultDrillOptions {
   double launch_timeout_s = 60;       // each sub-run as a whole
   std::filesystem::path work_dir;     // empty = a fresh directory under the system temp dir
   bool keep_work_dir = false;         // keep it (for inspection) instead of removing it
+  // Across hosts: N = nnodes, K = world_size / N ranks per host.
+  int nnodes = 1;                     // N, [1, 4]
+  int node_rank = -1;                 // -1: play every host here; i: only host i
+  std::string master_addr = "127.0.0.1";  // host 0, as every host reaches it
+  int master_port = 0;                // sub-run j: port + 2j, + 2j + 1; 0: free (node_rank -1)
+  double join_timeout_s = 60;         // the hosts' launchers meeting
   // Throws InvalidInput naming the flag, the value and the allowed range.
   void validate() const;
+  int nproc_per_node() const { return world_size / nnodes; }
+  int node_of(int rank) const { return rank / nproc_per_node(); }
 };
 
 // A sub-run: one engine::launch of k ranks.
@@ -123,7 +141,8 @@ struct KillScenario {
   bool losses_equal = false;        // every step after the resume
   bool final_params_equal = false;  // CRC-32C of the final parameters and optimizer state
 
-  // Note [detection criterion]; timeout_s is each rank's collective timeout.
+  // Note [detection criterion]; timeout_s is each rank's collective timeout. The launcher's line
+  // names "rank q failed" (one host) or "rank q on node i (host …) failed" (across hosts).
   bool detection_ok(int kill_rank, double timeout_s) const;
   bool recovery_ok() const;
   bool ok(int kill_rank, double timeout_s) const {
@@ -145,10 +164,12 @@ struct CorruptionCase {
 struct FaultDrillResult {
   FaultDrillOptions options;
   std::filesystem::path work_dir;
+  std::vector<int> hosts_here;     // the hosts this process played (0 alone on one host)
+  bool gathered = true;            // every host's part of every sub-run was read back
   DrillLaunch reference;
   std::string reference_params_crc32c;
-  KillScenario mid_step, during_save;
-  std::vector<CorruptionCase> corruptions;
+  KillScenario mid_step, during_save;  // during_save: one host only
+  std::vector<CorruptionCase> corruptions;  // one host only
   std::vector<int> leftover_pids;  // processes still running a sub-run's command
   bool work_dir_removed = false;
   bool ok() const;

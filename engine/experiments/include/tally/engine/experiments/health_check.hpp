@@ -35,6 +35,30 @@
 // a wall time. So the defaults leave room: a rank is flagged beyond 1.5× the median time
 // (`straggler_threshold` 0.5), a link beyond 2.5× (`link_straggler_threshold` 1.5); on a quiet
 // cluster, pass tighter ones. An injected 8× slowdown reads about 0.12×.
+//
+// Note [health-check against a calibration]
+// The median finds a rank slower than its peers, never a host whose every rank is slow, nor the
+// one rank of a 1-rank run. With a calibration of the host (`tally bench gemm|memory --threads 1
+// --clock cpu --calibration-out FILE`, the kernels section: docs/formats.md) each rank also sets its figures
+// beside what its own host measured when healthy: the GEMM's FLOP/s for the self-test's n × n × n
+// — the calibration's own sample of that shape, 2n³ / seconds_median, when it has one, else the
+// operator model's prediction on the calibrated host (io::host_cluster's fitted KernelPerf, core's
+// op_seconds of that GEMM: the one definition the planner uses) — and the memory test's bytes/s —
+// the calibration's memory_curve point at the same working set, else the DRAM streaming rate
+// (memory_bytes_per_s through op_seconds: a floor for a working set that fits a cache). Flagged
+// like a straggler, with a threshold of its own: figure < expected / (1 + calibration_threshold).
+// Its default is looser (1: below half the expected figure) because the two figures are taken at
+// different times: within one run healthy ranks stay 0.83–1.12× their median, but a healthy rank
+// against a CPU-clock calibration taken minutes earlier on this 2-core box at load 10–12 read
+// 0.65× (GEMM; the fitted prediction) — load that thrashes the caches costs CPU time too. Each rank reads the file at the
+// given path on its own host, so across hosts each is judged by its own host's calibration. The
+// calibration must be of the health check's kernels: this CPU's libtorch on one thread (bench's
+// "cpu, libtorch 1 thread"); another device's or thread count's is refused (InvalidInput), as
+// `plan --calibration` refuses another device's. The health check times the CPU clock, and so
+// must the calibration (bench's --clock cpu): a wall-clock one taken on a busy host counts other
+// processes' turns (at load 12 one read 9× below the health check's own figures) and then flags
+// nothing. The file does not record the clock, so this is the user's part.
+//
 // Fault injection (tests, drills): fault.slow_rank runs each timed GEMM and memory call's work
 // `slow_factor` times and sends each of its link messages that many times (its neighbour receives
 // them all), so its figures drop to 1/slow_factor of a healthy rank's whatever the load;
@@ -44,12 +68,30 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tally/engine/bench/harness.hpp"
 #include "tally/engine/dist_env.hpp"
+#include "tally/io/calibration.hpp"
 
 namespace tally::engine {
+
+// A rank's expected figures from its host's calibration (Note [health-check against a
+// calibration]).
+struct HealthExpectation {
+  std::string source;               // the calibration file, as given
+  double gemm_flops_per_s = 0;      // for the self-test's n × n × n
+  bool gemm_measured = false;       // true: the calibration's own sample; false: the fitted model
+  double memory_bytes_per_s = 0;    // for the memory test's working set
+  bool memory_measured = false;     // true: the curve's point; false: the DRAM streaming rate
+};
+
+// Throws InvalidInput naming `flag`, the file and what is wrong: no kernels section, kernels of
+// another device or thread count, no GEMM of that shape and fewer than 3 to fit, no memory figures.
+HealthExpectation expect_from_calibration(const io::Calibration& c, const std::string& flag,
+                                          const std::string& source, std::int64_t gemm_n,
+                                          double memory_bytes);
 
 struct HealthCheckFault {
   int slow_rank = -1;        // -1 = none
@@ -60,12 +102,14 @@ struct HealthCheckFault {
 struct HealthCheckOptions {
   double straggler_threshold = 0.5;   // a rank: flagged when more than 50 % slower than the median
   double link_straggler_threshold = 1.5;  // a link: more than 150 % slower (2.5× the median time)
+  double calibration_threshold = 1;   // a rank vs its calibration: more than 100 % slower
   std::int64_t gemm_n = 256;          // n of the n × n × n GEMM (timing and checksum)
   double memory_bytes = 16 * 1048576.0;  // W, the memory test's working set
   double link_bytes = 4e6;            // S of each send / recv and the all-reduce
   int rounds = 5;                     // interleaved repetitions (Note [health-check timing ...])
   double timeout_s = 60;              // rendezvous and every collective
   HealthCheckFault fault;
+  std::optional<HealthExpectation> calibration;  // this rank's host's; none = the median alone
   // Throws InvalidInput naming the flag, the value and the allowed range; fault ranks must be -1
   // or a rank of `world_size`.
   void validate(int world_size) const;
@@ -80,7 +124,12 @@ struct RankHealth {
   double memory_vs_median = 1;
   bool gemm_straggler = false, memory_straggler = false;
   bool wrong_result = false;        // checksum differs from the majority's (or there is none)
+  // Against the rank's own calibration (0 = none given).
+  double gemm_expected_flops_per_s = 0, memory_expected_bytes_per_s = 0;
+  double gemm_vs_calibration = 0, memory_vs_calibration = 0;
+  bool gemm_below_calibration = false, memory_below_calibration = false;
   bool straggler() const { return gemm_straggler || memory_straggler; }
+  bool below_calibration() const { return gemm_below_calibration || memory_below_calibration; }
 };
 
 struct LinkHealth {
@@ -105,14 +154,18 @@ struct HealthCheckResult {
   std::vector<int> straggler_ranks() const;
   std::vector<int> wrong_result_ranks() const;
   std::vector<int> straggler_links() const;  // by src
+  std::vector<int> below_calibration_ranks() const;
   bool ok() const {
-    return straggler_ranks().empty() && wrong_result_ranks().empty() && straggler_links().empty();
+    return straggler_ranks().empty() && wrong_result_ranks().empty() &&
+           straggler_links().empty() && below_calibration_ranks().empty();
   }
 };
 
 // Pure parts, exposed for tests. Figures are rates (higher is better); flagged[i] when
 // figures[i] < median / (1 + threshold). Median as time_stats: the mean of the middle two.
 std::vector<bool> flag_stragglers(const std::vector<double>& figures, double threshold);
+// The same rule against an expected figure: figure < expected / (1 + threshold).
+bool below(double figure, double expected, double threshold);
 // The value held by more than half of `values`, if any.
 std::optional<std::uint32_t> majority_value(const std::vector<std::uint32_t>& values);
 
