@@ -94,10 +94,11 @@ void check_f64(const MoeOptions& o, Comm& ep_comm, MoeVariant& v) {
 // all inside a tracking-allocator scope; what stays allocated afterwards is the model states.
 // Note [Gloo's last references]: ProcessGroupGloo's worker thread drops its reference to a
 // collective's tensors only after the waiting thread has been woken (runLoop resets its
-// work-in-progress slot afterwards), so a count taken right after the step may still include the
-// last exchange's buffers on a loaded machine. The group is therefore its own, and is torn down
-// (its destructor joins the worker threads) before the count — after a world barrier, so no peer
-// is still inside its last collective.
+// work-in-progress slot afterwards), so a count taken right after the step could include the
+// last exchange's buffers on a loaded machine. Comm's waits now return only once that reference
+// is gone (Note [released tensors] in comm.cpp); as a second guard the group is its own and is
+// torn down (its destructor joins the worker threads) before the count — after a world barrier,
+// so no peer is still inside its last collective.
 double measure_states_f32(const MoeOptions& o, Comm& world, std::span<const int> ranks,
                           const std::string& name) {
   auto ep_comm = std::make_unique<Comm>(world, ranks, name);
