@@ -50,11 +50,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "fixture.hpp"
+#include "torchtitan_rows.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 #include "tally/core/types.hpp"
@@ -82,20 +82,8 @@ struct Peak {
 Peak predict(const nlohmann::json& run) {
   Peak p{.label = run["label"], .kind = run["kind"],
          .published = run["peak"].get<double>() * unit_bytes(run["unit"])};
-  const PlanRequest q{.model = *model_preset(run["model"].get<std::string>()),
-                      .cluster = *cluster_preset(run["cluster"].get<std::string>()),
-                      .gpus = run["gpus"], .global_batch = run["global_batch"], .seq = run["seq"],
-                      .precision = *parse_precision(run["precision"].get<std::string>()),
-                      .optimizer = Optimizer::adamw,
-                      .eager_loss = run["loss"].get<std::string>() == "eager"};
-  Layout L{.dp = run["dp"], .tp = run["tp"], .pp = run["pp"], .cp = run["cp"],
-           .interleave = run.value("interleave", 1), .sp = run["sp"], .zero = run["zero"],
-           .micro_batch = run["micro_batch"], .grad_accum = run["grad_accum"],
-           .recompute = *parse_recompute(run["recompute"].get<std::string>()),
-           .attention = Attention::flash};
-  if (run.contains("stage_layers"))
-    L.stage_layer_list = std::make_shared<const std::vector<int>>(
-        run["stage_layers"].get<std::vector<int>>());
+  const PlanRequest q = published_request(run);
+  const Layout L = published_layout(run);
   try {
     const PlanEval e = evaluate_layout(q, L);
     // Reserved ↔ held minus the CUDA runtime; allocated ↔ allocated.

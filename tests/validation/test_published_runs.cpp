@@ -189,7 +189,7 @@ TEST(PublishedRuns, Narayanan2021Table1_WeakScaling) {
 // Note [error band] in planner.hpp: the band the planner prints is exactly the dev set's range of
 // measured / predicted.
 TEST(PublishedRuns, ErrorBandCoversTheDevSet) {
-  const auto band = step_time_band(TimeModel::operators);
+  const auto band = step_time_band(TimeModel::operators, cluster_preset("a100-80g")->gpu);
   ASSERT_TRUE(band.has_value());
   std::vector<double> ratios;
   double rank_spread = 0;
@@ -209,7 +209,7 @@ TEST(PublishedRuns, ErrorBandCoversTheDevSet) {
   EXPECT_GT(band->low, *lo - 0.01);   // tight: moves with the model
   EXPECT_LT(band->high, *hi + 0.01);
   EXPECT_NEAR(band->median, median(ratios), 0.01);
-  EXPECT_FALSE(step_time_band(TimeModel::utilisation).has_value());
+  EXPECT_FALSE(step_time_band(TimeModel::utilisation, cluster_preset("a100-80g")->gpu).has_value());
 }
 
 }  // namespace
