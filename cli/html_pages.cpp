@@ -154,8 +154,11 @@ std::string scatter_section(const PlanResult& r, const Units& U) {
       "<p>{} layouts costed in full, {} skipped by exact bounds (never costed, so not drawn); "
       "{} drawn{}. Hover a point for its layout.</p>\n",
       r.evaluated, r.pruned, r.points.size(),
-      r.points_sampled ? " — an even sample of the search order plus the whole feasible frontier"
-                       : "");
+      !r.points_sampled ? ""
+      : r.frontier_thinned
+          ? " — a uniform sample of the costed layouts plus an even share of the feasible frontier "
+            "(thinned: it outgrew the page's budget)"
+          : " — a uniform sample of the costed layouts plus the whole feasible frontier");
   return "<h2>Layouts</h2>\n" + note + html::xy_chart(c) +
          html::table("The feasible frontier: no other fitting layout is both faster and smaller",
                      {"layout", "step (s)", "per GPU (" + U.name() + ")"}, rows) +

@@ -21,10 +21,11 @@ constexpr double kPlotW = kWidth - kLeft - kRight;
 constexpr double kXYHeight = 380, kBarRowPx = 34;
 constexpr double kCharPx = 6.6;  // average glyph width at the legend's 12 px, for layout only
 
-// Palette (Okabe & Ito 2008, distinguishable under the common colour-vision deficiencies) and
-// dash patterns / marker shapes, so series stay apart in greyscale too.
-constexpr const char* kColours[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A7",
-                                    "#56B4E9", "#D55E00", "#F0E442", "#000000"};
+// Palette: Okabe & Ito 2008's eight (distinguishable under the common colour-vision
+// deficiencies) and two of Tol's muted (grey, wine) for the memory bar's ten items; dash patterns
+// and marker shapes keep series apart in greyscale too, and every chart has its table.
+constexpr const char* kColours[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9",
+                                    "#D55E00", "#F0E442", "#000000", "#999999", "#882255"};
 constexpr const char* kDashes[] = {"", "6 3", "2 2", "8 3 2 3"};
 const char* colour(std::size_t i) { return kColours[i % std::size(kColours)]; }
 

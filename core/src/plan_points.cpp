@@ -12,11 +12,19 @@ PlanPoint point_of(const PlanEval& e, std::uint64_t index) {
                    .fits = e.fits, .index = index};
 }
 
-// Keeps every second entry (0, 2, 4, …): halves a full vector, evenly over its order.
+// Keeps every second entry (0, 2, 4, …): halves the frontier evenly along it.
 void halve(std::vector<PlanPoint>& v) {
   std::size_t w = 0;
   for (std::size_t i = 0; i < v.size(); i += 2) v[w++] = v[i];
   v.resize(w);
+}
+
+// splitmix64 (Steele, Lea & Flood 2014): a small, well-mixed deterministic generator.
+std::uint64_t next(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -24,12 +32,13 @@ void halve(std::vector<PlanPoint>& v) {
 void PointCollector::add(const PlanEval& e) {
   const std::uint64_t index = seen_++;
   if (cap_ == 0) return;
-  if (index % stride_ == 0) {
+  // Reservoir sampling, Algorithm R (Vitter 1985): every offered layout ends in the sample with
+  // probability cap / seen, whatever the search order (a stride would alias with its loops).
+  if (sample_.size() < cap_) {
     sample_.push_back(point_of(e, index));
-    if (sample_.size() >= cap_) {  // full: keep every second one and take half as many from now on
-      halve(sample_);
-      stride_ *= 2;
-    }
+  } else {
+    const std::uint64_t j = next(rng_) % (index + 1);
+    if (j < cap_) sample_[j] = point_of(e, index);
   }
   if (!e.fits) return;
   // Frontier insertion. The left neighbour (less memory) is the fastest of the smaller layouts: if
@@ -52,6 +61,8 @@ void PointCollector::add(const PlanEval& e) {
 
 std::vector<PlanPoint> PointCollector::points() const {
   std::vector<PlanPoint> out = sample_;
+  std::sort(out.begin(), out.end(),
+            [](const PlanPoint& a, const PlanPoint& b) { return a.index < b.index; });
   std::vector<PlanPoint> front = frontier_;
   for (PlanPoint& p : front) p.frontier = true;
   std::sort(front.begin(), front.end(),

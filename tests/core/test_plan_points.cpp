@@ -65,29 +65,61 @@ TEST(PlanPoints, FrontierMatchesBruteForce) {
   EXPECT_GE(got.size(), 2u);
 }
 
-// cap 4, 20 infeasible points: 0,1,2,3 fill it → halve to {0,2}, stride 2; 4,6 → {0,2,4,6} →
-// {0,4}, stride 4; 8,12 → {0,4,8,12} → {0,8}, stride 8; 16 → {0,8,16}; 17..19 not on the stride.
-TEST(PlanPoints, SampleHalvesWhenFull) {
-  PointCollector c(4);
-  for (int i = 0; i < 20; ++i) c.add(eval(1, 1, false));
-  std::vector<std::uint64_t> idx;
-  for (const auto& p : c.points()) idx.push_back(p.index);
-  EXPECT_EQ(idx, (std::vector<std::uint64_t>{0, 8, 16}));
+// Reservoir sampling: cap distinct layouts, deterministic, and uniform over the search order —
+// each of 100 000 offered is kept with probability 1000/100 000, so each tenth of the order holds
+// ≈ 100 of the 1000 (binomial σ = √(1000 · 0.1 · 0.9) ≈ 9.5; ±5σ allowed) and the mean index is
+// ≈ 50 000 (σ = 100 000 / √(12 · 1000) ≈ 913; ±5σ).
+TEST(PlanPoints, SampleIsUniformAndDeterministic) {
+  PointCollector a(1000), b(1000);
+  for (int i = 0; i < 100000; ++i) {
+    a.add(eval(1, 1, false));
+    b.add(eval(1, 1, false));
+  }
+  const auto pa = a.points(), pb = b.points();
+  ASSERT_EQ(pa.size(), 1000u);
+  EXPECT_TRUE(a.sampled());
+  EXPECT_EQ(a.seen(), 100000u);
+  std::set<std::uint64_t> distinct;
+  double mean = 0;
+  int tenths[10] = {};
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].index, pb[i].index);  // the same search, the same sample
+    if (i > 0) {
+      EXPECT_LT(pa[i - 1].index, pa[i].index);  // search order
+    }
+    distinct.insert(pa[i].index);
+    mean += double(pa[i].index) / 1000;
+    ++tenths[pa[i].index / 10000];
+  }
+  EXPECT_EQ(distinct.size(), 1000u);
+  EXPECT_NEAR(mean, 50000, 5 * 913);
+  for (int t : tenths) EXPECT_NEAR(t, 100, 48);
+}
+
+// With room for every layout, nothing is sampled away.
+TEST(PlanPoints, SmallSearchesKeepEveryLayout) {
+  PointCollector c(50);
+  for (int i = 0; i < 50; ++i) c.add(eval(1, 1, false));
+  EXPECT_EQ(c.points().size(), 50u);
+  EXPECT_FALSE(c.sampled());
+  c.add(eval(1, 1, false));
+  EXPECT_EQ(c.points().size(), 50u);
   EXPECT_TRUE(c.sampled());
-  EXPECT_EQ(c.seen(), 20u);
 }
 
 // A frontier layout outside the sample is still a point.
 TEST(PlanPoints, FrontierSurvivesSampling) {
   PointCollector c(4);
   for (int i = 0; i < 40; ++i) c.add(eval(100 - i, 50, false));  // infeasible
-  c.add(eval(7, 3, true));                                       // index 40, not on stride 16
+  c.add(eval(7, 3, true));                                       // index 40
+  // whether or not the reservoir took it, it is a point, flagged
   const auto pts = c.points();
   const auto it = std::find_if(pts.begin(), pts.end(), [](const PlanPoint& p) { return p.index == 40; });
   ASSERT_NE(it, pts.end());
   EXPECT_TRUE(it->frontier);
   EXPECT_TRUE(it->fits);
   EXPECT_LE(pts.size(), 4u + 1u);
+  EXPECT_EQ(std::count_if(pts.begin(), pts.end(), [](const PlanPoint& p) { return p.frontier; }), 1);
 }
 
 TEST(PlanPoints, ZeroCapKeepsNothing) {
@@ -124,7 +156,8 @@ TEST(PlanPoints, PlannerKeepsTheCostedLayouts) {
   EXPECT_TRUE(few.points_sampled);
   std::size_t sample = 0;
   for (const auto& p : few.points) sample += !p.frontier;
-  EXPECT_LT(sample, 64u);
+  EXPECT_LE(sample, 64u);
+  EXPECT_LE(few.points.size(), 64u + 64u);
   EXPECT_EQ(few.best.front().layout.describe(), b.layout.describe());
 }
 

@@ -1,5 +1,6 @@
 // The costed layouts `tally plan --html` draws (Note [plan points] in planner.hpp): a bounded,
-// deterministic sample of the search plus the feasible Pareto frontier of (step time, memory).
+// deterministic uniform sample of the search plus the feasible Pareto frontier of (step time,
+// memory).
 #pragma once
 
 #include <cstddef>
@@ -19,13 +20,14 @@ class PointCollector {
   // The sample and the frontier (frontier members flagged; each layout once), in search order.
   std::vector<PlanPoint> points() const;
   // True when points() holds fewer layouts than were offered.
-  bool sampled() const { return stride_ > 1; }
+  bool sampled() const { return seen_ > sample_.size(); }
   // True when the frontier outgrew max_points and was thinned (its flags then mark a subset).
   bool frontier_thinned() const { return frontier_thinned_; }
 
  private:
   std::size_t cap_;
-  std::uint64_t seen_ = 0, stride_ = 1;
+  std::uint64_t seen_ = 0;
+  std::uint64_t rng_ = 0x9E3779B97F4A7C15ULL;  // splitmix64 state, fixed: the same search, the same page
   std::vector<PlanPoint> sample_;
   // Sorted by total_bytes ascending, step_s strictly descending: each point is faster than every
   // point to its left (the staircase of non-dominated layouts).

@@ -247,9 +247,9 @@ std::optional<ErrorBand> step_time_band(TimeModel t);
 // Note [plan points]
 // `tally plan --html` draws every costed layout as a point (step time against memory held per GPU).
 // A search costs up to millions of layouts, so SearchSpace::max_points bounds what is kept:
-//  - a sample: every layout in search order while fewer than max_points are kept; when the sample
-//    fills, every second one is dropped and the stride doubles (deterministic, evenly spread over
-//    the search order);
+//  - a uniform sample of at most max_points costed layouts (reservoir sampling, Vitter 1985's
+//    Algorithm R, with a fixed-seed generator: the same search draws the same page); every one
+//    when the search costs no more;
 //  - the feasible Pareto frontier (no other fitting layout is both faster and smaller), kept
 //    whole while it holds at most max_points layouts (thinned like the sample beyond that).
 // PlanResult::points is their union, frontier members flagged. Pruned layouts were never costed
