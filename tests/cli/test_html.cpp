@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -218,6 +219,25 @@ TEST(HtmlCli, PlanPageHoldsTheChartsAndTheJsonFigures) {
   EXPECT_EQ(count(svg, "<circle cx=") + count(svg, "<rect x=") + count(svg, "<polygon points="),
             drawn + 1 + 4);
   EXPECT_EQ(count(p, "<tr><td"), count(p, "<tr>") - count(p, "<thead><tr>"));  // well-formed rows
+  fs::remove_all(d);
+}
+
+// Nothing fits (Llama 2 70B on one 80 GB GPU needs > 16 B × 69e9 of states): the page says so and
+// lists the closest layouts; the fine-tuning plan has no page yet and says so, naming the flag.
+TEST(HtmlCli, PlanPageWhenNothingFitsAndForFineTunes) {
+  const fs::path d = temp_dir("edge");
+  const TallyRun r = tally({"plan", "--model", "llama-2-70b", "--gpus", "1", "--html",
+                            (d / "none.html").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string p = slurp(d / "none.html");
+  EXPECT_NE(p.find("<strong>No layout fits.</strong>"), std::string::npos);
+  EXPECT_NE(p.find("<caption>Closest layouts (GB = 1e9 B)</caption>"), std::string::npos);
+  EXPECT_EQ(p.find("id=\"memory\""), std::string::npos);  // no chosen plan to draw
+  const TallyRun f = tally({"plan", "--method", "lora", "--html", (d / "lora.html").string()});
+  EXPECT_EQ(f.rc, 2);
+  EXPECT_EQ(f.err.rfind("tally: error: --html: ", 0), 0u) << f.err;
+  EXPECT_EQ(std::count(f.err.begin(), f.err.end(), '\n'), 1);
+  EXPECT_FALSE(fs::exists(d / "lora.html"));
   fs::remove_all(d);
 }
 
