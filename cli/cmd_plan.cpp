@@ -162,6 +162,7 @@ void run_compare(const PlanOptions& o) {
   const auto rows = compare_alternatives(req, base, alts);
   const nlohmann::json j = compare_json(rows);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
+  if (o.html) html::write_file("--html", *o.html, compare_page(rows, o.out.size_unit()));
   if (o.out.json)
     print_json(j);
   else
@@ -317,6 +318,8 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--alternative", o->alternatives,
                   "double-micro-batch | recompute-double-seq | double-gpus (repeatable; default all)")
       ->check(one_of({"double-micro-batch", "recompute-double-seq", "double-gpus"}));
+  cmd->add_option("--html", o->html,
+                  "also write the options side by side as a self-contained HTML page to FILE");
   cmd->callback([o] { run_compare(*o); });
 }
 

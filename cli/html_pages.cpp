@@ -64,27 +64,61 @@ std::string short_layout(const Layout& l) {
   return s;
 }
 
-std::string memory_section(const PlanResult& r, const Units& U) {
-  const PlanEval& b = r.best.front();
-  html::BarChart c{.id = "memory", .title = "Memory per GPU: " + b.layout.describe(),
-                   .convention = r.convention + " | " + U.label(),
+// One bar per layout: the chosen plan and its alternatives, or compare's options.
+struct BarRow {
+  std::string name;
+  const PlanEval* eval;
+};
+
+std::string memory_chart(const std::string& title, const std::string& convention,
+                         const std::vector<BarRow>& bars, double usable_bytes,
+                         double capacity_bytes, const Units& U) {
+  html::BarChart c{.id = "memory", .title = title, .convention = convention + " | " + U.label(),
                    .unit = "memory per GPU (" + U.label() + ")"};
-  for (const auto& it : memory_items(b)) c.segments.push_back(it.name);
-  std::size_t n = std::min<std::size_t>(r.best.size(), 4);
-  for (std::size_t i = 0; i < n; ++i) {
-    c.rows.push_back(i == 0 ? "chosen plan" : fmt::format("alternative {}", i + 1));
+  for (const auto& it : memory_items(*bars.front().eval)) c.segments.push_back(it.name);
+  for (const BarRow& b : bars) {
+    c.rows.push_back(b.name);
     std::vector<double> row;
-    for (const auto& it : memory_items(r.best[i])) row.push_back(U.per(it.bytes));
+    for (const auto& it : memory_items(*b.eval)) row.push_back(U.per(it.bytes));
     c.values.push_back(row);
   }
-  c.guides = {{.label = "usable", .value = U.per(b.usable_bytes)},
-              {.label = "capacity", .value = U.per(r.request.cluster.gpu.memory_bytes)}};
+  c.guides = {{.label = "usable", .value = U.per(usable_bytes)},
+              {.label = "capacity", .value = U.per(capacity_bytes)}};
+  return html::bar_chart(c);
+}
+
+std::string time_chart(const std::string& title, const std::string& convention,
+                       const std::vector<BarRow>& bars, bool moe) {
+  html::BarChart c{.id = "step", .title = title, .convention = convention,
+                   .unit = "time per optimizer step (s)"};
+  for (const auto& it : time_items(*bars.front().eval, moe)) c.segments.push_back(it.name);
+  for (const BarRow& b : bars) {
+    c.rows.push_back(b.name);
+    std::vector<double> row;
+    for (const auto& it : time_items(*b.eval, moe)) row.push_back(it.bytes);
+    c.values.push_back(row);
+  }
+  c.guides = {{.label = "step time, " + bars.front().name, .value = bars.front().eval->step_s}};
+  return html::bar_chart(c);
+}
+
+std::vector<BarRow> plan_rows(const PlanResult& r) {
+  std::vector<BarRow> rows;
+  for (std::size_t i = 0; i < std::min<std::size_t>(r.best.size(), 4); ++i)
+    rows.push_back({i == 0 ? "chosen plan" : fmt::format("alternative {}", i + 1), &r.best[i]});
+  return rows;
+}
+
+std::string memory_section(const PlanResult& r, const Units& U) {
+  const PlanEval& b = r.best.front();
   std::vector<std::vector<std::string>> rows;
   for (const auto& it : memory_items(b)) rows.push_back({it.name, number(U.per(it.bytes))});
   rows.push_back({"total held", number(U.per(b.total_bytes))});
   rows.push_back({"usable", number(U.per(b.usable_bytes))});
   rows.push_back({"capacity", number(U.per(r.request.cluster.gpu.memory_bytes))});
-  return "<h2>Memory per GPU</h2>\n" + html::bar_chart(c) +
+  return "<h2>Memory per GPU</h2>\n" +
+         memory_chart("Memory per GPU: " + b.layout.describe(), r.convention, plan_rows(r),
+                      b.usable_bytes, r.request.cluster.gpu.memory_bytes, U) +
          html::table("Memory per GPU of the chosen plan (" + U.label() + ")",
                      {"item", U.name()}, rows);
 }
@@ -92,23 +126,13 @@ std::string memory_section(const PlanResult& r, const Units& U) {
 std::string time_section(const PlanResult& r) {
   const PlanEval& b = r.best.front();
   const bool moe = r.request.model.is_moe();
-  html::BarChart c{.id = "step", .title = "Step time: where the seconds go",
-                   .convention = r.convention, .unit = "time per optimizer step (s)"};
-  for (const auto& it : time_items(b, moe)) c.segments.push_back(it.name);
-  const std::size_t n = std::min<std::size_t>(r.best.size(), 4);
-  for (std::size_t i = 0; i < n; ++i) {
-    c.rows.push_back(i == 0 ? "chosen plan" : fmt::format("alternative {}", i + 1));
-    std::vector<double> row;
-    for (const auto& it : time_items(r.best[i], moe)) row.push_back(it.bytes);
-    c.values.push_back(row);
-  }
-  c.guides = {{.label = "step time", .value = b.step_s}};
   std::vector<std::vector<std::string>> rows;
   for (const auto& it : time_items(b, moe))
     rows.push_back({it.name, number(it.bytes), pct(it.bytes / b.step_s)});
   rows.push_back({"step time", number(b.step_s), "100.0 %"});
   rows.push_back({"of compute: optimizer step", number(b.optimizer_s), pct(b.optimizer_s / b.step_s)});
-  return "<h2>Step time</h2>\n" + html::bar_chart(c) +
+  return "<h2>Step time</h2>\n" +
+         time_chart("Step time: where the seconds go", r.convention, plan_rows(r), moe) +
          html::table("Step time of the chosen plan (s; the parts on the critical path)",
                      {"part", "seconds", "share of step"}, rows);
 }
@@ -356,6 +380,51 @@ std::string bubble_page(const BubblePageInput& in) {
   body += html::xy_chart(c) +
           html::table("Bubble fraction against micro-batches (% of wall-clock)",
                       {"M", "1F1B (%)", fmt::format("interleaved v={} (%)", v)}, rows);
+  return html::page(title, body);
+}
+
+std::string compare_page(const std::vector<Comparison>& options, SizeUnit u) {
+  const Units U{u};
+  const std::string title = "tally compare — one change at a time, global batch held";
+  std::vector<BarRow> bars;
+  std::vector<std::vector<std::string>> rows;
+  for (const Comparison& c : options) {
+    if (!c.eval) {
+      rows.push_back({c.name, c.change, "not a valid layout: " + c.invalid_reason, "", "", "", "",
+                      "", ""});
+      continue;
+    }
+    const PlanEval& e = *c.eval;
+    bars.push_back({c.name + (e.fits ? "" : " (no fit)"), &e});
+    rows.push_back({c.name, c.change, e.layout.describe(), number(U.per(e.total_bytes)),
+                    e.fits ? "yes" : "no", number(e.step_s), pct(c.comm_share()),
+                    pct(c.bubble_share()), std::string(to_string(e.wall))});
+  }
+  std::string body = "<h1>" + escape(title) + "</h1>\n";
+  if (!options.empty()) {
+    const PlanRequest& q = options.front().request;
+    body += "<p class=\"convention\">convention: " +
+            escape(fmt::format("{} | {} | memory held: allocated × {} + {} MiB runtime, usable {} "
+                               "% of capacity | time: {} model | {}",
+                               to_string(q.precision), to_string(q.optimizer),
+                               number(1 + q.allocator_allowance), number(q.runtime_bytes / kMiB),
+                               number(100 * (1 - q.headroom)), to_string(q.time_model),
+                               U.label())) +
+            "</p>\n";
+    if (!bars.empty()) {
+      const std::string conv = fmt::format("each option costed with the planner's ledgers ({} | {})",
+                                           to_string(q.precision), to_string(q.optimizer));
+      body += "<h2>Memory per GPU</h2>\n" +
+              memory_chart("Memory per GPU of each option", conv, bars, bars.front().eval->usable_bytes,
+                           q.cluster.gpu.memory_bytes, U) +
+              "<h2>Step time</h2>\n" +
+              time_chart("Step time of each option", conv, bars, q.model.is_moe());
+    }
+  }
+  body += html::table("The options side by side (" + U.label() + ")",
+                      {"option", "change", "layout", "per GPU (" + U.name() + ")", "fits",
+                       "step (s)", "comm share", "bubble share", "tightest wall"},
+                      rows);
   return html::page(title, body);
 }
 

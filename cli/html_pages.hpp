@@ -27,6 +27,10 @@ struct BubblePageInput {
 };
 std::string bubble_page(const BubblePageInput& in);
 
+// `tally compare`: the base and its alternatives side by side, memory and step-time bars, and a
+// table with each one's tightest wall.
+std::string compare_page(const std::vector<Comparison>& options, SizeUnit u);
+
 // The lost fraction of wall-clock against the checkpoint interval (Young's and Daly's optima).
 std::string reliability_page(const ReliabilityReport& r);
 

@@ -1,5 +1,5 @@
 // `--html FILE` (issue 13): the SVG chart writer's structure, escaping and ticks (worked by hand
-// below), the pages `tally plan|bubble|reliability --html` write (figures checked against the
+// below), the pages `tally plan|compare|bubble|reliability --html` write (figures checked against the
 // JSON or an independent computation), and the pages rendered in Debian's headless chromium.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -222,6 +222,30 @@ TEST(HtmlCli, PlanPageHoldsTheChartsAndTheJsonFigures) {
   fs::remove_all(d);
 }
 
+// `tally compare --html`: the base and the seed's three alternatives, figures as in --json.
+TEST(HtmlCli, ComparePageSideBySide) {
+  const fs::path d = temp_dir("compare");
+  const TallyRun r = tally({"compare", "--json", "--html", (d / "compare.html").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const std::string p = slurp(d / "compare.html");
+  for (const char* id : {"memory", "step"})
+    EXPECT_NE(p.find(std::string("<svg class=\"chart\" id=\"") + id + "\""), std::string::npos) << id;
+  ASSERT_GE(j["options"].size(), 4u);
+  for (const auto& o : j["options"]) {
+    if (o["eval"].is_null()) continue;
+    char want[64];
+    std::snprintf(want, sizeof want, "%.4g", o["eval"]["per_gpu_gb"].get<double>());
+    const std::string row = "<tr><td>" + o["name"].get<std::string>() + "</td>";
+    const auto at = p.find(row);
+    ASSERT_NE(at, std::string::npos) << row;
+    const std::string tr = p.substr(at, p.find("</tr>", at) - at);
+    EXPECT_NE(tr.find(std::string("<td class=\"n\">") + want + "</td>"), std::string::npos) << tr;
+    EXPECT_NE(tr.find(">" + o["eval"]["wall"].get<std::string>() + "<"), std::string::npos) << tr;
+  }
+  fs::remove_all(d);
+}
+
 // Nothing fits (Llama 2 70B on one 80 GB GPU needs > 16 B × 69e9 of states): the page says so and
 // lists the closest layouts; the fine-tuning plan has no page yet and says so, naming the flag.
 TEST(HtmlCli, PlanPageWhenNothingFitsAndForFineTunes) {
@@ -312,6 +336,7 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
                    (d / "bubble.html").string()}).rc, 0);
   ASSERT_EQ(tally({"reliability", "--gpus", "1024", "--state-size", "112GB", "--html",
                    (d / "rel.html").string()}).rc, 0);
+  ASSERT_EQ(tally({"compare", "--html", (d / "compare.html").string()}).rc, 0);
   struct Page {
     const char* file;
     int charts;
@@ -319,7 +344,8 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
   };
   for (const Page& pg : {Page{"plan.html", 6, {"memory", "step", "layouts", "reasons-time",
                                                "reasons-memory", "reliability"}},
-                         Page{"bubble.html", 1, {"bubble"}}, Page{"rel.html", 1, {"reliability"}}}) {
+                         Page{"bubble.html", 1, {"bubble"}}, Page{"rel.html", 1, {"reliability"}},
+                         Page{"compare.html", 2, {"memory", "step"}}}) {
     const auto r = br.run({"--dump-dom"}, d / pg.file);
     ASSERT_FALSE(r.killed_at_limit) << pg.file;
     ASSERT_EQ(r.exit_code, 0) << pg.file << ": " << r.err;
