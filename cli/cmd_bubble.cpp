@@ -6,6 +6,8 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "html_pages.hpp"
+#include "html_report.hpp"
 #include "tally/core/pipeline.hpp"
 
 namespace tally::cli {
@@ -17,6 +19,7 @@ struct BubbleOptions {
   int pp = 1, micro_batches = 1, interleave = 1;
   double ratio = 2.0, max_bubble = 0.10;
   std::optional<double> forward_ms;  // unset: fractions and slots only, no times
+  std::optional<std::string> html;   // --html FILE
 };
 
 void run_bubble(const BubbleOptions& o) {
@@ -42,6 +45,10 @@ void run_bubble(const BubbleOptions& o) {
     j["total_time_s"] = *r.total_time_s;
   }
   require_finite(j);  // Note [no inf or nan in output], for the text report too
+  if (o.html)
+    html::write_file("--html", *o.html,
+                     bubble_page({.stages = o.pp, .given_micro_batches = o.micro_batches,
+                                  .interleave = o.interleave, .max_bubble = o.max_bubble}));
   if (o.out.json) {
     print_json(j);
     return;
@@ -77,6 +84,9 @@ void register_bubble(CLI::App& app) {
   cmd->add_option("--max-bubble", o->max_bubble, "target bubble fraction for the smallest-M line")
       ->check(finite_in(1e-6, 0.999999))
       ->capture_default_str();
+  cmd->add_option("--html", o->html,
+                  "also write the bubble against M (1F1B and interleaved) as a self-contained "
+                  "HTML page to FILE");
   cmd->callback([o] { run_bubble(*o); });
 }
 

@@ -9,6 +9,8 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "html_pages.hpp"
+#include "html_report.hpp"
 #include "plan_report.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/pipeline.hpp"
@@ -46,6 +48,7 @@ struct PlanOptions {
   std::int64_t micro_batch = 1;
   std::optional<std::int64_t> grad_accum;  // unset: B / (dp·b)
   std::string recompute = "none";
+  std::optional<std::string> html;  // plan --html FILE
 };
 
 PlanRequest make_request(const PlanOptions& o) {
@@ -100,6 +103,7 @@ void run_plan(const PlanOptions& o) {
   }
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
                     .max_ep = o.max_ep, .prune = !o.exhaustive, .top = o.top};
+  if (o.html) space.max_points = kHtmlPlanPoints;  // Note [plan points]
   if (!o.recompute_policies.empty()) {
     space.recomputes.clear();
     for (const auto& name : o.recompute_policies) space.recomputes.push_back(recompute_from(name));
@@ -113,6 +117,12 @@ void run_plan(const PlanOptions& o) {
       res.feasible() ? std::vector<Suggestion>{} : suggest_changes(req, space);
   const nlohmann::json j = plan_json(res, search_s, suggestions);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
+  if (o.html) {  // the page first: an unwritable path fails before anything is printed
+    const std::vector<Reason> reasons =
+        res.feasible() ? explain_plan(req, res.best.front()) : std::vector<Reason>{};
+    html::write_file("--html", *o.html,
+                     plan_page(res, reasons, suggestions, search_s, o.out.size_unit()));
+  }
   if (o.out.json)
     print_json(j);
   else
@@ -152,6 +162,7 @@ void run_compare(const PlanOptions& o) {
   const auto rows = compare_alternatives(req, base, alts);
   const nlohmann::json j = compare_json(rows);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
+  if (o.html) html::write_file("--html", *o.html, compare_page(rows, o.out.size_unit()));
   if (o.out.json)
     print_json(j);
   else
@@ -256,9 +267,14 @@ void register_plan(CLI::App& app) {
       ->delimiter(',')
       ->check(one_of(allowed_recomputes()));
   cmd->add_flag("--exhaustive", o->exhaustive, "disable pruning (same answer, slower)");
+  cmd->add_option("--html", o->html,
+                  "also write the plan as a self-contained HTML page (charts and tables) to FILE");
   add_lora_flags(cmd, o->lora);
   cmd->callback([o, cmd] {
     note_lora_flags(cmd, o->lora);
+    if (o->html && o->lora.method != "full")
+      throw InvalidInput("--html: the page draws the full-training plan; --method " +
+                         o->lora.method + " has none yet");
     run_plan(*o);
   });
 }
@@ -302,6 +318,8 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--alternative", o->alternatives,
                   "double-micro-batch | recompute-double-seq | double-gpus (repeatable; default all)")
       ->check(one_of({"double-micro-batch", "recompute-double-seq", "double-gpus"}));
+  cmd->add_option("--html", o->html,
+                  "also write the options side by side as a self-contained HTML page to FILE");
   cmd->callback([o] { run_compare(*o); });
 }
 

@@ -7,6 +7,8 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "html_pages.hpp"
+#include "html_report.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/reliability.hpp"
 
@@ -23,6 +25,7 @@ struct ReliabilityOptions {
   std::optional<double> write_bps;    // unset: 1 GB/s per node of 8 GPUs
   double full_copies = 1;
   std::optional<double> interval_hours, days;  // unset: not evaluated
+  std::optional<std::string> html;             // --html FILE
 };
 
 nlohmann::json reliability_json(const ReliabilityOptions& o, const ReliabilityReport& r) {
@@ -93,6 +96,7 @@ void run_reliability(ReliabilityOptions o) {
   const ReliabilityReport r = reliability(s);
   const nlohmann::json j = reliability_json(o, r);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
+  if (o.html) html::write_file("--html", *o.html, reliability_page(r));
   if (o.out.json) {
     print_json(j);
     return;
@@ -129,6 +133,9 @@ void register_reliability(CLI::App& app) {
   cmd->add_option("--full-copies", o->full_copies,
                   "copies written by a full (unsharded) strategy, for comparison (seed: 128)")
       ->check(finite_in(1, 1e7));
+  cmd->add_option("--html", o->html,
+                  "also write the lost fraction against the checkpoint interval as a "
+                  "self-contained HTML page to FILE");
   cmd->callback([o] { run_reliability(*o); });
 }
 

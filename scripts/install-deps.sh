@@ -2,6 +2,8 @@
 # Installs every Debian package tally's build, tests and benchmarks need; clang-14 and
 # libclang-rt-14-dev (which holds libclang_rt.fuzzer) are for scripts/fuzz.sh's libFuzzer harnesses;
 # iproute2's `ip netns` makes the two "hosts" of the multi-host tests (tests/engine/netns_fixture.hpp).
+# chromium loads the `--html FILE` pages in a real (headless) browser: tests/cli/test_html.cpp checks
+# that their charts render without script errors and takes a screenshot.
 # Safe to run twice: apt-get skips what is already installed, and the package-list refresh is
 # skipped when every package is present.
 set -euo pipefail
@@ -14,6 +16,7 @@ PKGS=(
   python3-torch python3-numpy
   clang-14 libclang-rt-14-dev
   iproute2
+  chromium
 )
 
 missing=()

@@ -12,6 +12,7 @@
 #include "tally/core/compute.hpp"
 #include "tally/core/operators.hpp"
 #include "tally/core/pipeline.hpp"
+#include "tally/core/plan_points.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally {
@@ -666,6 +667,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
   const int max_tp = space.max_tp > 0 ? space.max_tp : r.cluster.nvlink_domain_size();
   const std::size_t top = std::size_t(std::max(space.top, 1));
   std::uint64_t shape_ok = 0;
+  PointCollector points(space.max_points);  // Note [plan points]
 
   for (std::int64_t tp : divisors(r.gpus)) {
     if (tp > max_tp) { ++rej.topology; continue; }
@@ -717,6 +719,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                                    .attention = att};
                     const PlanEval e = cost(P, L);
                     ++res.evaluated;
+                    if (space.max_points > 0) points.add(e);
                     if (!e.fits) {
                       ++rej.memory;
                       keep_top(res.near_misses, e, std::size_t(space.near_misses), closer_miss);
@@ -746,6 +749,9 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         std::to_string(r.global_batch) + ")");
   }
 
+  res.points = points.points();
+  res.points_sampled = points.sampled();
+  res.frontier_thinned = points.frontier_thinned();
   res.band = step_time_band(r.time_model, r.cluster.gpu);
   if (!res.best.empty()) {
     const double spread = 1.0 + (res.band ? res.band->rank_spread : 0.0);

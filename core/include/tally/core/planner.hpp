@@ -163,6 +163,9 @@ struct SearchSpace {
   bool prune = true;                     // Note [planner pruning]; false = exhaustive
   int top = 5;                           // best plans kept
   int near_misses = 5;                   // closest infeasible layouts kept
+  // Note [plan points]: costed layouts kept for the scatter of `tally plan --html`; 0 = none (the
+  // search then does no extra work).
+  std::size_t max_points = 0;
 };
 
 struct Layout {
@@ -249,6 +252,25 @@ struct ErrorBand {
 // else the newest checked); none for the utilisation model (not validated against any run).
 std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu);
 
+// Note [plan points]
+// `tally plan --html` draws every costed layout as a point (step time against memory held per GPU).
+// A search costs up to millions of layouts, so SearchSpace::max_points bounds what is kept:
+//  - a uniform sample of at most max_points costed layouts (reservoir sampling, Vitter 1985's
+//    Algorithm R, with a fixed-seed generator: the same search draws the same page); every one
+//    when the search costs no more;
+//  - the feasible Pareto frontier (no other fitting layout is both faster and smaller), kept
+//    whole while it holds at most max_points layouts (thinned like the sample beyond that).
+// PlanResult::points is their union, frontier members flagged. Pruned layouts were never costed
+// (Note [planner pruning]), so they are not points.
+struct PlanPoint {
+  Layout layout;
+  double step_s = 0;
+  double total_bytes = 0;                // held per GPU (Note [does it fit])
+  bool fits = false;
+  bool frontier = false;                 // on the feasible Pareto frontier
+  std::uint64_t index = 0;               // order in which the search costed it
+};
+
 struct RejectionCounts {
   std::uint64_t tp_divisibility = 0, topology = 0, pp_divisibility = 0, cp_divisibility = 0,
                 batch_divisibility = 0, interleave = 0, memory = 0;
@@ -261,6 +283,9 @@ struct PlanResult {
   RejectionCounts rejected;
   std::uint64_t evaluated = 0;           // layouts costed in full
   std::uint64_t pruned = 0;              // layouts skipped by Note [planner pruning]
+  std::vector<PlanPoint> points;         // Note [plan points]; empty unless max_points > 0
+  bool points_sampled = false;           // true when points holds fewer than `evaluated`
+  bool frontier_thinned = false;         // true when the frontier outgrew max_points
   ReliabilityReport reliability;
   std::string convention;                // precision, optimizer, headroom, time-model label
   std::optional<ErrorBand> band;         // the time model's error band (Note [error band])
