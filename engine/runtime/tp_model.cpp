@@ -257,29 +257,41 @@ torch::Tensor TpGpt::block_forward(std::size_t l, const torch::Tensor& x, const 
   return h + (row_out(torch::linear(z, p(l, "mlp_w"))) + p(l, "mlp_b"));
 }
 
-torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+torch::Tensor TpGpt::embed(const torch::Tensor& idx) {
   const std::int64_t T = idx.size(1);
   const torch::Tensor& wte = params_[0].tensor;
   auto x = torch::embedding(wte, idx) + params_[1].tensor.narrow(0, 0, T);  // (B, T, C)
   if (sp_) x = ScatterToSeq::apply(x, &edge_site_);                         // (B, T/t, C)
-  const auto mask = causal_mask(T);
+  return x;
+}
+
+torch::Tensor TpGpt::head_loss(const torch::Tensor& x, const torch::Tensor& targets) {
+  const torch::Tensor full = sp_ ? GatherSeqToReplicated::apply(x, &edge_site_) : x;  // (B, T, C)
+  const auto& lnf_w = params_[params_.size() - 2].tensor;
+  const auto& lnf_b = params_[params_.size() - 1].tensor;
+  return lm_loss(torch::matmul(torch::layer_norm(full, {config_.hidden}, lnf_w, lnf_b),
+                               params_[0].tensor.t()),
+                 targets);
+}
+
+torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto x = embed(idx);
+  const auto mask = causal_mask(idx.size(1));
   if (observer_) observer_(0);
   for (std::size_t l = 0; l < layer_sites_.size(); ++l) {
     x = recompute_ ? RecomputedBlock::apply(x, this, std::int64_t(l), mask) : block_forward(l, x, mask);
     if (observer_) observer_(l + 1);
   }
-  if (sp_) x = GatherSeqToReplicated::apply(x, &edge_site_);  // (B, T, C)
-  const auto& lnf_w = params_[params_.size() - 2].tensor;
-  const auto& lnf_b = params_[params_.size() - 1].tensor;
-  return lm_loss(torch::matmul(torch::layer_norm(x, {config_.hidden}, lnf_w, lnf_b), wte.t()),
-                 targets);
+  return head_loss(x, targets);
 }
 
 void TpGpt::sp_reduce_grads() {
   if (!sp_) return;
   std::vector<torch::Tensor> grads;
   for (std::size_t l = 0; l < layer_sites_.size(); ++l)
-    for (const char* name : kSpReplicated) grads.push_back(p(l, name).grad());
+    for (const char* name : kSpReplicated)
+      if (const torch::Tensor& g = p(l, name).grad(); g.defined()) grads.push_back(g);
+  if (grads.empty()) return;
   torch::Tensor flat = torch::cat(grads).contiguous();
   counted(grad_site_, [&] { all_reduce(comm_, flat); });
   std::int64_t offset = 0;

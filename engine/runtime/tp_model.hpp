@@ -93,9 +93,17 @@ class TpGpt {
   // idx, targets: (B, T) int64, the same on every TP rank. Returns the mean cross-entropy (every
   // rank the same value). Collectives run now (forward) and in backward() of the result.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
-  // With SP: all-reduce (sum) the gradients of the sequence-sharded parameters, one call. Else
-  // nothing.
+  // forward()'s two ends, for a pipeline stage (pp_model.hpp's StageModel): the embedding (with SP
+  // split to this rank's shard (B, T/t, C)) and, after the last block, ln_f, the tied LM head and
+  // the loss (with SP after gathering the shards).
+  torch::Tensor embed(const torch::Tensor& idx);
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets);
+  // With SP: all-reduce (sum) the gradients of the sequence-sharded parameters, one call (those
+  // with a gradient: a pipeline stage's own layers). Else nothing.
   void sp_reduce_grads();
+  const GptConfig& config() const { return config_; }
+  bool sequence_parallel() const { return sp_; }
+  Comm& tp_comm() { return comm_; }
 
   std::vector<NamedTensor>& parameters() { return params_; }
   std::vector<TpSite>& layer_sites() { return layer_sites_; }  // one per block
