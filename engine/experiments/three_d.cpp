@@ -339,10 +339,11 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
     me.forward_s += rec.forward_s / M / steps;
     me.backward_s += rec.backward_s / M / steps;
     if (s == 1) {
+      // A TP group of one issues identity calls that move nothing: no collectives (core's 0).
       for (int l : rm.stage.own_layers())
         for (const auto& c : rm.tp.layer_sites()[std::size_t(l)].issued.by_collective) {
           me.tp_layer_bytes += c.bytes_sent;
-          me.tp_layer_calls += double(c.calls);
+          if (o.tp > 1) me.tp_layer_calls += double(c.calls);
         }
       me.tp_other_bytes = all_bytes(g.tp()) - tp0 - me.tp_layer_bytes;
       std::vector<double> sends = rec.activation_send_bytes;
