@@ -132,6 +132,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"dp_index", x.dp_index},
          {"tp_index", x.tp_index},
          {"pp_index", x.pp_index},
+         {"cp_index", x.cp_index},
          {"stage_layers", x.stage_layers},
          {"own_params", x.own_params},
          {"max_grad_rel_diff_f64", x.max_grad_rel_diff},
@@ -149,12 +150,15 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"pp_sends", vs(x.pp_sends, x.pp_expected_sends)},
          {"pp_bytes_per_send", vs(x.pp_max_send, x.pp_predicted_per_call)},
          {"pp_embedding_bytes", x.pp_embedding_bytes},
+         {"cp_bytes", vs(x.cp_bytes, x.cp_predicted_bytes)},
+         {"cp_sends", vs(x.cp_sends, x.cp_predicted_sends)},
          {"dp_bytes", vs(x.dp_bytes, x.dp_predicted_bytes)},
          {"dp_bytes_layout", vs(x.dp_bytes, x.dp_layout_bytes)},
          {"dp_calls", x.dp_calls},
          {"step_s", x.step_s},
          {"compute_s", vs_time(x.compute_s, x.predicted_compute_s)},
          {"tp_comm_s", vs_time(x.tp_comm_s, x.predicted_tp_comm_s)},
+         {"cp_comm_s", vs_time(x.cp_comm_s, x.predicted_cp_comm_s)},
          {"pp_wait_s", vs(x.pp_wait_s, x.predicted_pp_wait_s)},
          {"dp_comm_s", vs_time(x.dp_comm_s, x.predicted_dp_comm_s)},
          {"optimizer_s", x.optimizer_s},
@@ -180,9 +184,11 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
   const auto& m = o.model;
   std::string split;
   for (int l : r.stage_layers) split += (split.empty() ? "" : "+") + std::to_string(l);
-  fmt::print("3d: DP {} x TP {}{} x PP {} = {} ranks (Gloo, CPU; Megatron order tp-dp-pp), ZeRO-{} "
-             "over DP, {}{} M = {}, layers {}; GPT h {} L {} a {} V {} T {} B {} (N = {})\n",
-             o.dp, o.tp, o.sp ? " + SP" : "", o.pp, r.world_size, o.zero, to_string(o.schedule),
+  fmt::print("3d: DP {} x TP {}{} x PP {}{} = {} ranks (Gloo, CPU; Megatron order tp-cp-dp-pp), "
+             "ZeRO-{} over DP{}, {}{} M = {}, layers {}; GPT h {} L {} a {} V {} T {} B {} (N = {})\n",
+             o.dp, o.tp, o.sp ? " + SP" : "", o.pp,
+             o.cp > 1 ? fmt::format(" x CP {} (zigzag ring attention)", o.cp) : "", r.world_size,
+             o.zero, o.cp > 1 ? " x CP" : "", to_string(o.schedule),
              o.interleave > 1 ? fmt::format(" v = {}", o.interleave) : "", r.micro_batches, split,
              m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch, r.n_params);
   double worst_grad = 0, worst_param = 0;
@@ -199,16 +205,20 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
   fmt::print("bytes per step, measured/core=ratio (core on the rank's own stage and parameters; "
              "TP: its layers' collectives, PP: the schedule's sends, DP: gradient reduction + "
              "ZeRO gather):\n");
-  fmt::print("  {:>4} {:>8} {:>7} {:>23} {:>23} {:>23} {:>25} {:>23}\n", "rank", "dp,tp,pp",
-             "layers", "states", "activations (peak)", "TP", "PP", "DP");
+  const bool cp = o.cp > 1;
+  fmt::print("  {:>4} {:>9} {:>7} {:>23} {:>23} {:>23} {:>25} {:>23}{}\n", "rank",
+             cp ? "dp,cp,tp,pp" : "dp,tp,pp", "layers", "states", "activations (peak)", "TP",
+             "PP", "DP", cp ? fmt::format(" {:>23}", "CP") : "");
   for (const auto& x : r.ranks)
-    fmt::print("  {:>4} {:>8} {:>7} {:>23} {:>23} {:>23} {:>25} {:>23}\n", x.rank,
-               fmt::format("{},{},{}", x.dp_index, x.tp_index, x.pp_index), x.stage_layers,
-               cell(x.state_bytes, x.state_predicted_bytes),
+    fmt::print("  {:>4} {:>9} {:>7} {:>23} {:>23} {:>23} {:>25} {:>23}{}\n", x.rank,
+               cp ? fmt::format("{},{},{},{}", x.dp_index, x.cp_index, x.tp_index, x.pp_index)
+                  : fmt::format("{},{},{}", x.dp_index, x.tp_index, x.pp_index),
+               x.stage_layers, cell(x.state_bytes, x.state_predicted_bytes),
                cell(x.peak_activation_bytes, x.predicted_activation_bytes),
                cell(x.tp_layer_bytes, x.tp_predicted_bytes),
                cell(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call),
-               cell(x.dp_bytes, x.dp_predicted_bytes));
+               cell(x.dp_bytes, x.dp_predicted_bytes),
+               cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
   fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2M "
              "sends), measured/core=ratio:\n");
   fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside core's items: TP (SP edges, "
@@ -223,14 +233,15 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
              "(P-1)(t_f+t_b)/v on the measured t_f, t_b; compute and comm: {}):\n",
              o.steps, o.host ? "step_compute and the alpha-beta items on the host calibration"
                              : "need --calibration, '-' without");
-  fmt::print("  {:>4} {:>9} {:>22} {:>22} {:>22} {:>22} {:>9}\n", "rank", "step", "compute",
-             "TP comm", "PP wait", "DP comm", "optimizer");
+  fmt::print("  {:>4} {:>9} {:>22} {:>22} {:>22} {:>22} {:>9}{}\n", "rank", "step", "compute",
+             "TP comm", "PP wait", "DP comm", "optimizer", cp ? fmt::format(" {:>22}", "CP comm") : "");
   for (const auto& x : r.ranks)
-    fmt::print("  {:>4} {:>9.2f} {:>22} {:>22} {:>22} {:>22} {:>9.2f}\n", x.rank, 1e3 * x.step_s,
+    fmt::print("  {:>4} {:>9.2f} {:>22} {:>22} {:>22} {:>22} {:>9.2f}{}\n", x.rank, 1e3 * x.step_s,
                ms_cell(x.compute_s, x.predicted_compute_s),
                ms_cell(x.tp_comm_s, x.predicted_tp_comm_s),
                ms_cell(x.pp_wait_s, o.pp > 1 ? x.predicted_pp_wait_s : 0),
-               ms_cell(x.dp_comm_s, x.predicted_dp_comm_s), 1e3 * x.optimizer_s);
+               ms_cell(x.dp_comm_s, x.predicted_dp_comm_s), 1e3 * x.optimizer_s,
+               cp ? fmt::format(" {:>22}", ms_cell(x.cp_comm_s, x.predicted_cp_comm_s)) : "");
   int failed = 0;
   for (const auto& c : checks) failed += c.ok ? 0 : 1;
   fmt::print("checks: {} of {} passed\n", int(checks.size()) - failed, int(checks.size()));
@@ -275,7 +286,7 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   layout(cmd->add_option("--dp", f->run.dp, "data-parallel ranks")->capture_default_str());
   layout(cmd->add_option("--tp", f->run.tp, "tensor-parallel ranks")->capture_default_str());
   layout(cmd->add_option("--pp", f->run.pp, "pipeline stages")->capture_default_str());
-  layout(cmd->add_option("--cp", f->run.cp, "context-parallel ranks (only 1: tally run cp runs CP)")
+  layout(cmd->add_option("--cp", f->run.cp, "context-parallel ranks (zigzag ring attention)")
              ->capture_default_str());
   layout(cmd->add_flag("--sp", f->run.sp, "sequence parallelism in the TP groups"));
   layout(cmd->add_option("--zero", f->run.zero, "ZeRO stage over the DP group: 0 or 1")

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "comm_torch.hpp"
@@ -52,7 +53,7 @@ class TpStageModel final : public StageModel {
     return m_.head_loss(x, targets);
   }
   std::vector<std::int64_t> boundary_shape(std::int64_t B, std::int64_t T) const override {
-    return {B, m_.sequence_parallel() ? T / m_.tp_comm().world_size() : T, m_.config().hidden};
+    return {B, m_.local_seq(), m_.config().hidden};
   }
   at::TensorOptions options() const override { return m_.parameters()[0].tensor.options(); }
   int layers() const override { return int(m_.config().layers); }
@@ -163,10 +164,12 @@ struct RankModel {
   std::unique_ptr<DpOptimizer> opt;
 
   RankModel(Gpt& ref, ProcessGroups& g, const ThreeDOptions& o, const std::vector<int>& layers)
-      : tp(ref, g.tp(), o.sp), stage_model(tp), stage(stage_model, g.pp(), layers, o.interleave) {}
+      : tp(ref, g.tp(), o.sp, false, &g.cp()), stage_model(tp),
+        stage(stage_model, g.pp(), layers, o.interleave) {}
 
-  // The stage's own parameters into the DP optimizer's flat buffers (what its model states are).
-  void make_optimizer(ProcessGroups& g, const ThreeDOptions& o) {
+  // The stage's own parameters into the DP optimizer's flat buffers (what its model states are);
+  // grad: the group the gradients are averaged over (DP, or DP × CP).
+  void make_optimizer(Comm& grad, const ThreeDOptions& o, std::optional<AdamOptions> adam = {}) {
     const std::vector<int> mine = stage.own_layers();
     const std::set<int> mine_set(mine.begin(), mine.end());
     std::vector<at::Tensor*> params;
@@ -176,7 +179,7 @@ struct RankModel {
         params.push_back(&p.tensor);
       }
     }
-    opt = std::make_unique<DpOptimizer>(params, g.dp(), o.zero, AdamOptions{.lr = o.lr});
+    opt = std::make_unique<DpOptimizer>(params, grad, o.zero, adam.value_or(AdamOptions{.lr = o.lr}));
   }
 
   // One step on this DP rank's micro-batches: the schedule, the SP and tied-embedding gradient
@@ -211,6 +214,13 @@ struct RankModel {
   }
 };
 
+// The float64 check's Adam: ε = 1e-4 instead of 1e-8. Adam's first step is lr·g/(|g| + ε), whose
+// slope lr·ε/(|g| + ε)² is lr/ε at g → 0: with ε = 1e-8 an ulp-level difference in a near-zero
+// gradient element (the reduction's summation order) would move its parameter by up to 1e-10 of a
+// tensor whose values are lr-sized (a zero-initialised bias), the tolerance itself. The check is of
+// the sharded update and its all-gather, which this conditioning leaves as exacting.
+constexpr AdamOptions kCheckAdam{.lr = 1e-3, .eps = 1e-4};
+
 double max_scaled_diff(const at::Tensor& got, const at::Tensor& want, const at::Tensor& scale) {
   if (got.numel() == 0) return 0;
   return ((got - want).abs() / scale).max().item<double>();
@@ -229,12 +239,12 @@ double reference_step(Gpt& ref, const Data& d) {
 }
 
 // float64: one step of both, gradients after the DP reduction and parameters after one Adam step.
-void check_f64(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>& layers,
+void check_f64(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::vector<int>& layers,
                const std::vector<PipelineOp>& ops, int M, ThreeDRank& me, double& reference_loss) {
   const Data d = draw(o, M, 1);
   Gpt ref = reference_model(o, at::kDouble);
   RankModel rm(ref, g, o, layers);
-  rm.make_optimizer(g, o);
+  rm.make_optimizer(grad, o, kCheckAdam);
   reference_loss = reference_step(ref, d);
   at::Tensor reduced;
   const PpStageRecord rec = rm.backward_step(ops, d, g.coords().dp, M, nullptr, &reduced);
@@ -245,7 +255,7 @@ void check_f64(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
   me.max_grad_rel_diff = max_scaled_diff(reduced, want, scale);
   rm.opt->update(reduced);
   rm.opt->gather();
-  Adam ref_adam(ref->parameters(), AdamOptions{.lr = o.lr});
+  Adam ref_adam(ref->parameters(), kCheckAdam);
   ref_adam.step();
   me.max_param_rel_diff = max_scaled_diff(rm.opt->flat(), rm.reference_flat(ref, false),
                                           rm.reference_scale(ref, false));
@@ -281,12 +291,14 @@ StepTrafficSetup traffic_setup(const ThreeDOptions& o, double params, int M) {
           .dp = o.dp,
           .tp = o.tp,
           .pp = o.pp,
+          .cp = o.cp,
           .zero_stage = o.zero,
-          .sequence_parallel = o.sp};
+          .sequence_parallel = o.sp,
+          .kv_hidden = m.hidden};  // a_kv = a
 }
 
 // fp32: `steps` Adam steps; the first one's bytes and memory, every one's time.
-void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>& layers,
+void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::vector<int>& layers,
                const std::vector<PipelineOp>& ops, int M, std::int64_t n_params, ThreeDRank& me,
                std::vector<double>& losses, bool progress) {
   Gpt ref = reference_model(o, at::kFloat);
@@ -296,7 +308,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
   // the rank's model states.
   TrackingAllocatorScope memory({.cache = false});
   const std::int64_t before_states = memory.counters().allocated_bytes;
-  rm.make_optimizer(g, o);
+  rm.make_optimizer(grad, o);
   me.state_bytes = double(memory.counters().allocated_bytes - before_states);
   me.own_params = double(rm.opt->flat().numel());
   me.stage_layers = layers[std::size_t(g.coords().pp)];
@@ -304,15 +316,16 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
   for (int s = 1; s <= o.steps; ++s) {
     const Data d = draw(o, M, 100 + std::uint64_t(s));
     rm.tp.clear_counts();
-    const double tp0 = all_bytes(g.tp()), dp0 = all_bytes(g.dp());
-    const double dpc0 = all_calls(g.dp());
-    const double tps0 = tp_seconds(g.tp()), dps0 = tp_seconds(g.dp());
+    const double tp0 = all_bytes(g.tp()), dp0 = all_bytes(grad), cp0 = all_bytes(g.cp());
+    const double dpc0 = all_calls(grad), cpc0 = all_calls(g.cp());
+    const double tps0 = tp_seconds(g.tp()), dps0 = tp_seconds(grad);
     const auto start = Clock::now();
     rm.opt->zero_grad();
     const PpStageRecord rec =
         rm.stage.step(ops, d.idx.narrow(0, g.coords().dp * M, M),
                       d.targets.narrow(0, g.coords().dp * M, M), s == 1 ? &memory : nullptr);
     const double tp_in_schedule = tp_seconds(g.tp()) - tps0;
+    const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
     rm.tp.sp_reduce_grads();
     const double pp_before_tied = all_bytes(g.pp());
     auto t = Clock::now();
@@ -328,13 +341,14 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
     const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
     std::vector<double> all_loss(std::size_t(g.world().world_size()));
     g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));
-    losses.push_back(std::accumulate(all_loss.begin(), all_loss.end(), 0.0) / o.dp);
+    losses.push_back(std::accumulate(all_loss.begin(), all_loss.end(), 0.0) / (o.dp * o.cp));
 
     me.step_s += step_s / steps;
     me.tp_comm_s += (tp_seconds(g.tp()) - tps0) / steps;
-    me.compute_s += (rec.compute_s - tp_in_schedule) / steps;
+    me.compute_s += (rec.compute_s - tp_in_schedule - cp_in_schedule) / steps;
+    me.cp_comm_s += cp_in_schedule / steps;
     me.pp_wait_s += (rec.wait_s + tied_s) / steps;
-    me.dp_comm_s += (tp_seconds(g.dp()) - dps0) / steps;
+    me.dp_comm_s += (tp_seconds(grad) - dps0) / steps;
     me.optimizer_s += opt_s / steps;
     me.forward_s += rec.forward_s / M / steps;
     me.backward_s += rec.backward_s / M / steps;
@@ -355,8 +369,12 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
         me.pp_max_send = *std::max_element(sends.begin(), sends.end());
       }
       me.pp_embedding_bytes = tied_bytes;
-      me.dp_bytes = all_bytes(g.dp()) - dp0;
-      me.dp_calls = all_calls(g.dp()) - dpc0;
+      me.dp_bytes = all_bytes(grad) - dp0;
+      me.dp_calls = all_calls(grad) - dpc0;
+      if (o.cp > 1) {  // a CP group of one runs no ring
+        me.cp_bytes = all_bytes(g.cp()) - cp0;
+        me.cp_sends = all_calls(g.cp()) - cpc0;
+      }
       double peak = 0;
       for (const std::int64_t h : rec.held_bytes_after_op)
         peak = std::max(peak, double(h));
@@ -365,8 +383,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
       me.peak_activation_bytes = peak;
     }
     if (progress)
-      std::fprintf(stderr, "3d dp=%d tp=%d pp=%d%s zero=%d: step %d/%d loss %.6f %.3f s\n", o.dp,
-                   o.tp, o.pp, o.sp ? " sp" : "", o.zero, s, o.steps, losses.back(), step_s);
+      std::fprintf(stderr, "3d dp=%d tp=%d pp=%d%s%s zero=%d: step %d/%d loss %.6f %.3f s\n",
+                   o.dp, o.tp, o.pp, o.cp > 1 ? (" cp=" + std::to_string(o.cp)).c_str() : "",
+                   o.sp ? " sp" : "", o.zero, s, o.steps, losses.back(), step_s);
   }
 
   // core, for this rank and for the layout
@@ -379,6 +398,8 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
   me.tp_predicted_calls = mine.tp.calls;
   me.tp_layout_bytes = layout.tp.bytes_per_rank;
   me.pp_predicted_per_call = mine.pp.bytes_per_call;
+  me.cp_predicted_bytes = mine.cp.bytes_per_rank;
+  me.cp_predicted_sends = mine.cp.calls;
   me.pp_layout_bytes = layout.pp.bytes_per_rank;
   const int v = o.interleave;
   me.pp_expected_sends = o.pp == 1 ? 0
@@ -387,12 +408,13 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
   me.dp_predicted_bytes = mine.dp_grad.bytes_per_rank + mine.zero_param_gather.bytes_per_rank;
   me.dp_layout_bytes = layout.dp_grad.bytes_per_rank + layout.zero_param_gather.bytes_per_rank;
   const StateSetup states{.precision = Precision::fp32, .optimizer = Optimizer::adam,
-                          .zero_stage = o.zero, .shard_degree = o.dp};
+                          .zero_stage = o.zero, .shard_degree = o.dp * o.cp};
   me.state_predicted_bytes = model_states(me.own_params, states).bytes.total();
   me.state_layout_bytes = model_states(double(n_params) / (t * p), states).bytes.total();
   ActivationSetup a = gpt_activation_setup(o.model, Precision::fp32);
   a.tp = o.tp;
   a.sequence_parallel = o.sp;
+  a.cp = o.cp;
   me.in_flight = peak_in_flight(ops);
   me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
                                   (double(me.stage_layers) / v) * me.in_flight;
@@ -405,6 +427,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
                                            .utilisation = 1})
                                  .seconds;
     me.predicted_tp_comm_s = traffic_seconds(mine.tp, *o.host);
+    me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);
   }
@@ -420,7 +443,10 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>&
 // Every field of ThreeDRank, in one order, for the all-gather.
 template <class F>
 void fields(ThreeDRank& m, F&& f) {
-  f(m.rank), f(m.dp_index), f(m.tp_index), f(m.pp_index), f(m.stage_layers), f(m.own_params);
+  f(m.rank), f(m.dp_index), f(m.tp_index), f(m.pp_index), f(m.cp_index), f(m.stage_layers);
+  f(m.own_params);
+  f(m.cp_bytes), f(m.cp_sends), f(m.cp_predicted_bytes), f(m.cp_predicted_sends), f(m.cp_comm_s);
+  f(m.predicted_cp_comm_s);
   f(m.max_grad_rel_diff), f(m.max_param_rel_diff), f(m.loss);
   f(m.tp_layer_bytes), f(m.tp_layer_calls), f(m.tp_other_bytes), f(m.tp_predicted_bytes);
   f(m.tp_predicted_calls), f(m.tp_layout_bytes);
@@ -459,18 +485,19 @@ std::string divisors_of(std::int64_t n) {
 
 void ThreeDOptions::validate(int world_size) const {
   model.validate();
-  require(cp == 1, "--cp", cp,
-          "tally run 3d runs dp x tp x pp (with --sp and --zero 0|1); context parallelism runs "
-          "alone in tally run cp");
   ParallelLayout{.dp = dp, .tp = tp, .pp = pp, .cp = cp}.validate(world_size);
+  require(model.seq % (2 * cp) == 0, "--seq", model.seq,
+          "must split into 2 x --cp = " + std::to_string(2 * cp) +
+              " equal chunks (context parallelism's zigzag: rank r holds chunks r and 2c-1-r)");
   const std::int64_t ffn = 4 * model.hidden;
   require(model.heads % tp == 0 && ffn % tp == 0, "--tp", tp,
           "must divide --heads = " + std::to_string(model.heads) +
               " and the FFN width 4 x --hidden = " + std::to_string(ffn) +
               " (allowed: " + divisors_of(std::gcd(model.heads, ffn)) + ")");
   if (sp)
-    require(model.seq % tp == 0, "--seq", model.seq,
-            "must be divisible by --tp = " + std::to_string(tp) + " with --sp (sequence shards)");
+    require((model.seq / cp) % tp == 0, "--seq", model.seq,
+            "must be divisible by --cp x --tp = " + std::to_string(cp * tp) +
+                " with --sp (sequence shards of each CP rank's share)");
   require(model.layers >= pp, "--pp", pp,
           "must be <= --layers = " + std::to_string(model.layers) +
               " (one layer per stage at least)");
@@ -522,6 +549,10 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
       rel(rk + "smallest PP send bytes vs core's per call", m.pp_min_send, m.pp_predicted_per_call, 0);
       rel(rk + "largest PP send bytes vs core's per call", m.pp_max_send, m.pp_predicted_per_call, 0);
     }
+    if (r.options.cp > 1) {
+      rel(rk + "CP bytes of its layers vs core's CP item", m.cp_bytes, m.cp_predicted_bytes, 0);
+      rel(rk + "CP sends of its layers vs core's", m.cp_sends, m.cp_predicted_sends, 0);
+    }
     rel(rk + "DP bytes vs core's dp_grad + zero_param_gather on its parameters", m.dp_bytes,
         m.dp_predicted_bytes, 0);
     // Exact but for the shard's rounding: the first N_r mod D ranks of a DP group hold one element
@@ -542,17 +573,36 @@ ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
   r.n_params = count_params(gpt_model_spec(options.model)).total();
   r.stage_layers = stage_layers(int(options.model.layers), options.pp);
   Comm world(env, {.timeout_s = options.timeout_s});
-  ProcessGroups g(world, ParallelLayout{.dp = options.dp, .tp = options.tp, .pp = options.pp});
+  ProcessGroups g(world, ParallelLayout{.dp = options.dp, .tp = options.tp, .pp = options.pp,
+                                        .cp = options.cp});
+  // Gradients are averaged over DP × CP (Megatron-LM's "dp-cp" group; core's dp_grad over dp·cp):
+  // the ranks sharing this rank's TP and PP coordinates, in global order.
+  std::unique_ptr<Comm> dp_cp;
+  if (options.cp > 1) {
+    std::vector<int> ranks;
+    std::string name = "dp-cp";
+    const RankCoords& c = g.coords();
+    for (int d = 0; d < options.dp; ++d)
+      for (int k = 0; k < options.cp; ++k) {
+        ranks.push_back(c.tp + options.tp * (k + options.cp * (d + options.dp * c.pp)));
+        name += (ranks.size() == 1 ? "/" : ",") + std::to_string(ranks.back());
+      }
+    dp_cp = std::make_unique<Comm>(world, ranks, name);
+  }
+  Comm& grad = dp_cp ? *dp_cp : g.dp();
   const auto schedule = pipeline_schedule(options.schedule, options.pp, M, options.interleave);
   const std::vector<PipelineOp>& ops = schedule[std::size_t(g.coords().pp)];
   ThreeDRank me{.rank = env.rank, .dp_index = g.coords().dp, .tp_index = g.coords().tp,
-                .pp_index = g.coords().pp};
-  check_f64(options, g, r.stage_layers, ops, M, me, r.reference_loss_f64);
-  train_f32(options, g, r.stage_layers, ops, M, r.n_params, me, r.losses_fp32, env.rank == 0);
+                .pp_index = g.coords().pp, .cp_index = g.coords().cp};
+  check_f64(options, g, grad, r.stage_layers, ops, M, me, r.reference_loss_f64);
+  train_f32(options, g, grad, r.stage_layers, ops, M, r.n_params, me, r.losses_fp32,
+            env.rank == 0);
   r.ranks = gather_ranks(world, me);
-  // The f64 loss: the mean over DP of the last stage's (TP rank 0's) mean over its micro-batches.
+  // The f64 loss: the mean over DP and CP of the last stage's (TP rank 0's) mean over its
+  // micro-batches and tokens.
   for (const ThreeDRank& m : r.ranks)
-    if (m.pp_index == options.pp - 1 && m.tp_index == 0) r.loss_f64 += m.loss / options.dp;
+    if (m.pp_index == options.pp - 1 && m.tp_index == 0)
+      r.loss_f64 += m.loss / (options.dp * options.cp);
   world.barrier();  // no rank tears its groups down while a peer still receives
   return r;
 }

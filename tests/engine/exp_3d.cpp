@@ -7,6 +7,7 @@
 //   reduce-scatter pairs of S(t−1)/t each, and p2p of the shard B·T·C/t; Narayanan 2021 §3.2:
 //   b·s·h per boundary; ZeRO §5: 16 N bytes of fp32 Adam state, 8N + 8N/D under ZeRO-1; a ring
 //   all-reduce over 2 ranks sends S, as do reduce-scatter + all-gather);
+//   8 ranks, TP 2 + SP x PP 2 x CP 2 (zigzag ring attention): the same, with the CP sends;
 //   4 ranks through the CLI with --plan (TP 2 + SP x PP 2, taken from a plan object) and --json;
 //   bad input exits 2 with one line naming the flag or the plan field.
 //
@@ -68,8 +69,12 @@ TEST(ThreeDOptions, BadLayoutsNameTheFlag) {
   EXPECT_EQ(message(o, 8), "--zero = 2: tally run 3d runs ZeRO 0 or 1 over the DP group (stages 2 "
                            "and 3: tally run zero)");
   o = tiny();
-  o.cp = 2, o.dp = 1;
-  EXPECT_NE(message(o, 8).find("--cp = 2: tally run 3d runs dp x tp x pp"), std::string::npos);
+  o.cp = 2, o.dp = 1, o.model.seq = 6;
+  EXPECT_EQ(message(o, 8), "--seq = 6: must split into 2 x --cp = 4 equal chunks (context "
+                           "parallelism's zigzag: rank r holds chunks r and 2c-1-r)");
+  o.model.seq = 12, o.sp = true, o.tp = 4, o.pp = 1;  // 6 tokens per CP rank over 4 TP ranks
+  EXPECT_EQ(message(o, 8), "--seq = 12: must be divisible by --cp x --tp = 8 with --sp (sequence "
+                           "shards of each CP rank's share)");
   o = tiny();
   o.interleave = 2;
   EXPECT_EQ(message(o, 8), "--interleave = 2: needs --schedule interleaved (gpipe and 1f1b run one "
@@ -147,6 +152,39 @@ TEST(ThreeDEquivalence, Dp2Tp2Pp2ThenWithSpInterleaved) {
     });
     EXPECT_TRUE(run.all_ok()) << run.describe();
   }
+}
+
+// TP 2 + SP × PP 2 × CP 2 (8 ranks): each CP rank holds T/c = 4 of the 8 positions (zigzag chunks
+// r and 3 − r of 4), its TP shard 2 of them. S = B·(T/c)·C·4 = 512 bytes. Ring attention: 3(c−1) =
+// 3 sends per layer per micro-batch of K and V for the rank's a/t heads, 2·B·(T/c)·(C/t)·4 = 512
+// bytes (Liu et al. 2023; Note [ring attention]); gradients averaged over DP × CP (2 ranks).
+TEST(ThreeDEquivalence, Tp2SpPp2Cp2) {
+  const auto run = harness::run_ranks(8, kLimit_s, [](const DistEnv& env) {
+    ThreeDOptions o = tiny();
+    o.dp = 1, o.cp = 2, o.sp = true, o.zero = 1;
+    const ThreeDResult r = run_3d(env, o);
+    ASSERT_EQ(r.ranks.size(), 8u);
+    EXPECT_LE(std::abs(r.loss_f64 - r.reference_loss_f64) / r.reference_loss_f64, 1e-10);
+    const int M = 4;
+    const double S = 2 * 4 * 16 * 4.0;
+    for (const ThreeDRank& x : r.ranks) {
+      SCOPED_TRACE("rank " + std::to_string(x.rank));
+      EXPECT_EQ(x.rank, x.tp_index + 2 * (x.cp_index + 2 * x.pp_index));  // tp-cp-dp-pp
+      EXPECT_LE(x.max_grad_rel_diff, 1e-10);
+      EXPECT_LE(x.max_param_rel_diff, 1e-10);
+      const double n = x.pp_index == 0 ? kStage0 : kStage1;
+      EXPECT_EQ(x.tp_layer_bytes, 2 * M * 4 * S);
+      EXPECT_EQ(x.tp_layer_calls, 2 * M * 8);
+      EXPECT_EQ(x.pp_max_send, S / 2);
+      EXPECT_EQ(x.pp_sends, M);
+      EXPECT_EQ(x.cp_sends, 2 * M * 3);
+      EXPECT_EQ(x.cp_bytes, 2 * M * 3 * 512.0);
+      EXPECT_EQ(x.dp_bytes, 4 * n);
+      EXPECT_EQ(x.state_bytes, 12 * n);
+    }
+    for (const ThreeDCheck& c : three_d_checks(r)) EXPECT_TRUE(c.ok) << c.what << ": " << c.measured;
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
 // As rank 0 of a world of k, without its peers: options and plans are checked before the

@@ -1,9 +1,11 @@
-// `tally run 3d` (issue 11): data × tensor × pipeline parallelism on the engine's GPT decoder, every
-// dimension at once — D·T·P ranks in Megatron's rank order (core/parallel_groups.hpp: TP fastest,
-// then DP, then PP), each rank one TP shard (engine/runtime/tp_model.hpp, optionally with SP) of
-// one pipeline stage (engine/runtime/pp_model.hpp, core's schedules), gradients averaged over the
-// DP group (ZeRO-0: all-reduce; ZeRO-1: reduce-scatter, Adam on the rank's shard_span, all-gather
-// of the updated parameters). Checked against the single-process GPT and core:
+// `tally run 3d` (issue 11): data × tensor × pipeline (× context) parallelism on the engine's GPT
+// decoder, every dimension at once — D·T·P·C ranks in Megatron's rank order (core/
+// parallel_groups.hpp: TP fastest, then CP, then DP, then PP), each rank one TP shard (engine/
+// runtime/tp_model.hpp, optionally with SP; with CP its zigzag share of the sequence and ring
+// attention, Note [TP with context parallelism]) of one pipeline stage (engine/runtime/
+// pp_model.hpp, core's schedules), gradients averaged over the DP × CP group (ZeRO-0: all-reduce;
+// ZeRO-1: reduce-scatter, Adam on the rank's shard_span, all-gather of the updated parameters).
+// Checked against the single-process GPT and core:
 //   equivalence   float64, one step: the mean loss and every gradient a rank holds after the DP
 //                 reduction (its TP slice of its stage's parameters; under ZeRO-1 its shard) equal
 //                 the single-process run on all D·M micro-batches to 1e-10 relative; so do the
@@ -11,7 +13,8 @@
 //   bytes         per rank, over the first fp32 step: TP bytes of the stage's layers == core
 //                 step_traffic()'s TP item with this stage's layers (exact); every PP send ==
 //                 its PP bytes per call (b·s·h·4, /t with SP), exact, and the number of sends by
-//                 the schedule; DP bytes == its dp_grad + zero_param_gather items on this rank's
+//                 the schedule; CP bytes and sends == its CP item (3(c−1) ring sends per layer
+//                 per micro-batch); DP bytes == its dp_grad + zero_param_gather items on this rank's
 //                 own parameter count (exact). Beside them, the layout-level items (N/(t·p)
 //                 parameters, the busiest stage, 2M sends) and their ratio
 //   states        the model-state bytes the tracking allocator saw allocated for the rank's flat
@@ -47,7 +50,7 @@ namespace tally::engine {
 // 4 layers split over P = 1, 2, 4 stages (v = 2 at P = 2); N = V·C + T·C + L·(12C² + 13C) + 2C
 // = 53,440. Eight ranks finish a float64 check and 3 fp32 steps in a few seconds on 2 cores.
 struct ThreeDOptions {
-  int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size
+  int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size (cp: zigzag ring attention)
   bool sp = false;                     // sequence parallelism (needs tp > 1)
   int zero = 0;                        // 0 or 1, over the DP group
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
@@ -62,8 +65,9 @@ struct ThreeDOptions {
   // A host calibration's cluster (io::host_cluster): enables the compute and comm time predictions.
   std::optional<ClusterSpec> host;
   // InvalidInput naming the flag, the value and the allowed range: a product ≠ the world size,
-  // --tp not dividing --heads or 4·--hidden, more stages than layers, --sp without --tp > 1 or with
-  // --seq not divisible by --tp, --zero > 1, --cp > 1, interleave constraints as `run pp`'s, …
+  // --tp not dividing --heads or 4·--hidden, more stages than layers, --seq not in 2·--cp equal
+  // chunks (or, with --sp, --seq/--cp not divisible by --tp), --zero > 1, interleave constraints as
+  // `run pp`'s, …
   void validate(int world_size) const;
   int micro_batches_or_default() const { return micro_batches == 0 ? 2 * pp : micro_batches; }
 };
@@ -71,7 +75,7 @@ struct ThreeDOptions {
 // One rank's figures, gathered to every rank. Bytes are per step (the first fp32 step); times the
 // mean over the fp32 steps.
 struct ThreeDRank {
-  int rank = 0, dp_index = 0, tp_index = 0, pp_index = 0;
+  int rank = 0, dp_index = 0, tp_index = 0, pp_index = 0, cp_index = 0;
   int stage_layers = 0;
   double own_params = 0;             // N_r
   // float64 equivalence
@@ -90,7 +94,10 @@ struct ThreeDRank {
   double pp_predicted_per_call = 0;  // step_traffic PP bytes per call
   double pp_layout_bytes = 0;        // step_traffic PP item (2M sends)
   double pp_embedding_bytes = 0;     // tied-embedding gradient exchange (outside core's item)
-  // DP group
+  // CP group (ring attention's sends, cp > 1)
+  double cp_bytes = 0, cp_sends = 0;
+  double cp_predicted_bytes = 0, cp_predicted_sends = 0;  // step_traffic CP item, this stage
+  // DP group (DP × CP with cp > 1)
   double dp_bytes = 0, dp_calls = 0;
   double dp_predicted_bytes = 0;     // dp_grad + zero_param_gather at N_r
   double dp_layout_bytes = 0;        // the same at N/(t·p)
@@ -103,11 +110,12 @@ struct ThreeDRank {
   double predicted_activation_bytes = 0;
   double in_flight = 0;              // core's peak_in_flight of this stage's schedule
   // Time (s)
-  double step_s = 0, compute_s = 0, tp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0, optimizer_s = 0;
+  double step_s = 0, compute_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0;
+  double optimizer_s = 0;
   double forward_s = 0, backward_s = 0;  // per micro-batch (all chunks), compute incl. TP comm
   double predicted_pp_wait_s = 0;         // core's bubble on the measured t_f, t_b
   double predicted_compute_s = -1;        // -1: no host calibration
-  double predicted_tp_comm_s = -1, predicted_dp_comm_s = -1;
+  double predicted_tp_comm_s = -1, predicted_cp_comm_s = -1, predicted_dp_comm_s = -1;
 };
 
 struct ThreeDResult {
