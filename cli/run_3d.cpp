@@ -271,12 +271,13 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = run_cmd.add_subcommand(
       "3d",
-      "data x tensor (+ sequence) x pipeline parallelism on the engine's GPT, every rank one TP "
-      "shard of one pipeline stage, ZeRO-0/1 over the DP group: float64 loss, gradients and "
+      "data x tensor (+ sequence) x pipeline (x context) parallelism on the engine's GPT, every "
+      "rank one TP shard of one pipeline stage (with --cp its zigzag share of the sequence, ring "
+      "attention), ZeRO-0/1 over the DP (x CP) group: float64 loss, gradients and "
       "updated parameters vs the single-process model; per rank state, activation and per-group "
       "bytes and the step time split vs core; start it with `tally launch --nproc D*T*P -- tally "
       "run 3d --dp D --tp T --pp P`, or take the layout from `tally plan --json` with --plan");
-  cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative; TP, PP and DP bytes and the "
+  cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative; TP, PP, CP and DP bytes and the "
               "model-state bytes exact (activations and times are reported, not checked). Rank 0 "
               "prints every rank's figures.");
   auto layout = [&](CLI::Option* o) {
