@@ -324,7 +324,8 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     const PpStageRecord rec =
         rm.stage.step(ops, d.idx.narrow(0, g.coords().dp * M, M),
                       d.targets.narrow(0, g.coords().dp * M, M), s == 1 ? &memory : nullptr);
-    const double tp_in_schedule = tp_seconds(g.tp()) - tps0;
+    // A TP group of one only copies (its identity "collectives"): compute, not TP comm.
+    const double tp_in_schedule = o.tp > 1 ? tp_seconds(g.tp()) - tps0 : 0;
     const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
     rm.tp.sp_reduce_grads();
     const double pp_before_tied = all_bytes(g.pp());
@@ -344,7 +345,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     losses.push_back(std::accumulate(all_loss.begin(), all_loss.end(), 0.0) / (o.dp * o.cp));
 
     me.step_s += step_s / steps;
-    me.tp_comm_s += (tp_seconds(g.tp()) - tps0) / steps;
+    me.tp_comm_s += (o.tp > 1 ? tp_seconds(g.tp()) - tps0 : 0) / steps;
     me.compute_s += (rec.compute_s - tp_in_schedule - cp_in_schedule) / steps;
     me.cp_comm_s += cp_in_schedule / steps;
     me.pp_wait_s += (rec.wait_s + tied_s) / steps;
