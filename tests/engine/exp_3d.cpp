@@ -187,14 +187,8 @@ TEST(ThreeDEquivalence, Tp2SpPp2Cp2) {
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
-// As rank 0 of a world of k, without its peers: options and plans are checked before the
-// rendezvous.
-std::vector<std::string> as_rank0_of(int k, std::vector<std::string> flags) {
-  std::vector<std::string> args = {"/usr/bin/env", "RANK=0", "LOCAL_RANK=0",
-                                   "WORLD_SIZE=" + std::to_string(k), "MASTER_ADDR=127.0.0.1",
-                                   "MASTER_PORT=1", TALLY_BINARY, "run", "3d"};
-  args.insert(args.end(), flags.begin(), flags.end());
-  return args;
+std::vector<std::string> as_rank0_of(int k, const std::vector<std::string>& flags) {
+  return subprocess::as_rank0_of(TALLY_BINARY, "3d", k, flags);
 }
 
 json plan_object(int dp, int tp, int pp, bool sp, int zero, int grad_accum) {
