@@ -24,11 +24,12 @@
 //                 activations()' per-layer bytes × the stage's layers / v × peak_in_flight —
 //                 reported, not checked
 //   time          per rank, mean over the fp32 steps: compute, TP comm (the TP Comm's seconds),
-//                 PP wait (receives and posted sends), DP comm (the DP Comm's seconds), beside
+//                 CP comm (the ring's shifts), PP wait (receives, posted sends, the tied-
+//                 embedding exchange), DP comm (the DP × CP Comm's seconds), beside
 //                 core: the bubble (P−1)(t_f + t_b)/v from the measured t_f, t_b; with a host
 //                 calibration, step_compute() and the α–β time of each traffic item — reported
 //
-// Legend: D = DP ranks, T = TP ranks (t), P = stages, v = chunks per stage, M = micro-batches per
+// Legend: D = DP ranks, T = TP ranks (t), P = stages, c = CP ranks, v = chunks per stage, M = micro-batches per
 // DP rank per step, B = micro-batch, S = sequence, C = hidden, L = layers, N_r = a rank's own
 // parameters (its TP slice of its stage).
 #pragma once
@@ -47,12 +48,13 @@ namespace tally::engine {
 
 // Note [default 3-D model]
 // h 32, L 4, a 4, V 64, T 16, B 2, M = 2·P: divisible by t = 1, 2, 4 (heads, FFN 128, sequence),
-// 4 layers split over P = 1, 2, 4 stages (v = 2 at P = 2); N = V·C + T·C + L·(12C² + 13C) + 2C
+// 4 layers split over P = 1, 2, 4 stages (v = 2 at P = 2), 16 positions in 2c zigzag chunks for
+// c = 1, 2, 4, 8 (with SP, 16/c divisible by t); N = V·C + T·C + L·(12C² + 13C) + 2C
 // = 53,440. Eight ranks finish a float64 check and 3 fp32 steps in a few seconds on 2 cores.
 struct ThreeDOptions {
   int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size (cp: zigzag ring attention)
-  bool sp = false;                     // sequence parallelism (needs tp > 1)
-  int zero = 0;                        // 0 or 1, over the DP group
+  bool sp = false;                     // sequence parallelism (a no-op at tp = 1)
+  int zero = 0;                        // 0 or 1, over the DP × CP group
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int interleave = 1;                  // v; > 1 needs the interleaved schedule
   int micro_batches = 0;               // M per DP rank per step; 0 = 2·pp
