@@ -495,6 +495,8 @@ void ThreeDOptions::validate(int world_size) const {
           "must divide --heads = " + std::to_string(model.heads) +
               " and the FFN width 4 x --hidden = " + std::to_string(ffn) +
               " (allowed: " + divisors_of(std::gcd(model.heads, ffn)) + ")");
+  if (sp && tp == 1)  // core's activation ledger's rule too (ActivationSetup::validate)
+    throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
   if (sp)
     require((model.seq / cp) % tp == 0, "--seq", model.seq,
             "must be divisible by --cp x --tp = " + std::to_string(cp * tp) +

@@ -84,6 +84,9 @@ TEST(ThreeDOptions, BadLayoutsNameTheFlag) {
   EXPECT_EQ(message(o, 8),
             "--micro-batches = 3: must be a multiple of --pp = 2 for the interleaved schedule");
   o = tiny();
+  o.tp = 1, o.dp = 4, o.sp = true;
+  EXPECT_EQ(message(o, 8), "--sp: sequence parallelism needs --tp > 1");
+  o = tiny();
   o.pp = 8, o.dp = 1, o.tp = 1;
   EXPECT_EQ(message(o, 8), "--pp = 8: must be <= --layers = 4 (one layer per stage at least)");
 }

@@ -53,7 +53,7 @@ namespace tally::engine {
 // = 53,440. Eight ranks finish a float64 check and 3 fp32 steps in a few seconds on 2 cores.
 struct ThreeDOptions {
   int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size (cp: zigzag ring attention)
-  bool sp = false;                     // sequence parallelism (a no-op at tp = 1)
+  bool sp = false;                     // sequence parallelism (needs tp > 1)
   int zero = 0;                        // 0 or 1, over the DP × CP group
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int interleave = 1;                  // v; > 1 needs the interleaved schedule
