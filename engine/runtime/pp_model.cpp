@@ -19,37 +19,61 @@ double sent_bytes(const Comm& c) { return c.counters()[Collective::send_recv].by
 
 }  // namespace
 
+GptStageModel::GptStageModel(Gpt& full) : full_(full), mask_(causal_mask(full->config.seq)) {}
+
+// GptImpl::forward's two ends, on the same modules (gpt_model.cpp): token embedding + positions
+// on virtual stage 0; ln_f, the tied LM head and lm_loss on the last.
+torch::Tensor GptStageModel::embed(const torch::Tensor& idx) {
+  return full_->wte->forward(idx) + full_->wpe.narrow(0, 0, idx.size(1));  // (B, T, C)
+}
+
+torch::Tensor GptStageModel::block(int layer, const torch::Tensor& x) {
+  return full_->blocks[std::size_t(layer)]->as<GptBlock>()->forward(x, mask_);
+}
+
+torch::Tensor GptStageModel::head_loss(const torch::Tensor& x, const torch::Tensor& targets) {
+  return lm_loss(torch::matmul(full_->ln_f->forward(x), full_->wte->weight.t()), targets);
+}
+
+std::vector<std::int64_t> GptStageModel::boundary_shape(std::int64_t B, std::int64_t T) const {
+  return {B, T, full_->config.hidden};
+}
+
+torch::TensorOptions GptStageModel::options() const { return full_->wte->weight.options(); }
+int GptStageModel::layers() const { return int(full_->config.layers); }
+torch::Tensor& GptStageModel::tied_embedding_grad() { return full_->wte->weight.mutable_grad(); }
+
 PpStage::PpStage(Gpt& full, Comm& pp, const std::vector<int>& layers_per_stage, int interleave)
-    : full_(full), pp_(pp), v_(interleave) {
-  const int P = pp.world_size();
-  TALLY_INVARIANT(int(layers_per_stage.size()) == P && interleave >= 1);
+    : owned_(std::make_unique<GptStageModel>(full)), full_(&full), model_(*owned_), pp_(pp),
+      v_(interleave) {
+  lay_out(layers_per_stage);
+}
+
+PpStage::PpStage(StageModel& model, Comm& pp, const std::vector<int>& layers_per_stage,
+                 int interleave)
+    : model_(model), pp_(pp), v_(interleave) {
+  lay_out(layers_per_stage);
+}
+
+void PpStage::lay_out(const std::vector<int>& layers_per_stage) {
+  const int P = pp_.world_size();
+  TALLY_INVARIANT(int(layers_per_stage.size()) == P && v_ >= 1);
   first_layer_.push_back(0);
   for (int j = 0; j < P * v_; ++j) {
     const int per_stage = layers_per_stage[std::size_t(j % P)];
     TALLY_INVARIANT(per_stage % v_ == 0);
     first_layer_.push_back(first_layer_.back() + per_stage / v_);
   }
-  TALLY_INVARIANT(first_layer_.back() == int(full->config.layers));
-  mask_ = causal_mask(full->config.seq);
+  TALLY_INVARIANT(first_layer_.back() == model_.layers());
 }
 
 int PpStage::tag(int sender_virtual, int micro_batch, bool backward, int M) const {
   return (sender_virtual * M + micro_batch) * 2 + (backward ? 1 : 0);
 }
 
-// GptImpl::forward's two ends, on the same modules (gpt_model.cpp): token embedding + positions
-// on virtual stage 0; ln_f, the tied LM head and lm_loss on the last.
-torch::Tensor PpStage::embed(const torch::Tensor& idx) {
-  return full_->wte->forward(idx) + full_->wpe.narrow(0, 0, idx.size(1));  // (B, T, C)
-}
-
-torch::Tensor PpStage::head_loss(const torch::Tensor& x, const torch::Tensor& targets) {
-  return lm_loss(torch::matmul(full_->ln_f->forward(x), full_->wte->weight.t()), targets);
-}
-
 torch::Tensor PpStage::run_blocks(int j, torch::Tensor x) {
   for (int l = first_layer_[std::size_t(j)]; l < first_layer_[std::size_t(j) + 1]; ++l)
-    x = full_->blocks[std::size_t(l)]->as<GptBlock>()->forward(x, mask_);
+    x = model_.block(l, x);
   return x;
 }
 
@@ -65,8 +89,8 @@ torch::Tensor PpStage::run_blocks(int j, torch::Tensor x) {
 PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Tensor& idx,
                             const torch::Tensor& targets, const TrackingAllocatorScope* memory) {
   const int P = pp_.world_size(), V = P * v_, M = int(idx.size(0));
-  const auto opts = full_->wte->weight.options();
-  const std::int64_t B = idx.size(1), T = idx.size(2), C = full_->config.hidden;
+  const auto opts = model_.options();
+  const std::vector<std::int64_t> shape = model_.boundary_shape(idx.size(1), idx.size(2));
   PpStageRecord r;
   std::map<std::pair<int, int>, Saved> saved;  // (micro-batch, chunk)
   std::vector<PendingCollective> sends;
@@ -92,16 +116,16 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
       Saved s;
       auto t = Clock::now();
       if (j > 0) {
-        s.input = torch::empty({B, T, C}, opts);
+        s.input = torch::empty(shape, opts);
         recv(pp_, s.input, (j - 1) % P, tag(j - 1, op.micro_batch, false, M));
         s.input.requires_grad_(true);
       }
       r.wait_s += since(t);
       t = Clock::now();
-      torch::Tensor x = j == 0 ? embed(idx[op.micro_batch]) : s.input;
+      torch::Tensor x = j == 0 ? model_.embed(idx[op.micro_batch]) : s.input;
       x = run_blocks(j, x);
       if (j == V - 1) {
-        s.output = head_loss(x, targets[op.micro_batch]) / double(M);
+        s.output = model_.head_loss(x, targets[op.micro_batch]) / double(M);
         r.loss += s.output.item<double>();
       } else {
         s.output = x;
@@ -124,7 +148,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
       auto t = Clock::now();
       torch::Tensor grad;
       if (j < V - 1) {
-        grad = torch::empty({B, T, C}, opts);
+        grad = torch::empty(shape, opts);
         recv(pp_, grad, (j + 1) % P, tag(j + 1, op.micro_batch, true, M));
       }
       r.wait_s += since(t);
@@ -165,7 +189,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
 void PpStage::reduce_tied_embedding() {
   const int P = pp_.world_size();
   if (P == 1 || !(first() || last())) return;
-  torch::Tensor& g = full_->wte->weight.mutable_grad();
+  torch::Tensor& g = model_.tied_embedding_grad();
   const int peer = first() ? P - 1 : 0;
   const int kTag = Comm::kMaxUserTag - 1;  // above every schedule tag of a sane run
   torch::Tensor mine = g.clone();
@@ -177,8 +201,20 @@ void PpStage::reduce_tied_embedding() {
   g.add_(theirs);
 }
 
+std::vector<int> PpStage::own_layers() const {
+  std::vector<int> layers;
+  const int P = pp_.world_size();
+  for (int c = 0; c < v_; ++c) {
+    const int j = c * P + pp_.rank();
+    for (int l = first_layer_[std::size_t(j)]; l < first_layer_[std::size_t(j) + 1]; ++l)
+      layers.push_back(l);
+  }
+  return layers;
+}
+
 std::vector<std::string> PpStage::own_parameters() const {
   std::vector<std::string> names;
+  if (full_ == nullptr) return names;
   const int P = pp_.world_size();
   if (first()) names.insert(names.end(), {"wte.weight", "wpe"});
   if (last()) {
@@ -188,7 +224,7 @@ std::vector<std::string> PpStage::own_parameters() const {
   for (int c = 0; c < v_; ++c) {
     const int j = c * P + pp_.rank();
     for (int l = first_layer_[std::size_t(j)]; l < first_layer_[std::size_t(j) + 1]; ++l)
-      for (const auto& p : full_->blocks[std::size_t(l)]->named_parameters())
+      for (const auto& p : (*full_)->blocks[std::size_t(l)]->named_parameters())
         names.push_back("blocks." + std::to_string(l) + "." + p.key());
   }
   return names;

@@ -19,12 +19,20 @@
 //
 // Every rank builds the whole single-process model from the same seed and runs only its own
 // blocks (the engine's models are tiny); the gradients land in that model's parameters.
+//
+// What a stage computes is a StageModel: the plain GPT's modules (GptStageModel, `tally run pp`)
+// or the tensor-parallel shards of a TP group (TpGpt's, `tally run 3d`), whose blocks issue their
+// TP collectives inside the stage's forwards and backwards. Every rank of a TP group runs the same
+// schedule, so its members reach each TP collective in the same order; under SP the boundary
+// tensor is the rank's sequence shard (B, T/t, C), sent to the same TP rank of the next stage
+// (Megatron-LM's p2p under sequence parallelism).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "gpt_model.hpp"
@@ -33,6 +41,41 @@
 #include "tally/engine/tracking_allocator.hpp"
 
 namespace tally::engine {
+
+// The pieces of a model a pipeline stage runs (Note above). Layers are the model's global indices.
+class StageModel {
+ public:
+  virtual ~StageModel() = default;
+  // Virtual stage 0: token ids (B, T) → the first block's input.
+  virtual torch::Tensor embed(const torch::Tensor& idx) = 0;
+  // Block `layer` on its input.
+  virtual torch::Tensor block(int layer, const torch::Tensor& x) = 0;
+  // The last virtual stage: the last block's output → the mean cross-entropy.
+  virtual torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets) = 0;
+  // Shape of a boundary tensor (a block's input or output) for a (B, T) micro-batch.
+  virtual std::vector<std::int64_t> boundary_shape(std::int64_t B, std::int64_t T) const = 0;
+  virtual torch::TensorOptions options() const = 0;
+  virtual int layers() const = 0;
+  // The tied embedding's gradient (stages 0 and P − 1 exchange it).
+  virtual torch::Tensor& tied_embedding_grad() = 0;
+};
+
+// The single-process GPT's modules (GptImpl::forward's pieces, gpt_model.cpp).
+class GptStageModel final : public StageModel {
+ public:
+  explicit GptStageModel(Gpt& full);
+  torch::Tensor embed(const torch::Tensor& idx) override;
+  torch::Tensor block(int layer, const torch::Tensor& x) override;
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets) override;
+  std::vector<std::int64_t> boundary_shape(std::int64_t B, std::int64_t T) const override;
+  torch::TensorOptions options() const override;
+  int layers() const override;
+  torch::Tensor& tied_embedding_grad() override;
+
+ private:
+  Gpt& full_;
+  torch::Tensor mask_;
+};
 
 // What one stage did in one step.
 struct PpStageRecord {
@@ -55,6 +98,8 @@ class PpStage {
   // full: the single-process model; pp: the PP group (rank = stage). layers_per_stage: core's
   // stage_layers(L, P); each entry divisible by interleave (checked by the caller).
   PpStage(Gpt& full, Comm& pp, const std::vector<int>& layers_per_stage, int interleave);
+  // The same on any StageModel (which must outlive the stage); own_parameters() is then empty.
+  PpStage(StageModel& model, Comm& pp, const std::vector<int>& layers_per_stage, int interleave);
 
   // One step: runs `ops` (this stage's list from core's pipeline_schedule) on micro-batches
   // idx[m], targets[m] (idx, targets: (M, B, T) int64); the loss of micro-batch m is scaled by
@@ -65,8 +110,10 @@ class PpStage {
   // Stages 0 and P − 1 add each other's gradient of the tied embedding (nothing when P = 1).
   void reduce_tied_embedding();
 
-  // The names (Gpt's named_parameters()) of the parameters this stage uses.
+  // The names (Gpt's named_parameters()) of the parameters this stage uses (the Gpt constructor).
   std::vector<std::string> own_parameters() const;
+  // The model's layers this stage runs (all its chunks), in increasing order.
+  std::vector<int> own_layers() const;
   bool first() const { return pp_.rank() == 0; }
   bool last() const { return pp_.rank() == pp_.world_size() - 1; }
 
@@ -78,14 +125,14 @@ class PpStage {
   int virtual_stage(int chunk) const { return chunk * pp_.world_size() + pp_.rank(); }
   int tag(int sender_virtual, int micro_batch, bool backward, int M) const;
   torch::Tensor run_blocks(int virtual_stage, torch::Tensor x);
-  torch::Tensor embed(const torch::Tensor& idx);
-  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets);
+  void lay_out(const std::vector<int>& layers_per_stage);  // fills first_layer_
 
-  Gpt& full_;
+  std::unique_ptr<GptStageModel> owned_;  // the Gpt constructor's
+  Gpt* full_ = nullptr;                   // the same (own_parameters' names)
+  StageModel& model_;
   Comm& pp_;
   int v_;
   std::vector<int> first_layer_;  // per virtual stage, and one past the end
-  torch::Tensor mask_;
 };
 
 }  // namespace tally::engine

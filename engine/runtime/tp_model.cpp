@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "comm_torch.hpp"
+#include "ring_attention.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::engine {
@@ -172,6 +173,44 @@ struct GatherSeqToReplicated : torch::autograd::Function<GatherSeqToReplicated> 
   }
 };
 
+// Ring attention over the CP group (Note [TP with context parallelism]): q, k, v (B, a', s/c, d) →
+// out (B, a', s/c, d); backward from the saved log-sum-exp.
+struct RingAttention : torch::autograd::Function<RingAttention> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, Comm* cp, double* shift_s) {
+    RingAttentionWork work;
+    const RingForward f = ring_attention_forward(*cp, CpBalance::zigzag, q, k, v, work);
+    *shift_s += work.shift_s;
+    ctx->saved_data["cp"] = reinterpret_cast<std::int64_t>(cp);
+    ctx->saved_data["shift"] = reinterpret_cast<std::int64_t>(shift_s);
+    ctx->save_for_backward({q, k, v, f.out, f.lse});
+    return f.out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    auto* cp = reinterpret_cast<Comm*>(ctx->saved_data["cp"].toInt());
+    const auto s = ctx->get_saved_variables();
+    RingAttentionWork work;
+    const RingGrads d = ring_attention_backward(*cp, CpBalance::zigzag, s[0], s[1], s[2],
+                                                RingForward{.out = s[3], .lse = s[4]},
+                                                g[0].contiguous(), work);
+    *reinterpret_cast<double*>(ctx->saved_data["shift"].toInt()) += work.shift_s;
+    return {d.dq, d.dk, d.dv, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// causal_self_attention's layout (gpt_model.cpp) with the scores computed by the ring.
+torch::Tensor ring_self_attention(const torch::Tensor& qkv, std::int64_t heads, Comm* cp,
+                                  double* shift_s) {
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, d = C / heads;
+  const auto parts = qkv.split(C, 2);
+  auto heads_of = [&](const torch::Tensor& x) {
+    return x.view({B, T, heads, d}).transpose(1, 2).contiguous();  // (B, a', T, d)
+  };
+  const auto y =
+      RingAttention::apply(heads_of(parts[0]), heads_of(parts[1]), heads_of(parts[2]), cp, shift_s);
+  return y.transpose(1, 2).contiguous().view({B, T, C});
+}
+
 torch::Tensor cut(const torch::Tensor& t, std::int64_t dim, int tp, int rank) {
   const std::int64_t n = t.size(dim) / tp;
   return t.narrow(dim, rank * n, n);
@@ -215,10 +254,20 @@ std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads) {
   return out;
 }
 
-TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute)
-    : config_(full->config), comm_(tp_comm), sp_(sequence_parallel), recompute_(full_recompute) {
+TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute, Comm* cp)
+    : config_(full->config), comm_(tp_comm), cp_(cp && cp->world_size() > 1 ? cp : nullptr),
+      sp_(sequence_parallel), recompute_(full_recompute) {
   const int t = comm_.world_size();
-  TALLY_INVARIANT(!sp_ || config_.seq % t == 0);
+  if (cp_) {
+    const int c = cp_->world_size();
+    TALLY_INVARIANT(config_.seq % (2 * c) == 0);
+    const std::int64_t n = config_.seq / (2 * c);
+    std::vector<std::int64_t> pos;
+    for (const int chunk : cp_chunks(CpBalance::zigzag, c, cp_->rank()))
+      for (std::int64_t i = 0; i < n; ++i) pos.push_back(chunk * n + i);
+    cp_positions_ = torch::tensor(pos, torch::kLong);
+  }
+  TALLY_INVARIANT(!sp_ || local_seq() * t == config_.seq / (cp_ ? cp_->world_size() : 1));
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : tp_shards(full, t, comm_.rank(), false))
     params_.push_back({name, tensor.detach().clone().set_requires_grad(true)});
@@ -250,36 +299,61 @@ torch::Tensor TpGpt::block_forward(std::size_t l, const torch::Tensor& x, const 
     return sp_ ? ReduceScatterToSeq::apply(o, site) : ReduceFromTp::apply(o, site);
   };
   const auto a = torch::layer_norm(x, {C}, p(l, "ln1_w"), p(l, "ln1_b"));
-  const auto y = causal_self_attention(column(a, "qkv_w", "qkv_b"), local_heads, mask);
+  const auto qkv = column(a, "qkv_w", "qkv_b");
+  const auto y = cp_ ? ring_self_attention(qkv, local_heads, cp_, &cp_shift_s_)
+                     : causal_self_attention(qkv, local_heads, mask);
   const auto h = x + (row_out(torch::linear(y, p(l, "proj_w"))) + p(l, "proj_b"));
   const auto m = torch::layer_norm(h, {C}, p(l, "ln2_w"), p(l, "ln2_b"));
   const auto z = torch::gelu(column(m, "fc_w", "fc_b"), "tanh");
   return h + (row_out(torch::linear(z, p(l, "mlp_w"))) + p(l, "mlp_b"));
 }
 
-torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+std::int64_t TpGpt::local_seq() const {
+  const std::int64_t s = cp_ ? config_.seq / cp_->world_size() : config_.seq;
+  return sp_ ? s / comm_.world_size() : s;
+}
+
+torch::Tensor TpGpt::embed(const torch::Tensor& idx) {
   const std::int64_t T = idx.size(1);
   const torch::Tensor& wte = params_[0].tensor;
-  auto x = torch::embedding(wte, idx) + params_[1].tensor.narrow(0, 0, T);  // (B, T, C)
-  if (sp_) x = ScatterToSeq::apply(x, &edge_site_);                         // (B, T/t, C)
-  const auto mask = causal_mask(T);
+  torch::Tensor x;
+  if (cp_)  // this CP rank's positions (Note [TP with context parallelism]): (B, s/c, C)
+    x = torch::embedding(wte, idx.index_select(1, cp_positions_)) +
+        params_[1].tensor.index_select(0, cp_positions_);
+  else
+    x = torch::embedding(wte, idx) + params_[1].tensor.narrow(0, 0, T);  // (B, T, C)
+  if (sp_) x = ScatterToSeq::apply(x, &edge_site_);                     // (B, T/t, C)
+  return x;
+}
+
+torch::Tensor TpGpt::head_loss(const torch::Tensor& x, const torch::Tensor& all_targets) {
+  const torch::Tensor targets = cp_ ? all_targets.index_select(1, cp_positions_) : all_targets;
+  const torch::Tensor full = sp_ ? GatherSeqToReplicated::apply(x, &edge_site_) : x;  // (B, T, C)
+  const auto& lnf_w = params_[params_.size() - 2].tensor;
+  const auto& lnf_b = params_[params_.size() - 1].tensor;
+  return lm_loss(torch::matmul(torch::layer_norm(full, {config_.hidden}, lnf_w, lnf_b),
+                               params_[0].tensor.t()),
+                 targets);
+}
+
+torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto x = embed(idx);
+  const auto mask = causal_mask(idx.size(1));
   if (observer_) observer_(0);
   for (std::size_t l = 0; l < layer_sites_.size(); ++l) {
     x = recompute_ ? RecomputedBlock::apply(x, this, std::int64_t(l), mask) : block_forward(l, x, mask);
     if (observer_) observer_(l + 1);
   }
-  if (sp_) x = GatherSeqToReplicated::apply(x, &edge_site_);  // (B, T, C)
-  const auto& lnf_w = params_[params_.size() - 2].tensor;
-  const auto& lnf_b = params_[params_.size() - 1].tensor;
-  return lm_loss(torch::matmul(torch::layer_norm(x, {config_.hidden}, lnf_w, lnf_b), wte.t()),
-                 targets);
+  return head_loss(x, targets);
 }
 
 void TpGpt::sp_reduce_grads() {
   if (!sp_) return;
   std::vector<torch::Tensor> grads;
   for (std::size_t l = 0; l < layer_sites_.size(); ++l)
-    for (const char* name : kSpReplicated) grads.push_back(p(l, name).grad());
+    for (const char* name : kSpReplicated)
+      if (const torch::Tensor& g = p(l, name).grad(); g.defined()) grads.push_back(g);
+  if (grads.empty()) return;
   torch::Tensor flat = torch::cat(grads).contiguous();
   counted(grad_site_, [&] { all_reduce(comm_, flat); });
   std::int64_t offset = 0;
@@ -295,6 +369,7 @@ void TpGpt::clear_counts() {
   for (auto& s : regather_sites_) s.issued = {};
   edge_site_.issued = {};
   grad_site_.issued = {};
+  cp_shift_s_ = 0;
 }
 
 }  // namespace tally::engine

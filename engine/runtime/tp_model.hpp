@@ -42,6 +42,15 @@
 // (TpGpt::regather_sites), outside core's TP traffic item, which counts the collectives on the
 // critical path (comm.cpp).
 //
+// Note [TP with context parallelism]
+// With a CP group of c ranks (tally run 3d --cp), the rank holds s/c of every sequence: the two
+// zigzag chunks cp_chunks(zigzag, c, r_cp) of 2c (tally/core/context_parallel.hpp), concatenated.
+// embed() takes those positions' tokens and position embeddings, head_loss() those positions'
+// targets (the loss is the mean over the local tokens: the mean over CP ranks of it is the
+// sequence's), and each block's attention is ring attention over the CP group on the rank's a/t
+// heads (ring_attention.hpp; its backward as an autograd function). Everything else is per token
+// and runs on the local tokens as it is; under SP the TP group shards the local s/c further.
+//
 // Note [full recompute]
 // With full recompute each block runs in forward without keeping anything but its input; in
 // backward it is replayed from that input (issuing its forward collectives again: core's 6 instead
@@ -82,7 +91,9 @@ class TpGpt {
  public:
   // Copies of tp_shards(full, comm.world_size(), comm.rank(), false), leaves requiring grad.
   // With sequence_parallel, T must be divisible by t. full_recompute: Note [full recompute].
-  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute = false);
+  // cp: Note [TP with context parallelism] (nullptr: the whole sequence; s divisible by 2c).
+  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute = false,
+        Comm* cp = nullptr);
 
   // Called by forward() at each block boundary: 0 before the first block (after the embedding and
   // the causal mask), l + 1 after block l. For measuring what each block leaves alive.
@@ -93,16 +104,28 @@ class TpGpt {
   // idx, targets: (B, T) int64, the same on every TP rank. Returns the mean cross-entropy (every
   // rank the same value). Collectives run now (forward) and in backward() of the result.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
-  // With SP: all-reduce (sum) the gradients of the sequence-sharded parameters, one call. Else
-  // nothing.
+  // forward()'s two ends, for a pipeline stage (pp_model.hpp's StageModel): the embedding (with SP
+  // split to this rank's shard (B, T/t, C)) and, after the last block, ln_f, the tied LM head and
+  // the loss (with SP after gathering the shards).
+  torch::Tensor embed(const torch::Tensor& idx);
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& targets);
+  // With SP: all-reduce (sum) the gradients of the sequence-sharded parameters, one call (those
+  // with a gradient: a pipeline stage's own layers). Else nothing.
   void sp_reduce_grads();
+  const GptConfig& config() const { return config_; }
+  // Tokens of one sequence this rank's blocks see between TP collectives: s, s/c with CP, ÷t with SP.
+  std::int64_t local_seq() const;
+  bool sequence_parallel() const { return sp_; }
+  Comm& tp_comm() { return comm_; }
 
   std::vector<NamedTensor>& parameters() { return params_; }
   std::vector<TpSite>& layer_sites() { return layer_sites_; }  // one per block
   TpSite& edge_site() { return edge_site_; }                   // SP split / gather at the edges
   TpSite& grad_site() { return grad_site_; }                   // sp_reduce_grads
   std::vector<TpSite>& regather_sites() { return regather_sites_; }  // Note [SP re-gather]
-  void clear_counts();                                         // every site's `issued`
+  void clear_counts();                                         // every site's `issued`, CP time
+  // Seconds ring attention spent in its K,V (and dK,dV) shifts since clear_counts (CP only).
+  double cp_shift_seconds() const { return cp_shift_s_; }
 
   // Block l's forward on x (its input); with recompute, what backward replays.
   torch::Tensor block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
@@ -112,11 +135,14 @@ class TpGpt {
 
   GptConfig config_;
   Comm& comm_;
+  Comm* cp_;
+  torch::Tensor cp_positions_;  // (s/c,) int64: the global positions this CP rank holds
   bool sp_, recompute_;
   std::vector<NamedTensor> params_;
   std::vector<TpSite> layer_sites_, regather_sites_;
   std::function<void(std::size_t)> observer_;
   TpSite edge_site_, grad_site_;
+  double cp_shift_s_ = 0;
 };
 
 }  // namespace tally::engine

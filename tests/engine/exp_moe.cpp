@@ -120,13 +120,8 @@ TEST(MoeEquivalence, RoundedCapacitySendsThePaddedSlots) {
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
-// As rank 0 of a world of k, without its peers: options are checked before the rendezvous.
-std::vector<std::string> as_rank0_of(int k, std::vector<std::string> flags) {
-  std::vector<std::string> args = {"/usr/bin/env", "RANK=0", "LOCAL_RANK=0",
-                                   "WORLD_SIZE=" + std::to_string(k), "MASTER_ADDR=127.0.0.1",
-                                   "MASTER_PORT=1", TALLY_BINARY, "run", "moe"};
-  args.insert(args.end(), flags.begin(), flags.end());
-  return args;
+std::vector<std::string> as_rank0_of(int k, const std::vector<std::string>& flags) {
+  return subprocess::as_rank0_of(TALLY_BINARY, "moe", k, flags);
 }
 
 TEST(MoeCli, BadInputExitsTwoWithOneLine) {

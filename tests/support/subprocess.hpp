@@ -95,4 +95,16 @@ inline std::vector<std::string> rank_lines(const std::string& out, int rank) {
   return lines;
 }
 
+// `binary run <experiment> flags…` as rank 0 of a world of k, without its peers (MASTER_PORT 1:
+// nothing listens there): for bad-input tests, since every `tally run` checks its options before
+// the rendezvous and exits 2 with one line.
+inline std::vector<std::string> as_rank0_of(const std::string& binary, const std::string& experiment,
+                                            int k, const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {"/usr/bin/env", "RANK=0", "LOCAL_RANK=0",
+                                   "WORLD_SIZE=" + std::to_string(k), "MASTER_ADDR=127.0.0.1",
+                                   "MASTER_PORT=1", binary, "run", experiment};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return args;
+}
+
 }  // namespace tally::subprocess

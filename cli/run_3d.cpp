@@ -1,0 +1,336 @@
+// `tally run 3d`: the text and JSON reporters of engine::run_3d (tally/engine/experiments/
+// three_d.hpp), and `--plan FILE`, which takes the layout from `tally plan --json`'s output (its
+// `best` plan object, or a plan object alone: docs/json.md). Every rank checks the gathered
+// figures (exit 1 naming the first failed check); rank 0 prints every rank's figures, so under
+// `tally launch` only "[rank 0] " lines carry the report. Bad flags or plans exit 2 with one line.
+// One progress line per fp32 step on stderr (rank 0).
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "experiment_report.hpp"
+#include "host_prediction.hpp"
+#include "run_registry.hpp"
+#include "tally/core/types.hpp"
+#include "tally/engine/experiments/three_d.hpp"
+
+namespace tally::cli {
+
+namespace {
+
+struct Flags {
+  engine::ThreeDOptions run;
+  std::string schedule = "1f1b";
+  std::string plan, calibration;
+  bool json = false;
+  // Whether a layout flag was given (--plan takes the layout, so it refuses them).
+  std::vector<CLI::Option*> layout_flags;
+  CLI::Option* schedule_flag = nullptr;
+};
+
+double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
+
+nlohmann::json vs(double measured, double predicted) {
+  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
+}
+// A time whose prediction needs a host calibration (-1 without one): predicted and ratio null.
+nlohmann::json vs_time(double measured, double predicted) {
+  if (predicted < 0)
+    return {{"measured", measured}, {"predicted", nullptr}, {"ratio", nullptr}};
+  return vs(measured, predicted);
+}
+
+// The layout of a `tally plan --json` output (its "best") or of one plan object.
+void apply_plan(Flags& f, int world_size) {
+  const std::string flag = "--plan = " + f.plan;
+  std::ifstream in(f.plan);
+  if (!in) throw InvalidInput(flag + ": cannot read the file");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw InvalidInput(flag + ": not a JSON object (expected `tally plan --json` output)");
+  if (j.contains("best")) {
+    if (j["best"].is_null())
+      throw InvalidInput(flag + ": the plan has no best layout (nothing fit); pick one of its "
+                                "near_misses into a file of its own");
+    j = j["best"];
+  }
+  auto integer = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_number_integer())
+      throw InvalidInput(flag + ": plan field `" + key + "` missing or not an integer");
+    return j[key].get<std::int64_t>();
+  };
+  const std::int64_t dp = integer("dp"), tp = integer("tp"), pp = integer("pp"),
+                     cp = integer("cp"), zero = integer("zero"), v = integer("interleave"),
+                     b = integer("micro_batch"), m = integer("grad_accum");
+  const std::int64_t ep = j.contains("ep") ? integer("ep") : 1;
+  if (!j.contains("sp") || !j["sp"].is_boolean())
+    throw InvalidInput(flag + ": plan field `sp` missing or not a boolean");
+  const std::string recompute = j.value("recompute", std::string("none"));
+  if (ep != 1)
+    throw InvalidInput(flag + ": ep = " + std::to_string(ep) +
+                       ": tally run 3d runs dense layouts (expert parallelism: tally run moe)");
+  if (recompute != "none")
+    throw InvalidInput(flag + ": recompute = " + recompute +
+                       ": tally run 3d runs without recompute (full recompute: tally run tp "
+                       "--recompute)");
+  if (dp * tp * pp * cp != world_size)
+    throw InvalidInput(fmt::format("{}: dp x tp x pp x cp = {} x {} x {} x {} = {} ranks, but the "
+                                   "world size is {} (tally launch --nproc {})",
+                                   flag, dp, tp, pp, cp, dp * tp * pp * cp, world_size,
+                                   dp * tp * pp * cp));
+  auto small = [&](const char* key, std::int64_t x, std::int64_t hi) {
+    if (x < 1 || x > hi)
+      throw InvalidInput(fmt::format("{}: {} = {}: must be in [1, {}]", flag, key, x, hi));
+    return int(x);
+  };
+  f.run.dp = small("dp", dp, 4096);
+  f.run.tp = small("tp", tp, 4096);
+  f.run.pp = small("pp", pp, 4096);
+  f.run.cp = small("cp", cp, 4096);
+  f.run.zero = int(std::clamp<std::int64_t>(zero, -1, 99));
+  f.run.interleave = small("interleave", v, 64);
+  f.run.sp = j["sp"].get<bool>();
+  f.run.model.micro_batch = small("micro_batch", b, 4096);
+  f.run.micro_batches = small("grad_accum", m, 4096);
+  if (f.run.interleave > 1) f.run.schedule = PipelineSchedule::interleaved;
+}
+
+nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::ThreeDCheck>& checks) {
+  const auto& o = r.options;
+  const auto& m = o.model;
+  nlohmann::json j = {{"experiment", "3d"},
+                      {"rank", r.rank},
+                      {"world_size", r.world_size},
+                      {"dp", o.dp},
+                      {"tp", o.tp},
+                      {"pp", o.pp},
+                      {"cp", o.cp},
+                      {"sp", o.sp},
+                      {"zero", o.zero},
+                      {"schedule", std::string(to_string(o.schedule))},
+                      {"interleave", o.interleave},
+                      {"micro_batches", r.micro_batches},
+                      {"stage_layers", r.stage_layers},
+                      {"model",
+                       {{"hidden", m.hidden}, {"layers", m.layers}, {"heads", m.heads},
+                        {"vocab", m.vocab}, {"seq", m.seq}, {"micro_batch", m.micro_batch},
+                        {"params", r.n_params}}},
+                      {"steps", o.steps},
+                      {"loss_f64", vs(r.loss_f64, r.reference_loss_f64)},
+                      {"losses_fp32", r.losses_fp32}};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const engine::ThreeDRank& x : r.ranks)
+    ranks.push_back(
+        {{"rank", x.rank},
+         {"dp_index", x.dp_index},
+         {"tp_index", x.tp_index},
+         {"pp_index", x.pp_index},
+         {"cp_index", x.cp_index},
+         {"stage_layers", x.stage_layers},
+         {"own_params", x.own_params},
+         {"max_grad_rel_diff_f64", x.max_grad_rel_diff},
+         {"max_param_rel_diff_f64", x.max_param_rel_diff},
+         {"state_bytes", vs(x.state_bytes, x.state_predicted_bytes)},
+         {"state_bytes_layout", vs(x.state_bytes, x.state_layout_bytes)},
+         {"peak_activation_bytes", vs(x.peak_activation_bytes, x.predicted_activation_bytes)},
+         {"in_flight_predicted", x.in_flight},
+         {"tp_bytes", vs(x.tp_layer_bytes, x.tp_predicted_bytes)},
+         {"tp_bytes_layout", vs(x.tp_layer_bytes, x.tp_layout_bytes)},
+         {"tp_calls", vs(x.tp_layer_calls, x.tp_predicted_calls)},
+         {"tp_other_bytes", x.tp_other_bytes},
+         {"pp_bytes", vs(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call)},
+         {"pp_bytes_layout", vs(x.pp_send_bytes, x.pp_layout_bytes)},
+         {"pp_sends", vs(x.pp_sends, x.pp_expected_sends)},
+         {"pp_bytes_per_send", vs(x.pp_max_send, x.pp_predicted_per_call)},
+         {"pp_embedding_bytes", x.pp_embedding_bytes},
+         {"cp_bytes", vs(x.cp_bytes, x.cp_predicted_bytes)},
+         {"cp_sends", vs(x.cp_sends, x.cp_predicted_sends)},
+         {"dp_bytes", vs(x.dp_bytes, x.dp_predicted_bytes)},
+         {"dp_bytes_layout", vs(x.dp_bytes, x.dp_layout_bytes)},
+         {"dp_calls", x.dp_calls},
+         {"step_s", x.step_s},
+         {"compute_s", vs_time(x.compute_s, x.predicted_compute_s)},
+         {"tp_comm_s", vs_time(x.tp_comm_s, x.predicted_tp_comm_s)},
+         {"cp_comm_s", vs_time(x.cp_comm_s, x.predicted_cp_comm_s)},
+         {"pp_wait_s", vs(x.pp_wait_s, x.predicted_pp_wait_s)},
+         {"dp_comm_s", vs_time(x.dp_comm_s, x.predicted_dp_comm_s)},
+         {"optimizer_s", x.optimizer_s},
+         {"forward_s_per_micro_batch", x.forward_s},
+         {"backward_s_per_micro_batch", x.backward_s}});
+  j["ranks"] = ranks;
+  add_checks_json(j, checks);
+  return j;
+}
+
+std::string cell(double measured, double predicted, int precision = 0) {
+  return fmt::format("{:.{}f}/{:.{}f}={:.3f}", measured, precision, predicted, precision,
+                     ratio(measured, predicted));
+}
+std::string ms_cell(double measured, double predicted) {
+  if (predicted < 0) return fmt::format("{:.2f}/-", 1e3 * measured);
+  return fmt::format("{:.2f}/{:.2f}={:.2f}", 1e3 * measured, 1e3 * predicted,
+                     ratio(measured, predicted));
+}
+
+void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDCheck>& checks) {
+  const auto& o = r.options;
+  const auto& m = o.model;
+  std::string split;
+  for (int l : r.stage_layers) split += (split.empty() ? "" : "+") + std::to_string(l);
+  fmt::print("3d: DP {} x TP {}{} x PP {}{} = {} ranks (Gloo, CPU; Megatron order tp-cp-dp-pp), "
+             "ZeRO-{} over DP{}, {}{} M = {}, layers {}; GPT h {} L {} a {} V {} T {} B {} (N = {})\n",
+             o.dp, o.tp, o.sp ? " + SP" : "", o.pp,
+             o.cp > 1 ? fmt::format(" x CP {} (zigzag ring attention)", o.cp) : "", r.world_size,
+             o.zero, o.cp > 1 ? " x CP" : "", to_string(o.schedule),
+             o.interleave > 1 ? fmt::format(" v = {}", o.interleave) : "", r.micro_batches, split,
+             m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch, r.n_params);
+  double worst_grad = 0, worst_param = 0;
+  for (const auto& x : r.ranks) {
+    worst_grad = std::max(worst_grad, x.max_grad_rel_diff);
+    worst_param = std::max(worst_param, x.max_param_rel_diff);
+  }
+  fmt::print("float64 vs single-process on all {} micro-batches: loss {:.12g} vs {:.12g}; max "
+             "gradient difference after the DP reduction {:.2e}, parameters after one Adam step "
+             "{:.2e} (relative)\n",
+             o.dp * r.micro_batches, r.loss_f64, r.reference_loss_f64, worst_grad, worst_param);
+  fmt::print("fp32 Adam, {} steps: loss {:.6f} -> {:.6f}\n", r.losses_fp32.size(),
+             r.losses_fp32.front(), r.losses_fp32.back());
+  fmt::print("bytes per step, measured/core=ratio (core on the rank's own stage and parameters; "
+             "TP: its layers' collectives, PP: the schedule's sends, DP: gradient reduction + "
+             "ZeRO gather):\n");
+  const bool cp = o.cp > 1;
+  fmt::print("  {:>4} {:>9} {:>7} {:>23} {:>23} {:>23} {:>25} {:>23}{}\n", "rank",
+             cp ? "dp,cp,tp,pp" : "dp,tp,pp", "layers", "states", "activations (peak)", "TP",
+             "PP", "DP", cp ? fmt::format(" {:>23}", "CP") : "");
+  for (const auto& x : r.ranks)
+    fmt::print("  {:>4} {:>9} {:>7} {:>23} {:>23} {:>23} {:>25} {:>23}{}\n", x.rank,
+               cp ? fmt::format("{},{},{},{}", x.dp_index, x.cp_index, x.tp_index, x.pp_index)
+                  : fmt::format("{},{},{}", x.dp_index, x.tp_index, x.pp_index),
+               x.stage_layers, cell(x.state_bytes, x.state_predicted_bytes),
+               cell(x.peak_activation_bytes, x.predicted_activation_bytes),
+               cell(x.tp_layer_bytes, x.tp_predicted_bytes),
+               cell(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call),
+               cell(x.dp_bytes, x.dp_predicted_bytes),
+               cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
+  fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2M "
+             "sends), measured/core=ratio:\n");
+  fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside core's items: TP (SP edges, "
+             "re-gathers, SP grads), PP (tied embedding)\n",
+             "rank", "states", "TP", "PP", "DP");
+  for (const auto& x : r.ranks)
+    fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  {:.0f}, {:.0f}\n", x.rank,
+               cell(x.state_bytes, x.state_layout_bytes), cell(x.tp_layer_bytes, x.tp_layout_bytes),
+               cell(x.pp_send_bytes, x.pp_layout_bytes), cell(x.dp_bytes, x.dp_layout_bytes),
+               x.tp_other_bytes, x.pp_embedding_bytes);
+  fmt::print("step time, ms, mean of {} step(s), measured/core=ratio (PP wait: core's bubble "
+             "(P-1)(t_f+t_b)/v on the measured t_f, t_b; compute and comm: {}):\n",
+             o.steps, o.host ? "step_compute and the alpha-beta items on the host calibration"
+                             : "need --calibration, '-' without");
+  fmt::print("  {:>4} {:>9} {:>22} {:>22} {:>22} {:>22} {:>9}{}\n", "rank", "step", "compute",
+             "TP comm", "PP wait", "DP comm", "optimizer", cp ? fmt::format(" {:>22}", "CP comm") : "");
+  for (const auto& x : r.ranks)
+    fmt::print("  {:>4} {:>9.2f} {:>22} {:>22} {:>22} {:>22} {:>9.2f}{}\n", x.rank, 1e3 * x.step_s,
+               ms_cell(x.compute_s, x.predicted_compute_s),
+               ms_cell(x.tp_comm_s, x.predicted_tp_comm_s),
+               ms_cell(x.pp_wait_s, o.pp > 1 ? x.predicted_pp_wait_s : 0),
+               ms_cell(x.dp_comm_s, x.predicted_dp_comm_s), 1e3 * x.optimizer_s,
+               cp ? fmt::format(" {:>22}", ms_cell(x.cp_comm_s, x.predicted_cp_comm_s)) : "");
+  int failed = 0;
+  for (const auto& c : checks) failed += c.ok ? 0 : 1;
+  fmt::print("checks: {} of {} passed\n", int(checks.size()) - failed, int(checks.size()));
+}
+
+void run(Flags& f) {
+  const engine::DistEnv env = engine::DistEnv::from_environment();
+  f.run.schedule = f.schedule == "gpipe"   ? PipelineSchedule::gpipe
+                   : f.schedule == "1f1b" ? PipelineSchedule::one_f_one_b
+                                          : PipelineSchedule::interleaved;
+  if (!f.plan.empty()) {
+    for (const CLI::Option* o : f.layout_flags)
+      if (o->count() > 0)
+        throw InvalidInput(o->get_name() + " with --plan: the plan gives the layout (dp, tp, pp, "
+                           "cp, sp, zero, interleave, micro_batch, grad_accum)");
+    apply_plan(f, env.world_size);
+  } else if (f.run.interleave > 1 && f.schedule_flag->count() == 0) {
+    f.run.schedule = PipelineSchedule::interleaved;  // --interleave v alone means interleaved
+  }
+  if (!f.calibration.empty())
+    f.run.host = load_host_model("--calibration", f.calibration, env.world_size).host;
+  const engine::ThreeDResult r = engine::run_3d(env, f.run);
+  report_and_check("3d", r, engine::three_d_checks(r), f.json, to_json, print_text);
+}
+
+const RegisterRun reg{[](CLI::App& run_cmd) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = run_cmd.add_subcommand(
+      "3d",
+      "data x tensor (+ sequence) x pipeline (x context) parallelism on the engine's GPT, every "
+      "rank one TP shard of one pipeline stage (with --cp its zigzag share of the sequence, ring "
+      "attention), ZeRO-0/1 over the DP (x CP) group: float64 loss, gradients and "
+      "updated parameters vs the single-process model; per rank state, activation and per-group "
+      "bytes and the step time split vs core; start it with `tally launch --nproc D*T*P -- tally "
+      "run 3d --dp D --tp T --pp P`, or take the layout from `tally plan --json` with --plan");
+  cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative; TP, PP, CP and DP bytes and the "
+              "model-state bytes exact (activations and times are reported, not checked). Rank 0 "
+              "prints every rank's figures.");
+  auto layout = [&](CLI::Option* o) {
+    f->layout_flags.push_back(o);
+    return o;
+  };
+  layout(cmd->add_option("--dp", f->run.dp, "data-parallel ranks")->capture_default_str());
+  layout(cmd->add_option("--tp", f->run.tp, "tensor-parallel ranks")->capture_default_str());
+  layout(cmd->add_option("--pp", f->run.pp, "pipeline stages")->capture_default_str());
+  layout(cmd->add_option("--cp", f->run.cp, "context-parallel ranks (zigzag ring attention)")
+             ->capture_default_str());
+  layout(cmd->add_flag("--sp", f->run.sp, "sequence parallelism in the TP groups"));
+  layout(cmd->add_option("--zero", f->run.zero, "ZeRO stage over the DP group: 0 or 1")
+             ->capture_default_str());
+  layout(cmd->add_option("--interleave", f->run.interleave,
+                         "model chunks per stage (> 1: the interleaved schedule)")
+             ->capture_default_str());
+  layout(cmd->add_option("--micro-batches", f->run.micro_batches,
+                         "M per DP rank per step (0 = 2 x --pp)")
+             ->capture_default_str());
+  layout(cmd->add_option("--micro-batch", f->run.model.micro_batch, "B")->capture_default_str());
+  f->schedule_flag =
+      cmd->add_option("--schedule", f->schedule,
+                      "gpipe | 1f1b | interleaved (Megatron-LM's, over --interleave chunks)")
+          ->check(one_of({"gpipe", "1f1b", "interleaved"}))
+          ->capture_default_str();
+  cmd->add_option("--plan", f->plan,
+                  "a `tally plan --json` output (its best plan) or one plan object: dp, tp, pp, "
+                  "cp, sp, zero, interleave, micro_batch, grad_accum taken from it; the model stays "
+                  "the small one below unless given");
+  cmd->add_option("--calibration", f->calibration,
+                  "predict compute and comm times from this host calibration (`tally bench "
+                  "gemm|memory|allreduce --calibration-out`)");
+  cmd->add_option("--hidden", f->run.model.hidden, "C")->capture_default_str();
+  cmd->add_option("--layers", f->run.model.layers, "L")->capture_default_str();
+  cmd->add_option("--heads", f->run.model.heads, "a")->capture_default_str();
+  cmd->add_option("--vocab", f->run.model.vocab, "V")->capture_default_str();
+  cmd->add_option("--seq", f->run.model.seq, "T")->capture_default_str();
+  cmd->add_option("--steps", f->run.steps, "fp32 Adam steps (measured)")->capture_default_str();
+  cmd->add_option("--lr", f->run.lr, "Adam learning rate")
+      ->check(finite_in(0, 1e6, Ends::open_lo))
+      ->capture_default_str();
+  cmd->add_option("--seed", f->run.seed, "seed of the weights and tokens")->capture_default_str();
+  cmd->add_option("--timeout", f->run.timeout_s,
+                  "seconds for the rendezvous and each collective, send and receive")
+      ->check(finite_in(0, 86400, Ends::open_lo))
+      ->capture_default_str();
+  cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  cmd->callback([f] { run(*f); });
+}};
+
+}  // namespace
+
+}  // namespace tally::cli

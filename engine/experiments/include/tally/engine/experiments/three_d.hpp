@@ -1,0 +1,147 @@
+// `tally run 3d` (issue 11): data × tensor × pipeline (× context) parallelism on the engine's GPT
+// decoder, every dimension at once — D·T·P·C ranks in Megatron's rank order (core/
+// parallel_groups.hpp: TP fastest, then CP, then DP, then PP), each rank one TP shard (engine/
+// runtime/tp_model.hpp, optionally with SP; with CP its zigzag share of the sequence and ring
+// attention, Note [TP with context parallelism]) of one pipeline stage (engine/runtime/
+// pp_model.hpp, core's schedules), gradients averaged over the DP × CP group (ZeRO-0: all-reduce;
+// ZeRO-1: reduce-scatter, Adam on the rank's shard_span, all-gather of the updated parameters).
+// Checked against the single-process GPT and core:
+//   equivalence   float64, one step: the mean loss and every gradient a rank holds after the DP
+//                 reduction (its TP slice of its stage's parameters; under ZeRO-1 its shard) equal
+//                 the single-process run on all D·M micro-batches to 1e-10 relative; so do the
+//                 parameters after one Adam step (the ZeRO-1 all-gather included)
+//   bytes         per rank, over the first fp32 step: TP bytes of the stage's layers == core
+//                 step_traffic()'s TP item with this stage's layers (exact); every PP send ==
+//                 its PP bytes per call (b·s·h·4, /t with SP), exact, and the number of sends by
+//                 the schedule; CP bytes and sends == its CP item (3(c−1) ring sends per layer
+//                 per micro-batch); DP bytes == its dp_grad + zero_param_gather items on this rank's
+//                 own parameter count (exact). Beside them, the layout-level items (N/(t·p)
+//                 parameters, the busiest stage, 2M sends) and their ratio
+//   states        the model-state bytes the tracking allocator saw allocated for the rank's flat
+//                 parameters, gradients and Adam state == core model_states() on the rank's own
+//                 parameters (exact); beside it model_states(N/(t·p)) for the layout
+//   activations   the peak the tracking allocator saw held during the step beside core
+//                 activations()' per-layer bytes × the stage's layers / v × peak_in_flight —
+//                 reported, not checked
+//   time          per rank, mean over the fp32 steps: compute, TP comm (the TP Comm's seconds),
+//                 CP comm (the ring's shifts), PP wait (receives, posted sends, the tied-
+//                 embedding exchange), DP comm (the DP × CP Comm's seconds), beside
+//                 core: the bubble (P−1)(t_f + t_b)/v from the measured t_f, t_b; with a host
+//                 calibration, step_compute() and the α–β time of each traffic item — reported
+//
+// Legend: D = DP ranks, T = TP ranks (t), P = stages, c = CP ranks, v = chunks per stage, M = micro-batches per
+// DP rank per step, B = micro-batch, S = sequence, C = hidden, L = layers, N_r = a rank's own
+// parameters (its TP slice of its stage).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/pipeline.hpp"
+#include "tally/engine/dist_env.hpp"
+#include "tally/engine/gpt.hpp"
+
+namespace tally::engine {
+
+// Note [default 3-D model]
+// h 32, L 4, a 4, V 64, T 16, B 2, M = 2·P: divisible by t = 1, 2, 4 (heads, FFN 128, sequence),
+// 4 layers split over P = 1, 2, 4 stages (v = 2 at P = 2), 16 positions in 2c zigzag chunks for
+// c = 1, 2, 4, 8 (with SP, 16/c divisible by t); N = V·C + T·C + L·(12C² + 13C) + 2C
+// = 53,440. Eight ranks finish a float64 check and 3 fp32 steps in a few seconds on 2 cores.
+struct ThreeDOptions {
+  int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size (cp: zigzag ring attention)
+  bool sp = false;                     // sequence parallelism (needs tp > 1)
+  int zero = 0;                        // 0 or 1, over the DP × CP group
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int interleave = 1;                  // v; > 1 needs the interleaved schedule
+  int micro_batches = 0;               // M per DP rank per step; 0 = 2·pp
+  GptConfig model{.hidden = 32, .layers = 4, .heads = 4, .vocab = 64, .seq = 16, .micro_batch = 2};
+  int steps = 3;                       // fp32 Adam steps (measured; step 1's bytes and memory)
+  double lr = 1e-3;                    // Adam
+  std::uint64_t seed = 0;              // weights and tokens
+  double timeout_s = 60;               // rendezvous and every collective / send / recv
+  int threads = 1;                     // torch intra-op threads per rank (0 = libtorch's)
+  // A host calibration's cluster (io::host_cluster): enables the compute and comm time predictions.
+  std::optional<ClusterSpec> host;
+  // InvalidInput naming the flag, the value and the allowed range: a product ≠ the world size,
+  // --tp not dividing --heads or 4·--hidden, more stages than layers, --seq not in 2·--cp equal
+  // chunks (or, with --sp, --seq/--cp not divisible by --tp), --zero > 1, interleave constraints as
+  // `run pp`'s, …
+  void validate(int world_size) const;
+  int micro_batches_or_default() const { return micro_batches == 0 ? 2 * pp : micro_batches; }
+};
+
+// One rank's figures, gathered to every rank. Bytes are per step (the first fp32 step); times the
+// mean over the fp32 steps.
+struct ThreeDRank {
+  int rank = 0, dp_index = 0, tp_index = 0, pp_index = 0, cp_index = 0;
+  int stage_layers = 0;
+  double own_params = 0;             // N_r
+  // float64 equivalence
+  double max_grad_rel_diff = 0;      // after the DP reduction
+  double max_param_rel_diff = 0;     // after one Adam step
+  double loss = 0;                   // last stages: mean over this DP rank's M micro-batches
+  // TP group
+  double tp_layer_bytes = 0, tp_layer_calls = 0;  // the stage's layers (core's item)
+  double tp_other_bytes = 0;         // SP edges, SP re-gathers, SP gradient all-reduce
+  double tp_predicted_bytes = 0;     // step_traffic TP item, this stage's layers
+  double tp_predicted_calls = 0;
+  double tp_layout_bytes = 0;        // step_traffic TP item, the layout (busiest stage)
+  // PP group
+  double pp_sends = 0, pp_min_send = 0, pp_max_send = 0, pp_send_bytes = 0;
+  double pp_expected_sends = 0;      // by the schedule: v·M per direction less the ends
+  double pp_predicted_per_call = 0;  // step_traffic PP bytes per call
+  double pp_layout_bytes = 0;        // step_traffic PP item (2M sends)
+  double pp_embedding_bytes = 0;     // tied-embedding gradient exchange (outside core's item)
+  // CP group (ring attention's sends, cp > 1)
+  double cp_bytes = 0, cp_sends = 0;
+  double cp_predicted_bytes = 0, cp_predicted_sends = 0;  // step_traffic CP item, this stage
+  // DP group (DP × CP with cp > 1)
+  double dp_bytes = 0, dp_calls = 0;
+  double dp_predicted_bytes = 0;     // dp_grad + zero_param_gather at N_r
+  double dp_layout_bytes = 0;        // the same at N/(t·p)
+  // Model states (fp32 Adam): allocated by the tracking allocator, itemized, and core's
+  double state_bytes = 0;
+  double state_predicted_bytes = 0;  // model_states(N_r)
+  double state_layout_bytes = 0;     // model_states(N/(t·p))
+  // Activations (fp32)
+  double peak_activation_bytes = 0;
+  double predicted_activation_bytes = 0;
+  double in_flight = 0;              // core's peak_in_flight of this stage's schedule
+  // Time (s)
+  double step_s = 0, compute_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0;
+  double optimizer_s = 0;
+  double forward_s = 0, backward_s = 0;  // per micro-batch (all chunks), compute incl. TP comm
+  double predicted_pp_wait_s = 0;         // core's bubble on the measured t_f, t_b
+  double predicted_compute_s = -1;        // -1: no host calibration
+  double predicted_tp_comm_s = -1, predicted_cp_comm_s = -1, predicted_dp_comm_s = -1;
+};
+
+struct ThreeDResult {
+  ThreeDOptions options;
+  int rank = 0, world_size = 1;
+  int micro_batches = 1;             // M
+  std::int64_t n_params = 0;         // N of the single-process model
+  std::vector<int> stage_layers;     // core's split
+  double loss_f64 = 0, reference_loss_f64 = 0;  // mean over the D·M micro-batches
+  std::vector<double> losses_fp32;   // per fp32 step, mean over DP
+  std::vector<ThreeDRank> ranks;     // world size, in global rank order
+};
+
+// float64 sums in another order differ by ulps; 1e-10 leaves room for depth (as tp.hpp, pp.hpp).
+inline constexpr double kThreeDF64Tolerance = 1e-10;
+
+struct ThreeDCheck {
+  std::string what;  // "rank 3 TP bytes", …
+  double measured = 0, predicted = 0, tolerance = 0;  // relative (predicted 0: absolute)
+  bool ok = true;
+};
+std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r);
+
+// Runs the layout on this rank. Progress: one line per fp32 step on stderr (rank 0).
+ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options);
+
+}  // namespace tally::engine

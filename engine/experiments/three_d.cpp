@@ -1,0 +1,613 @@
+// `tally run 3d` (three_d.hpp): DP × TP × PP on the engine's GPT against the single-process model
+// and core's ledgers.
+#include "tally/engine/experiments/three_d.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <optional>
+#include <set>
+
+#include "comm_torch.hpp"
+#include "gpt_model.hpp"
+#include "optimizer_torch.hpp"
+#include "pp_model.hpp"
+#include "tally/core/activations.hpp"
+#include "tally/core/comm.hpp"
+#include "tally/core/compute.hpp"
+#include "tally/core/model_states.hpp"
+#include "tally/core/sharding.hpp"
+#include "tally/core/types.hpp"
+#include "tally/engine/experiments/memory_profile.hpp"
+#include "tally/engine/process_groups.hpp"
+#include "tally/engine/tracking_allocator.hpp"
+#include "tp_model.hpp"
+#include "zero_strategy.hpp"
+
+namespace tally::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
+  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
+}
+
+double rel_diff(double a, double ref) { return std::abs(a - ref) / std::abs(ref); }
+
+// A pipeline stage made of TP shards (pp_model.hpp's StageModel over tp_model.hpp's TpGpt).
+class TpStageModel final : public StageModel {
+ public:
+  explicit TpStageModel(TpGpt& m) : m_(m), mask_(causal_mask(m.config().seq)) {}
+  at::Tensor embed(const at::Tensor& idx) override { return m_.embed(idx); }
+  at::Tensor block(int layer, const at::Tensor& x) override {
+    return m_.block_forward(std::size_t(layer), x, mask_);
+  }
+  at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets) override {
+    return m_.head_loss(x, targets);
+  }
+  std::vector<std::int64_t> boundary_shape(std::int64_t B, std::int64_t T) const override {
+    return {B, m_.local_seq(), m_.config().hidden};
+  }
+  at::TensorOptions options() const override { return m_.parameters()[0].tensor.options(); }
+  int layers() const override { return int(m_.config().layers); }
+  at::Tensor& tied_embedding_grad() override { return m_.parameters()[0].tensor.mutable_grad(); }
+
+ private:
+  TpGpt& m_;
+  at::Tensor mask_;
+};
+
+// The TpGpt parameter names a stage uses: the embedding and positions on the first stage, the
+// tied embedding and ln_f on the last, the blocks of its layers.
+bool stage_owns(const std::string& name, const std::set<int>& layers, bool first, bool last) {
+  if (name == "wte") return first || last;
+  if (name == "wpe") return first;
+  if (name == "lnf_w" || name == "lnf_b") return last;
+  const int l = std::stoi(name.substr(7));  // "blocks.<l>.…"
+  return layers.count(l) > 0;
+}
+
+// Note [3-D data-parallel step]
+// The stage's own parameters become views of one flat buffer (their gradients views of another),
+// as zero_strategy.hpp's Replica holds them, so the DP reduction is one collective on the flat
+// gradient: ZeRO-0 all-reduces (average) it and Adam updates everything; ZeRO-1 reduce-scatters it
+// (shard_span, core/sharding.hpp), Adam updates the rank's span in place and the all-gather fills
+// in the other ranks' updated spans (zero_stage1.cpp's steps 2–4 on the DP group). One Adam
+// (optimizer_torch.hpp), one sharding rule.
+class DpOptimizer {
+ public:
+  DpOptimizer(std::vector<at::Tensor*> params, Comm& dp, int zero, const AdamOptions& adam)
+      : dp_(dp), zero_(zero) {
+    std::vector<at::Tensor> values;
+    std::vector<zero::Shape> shapes;
+    for (at::Tensor* p : params) {
+      values.push_back(*p);
+      shapes.push_back(p->sizes().vec());
+    }
+    flat_ = zero::flatten(values, values.front().scalar_type());
+    grad_ = at::zeros_like(flat_);
+    const auto views = zero::views_of(flat_, shapes);
+    const auto grads = zero::views_of(grad_, shapes);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      *params[i] = views[i].detach().requires_grad_(true);
+      params[i]->mutable_grad() = grads[i];
+    }
+    span_ = zero_ == 1 ? shard_span(flat_.numel(), dp.world_size(), dp.rank())
+                       : ShardSpan{0, flat_.numel()};
+    adam_ = Adam({flat_.narrow(0, span_.offset, span_.count)}, adam);
+  }
+
+  void zero_grad() {
+    at::NoGradGuard no_grad;
+    grad_.zero_();
+  }
+  // The averaged gradient this rank's optimizer reads: all of it (ZeRO-0) or its span (ZeRO-1).
+  at::Tensor reduce() {
+    at::NoGradGuard no_grad;
+    if (zero_ == 0) {
+      all_reduce(dp_, grad_, ReduceOp::average);
+      return grad_;
+    }
+    return reduce_scatter_in_place(dp_, grad_, ReduceOp::average);
+  }
+  void update(const at::Tensor& grad) {
+    at::NoGradGuard no_grad;
+    adam_.step_with({grad});
+  }
+  void gather() {
+    at::NoGradGuard no_grad;
+    if (zero_ == 1) all_gather_in_place(dp_, flat_);
+  }
+  const at::Tensor& flat() const { return flat_; }
+  ShardSpan span() const { return span_; }
+  StateItems held() const { return zero::held_state(flat_, grad_, adam_); }
+
+ private:
+  Comm& dp_;
+  int zero_;
+  at::Tensor flat_, grad_;  // (N_r,)
+  ShardSpan span_;
+  Adam adam_;
+};
+
+struct Data {
+  at::Tensor idx, targets;  // (D·M, B, S) int64: DP rank d takes micro-batches [d·M, (d+1)·M)
+};
+
+Data draw(const ThreeDOptions& o, int M, std::uint64_t salt) {
+  at::manual_seed(std::int64_t(o.seed + salt));
+  const GptConfig& m = o.model;
+  return {at::randint(m.vocab, {o.dp * M, m.micro_batch, m.seq}, at::kLong),
+          at::randint(m.vocab, {o.dp * M, m.micro_batch, m.seq}, at::kLong)};
+}
+
+Gpt reference_model(const ThreeDOptions& o, at::ScalarType dtype) {
+  at::manual_seed(std::int64_t(o.seed));
+  Gpt model(o.model);
+  model->to(dtype);
+  return model;
+}
+
+// One rank's model: the TP shards, the stage over them, the DP optimizer over its own parameters.
+struct RankModel {
+  TpGpt tp;
+  TpStageModel stage_model;
+  PpStage stage;
+  std::vector<std::string> own;  // names, in TpGpt order
+  std::unique_ptr<DpOptimizer> opt;
+
+  RankModel(Gpt& ref, ProcessGroups& g, const ThreeDOptions& o, const std::vector<int>& layers)
+      : tp(ref, g.tp(), o.sp, false, &g.cp()), stage_model(tp),
+        stage(stage_model, g.pp(), layers, o.interleave) {}
+
+  // The stage's own parameters into the DP optimizer's flat buffers (what its model states are);
+  // grad: the group the gradients are averaged over (DP, or DP × CP).
+  void make_optimizer(Comm& grad, const ThreeDOptions& o, std::optional<AdamOptions> adam = {}) {
+    const std::vector<int> mine = stage.own_layers();
+    const std::set<int> mine_set(mine.begin(), mine.end());
+    std::vector<at::Tensor*> params;
+    for (auto& p : tp.parameters()) {
+      if (stage_owns(p.name, mine_set, stage.first(), stage.last())) {
+        own.push_back(p.name);
+        params.push_back(&p.tensor);
+      }
+    }
+    opt = std::make_unique<DpOptimizer>(params, grad, o.zero, adam.value_or(AdamOptions{.lr = o.lr}));
+  }
+
+  // One step on this DP rank's micro-batches: the schedule, the SP and tied-embedding gradient
+  // sums, the DP reduction. Returns the reduced gradient (all, or the ZeRO-1 span).
+  PpStageRecord backward_step(const std::vector<PipelineOp>& ops, const Data& d, int dp_index,
+                              int M, const TrackingAllocatorScope* memory, at::Tensor* reduced) {
+    opt->zero_grad();
+    const PpStageRecord rec = stage.step(ops, d.idx.narrow(0, dp_index * M, M),
+                                         d.targets.narrow(0, dp_index * M, M), memory);
+    tp.sp_reduce_grads();
+    stage.reduce_tied_embedding();
+    *reduced = opt->reduce();
+    return rec;
+  }
+
+  // Flat copy, in own order, of the reference's TP slices (its parameters or their gradients).
+  at::Tensor reference_flat(Gpt& ref, bool grads) {
+    std::vector<at::Tensor> parts;
+    for (const auto& s : tp_shards(ref, tp.tp_comm().world_size(), tp.tp_comm().rank(), grads))
+      if (std::find(own.begin(), own.end(), s.name) != own.end())
+        parts.push_back(s.tensor.detach().reshape(-1));
+    return at::cat(parts);
+  }
+  // Per element, the largest |value| of its tensor (the relative scale, as run tp's check).
+  at::Tensor reference_scale(Gpt& ref, bool grads) {
+    std::vector<at::Tensor> parts;
+    for (const auto& s : tp_shards(ref, tp.tp_comm().world_size(), tp.tp_comm().rank(), grads))
+      if (std::find(own.begin(), own.end(), s.name) != own.end())
+        parts.push_back(at::full({s.tensor.numel()}, s.tensor.abs().max().item<double>(),
+                                 s.tensor.options()));
+    return at::cat(parts);
+  }
+};
+
+// The float64 check's Adam: ε = 1e-4 instead of 1e-8. Adam's first step is lr·g/(|g| + ε), whose
+// slope lr·ε/(|g| + ε)² is lr/ε at g → 0: with ε = 1e-8 an ulp-level difference in a near-zero
+// gradient element (the reduction's summation order) would move its parameter by up to 1e-10 of a
+// tensor whose values are lr-sized (a zero-initialised bias), the tolerance itself. The check is of
+// the sharded update and its all-gather, which this conditioning leaves as exacting.
+constexpr AdamOptions kCheckAdam{.lr = 1e-3, .eps = 1e-4};
+
+double max_scaled_diff(const at::Tensor& got, const at::Tensor& want, const at::Tensor& scale) {
+  if (got.numel() == 0) return 0;
+  return ((got - want).abs() / scale).max().item<double>();
+}
+
+// The single-process step on all D·M micro-batches: loss_m / (D·M) each, one backward each.
+double reference_step(Gpt& ref, const Data& d) {
+  const std::int64_t n = d.idx.size(0);
+  double loss = 0;
+  for (std::int64_t m = 0; m < n; ++m) {
+    const at::Tensor l = ref->forward(d.idx[m], d.targets[m]) / double(n);
+    l.backward();
+    loss += l.item<double>();
+  }
+  return loss;
+}
+
+// float64: one step of both, gradients after the DP reduction and parameters after one Adam step.
+void check_f64(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::vector<int>& layers,
+               const std::vector<PipelineOp>& ops, int M, ThreeDRank& me, double& reference_loss) {
+  const Data d = draw(o, M, 1);
+  Gpt ref = reference_model(o, at::kDouble);
+  RankModel rm(ref, g, o, layers);
+  rm.make_optimizer(grad, o, kCheckAdam);
+  reference_loss = reference_step(ref, d);
+  at::Tensor reduced;
+  const PpStageRecord rec = rm.backward_step(ops, d, g.coords().dp, M, nullptr, &reduced);
+  me.loss = rm.stage.last() ? rec.loss : 0;
+  const ShardSpan span = rm.opt->span();
+  const at::Tensor want = rm.reference_flat(ref, true).narrow(0, span.offset, span.count);
+  const at::Tensor scale = rm.reference_scale(ref, true).narrow(0, span.offset, span.count);
+  me.max_grad_rel_diff = max_scaled_diff(reduced, want, scale);
+  rm.opt->update(reduced);
+  rm.opt->gather();
+  Adam ref_adam(ref->parameters(), kCheckAdam);
+  ref_adam.step();
+  me.max_param_rel_diff = max_scaled_diff(rm.opt->flat(), rm.reference_flat(ref, false),
+                                          rm.reference_scale(ref, false));
+}
+
+double tp_seconds(const Comm& c) {
+  double s = 0;
+  for (const auto& k : c.counters().by_collective) s += k.seconds;
+  return s;
+}
+double all_bytes(const Comm& c) {
+  double b = 0;
+  for (const auto& k : c.counters().by_collective) b += k.bytes_sent;
+  return b;
+}
+double all_calls(const Comm& c) {
+  double n = 0;
+  for (const auto& k : c.counters().by_collective) n += double(k.calls);
+  return n;
+}
+
+StepTrafficSetup traffic_setup(const ThreeDOptions& o, double params, int M) {
+  const GptConfig& m = o.model;
+  return {.params = params,
+          .param_bytes = 4,
+          .grad_bytes = 4,
+          .act_bytes = 4,  // fp32 on the wire
+          .hidden = m.hidden,
+          .layers = m.layers,
+          .seq_len = m.seq,
+          .micro_batch = m.micro_batch,
+          .micro_batches = M,
+          .dp = o.dp,
+          .tp = o.tp,
+          .pp = o.pp,
+          .cp = o.cp,
+          .zero_stage = o.zero,
+          .sequence_parallel = o.sp,
+          .kv_hidden = m.hidden};  // a_kv = a
+}
+
+// fp32: `steps` Adam steps; the first one's bytes and memory, every one's time.
+void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::vector<int>& layers,
+               const std::vector<PipelineOp>& ops, int M, std::int64_t n_params, ThreeDRank& me,
+               std::vector<double>& losses, bool progress) {
+  Gpt ref = reference_model(o, at::kFloat);
+  RankModel rm(ref, g, o, layers);
+  // Opened after the TP shards are cut (every layer's, the engine's models being tiny) and before
+  // the stage's own ones move into the optimizer's flat buffers: what it sees allocated then is
+  // the rank's model states.
+  TrackingAllocatorScope memory({.cache = false});
+  const std::int64_t before_states = memory.counters().allocated_bytes;
+  rm.make_optimizer(grad, o);
+  me.state_bytes = double(memory.counters().allocated_bytes - before_states);
+  me.own_params = double(rm.opt->flat().numel());
+  me.stage_layers = layers[std::size_t(g.coords().pp)];
+  const double steps = o.steps;
+  for (int s = 1; s <= o.steps; ++s) {
+    const Data d = draw(o, M, 100 + std::uint64_t(s));
+    rm.tp.clear_counts();
+    const double tp0 = all_bytes(g.tp()), dp0 = all_bytes(grad), cp0 = all_bytes(g.cp());
+    const double dpc0 = all_calls(grad), cpc0 = all_calls(g.cp());
+    const double tps0 = tp_seconds(g.tp()), dps0 = tp_seconds(grad);
+    const auto start = Clock::now();
+    rm.opt->zero_grad();
+    const PpStageRecord rec =
+        rm.stage.step(ops, d.idx.narrow(0, g.coords().dp * M, M),
+                      d.targets.narrow(0, g.coords().dp * M, M), s == 1 ? &memory : nullptr);
+    // A TP group of one only copies (its identity "collectives"): compute, not TP comm.
+    const double tp_in_schedule = o.tp > 1 ? tp_seconds(g.tp()) - tps0 : 0;
+    const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
+    rm.tp.sp_reduce_grads();
+    const double pp_before_tied = all_bytes(g.pp());
+    auto t = Clock::now();
+    rm.stage.reduce_tied_embedding();
+    const double tied_s = since(t);
+    const double tied_bytes = all_bytes(g.pp()) - pp_before_tied;
+    const at::Tensor reduced = rm.opt->reduce();
+    t = Clock::now();
+    rm.opt->update(reduced);
+    const double opt_s = since(t);
+    rm.opt->gather();
+    const double step_s = since(start);
+    const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
+    std::vector<double> all_loss(std::size_t(g.world().world_size()));
+    g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));
+    losses.push_back(std::accumulate(all_loss.begin(), all_loss.end(), 0.0) / (o.dp * o.cp));
+
+    me.step_s += step_s / steps;
+    me.tp_comm_s += (o.tp > 1 ? tp_seconds(g.tp()) - tps0 : 0) / steps;
+    me.compute_s += (rec.compute_s - tp_in_schedule - cp_in_schedule) / steps;
+    me.cp_comm_s += cp_in_schedule / steps;
+    me.pp_wait_s += (rec.wait_s + tied_s) / steps;
+    me.dp_comm_s += (tp_seconds(grad) - dps0) / steps;
+    me.optimizer_s += opt_s / steps;
+    me.forward_s += rec.forward_s / M / steps;
+    me.backward_s += rec.backward_s / M / steps;
+    if (s == 1) {
+      // A TP group of one issues identity calls that move nothing: no collectives (core's 0).
+      for (int l : rm.stage.own_layers())
+        for (const auto& c : rm.tp.layer_sites()[std::size_t(l)].issued.by_collective) {
+          me.tp_layer_bytes += c.bytes_sent;
+          if (o.tp > 1) me.tp_layer_calls += double(c.calls);
+        }
+      me.tp_other_bytes = all_bytes(g.tp()) - tp0 - me.tp_layer_bytes;
+      std::vector<double> sends = rec.activation_send_bytes;
+      sends.insert(sends.end(), rec.gradient_send_bytes.begin(), rec.gradient_send_bytes.end());
+      me.pp_sends = double(sends.size());
+      me.pp_send_bytes = std::accumulate(sends.begin(), sends.end(), 0.0);
+      if (!sends.empty()) {
+        me.pp_min_send = *std::min_element(sends.begin(), sends.end());
+        me.pp_max_send = *std::max_element(sends.begin(), sends.end());
+      }
+      me.pp_embedding_bytes = tied_bytes;
+      me.dp_bytes = all_bytes(grad) - dp0;
+      me.dp_calls = all_calls(grad) - dpc0;
+      if (o.cp > 1) {  // a CP group of one runs no ring
+        me.cp_bytes = all_bytes(g.cp()) - cp0;
+        me.cp_sends = all_calls(g.cp()) - cpc0;
+      }
+      double peak = 0;
+      for (const std::int64_t h : rec.held_bytes_after_op)
+        peak = std::max(peak, double(h));
+      // held_bytes_after_op counts from the step's start; the gradients are preallocated in the
+      // flat buffer, so what grows is activations (and the received boundary tensors).
+      me.peak_activation_bytes = peak;
+    }
+    if (progress)
+      std::fprintf(stderr, "3d dp=%d tp=%d pp=%d%s%s zero=%d: step %d/%d loss %.6f %.3f s\n",
+                   o.dp, o.tp, o.pp, o.cp > 1 ? (" cp=" + std::to_string(o.cp)).c_str() : "",
+                   o.sp ? " sp" : "", o.zero, s, o.steps, losses.back(), step_s);
+  }
+
+  // core, for this rank and for the layout
+  const double t = o.tp, p = o.pp;
+  StepTrafficSetup exact = traffic_setup(o, me.own_params * t * p, M);
+  exact.busiest_stage_layers = me.stage_layers;
+  const StepTraffic mine = step_traffic(exact);
+  const StepTraffic layout = step_traffic(traffic_setup(o, double(n_params), M));
+  me.tp_predicted_bytes = mine.tp.bytes_per_rank;
+  me.tp_predicted_calls = mine.tp.calls;
+  me.tp_layout_bytes = layout.tp.bytes_per_rank;
+  me.pp_predicted_per_call = mine.pp.bytes_per_call;
+  me.cp_predicted_bytes = mine.cp.bytes_per_rank;
+  me.cp_predicted_sends = mine.cp.calls;
+  me.pp_layout_bytes = layout.pp.bytes_per_rank;
+  const int v = o.interleave;
+  me.pp_expected_sends = o.pp == 1 ? 0
+                                   : 2.0 * v * M - (rm.stage.first() ? M : 0) -
+                                         (rm.stage.last() ? M : 0);
+  me.dp_predicted_bytes = mine.dp_grad.bytes_per_rank + mine.zero_param_gather.bytes_per_rank;
+  me.dp_layout_bytes = layout.dp_grad.bytes_per_rank + layout.zero_param_gather.bytes_per_rank;
+  const StateSetup states{.precision = Precision::fp32, .optimizer = Optimizer::adam,
+                          .zero_stage = o.zero, .shard_degree = o.dp * o.cp};
+  me.state_predicted_bytes = model_states(me.own_params, states).bytes.total();
+  me.state_layout_bytes = model_states(double(n_params) / (t * p), states).bytes.total();
+  ActivationSetup a = gpt_activation_setup(o.model, Precision::fp32);
+  a.tp = o.tp;
+  a.sequence_parallel = o.sp;
+  a.cp = o.cp;
+  me.in_flight = peak_in_flight(ops);
+  me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
+                                  (double(me.stage_layers) / v) * me.in_flight;
+  if (o.host) {  // a host calibration: core's compute and α–β comm times on this host
+    me.predicted_compute_s = step_compute({.model = gpt_model_spec(o.model),
+                                           .seq_len = o.model.seq,
+                                           .global_batch = o.dp * M * o.model.micro_batch,
+                                           .gpus = g.world().world_size(),
+                                           .peak_flops = o.host->gpu.peak_flops(Precision::fp32),
+                                           .utilisation = 1})
+                                 .seconds;
+    me.predicted_tp_comm_s = traffic_seconds(mine.tp, *o.host);
+    me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
+    me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
+                             traffic_seconds(mine.zero_param_gather, *o.host);
+  }
+  if (o.pp > 1 && me.forward_s > 0)
+    me.predicted_pp_wait_s = *bubble({.stages = o.pp,
+                                      .micro_batches = M,
+                                      .interleave = v,
+                                      .backward_forward_ratio = me.backward_s / me.forward_s,
+                                      .forward_time_s = me.forward_s})
+                                  .bubble_time_s;
+}
+
+// Every field of ThreeDRank, in one order, for the all-gather.
+template <class F>
+void fields(ThreeDRank& m, F&& f) {
+  f(m.rank), f(m.dp_index), f(m.tp_index), f(m.pp_index), f(m.cp_index), f(m.stage_layers);
+  f(m.own_params);
+  f(m.cp_bytes), f(m.cp_sends), f(m.cp_predicted_bytes), f(m.cp_predicted_sends), f(m.cp_comm_s);
+  f(m.predicted_cp_comm_s);
+  f(m.max_grad_rel_diff), f(m.max_param_rel_diff), f(m.loss);
+  f(m.tp_layer_bytes), f(m.tp_layer_calls), f(m.tp_other_bytes), f(m.tp_predicted_bytes);
+  f(m.tp_predicted_calls), f(m.tp_layout_bytes);
+  f(m.pp_sends), f(m.pp_min_send), f(m.pp_max_send), f(m.pp_send_bytes), f(m.pp_expected_sends);
+  f(m.pp_predicted_per_call), f(m.pp_layout_bytes), f(m.pp_embedding_bytes);
+  f(m.dp_bytes), f(m.dp_calls), f(m.dp_predicted_bytes), f(m.dp_layout_bytes);
+  f(m.state_bytes), f(m.state_predicted_bytes), f(m.state_layout_bytes);
+  f(m.peak_activation_bytes), f(m.predicted_activation_bytes), f(m.in_flight);
+  f(m.step_s), f(m.compute_s), f(m.tp_comm_s), f(m.pp_wait_s), f(m.dp_comm_s), f(m.optimizer_s);
+  f(m.forward_s), f(m.backward_s), f(m.predicted_pp_wait_s), f(m.predicted_compute_s);
+  f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s);
+}
+
+std::vector<ThreeDRank> gather_ranks(Comm& world, ThreeDRank me) {
+  std::vector<double> mine;
+  fields(me, [&](auto& x) { mine.push_back(double(x)); });
+  const std::size_t n = mine.size();
+  std::vector<double> all(n * std::size_t(world.world_size()));
+  world.all_gather(ConstBuffer(mine), Buffer(all));
+  std::vector<ThreeDRank> out(std::size_t(world.world_size()));
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    std::size_t i = r * n;
+    fields(out[r], [&](auto& x) { x = std::remove_reference_t<decltype(x)>(all[i++]); });
+  }
+  return out;
+}
+
+std::string divisors_of(std::int64_t n) {
+  std::string s;
+  for (std::int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+}  // namespace
+
+void ThreeDOptions::validate(int world_size) const {
+  model.validate();
+  ParallelLayout{.dp = dp, .tp = tp, .pp = pp, .cp = cp}.validate(world_size);
+  require(model.seq % (2 * cp) == 0, "--seq", model.seq,
+          "must split into 2 x --cp = " + std::to_string(2 * cp) +
+              " equal chunks (context parallelism's zigzag: rank r holds chunks r and 2c-1-r)");
+  const std::int64_t ffn = 4 * model.hidden;
+  require(model.heads % tp == 0 && ffn % tp == 0, "--tp", tp,
+          "must divide --heads = " + std::to_string(model.heads) +
+              " and the FFN width 4 x --hidden = " + std::to_string(ffn) +
+              " (allowed: " + divisors_of(std::gcd(model.heads, ffn)) + ")");
+  if (sp && tp == 1)  // core's activation ledger's rule too (ActivationSetup::validate)
+    throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
+  if (sp)
+    require((model.seq / cp) % tp == 0, "--seq", model.seq,
+            "must be divisible by --cp x --tp = " + std::to_string(cp * tp) +
+                " with --sp (sequence shards of each CP rank's share)");
+  require(model.layers >= pp, "--pp", pp,
+          "must be <= --layers = " + std::to_string(model.layers) +
+              " (one layer per stage at least)");
+  require(zero == 0 || zero == 1, "--zero", zero,
+          "tally run 3d runs ZeRO 0 or 1 over the DP group (stages 2 and 3: tally run zero)");
+  require(micro_batches >= 0 && micro_batches <= 4096, "--micro-batches", micro_batches,
+          "must be in [1, 4096]");
+  require(interleave >= 1 && interleave <= 64, "--interleave", interleave, "must be in [1, 64]");
+  require(steps >= 1 && steps <= 10000, "--steps", steps, "must be in [1, 10000]");
+  if (!(lr > 0 && std::isfinite(lr)))
+    throw InvalidInput("--lr = " + format_number(lr) + ": must be finite and > 0");
+  if (!(timeout_s > 0 && timeout_s <= 86400))
+    throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be in (0, 86400] s");
+  require(threads >= 0 && threads <= 1024, "--threads", threads, "must be in [0, 1024]");
+  if (schedule != PipelineSchedule::interleaved)
+    require(interleave == 1, "--interleave", interleave,
+            "needs --schedule interleaved (gpipe and 1f1b run one chunk per stage)");
+  if (schedule == PipelineSchedule::interleaved) {
+    const int M = micro_batches_or_default();
+    require(pp >= 2, "--pp", pp, "must be >= 2 for the interleaved schedule");
+    require(M % pp == 0, "--micro-batches", M,
+            "must be a multiple of --pp = " + std::to_string(pp) + " for the interleaved schedule");
+    const std::vector<int> layers = stage_layers(int(model.layers), pp);
+    for (int s = 0; s < pp; ++s)
+      require(layers[std::size_t(s)] % interleave == 0, "--interleave", interleave,
+              "must divide the layers of every stage (stage " + std::to_string(s) + " holds " +
+                  std::to_string(layers[std::size_t(s)]) + " of --layers = " +
+                  std::to_string(model.layers) + " over --pp = " + std::to_string(pp) + ")");
+  }
+}
+
+std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
+  std::vector<ThreeDCheck> out;
+  auto rel = [&](std::string what, double measured, double predicted, double tol) {
+    const double d = predicted == 0 ? std::abs(measured) : rel_diff(measured, predicted);
+    out.push_back({std::move(what), measured, predicted, tol, d <= tol});
+  };
+  rel("loss f64 vs single-process", r.loss_f64, r.reference_loss_f64, kThreeDF64Tolerance);
+  for (const ThreeDRank& m : r.ranks) {
+    const std::string rk = "rank " + std::to_string(m.rank) + " ";
+    rel(rk + "max gradient difference f64 after the DP reduction", m.max_grad_rel_diff, 0,
+        kThreeDF64Tolerance);
+    rel(rk + "max parameter difference f64 after one Adam step", m.max_param_rel_diff, 0,
+        kThreeDF64Tolerance);
+    rel(rk + "TP bytes of its layers vs core's TP item", m.tp_layer_bytes, m.tp_predicted_bytes, 0);
+    rel(rk + "TP calls of its layers vs core's", m.tp_layer_calls, m.tp_predicted_calls, 0);
+    rel(rk + "PP sends vs the schedule's", m.pp_sends, m.pp_expected_sends, 0);
+    if (m.pp_sends > 0) {
+      rel(rk + "smallest PP send bytes vs core's per call", m.pp_min_send, m.pp_predicted_per_call, 0);
+      rel(rk + "largest PP send bytes vs core's per call", m.pp_max_send, m.pp_predicted_per_call, 0);
+    }
+    if (r.options.cp > 1) {
+      rel(rk + "CP bytes of its layers vs core's CP item", m.cp_bytes, m.cp_predicted_bytes, 0);
+      rel(rk + "CP sends of its layers vs core's", m.cp_sends, m.cp_predicted_sends, 0);
+    }
+    rel(rk + "DP bytes vs core's dp_grad + zero_param_gather on its parameters", m.dp_bytes,
+        m.dp_predicted_bytes, 0);
+    // Exact but for the shard's rounding: the first N_r mod D ranks of a DP group hold one element
+    // more of m and v (core/sharding.hpp), 8 bytes that core's N_r/D leaves fractional.
+    rel(rk + "model-state bytes allocated vs core's model_states on its parameters", m.state_bytes,
+        m.state_predicted_bytes, 8.0 / m.state_predicted_bytes);
+  }
+  return out;
+}
+
+ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
+  env.validate();
+  options.validate(env.world_size);
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  ThreeDResult r{.options = options, .rank = env.rank, .world_size = env.world_size};
+  const int M = options.micro_batches_or_default();
+  r.micro_batches = M;
+  r.n_params = count_params(gpt_model_spec(options.model)).total();
+  r.stage_layers = stage_layers(int(options.model.layers), options.pp);
+  Comm world(env, {.timeout_s = options.timeout_s});
+  ProcessGroups g(world, ParallelLayout{.dp = options.dp, .tp = options.tp, .pp = options.pp,
+                                        .cp = options.cp});
+  // Gradients are averaged over DP × CP (Megatron-LM's "dp-cp" group; core's dp_grad over dp·cp):
+  // the ranks sharing this rank's TP and PP coordinates, in global order.
+  std::unique_ptr<Comm> dp_cp;
+  if (options.cp > 1) {
+    std::vector<int> ranks;
+    std::string name = "dp-cp";
+    const RankCoords& c = g.coords();
+    for (int d = 0; d < options.dp; ++d)
+      for (int k = 0; k < options.cp; ++k) {
+        ranks.push_back(c.tp + options.tp * (k + options.cp * (d + options.dp * c.pp)));
+        name += (ranks.size() == 1 ? "/" : ",") + std::to_string(ranks.back());
+      }
+    dp_cp = std::make_unique<Comm>(world, ranks, name);
+  }
+  Comm& grad = dp_cp ? *dp_cp : g.dp();
+  const auto schedule = pipeline_schedule(options.schedule, options.pp, M, options.interleave);
+  const std::vector<PipelineOp>& ops = schedule[std::size_t(g.coords().pp)];
+  ThreeDRank me{.rank = env.rank, .dp_index = g.coords().dp, .tp_index = g.coords().tp,
+                .pp_index = g.coords().pp, .cp_index = g.coords().cp};
+  check_f64(options, g, grad, r.stage_layers, ops, M, me, r.reference_loss_f64);
+  train_f32(options, g, grad, r.stage_layers, ops, M, r.n_params, me, r.losses_fp32,
+            env.rank == 0);
+  r.ranks = gather_ranks(world, me);
+  // The f64 loss: the mean over DP and CP of the last stage's (TP rank 0's) mean over its
+  // micro-batches and tokens.
+  for (const ThreeDRank& m : r.ranks)
+    if (m.pp_index == options.pp - 1 && m.tp_index == 0)
+      r.loss_f64 += m.loss / (options.dp * options.cp);
+  world.barrier();  // no rank tears its groups down while a peer still receives
+  return r;
+}
+
+}  // namespace tally::engine

@@ -1,0 +1,266 @@
+// 3-D parallelism (issue 11; tally/engine/experiments/three_d.hpp) over real processes on loopback:
+//   8 ranks, DP 2 x TP 2 x PP 2 twice — 1F1B with ZeRO-1, and interleaved (v = 2) with SP and
+//   ZeRO-0: float64 loss, gradients after the DP reduction and parameters after one Adam step vs
+//   the single-process GPT ≤ 1e-10; per rank the TP, PP and DP bytes of one fp32 step and the
+//   model-state bytes against figures worked out by hand below (Shoeybi 2019 §3: 4 all-reduces
+//   of B·T·C per layer per micro-batch; Korthikanti 2022 §4.2.2: with SP 4 all-gather +
+//   reduce-scatter pairs of S(t−1)/t each, and p2p of the shard B·T·C/t; Narayanan 2021 §3.2:
+//   b·s·h per boundary; ZeRO §5: 16 N bytes of fp32 Adam state, 8N + 8N/D under ZeRO-1; a ring
+//   all-reduce over 2 ranks sends S, as do reduce-scatter + all-gather);
+//   8 ranks, TP 2 + SP x PP 2 x CP 2 (zigzag ring attention): the same, with the CP sends;
+//   4 ranks through the CLI with --plan (TP 2 + SP x PP 2, taken from a plan object) and --json;
+//   bad input exits 2 with one line naming the flag or the plan field.
+//
+// Tiny model: h 16, a 4, V 32, T 8, B 2, L 4 (2 layers per stage at P = 2). One fp32 step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
+#include "rank_harness.hpp"
+#include "tally/engine/experiments/three_d.hpp"
+
+#ifndef TALLY_BINARY
+#error "TALLY_BINARY must name the tally executable"
+#endif
+
+namespace tally::engine {
+namespace {
+
+using nlohmann::json;
+using subprocess::Ran;
+using subprocess::rank_lines;
+using subprocess::run_command;
+
+constexpr double kLimit_s = 120;  // 8 ranks on a loaded 2-core box; ctest's 300 s backstop
+
+ThreeDOptions tiny() {
+  return {.dp = 2, .tp = 2, .pp = 2,
+          .model = {.hidden = 16, .layers = 4, .heads = 4, .vocab = 32, .seq = 8, .micro_batch = 2},
+          .steps = 1,
+          .timeout_s = 90};
+}
+
+std::string message(ThreeDOptions o, int world) {
+  try {
+    o.validate(world);
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "no throw";
+}
+
+TEST(ThreeDOptions, BadLayoutsNameTheFlag) {
+  ThreeDOptions o = tiny();
+  EXPECT_EQ(message(o, 8), "no throw");
+  EXPECT_EQ(message(o, 4), "--dp x --tp x --pp x --cp = 2 x 2 x 2 x 1 = 8: must equal the world "
+                           "size 4");
+  o.tp = 3, o.dp = 1, o.pp = 1;
+  EXPECT_EQ(message(o, 3), "--tp = 3: must divide --heads = 4 and the FFN width 4 x --hidden = 64 "
+                           "(allowed: 1, 2, 4)");
+  o = tiny();
+  o.zero = 2;
+  EXPECT_EQ(message(o, 8), "--zero = 2: tally run 3d runs ZeRO 0 or 1 over the DP group (stages 2 "
+                           "and 3: tally run zero)");
+  o = tiny();
+  o.cp = 2, o.dp = 1, o.model.seq = 6;
+  EXPECT_EQ(message(o, 8), "--seq = 6: must split into 2 x --cp = 4 equal chunks (context "
+                           "parallelism's zigzag: rank r holds chunks r and 2c-1-r)");
+  o.model.seq = 12, o.sp = true, o.tp = 4, o.pp = 1;  // 6 tokens per CP rank over 4 TP ranks
+  EXPECT_EQ(message(o, 8), "--seq = 12: must be divisible by --cp x --tp = 8 with --sp (sequence "
+                           "shards of each CP rank's share)");
+  o = tiny();
+  o.interleave = 2;
+  EXPECT_EQ(message(o, 8), "--interleave = 2: needs --schedule interleaved (gpipe and 1f1b run one "
+                           "chunk per stage)");
+  o.schedule = PipelineSchedule::interleaved;
+  o.micro_batches = 3;
+  EXPECT_EQ(message(o, 8),
+            "--micro-batches = 3: must be a multiple of --pp = 2 for the interleaved schedule");
+  o = tiny();
+  o.tp = 1, o.dp = 4, o.sp = true;
+  EXPECT_EQ(message(o, 8), "--sp: sequence parallelism needs --tp > 1");
+  o = tiny();
+  o.pp = 8, o.dp = 1, o.tp = 1;
+  EXPECT_EQ(message(o, 8), "--pp = 8: must be <= --layers = 4 (one layer per stage at least)");
+}
+
+// A rank's own parameters, by hand (C = 16, t = 2, V = 32, T = 8): one block's TP slice is
+// ln_1 2C + QKV 3C·C/t + 3C/t + out-proj C·C/t + C + ln_2 2C + W1 4C·C/t + 4C/t + W2 C·4C/t + C
+// = 32 + 384 + 24 + 128 + 16 + 32 + 512 + 32 + 512 + 16 = 1688; stage 0 adds the embedding V·C
+// and positions T·C, stage 1 the tied embedding and ln_f 2C.
+constexpr double kBlock = 1688, kStage0 = 32 * 16 + 8 * 16 + 2 * kBlock, kStage1 = 32 * 16 + 32 + 2 * kBlock;
+
+void expect_layout(const ThreeDResult& r, bool sp, int zero, int v) {
+  ASSERT_EQ(r.ranks.size(), 8u);
+  const int M = 4;  // 2·P
+  EXPECT_EQ(r.micro_batches, M);
+  EXPECT_LE(std::abs(r.loss_f64 - r.reference_loss_f64) / r.reference_loss_f64, 1e-10);
+  const double S = 2 * 8 * 16 * 4.0;  // B·T·C fp32 bytes
+  for (const ThreeDRank& x : r.ranks) {
+    SCOPED_TRACE("rank " + std::to_string(x.rank));
+    // Megatron's order: rank = tp + 2·(dp + 2·pp).
+    EXPECT_EQ(x.rank, x.tp_index + 2 * (x.dp_index + 2 * x.pp_index));
+    EXPECT_LE(x.max_grad_rel_diff, 1e-10);
+    EXPECT_LE(x.max_param_rel_diff, 1e-10);
+    EXPECT_EQ(x.stage_layers, 2);
+    const double n = x.pp_index == 0 ? kStage0 : kStage1;
+    EXPECT_EQ(x.own_params, n);
+    // TP: 2 layers × M micro-batches × 4 all-reduces of 2S(t−1)/t = S, or 8 SP collectives of S/2.
+    EXPECT_EQ(x.tp_layer_bytes, 2 * M * 4 * S);
+    EXPECT_EQ(x.tp_layer_calls, 2 * M * (sp ? 8 : 4));
+    // PP: stage 0 sends v·M activations and (v − 1)·M gradients; stage 1 the converse.
+    EXPECT_EQ(x.pp_sends, (2 * v - 1) * M);
+    EXPECT_EQ(x.pp_max_send, sp ? S / 2 : S);
+    EXPECT_EQ(x.pp_min_send, sp ? S / 2 : S);
+    // DP over 2 ranks: an all-reduce of the 4n-byte gradient sends 4n; so do ZeRO-1's
+    // reduce-scatter and all-gather, 2n each.
+    EXPECT_EQ(x.dp_bytes, 4 * n);
+    EXPECT_EQ(x.dp_calls, zero == 0 ? 1 : 2);
+    // fp32 Adam: params + grads + m + v = 16n; ZeRO-1 over 2: m and v halved (n is even here).
+    EXPECT_EQ(x.state_bytes, zero == 0 ? 16 * n : 12 * n);
+    EXPECT_GT(x.peak_activation_bytes, 0);
+  }
+}
+
+// One launch per layout (8 ranks each).
+TEST(ThreeDEquivalence, Dp2Tp2Pp2ThenWithSpInterleaved) {
+  {
+    SCOPED_TRACE("2x2x2 1f1b ZeRO-1");
+    const auto run = harness::run_ranks(8, kLimit_s, [](const DistEnv& env) {
+      ThreeDOptions o = tiny();
+      o.zero = 1;
+      const ThreeDResult r = run_3d(env, o);
+      expect_layout(r, false, 1, 1);
+      for (const ThreeDCheck& c : three_d_checks(r)) EXPECT_TRUE(c.ok) << c.what << ": " << c.measured;
+    });
+    EXPECT_TRUE(run.all_ok()) << run.describe();
+  }
+  {
+    SCOPED_TRACE("2x2x2 SP interleaved v=2 ZeRO-0");
+    const auto run = harness::run_ranks(8, kLimit_s, [](const DistEnv& env) {
+      ThreeDOptions o = tiny();
+      o.sp = true;
+      o.schedule = PipelineSchedule::interleaved;
+      o.interleave = 2;
+      const ThreeDResult r = run_3d(env, o);
+      expect_layout(r, true, 0, 2);
+      for (const ThreeDCheck& c : three_d_checks(r)) EXPECT_TRUE(c.ok) << c.what << ": " << c.measured;
+    });
+    EXPECT_TRUE(run.all_ok()) << run.describe();
+  }
+}
+
+// TP 2 + SP × PP 2 × CP 2 (8 ranks): each CP rank holds T/c = 4 of the 8 positions (zigzag chunks
+// r and 3 − r of 4), its TP shard 2 of them. S = B·(T/c)·C·4 = 512 bytes. Ring attention: 3(c−1) =
+// 3 sends per layer per micro-batch of K and V for the rank's a/t heads, 2·B·(T/c)·(C/t)·4 = 512
+// bytes (Liu et al. 2023; Note [ring attention]); gradients averaged over DP × CP (2 ranks).
+TEST(ThreeDEquivalence, Tp2SpPp2Cp2) {
+  const auto run = harness::run_ranks(8, kLimit_s, [](const DistEnv& env) {
+    ThreeDOptions o = tiny();
+    o.dp = 1, o.cp = 2, o.sp = true, o.zero = 1;
+    const ThreeDResult r = run_3d(env, o);
+    ASSERT_EQ(r.ranks.size(), 8u);
+    EXPECT_LE(std::abs(r.loss_f64 - r.reference_loss_f64) / r.reference_loss_f64, 1e-10);
+    const int M = 4;
+    const double S = 2 * 4 * 16 * 4.0;
+    for (const ThreeDRank& x : r.ranks) {
+      SCOPED_TRACE("rank " + std::to_string(x.rank));
+      EXPECT_EQ(x.rank, x.tp_index + 2 * (x.cp_index + 2 * x.pp_index));  // tp-cp-dp-pp
+      EXPECT_LE(x.max_grad_rel_diff, 1e-10);
+      EXPECT_LE(x.max_param_rel_diff, 1e-10);
+      const double n = x.pp_index == 0 ? kStage0 : kStage1;
+      EXPECT_EQ(x.tp_layer_bytes, 2 * M * 4 * S);
+      EXPECT_EQ(x.tp_layer_calls, 2 * M * 8);
+      EXPECT_EQ(x.pp_max_send, S / 2);
+      EXPECT_EQ(x.pp_sends, M);
+      EXPECT_EQ(x.cp_sends, 2 * M * 3);
+      EXPECT_EQ(x.cp_bytes, 2 * M * 3 * 512.0);
+      EXPECT_EQ(x.dp_bytes, 4 * n);
+      EXPECT_EQ(x.state_bytes, 12 * n);
+    }
+    for (const ThreeDCheck& c : three_d_checks(r)) EXPECT_TRUE(c.ok) << c.what << ": " << c.measured;
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+}
+
+std::vector<std::string> as_rank0_of(int k, const std::vector<std::string>& flags) {
+  return subprocess::as_rank0_of(TALLY_BINARY, "3d", k, flags);
+}
+
+json plan_object(int dp, int tp, int pp, bool sp, int zero, int grad_accum) {
+  return {{"dp", dp}, {"tp", tp}, {"pp", pp}, {"cp", 1}, {"ep", 1}, {"sp", sp},
+          {"interleave", 1}, {"zero", zero}, {"micro_batch", 1}, {"grad_accum", grad_accum},
+          {"recompute", "none"}, {"attention", "flash"}};
+}
+
+std::string write(const std::filesystem::path& p, const json& j) {
+  std::ofstream(p) << j.dump();
+  return p.string();
+}
+
+TEST(ThreeDCli, BadInputExitsTwoWithOneLine) {
+  const test::TempDir dir;
+  const std::string wide = write(dir.path / "wide.json", {{"best", plan_object(2, 2, 2, false, 1, 4)}});
+  json moe = plan_object(2, 1, 1, false, 0, 1);
+  moe["ep"] = 2;
+  const std::string ep = write(dir.path / "ep.json", moe);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--dp", "2", "--tp", "2", "--pp", "3"}, "--dp x --tp x --pp x --cp = 2 x 2 x 3 x 1 = 12"},
+      {{"--dp", "4", "--zero", "3"}, "--zero = 3: tally run 3d runs ZeRO 0 or 1"},
+      {{"--plan", wide}, "dp x tp x pp x cp = 2 x 2 x 2 x 1 = 8 ranks, but the world size is 4"},
+      {{"--plan", ep}, "ep = 2: tally run 3d runs dense layouts"},
+      {{"--plan", wide, "--tp", "2"}, "--tp with --plan"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const Ran a = run_command(as_rank0_of(4, flags), kLimit_s);
+    EXPECT_EQ(a.exit_code, 2) << want << ": " << a.err;
+    EXPECT_NE(a.err.find(want), std::string::npos) << a.err;
+    EXPECT_EQ(std::count(a.err.begin(), a.err.end(), '\n'), 1) << a.err;
+  }
+}
+
+TEST(ThreeDCli, PlanObjectRunsWithJson) {
+  const test::TempDir dir;
+  // TP 2 + SP over PP 2, M = 3 micro-batches of B = 1 (the plan's grad_accum and micro_batch).
+  const std::string plan =
+      write(dir.path / "plan.json", {{"command", "plan"}, {"best", plan_object(1, 2, 2, true, 0, 3)}});
+  const Ran r = run_command(
+      {TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100", "--", TALLY_BINARY, "run", "3d",
+       "--plan", plan, "--layers", "4", "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq",
+       "8", "--steps", "1", "--json", "--timeout", "90"},
+      kLimit_s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(rank_lines(r.out, 1).empty()) << "rank 0 reports";
+  const auto lines = rank_lines(r.out, 0);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const json j = json::parse(lines[0]);
+  EXPECT_EQ(j["experiment"], "3d");
+  EXPECT_TRUE(j["ok"].get<bool>()) << j["failed_checks"].dump();
+  EXPECT_EQ(j["tp"], 2);
+  EXPECT_EQ(j["pp"], 2);
+  EXPECT_EQ(j["sp"], true);
+  EXPECT_EQ(j["micro_batches"], 3);
+  EXPECT_EQ(j["model"]["micro_batch"], 1);
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  const double S = 1 * 8 * 16 * 4.0;  // B·T·C fp32 bytes
+  for (const json& x : j["ranks"]) {
+    // 2 layers × 3 micro-batches × 8 SP collectives of S(t−1)/t = S/2.
+    EXPECT_DOUBLE_EQ(x["tp_bytes"]["measured"].get<double>(), 2 * 3 * 8 * S / 2);
+    EXPECT_DOUBLE_EQ(x["tp_bytes"]["ratio"].get<double>(), 1.0);
+    EXPECT_DOUBLE_EQ(x["pp_bytes_per_send"]["measured"].get<double>(), S / 2);  // the shard
+    EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 3);
+    EXPECT_DOUBLE_EQ(x["dp_bytes"]["measured"].get<double>(), 0);  // DP 1
+    EXPECT_TRUE(x["compute_s"]["predicted"].is_null());           // no --calibration
+  }
+  EXPECT_NE(r.err.find("3d dp=1 tp=2 pp=2 sp zero=0: step 1/1 loss "), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tally::engine
