@@ -120,8 +120,8 @@ double element_bytes(Minifloat f, std::size_t n) {
   return (f == Minifloat::e2m1 ? 0.5 : 1.0) * double(n);
 }
 
-// Per-tensor fp8: scale and scale_inv in fp32, as Transformer Engine holds them (a scale past fp32's
-// range — amax below 448/FLT_MAX — is clamped to FLT_MAX).
+// Per-tensor fp8: scale and scale_inv in fp32, as Transformer Engine holds them (a scale past
+// fp32's range — amax below 448/FLT_MAX — is clamped to FLT_MAX).
 struct PerTensorScale {
   float scale = 1.0f, scale_inv = 1.0f;
 };

@@ -124,7 +124,8 @@ struct Snapshot {
   std::vector<EncodedTensor> row, col;
   std::vector<std::vector<double>> weights;
 };
-Snapshot snapshot(const std::vector<torch::nn::Linear>& linears, const std::vector<LowpWeight>& copies) {
+Snapshot snapshot(const std::vector<torch::nn::Linear>& linears,
+                  const std::vector<LowpWeight>& copies) {
   Snapshot s;
   for (std::size_t i = 0; i < copies.size(); ++i) {
     s.row.push_back(copies[i].stored(CopyLayout::row));
@@ -272,9 +273,10 @@ double tail_mean(const std::vector<double>& v) {
 
 void Fp8Options::validate() const {
   if (!is_low_precision(format))
-    throw InvalidInput("--format = " + std::string(to_string(format)) + ": allowed fp8, mxfp8, nvfp4");
+    throw InvalidInput("--format = " + std::string(to_string(format)) +
+                       ": allowed fp8, mxfp8, nvfp4");
   model.validate();
-  const std::int64_t block = format == Precision::mxfp8 ? kMxBlock : format == Precision::nvfp4 ? kNvfp4Block : 1;
+  const std::int64_t block = copy_block(format);
   if (model.hidden % block != 0)
     throw InvalidInput("--hidden = " + std::to_string(model.hidden) + ": " +
                        std::string(to_string(format)) + " needs a multiple of " +
@@ -338,8 +340,8 @@ std::vector<Fp8Check> fp8_checks(const Fp8Result& r) {
                  double(r.weights_changed), 0, r.codes_changed > 0});
   const double first = r.losses.empty() ? 0 : r.losses.front();
   const double last = r.losses.empty() ? 0 : tail_mean(r.losses);
-  out.push_back({"(d) loss falls: mean of the last steps / first step (< 1)", first > 0 ? last / first : 0,
-                 1, 0, first > 0 && last < first});
+  out.push_back({"(d) loss falls: mean of the last steps / first step (< 1)",
+                 first > 0 ? last / first : 0, 1, 0, first > 0 && last < first});
   rel("(d) loss, mean of the last steps vs the run without copies", last,
       r.reference_losses.empty() ? 0 : tail_mean(r.reference_losses),
       fp8_loss_tolerance(r.options.format));

@@ -15,10 +15,11 @@ using torch::autograd::variable_list;
 const auto kBytes = torch::TensorOptions().dtype(torch::kUInt8);
 const auto kFloat32 = torch::TensorOptions().dtype(torch::kFloat);
 
-Minifloat element_of(Precision p) { return p == Precision::nvfp4 ? Minifloat::e2m1 : Minifloat::e4m3; }
-int block_of(Precision p) {
-  return p == Precision::mxfp8 ? kMxBlock : p == Precision::nvfp4 ? kNvfp4Block : 0;
+Minifloat element_of(Precision p) {
+  return p == Precision::nvfp4 ? Minifloat::e2m1 : Minifloat::e4m3;
 }
+// Elements per block scale in core's EncodedTensor::block (0: none).
+int block_of(Precision p) { return p == Precision::fp8 ? 0 : copy_block(p); }
 
 // Code tables as fp32 tensors (256,), from core's decode: every fp8 byte; for packed e2m1 the low
 // and the high nibble of every byte; e8m0 and e4m3 block scales. Built per call (1 KB each), not
@@ -57,12 +58,16 @@ std::vector<std::uint8_t> bytes_of(const torch::Tensor& t) {
 
 }  // namespace
 
+int copy_block(Precision format) {
+  return format == Precision::mxfp8 ? kMxBlock : format == Precision::nvfp4 ? kNvfp4Block : 1;
+}
+
 LowpWeight::LowpWeight(Precision format, std::int64_t out, std::int64_t in)
     : format_(format), out_(out), in_(in) {
   if (!is_low_precision(format))
     throw InvalidInput("--format = " + std::string(to_string(format)) +
                        ": allowed fp8, mxfp8, nvfp4");
-  const int b = format == Precision::mxfp8 ? kMxBlock : format == Precision::nvfp4 ? kNvfp4Block : 1;
+  const int b = copy_block(format);
   if (out < 1 || in < 1 || out % b != 0 || in % b != 0)
     throw InvalidInput("linear weight " + std::to_string(out) + "x" + std::to_string(in) + ": " +
                        std::string(to_string(format)) + " needs both dimensions multiples of " +
@@ -105,10 +110,11 @@ double LowpWeight::scale_bytes() const { return 4.0 * tensor_scales(); }
 
 void LowpWeight::refresh(const torch::Tensor& weight) {
   TALLY_INVARIANT(weight.dim() == 2 && weight.size(0) == out_ && weight.size(1) == in_);
-  TALLY_INVARIANT(row_.codes.defined() && (format_ == Precision::mxfp8 || row_.tensor_scale.defined()));
+  TALLY_INVARIANT(row_.codes.defined());
+  TALLY_INVARIANT(format_ == Precision::mxfp8 || row_.tensor_scale.defined());
   torch::NoGradGuard no_grad;
-  // The weight's values in double (exact for bf16 and fp32), row-major, and transposed. std::vector,
-  // not torch: the quantizer's scratch is no tensor the memory ledger would count.
+  // The weight's values in double (exact for bf16 and fp32), row-major, and transposed.
+  // std::vector, not torch: the quantizer's scratch is no tensor the memory ledger would count.
   const torch::Tensor w = weight.detach().to(torch::kDouble).contiguous();
   const std::vector<double> rows(w.data_ptr<double>(), w.data_ptr<double>() + w.numel());
   const torch::Tensor wt = w.t().contiguous();
@@ -179,7 +185,8 @@ struct LowpLinear : torch::autograd::Function<LowpLinear> {
     const std::int64_t out = weight.size(0), in = weight.size(1);
     const torch::Tensor dy = g[0].to(torch::kFloat).reshape({-1, out});  // (rows, out)
     // dgrad reads W (out, in): the column-wise copy Wᵀ (in, out) transposed back.
-    const torch::Tensor w = copies ? copies->dequantize(CopyLayout::col).t() : weight.to(torch::kFloat);
+    const torch::Tensor w =
+        copies ? copies->dequantize(CopyLayout::col).t() : weight.to(torch::kFloat);
     const torch::Tensor dx = dy.matmul(w).view(x.sizes()).to(x.scalar_type());
     const torch::Tensor dw = dy.t().matmul(x.to(torch::kFloat).reshape({-1, in}));
     return {dx, dw.to(weight.scalar_type()), dy.sum(0).to(weight.scalar_type()), torch::Tensor()};

@@ -38,6 +38,10 @@ namespace tally::engine {
 
 enum class CopyLayout { row, col };
 
+// Elements per block scale of a recipe's copies: mxfp8 32, nvfp4 16, fp8 1 (one scale per tensor).
+// Both dimensions of a copied weight must be multiples of it.
+int copy_block(Precision format);
+
 class LowpWeight {
  public:
   // format: fp8, mxfp8 or nvfp4. Throws InvalidInput for another precision or a shape the format's

@@ -7,7 +7,8 @@
 //                independent of the copies (straight through, Transformer Engine's Linear)
 //   the run      every format: the copies' bytes, the model states by hand (2N + 2N + 12N + the
 //                copies, N counted from the layer definitions), 0 codes off core's emulation,
-//                a refresh that follows the weights, the loss falling and near the run without copies
+//                a refresh that follows the weights, the loss falling and near the run without
+//                copies
 //   the CLI      bad flags exit 2 with one line; --json carries the figures
 #include <gtest/gtest.h>
 
@@ -151,8 +152,9 @@ TEST(Fp8Run, EveryFormatOnATinyGpt) {
     const Fp8Result r = run_fp8(tiny(f));
     EXPECT_EQ(r.n_params, N);
     EXPECT_EQ(r.linear_weights, weights);
-    const double per_weight = f == Precision::fp8 ? 2 : f == Precision::mxfp8 ? 2 * (1 + 1 / 32.0)
-                                                                                : 2 * (0.5 + 1 / 16.0);
+    const double per_weight = f == Precision::fp8     ? 2
+                              : f == Precision::mxfp8 ? 2 * (1 + 1 / 32.0)
+                                                      : 2 * (0.5 + 1 / 16.0);
     const double scales = f == Precision::fp8 ? 4 * 8 : f == Precision::mxfp8 ? 0 : 8 * 8;
     EXPECT_EQ(r.copy_bytes, per_weight * weights);
     EXPECT_EQ(r.scale_bytes, scales);

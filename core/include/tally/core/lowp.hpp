@@ -17,8 +17,8 @@
 // Scaled tensors:
 //   per-tensor fp8 (Transformer Engine's delayed/current scaling): scale = fmax / amax and its
 //         reciprocal scale_inv, both fp32 as TE holds them; stored x·scale in e4m3 (x·scale formed
-//         in double and rounded once — TE's kernel forms it in fp32 first, a second rounding that can
-//         move a tie by one fp8 ulp; not emulated), read back code · scale_inv
+//         in double and rounded once — TE's kernel forms it in fp32 first, a second rounding
+//         that can move a tie by one fp8 ulp; not emulated), read back code · scale_inv
 //   MXFP8 / MXFP4 (MX v1.0 §6.3): blocks of 32 along a vector; shared exponent
 //         E = floor(log2(amax)) − emax_element (e4m3: 8, e2m1: 2), clamped to e8m0's range; each
 //         element x / 2^E converted as above
@@ -85,8 +85,8 @@ inline constexpr int kNvfp4Block = 16;
 //   codes         fp8: one byte per element; e2m1: two per byte, element 2j in the low nibble and
 //                 2j+1 in the high one (PyTorch's float4_e2m1fn_x2, TE's NVFP4 data)
 //   block_scales  MX: one e8m0 code per block of 32; NVFP4: one e4m3 code per 16 consecutive
-//                 elements of the stored layout (2D: each 16-element row segment of a tile carries the
-//                 tile's scale, the 1×16 layout the GEMM reads); per-tensor fp8: none
+//                 elements of the stored layout (2D: each 16-element row segment of a tile
+//                 carries the tile's scale, the 1×16 layout the GEMM reads); per-tensor fp8: none
 //   tensor_scale  fp32, multiplies every element: per-tensor fp8 scale_inv, NVFP4 g; MX: 1
 // bytes() = codes + block scales: what core's ledger counts per copy (low_precision_copy_bytes);
 // the tensor scale (4 bytes) is metadata it leaves out (types.hpp Note [low precision]).

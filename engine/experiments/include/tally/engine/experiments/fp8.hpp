@@ -61,9 +61,10 @@ struct Fp8Options {
 //                    block scales are exactly n·(1 or 1/2) + n/block per copy: equality (0)
 //   model states (a) core counts the linear layers' biases among the copied weights
 //                    (gemm_weight_share: (attention + mlp) / N) and no tensor scales; the engine
-//                    copies the weights only (TE leaves biases in bf16) and keeps 4-byte scales. The
-//                    gap is low_precision_copy_bytes × 9CL − 4·scales, 0.03–0.06 % of the default run's
-//                    states; 1 % covers any C ≥ 16 (the bias share is 9/(12C) of the weights)
+//                    copies the weights only (TE leaves biases in bf16) and keeps 4-byte
+//                    scales. The gap is low_precision_copy_bytes × 9CL − 4·scales, 0.03–0.06 %
+//                    of the default run's states; 1 % covers any C ≥ 16 (the biases are 9/(12C)
+//                    of the weights, and the copies a fraction of the states)
 //   loss (d)         the relative gap of the mean loss over the last 5 steps to the unquantized
 //                    run's. Two runs from the same weights on the same batches drift apart by
 //                    quantization noise, amplified by 20 steps of a steeply falling loss: at the
