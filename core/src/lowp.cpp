@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "tally/core/types.hpp"
 
@@ -113,13 +114,81 @@ double decode_e8m0(std::uint8_t code) {
   return std::ldexp(1.0, int(code) - 127);
 }
 
+namespace {
+
+double element_bytes(Minifloat f, std::size_t n) {
+  return (f == Minifloat::e2m1 ? 0.5 : 1.0) * double(n);
+}
+
+// Per-tensor fp8: scale and scale_inv in fp32, as Transformer Engine holds them (a scale past
+// fp32's range — amax below 448/FLT_MAX — is clamped to FLT_MAX).
+struct PerTensorScale {
+  float scale = 1.0f, scale_inv = 1.0f;
+};
+PerTensorScale per_tensor_scale(double amax, Minifloat f) {
+  if (!(amax > 0)) return {};
+  const float s = float(std::min(max_normal(f) / amax, double(std::numeric_limits<float>::max())));
+  return {s, 1.0f / s};
+}
+
+// MX v1.0 §6.3: the e8m0 code of E = floor(log2(amax)) − emax_element, within e8m0's range
+// [−127, 127]; an all-zero block takes the smallest scale.
+std::uint8_t mx_scale_code(double amax, Minifloat f) {
+  const int shared =
+      amax > 0 ? std::clamp(floor_log2(amax) - max_normal_exponent(f), -127, 127) : -127;
+  return std::uint8_t(shared + 127);
+}
+
+// NVFP4's fp32 tensor scale g = amax / (6 · 448) (at least the smallest fp32, so a tensor of tiny
+// values still divides) and a block's e4m3 scale code e4m3(amax_block / (6 · g)).
+float nvfp4_tensor_scale(double amax) {
+  if (!(amax > 0)) return 1.0f;
+  const double g = amax / (max_normal(Minifloat::e2m1) * max_normal(Minifloat::e4m3));
+  return std::max(float(g), std::numeric_limits<float>::denorm_min());
+}
+std::uint8_t nvfp4_block_code(double amax_block, float g) {
+  return encode(Minifloat::e4m3, amax_block / (max_normal(Minifloat::e2m1) * double(g)));
+}
+// An element's e2m1 code under block scale s (decoded) and tensor scale g; a block whose scale
+// rounds to 0 stores zeros.
+std::uint8_t nvfp4_code(double v, double s, float g) {
+  return s > 0 ? encode(Minifloat::e2m1, v / (s * double(g))) : std::uint8_t(0);
+}
+double nvfp4_value(double v, double s, float g) {
+  return s > 0 ? round_to(Minifloat::e2m1, v / (s * double(g))) * s * double(g) : 0.0;
+}
+
+void require_tiles(std::size_t n, std::int64_t rows, std::int64_t cols) {
+  require_int(rows > 0 && rows % kNvfp4Block == 0, "rows", rows,
+              "must be a positive multiple of 16 (NVFP4 16x16 tiles)");
+  require_int(cols > 0 && cols % kNvfp4Block == 0, "cols", cols,
+              "must be a positive multiple of 16 (NVFP4 16x16 tiles)");
+  require_int(rows * cols == std::int64_t(n), "rows*cols", rows * cols,
+              "must equal the element count " + std::to_string(n));
+}
+
+// amax of every 16×16 tile of a rows×cols row-major matrix, tile (r/16, c/16) at
+// (r/16)·(cols/16) + c/16.
+std::vector<double> tile_amax(std::span<const double> x, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t tc = cols / kNvfp4Block;
+  std::vector<double> a(std::size_t(rows / kNvfp4Block * tc), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const double v = x[std::size_t(r * cols + c)];
+      double& t = a[std::size_t(r / kNvfp4Block * tc + c / kNvfp4Block)];
+      if (!std::isnan(v)) t = std::max(t, std::fabs(v));
+    }
+  return a;
+}
+
+}  // namespace
+
 QuantizedTensor quantize_per_tensor(std::span<const double> x, Minifloat f) {
-  const double amax = abs_max(x);
-  const double scale = amax > 0 ? max_normal(f) / amax : 1.0;
+  const PerTensorScale s = per_tensor_scale(abs_max(x), f);
   QuantizedTensor q;
   q.values.reserve(x.size());
-  for (double v : x) q.values.push_back(round_to(f, v * scale) / scale);
-  q.element_bytes = f == Minifloat::e2m1 ? 0.5 * double(x.size()) : double(x.size());
+  for (double v : x) q.values.push_back(round_to(f, v * double(s.scale)) * double(s.scale_inv));
+  q.element_bytes = element_bytes(f, x.size());
   q.scale_bytes = 4;  // one fp32 scale
   return q;
 }
@@ -129,35 +198,159 @@ QuantizedTensor quantize_mx(std::span<const double> x, Minifloat f) {
   q.values.reserve(x.size());
   for (std::size_t begin = 0; begin < x.size(); begin += kMxBlock) {
     const auto block = x.subspan(begin, std::min<std::size_t>(kMxBlock, x.size() - begin));
-    const double amax = abs_max(block);
-    // MX v1.0 §6.3: E = floor(log2(amax)) − emax_element, within e8m0's range [−127, 127]; an
-    // all-zero block takes the smallest scale.
-    const int shared =
-        amax > 0 ? std::clamp(floor_log2(amax) - max_normal_exponent(f), -127, 127) : -127;
-    const double scale = decode_e8m0(std::uint8_t(shared + 127));
+    const double scale = decode_e8m0(mx_scale_code(abs_max(block), f));
     for (double v : block) q.values.push_back(round_to(f, v / scale) * scale);
     q.scale_bytes += 1;
   }
-  q.element_bytes = (f == Minifloat::e2m1 ? 0.5 : 1.0) * double(x.size());
+  q.element_bytes = element_bytes(f, x.size());
   return q;
 }
 
 QuantizedTensor quantize_nvfp4(std::span<const double> x) {
   QuantizedTensor q;
   q.values.reserve(x.size());
-  const double fp4_max = max_normal(Minifloat::e2m1), fp8_max = max_normal(Minifloat::e4m3);
-  const double amax = abs_max(x);
-  const double global = amax > 0 ? amax / (fp4_max * fp8_max) : 1.0;  // fp32 tensor scale
+  const float g = nvfp4_tensor_scale(abs_max(x));
   for (std::size_t begin = 0; begin < x.size(); begin += kNvfp4Block) {
     const auto block = x.subspan(begin, std::min<std::size_t>(kNvfp4Block, x.size() - begin));
-    const double s = round_to(Minifloat::e4m3, abs_max(block) / (fp4_max * global));
-    for (double v : block)
-      q.values.push_back(s > 0 ? round_to(Minifloat::e2m1, v / (s * global)) * s * global : 0.0);
+    const double s = decode(Minifloat::e4m3, nvfp4_block_code(abs_max(block), g));
+    for (double v : block) q.values.push_back(nvfp4_value(v, s, g));
     q.scale_bytes += 1;  // the e4m3 block scale
   }
   q.scale_bytes += 4;  // the fp32 tensor scale
-  q.element_bytes = 0.5 * double(x.size());
+  q.element_bytes = element_bytes(Minifloat::e2m1, x.size());
   return q;
+}
+
+QuantizedTensor quantize_nvfp4_2d(std::span<const double> x, std::int64_t rows, std::int64_t cols) {
+  require_tiles(x.size(), rows, cols);
+  const float g = nvfp4_tensor_scale(abs_max(x));
+  const std::vector<double> amax = tile_amax(x, rows, cols);
+  std::vector<double> s(amax.size());
+  for (std::size_t t = 0; t < amax.size(); ++t)
+    s[t] = decode(Minifloat::e4m3, nvfp4_block_code(amax[t], g));
+  QuantizedTensor q;
+  q.values.resize(x.size());
+  const std::int64_t tc = cols / kNvfp4Block;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::size_t i = std::size_t(r * cols + c);
+      q.values[i] = nvfp4_value(x[i], s[std::size_t(r / kNvfp4Block * tc + c / kNvfp4Block)], g);
+    }
+  q.element_bytes = element_bytes(Minifloat::e2m1, x.size());
+  q.scale_bytes = double(x.size()) / kNvfp4Block + 4;  // the 1×16 layout's scales + g
+  return q;
+}
+
+// ---- Stored form (Note [encoded tensor]) -------------------------------------------------------
+
+std::uint8_t EncodedTensor::code(std::int64_t i) const {
+  TALLY_INVARIANT(i >= 0 && i < count);
+  if (element != Minifloat::e2m1) return codes[std::size_t(i)];
+  const std::uint8_t b = codes[std::size_t(i / 2)];
+  return i % 2 == 0 ? std::uint8_t(b & 0x0F) : std::uint8_t(b >> 4);
+}
+
+double EncodedTensor::block_scale(std::int64_t b) const {
+  switch (scale_format) {
+    case Scales::none: return 1.0;
+    case Scales::e8m0: return decode_e8m0(block_scales[std::size_t(b)]);
+    case Scales::e4m3: return decode(Minifloat::e4m3, block_scales[std::size_t(b)]);
+  }
+  return 1.0;
+}
+
+double EncodedTensor::value(std::int64_t i) const {
+  const double s = block > 0 ? block_scale(i / block) : 1.0;
+  return decode(element, code(i)) * s * double(tensor_scale);
+}
+
+std::vector<double> EncodedTensor::values() const {
+  std::vector<double> v(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) v[std::size_t(i)] = value(i);
+  return v;
+}
+
+namespace {
+
+EncodedTensor empty_encoded(Minifloat f, std::size_t n) {
+  EncodedTensor e;
+  e.element = f;
+  e.count = std::int64_t(n);
+  e.codes.assign(f == Minifloat::e2m1 ? (n + 1) / 2 : n, 0);
+  return e;
+}
+
+void put_code(EncodedTensor& e, std::size_t i, std::uint8_t c) {
+  if (e.element != Minifloat::e2m1) {
+    e.codes[i] = c;
+    return;
+  }
+  e.codes[i / 2] |= i % 2 == 0 ? c : std::uint8_t(c << 4);
+}
+
+}  // namespace
+
+EncodedTensor encode_per_tensor(std::span<const double> x, Minifloat f) {
+  const PerTensorScale s = per_tensor_scale(abs_max(x), f);
+  EncodedTensor e = empty_encoded(f, x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) put_code(e, i, encode(f, x[i] * double(s.scale)));
+  e.tensor_scale = s.scale_inv;
+  return e;
+}
+
+EncodedTensor encode_mx(std::span<const double> x, Minifloat f) {
+  EncodedTensor e = empty_encoded(f, x.size());
+  e.scale_format = EncodedTensor::Scales::e8m0;
+  e.block = kMxBlock;
+  for (std::size_t begin = 0; begin < x.size(); begin += kMxBlock) {
+    const std::size_t len = std::min<std::size_t>(kMxBlock, x.size() - begin);
+    const std::uint8_t sc = mx_scale_code(abs_max(x.subspan(begin, len)), f);
+    const double scale = decode_e8m0(sc);
+    for (std::size_t i = begin; i < begin + len; ++i) put_code(e, i, encode(f, x[i] / scale));
+    e.block_scales.push_back(sc);
+  }
+  return e;
+}
+
+EncodedTensor encode_nvfp4(std::span<const double> x) {
+  EncodedTensor e = empty_encoded(Minifloat::e2m1, x.size());
+  e.scale_format = EncodedTensor::Scales::e4m3;
+  e.block = kNvfp4Block;
+  e.tensor_scale = nvfp4_tensor_scale(abs_max(x));
+  for (std::size_t begin = 0; begin < x.size(); begin += kNvfp4Block) {
+    const std::size_t len = std::min<std::size_t>(kNvfp4Block, x.size() - begin);
+    const std::uint8_t sc = nvfp4_block_code(abs_max(x.subspan(begin, len)), e.tensor_scale);
+    const double s = decode(Minifloat::e4m3, sc);
+    for (std::size_t i = begin; i < begin + len; ++i)
+      put_code(e, i, nvfp4_code(x[i], s, e.tensor_scale));
+    e.block_scales.push_back(sc);
+  }
+  return e;
+}
+
+EncodedTensor encode_nvfp4_2d(std::span<const double> x, std::int64_t rows, std::int64_t cols,
+                              bool transpose) {
+  require_tiles(x.size(), rows, cols);
+  EncodedTensor e = empty_encoded(Minifloat::e2m1, x.size());
+  e.scale_format = EncodedTensor::Scales::e4m3;
+  e.block = kNvfp4Block;
+  e.tensor_scale = nvfp4_tensor_scale(abs_max(x));
+  const std::vector<double> amax = tile_amax(x, rows, cols);
+  std::vector<std::uint8_t> tile_code(amax.size());
+  for (std::size_t t = 0; t < amax.size(); ++t)
+    tile_code[t] = nvfp4_block_code(amax[t], e.tensor_scale);
+  const std::int64_t tc = cols / kNvfp4Block;
+  // Stored layout: R × C' (x, or xᵀ); element k of it is x's (r, c).
+  const std::int64_t stored_cols = transpose ? rows : cols;
+  for (std::int64_t k = 0; k < e.count; ++k) {
+    const std::int64_t i = k / stored_cols, j = k % stored_cols;
+    const std::int64_t r = transpose ? j : i, c = transpose ? i : j;
+    const std::uint8_t sc = tile_code[std::size_t(r / kNvfp4Block * tc + c / kNvfp4Block)];
+    if (k % kNvfp4Block == 0) e.block_scales.push_back(sc);  // one per 16 along the stored row
+    put_code(e, std::size_t(k),
+             nvfp4_code(x[std::size_t(r * cols + c)], decode(Minifloat::e4m3, sc), e.tensor_scale));
+  }
+  return e;
 }
 
 // ---- NF4 --------------------------------------------------------------------------------------

@@ -98,10 +98,14 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
       flat.scalar_type() == torch::kDouble ? flat : flat.to(torch::kFloat), targets.reshape({-1}));
 }
 
-torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
-  const auto y = causal_self_attention(c_attn->forward(ln_1->forward(x)), heads, causal_mask);
-  const auto h = x + c_proj->forward(y);  // (B, T, C)
-  return h + mlp_proj->forward(torch::gelu(c_fc->forward(ln_2->forward(h)), "tanh"));
+torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& causal_mask,
+                                    const LinearForward& linear) {
+  const auto run = [&](torch::nn::Linear& l, const torch::Tensor& in) {
+    return linear ? linear(l, in) : l->forward(in);
+  };
+  const auto y = causal_self_attention(run(c_attn, ln_1->forward(x)), heads, causal_mask);
+  const auto h = x + run(c_proj, y);  // (B, T, C)
+  return h + run(mlp_proj, torch::gelu(run(c_fc, ln_2->forward(h)), "tanh"));
 }
 
 GptImpl::GptImpl(const GptConfig& c) : config(c) {
@@ -116,12 +120,13 @@ GptImpl::GptImpl(const GptConfig& c) : config(c) {
   torch::nn::init::normal_(wpe, 0.0, 0.01);
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+torch::Tensor GptImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets,
+                               const LinearForward& linear) {
   const std::int64_t T = idx.size(1);
   TORCH_CHECK(T <= config.seq, "sequence ", T, " exceeds the position table ", config.seq);
   auto x = wte->forward(idx) + wpe.narrow(0, 0, T);  // (B, T, C)
   const auto mask = causal_mask(T);
-  for (const auto& block : *blocks) x = block->as<GptBlock>()->forward(x, mask);
+  for (const auto& block : *blocks) x = block->as<GptBlock>()->forward(x, mask, linear);
   // (B, T, V) logits in the parameter dtype from the tied embedding, upcast for the loss.
   return lm_loss(torch::matmul(ln_f->forward(x), wte->weight.t()), targets);
 }

@@ -5,16 +5,23 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "tally/engine/gpt.hpp"
 
 namespace tally::engine {
 
+// How a block runs its four linear layers: given the layer and its input (B, T, in), the output
+// (B, T, out). Unset (the default): the layer's own forward, x·Wᵀ + b. The fp8 run
+// (engine/experiments/fp8.cpp) passes a GEMM on the weights' low-precision copies.
+using LinearForward = std::function<torch::Tensor(torch::nn::Linear&, const torch::Tensor&)>;
+
 // One pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(x)). No dropout.
 struct GptBlockImpl : torch::nn::Module {
   GptBlockImpl(std::int64_t hidden, std::int64_t heads);
   // x: (B, T, C); causal_mask: (T, T) bool, true where a query must not see a key (the future).
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask,
+                        const LinearForward& linear = {});
 
   std::int64_t heads;
   torch::nn::LayerNorm ln_1{nullptr};     // weight, bias (C)
@@ -44,7 +51,8 @@ struct GptImpl : torch::nn::Module {
   // (B, T, V) are computed in the parameters' dtype and upcast to fp32 for the loss (Megatron's
   // convention, the 4sbV of Korthikanti §4.3), so only the fp32 log-probabilities are saved;
   // float64 parameters keep the loss in float64 (lm_loss).
-  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets,
+                        const LinearForward& linear = {});
   std::int64_t parameter_count() const;  // Σ numel over parameters()
 
   GptConfig config;

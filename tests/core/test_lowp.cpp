@@ -141,11 +141,116 @@ TEST(Lowp, Nvfp4TwoLevelScaling) {
 TEST(Lowp, PerTensorScaleMapsAmaxOntoTheLargestNormal) {
   const std::vector<double> x{3.0, -1.7, 0.01, 0.0};
   const QuantizedTensor q = quantize_per_tensor(x, Minifloat::e4m3);
-  EXPECT_DOUBLE_EQ(q.values[0], 3.0);
+  // 3 maps onto 448 and back through the fp32 scale_inv = 1/fp32(448/3): 3 to fp32's precision.
+  EXPECT_NEAR(q.values[0], 3.0, 3.0 * std::ldexp(1.0, -23));
   for (std::size_t i = 1; i < 3; ++i) EXPECT_LE(std::fabs(q.values[i] / x[i] - 1), 1.0 / 16) << i;
   EXPECT_EQ(q.values[3], 0.0);
   EXPECT_EQ(q.bytes(), 4 + 4);
   EXPECT_EQ(quantize_per_tensor(std::vector<double>(3, 0.0), Minifloat::e5m2).values[1], 0.0);
+}
+
+// The stored form (Note [encoded tensor]) of the same tensors, codes worked out by hand from OFP8
+// Table 1 (e4m3: S.EEEE.MMM, bias 7) and MX v1.0 Table 3 (e2m1: S.EE.M): what a framework keeps,
+// and value(i) reads back quantize_*'s values bit for bit.
+TEST(LowpEncoded, PerTensorCodesAndFp32ScaleInv) {
+  const std::vector<double> x{3.0, -1.7, 0.01, 0.0};
+  const EncodedTensor e = encode_per_tensor(x, Minifloat::e4m3);
+  const float scale = float(448.0 / 3.0);
+  EXPECT_EQ(e.tensor_scale, 1.0f / scale);  // TE's fp32 scale_inv
+  EXPECT_EQ(e.codes[0], 0x7E);  // 3·scale = 448 (to fp32 precision) = 1.75·2^8: S.1111.110
+  // −1.7·149.33 = −253.9: between 240 and 256 (the grid is 16 apart in [128, 256)), nearer 256 =
+  // 2^8: S.1111.000 with the sign.
+  EXPECT_EQ(e.codes[1], 0xF8);
+  EXPECT_EQ(e.codes[3], 0x00);
+  EXPECT_EQ(e.bytes(), 4);  // one byte per element; the scale is metadata
+  EXPECT_EQ(e.values(), quantize_per_tensor(x, Minifloat::e4m3).values);
+}
+
+// The MX block of Lowp.MxBlocksShareAPowerOfTwoScale: scale codes 127 − 2 = 125 and 127 − 18 = 109;
+// 100 → 384 = 1.5·2^8: 0.1111.100; 1 → 4 = 2^2: 0.1001.000; 0.3 → 1.25 = 1.01b: 0.0111.010;
+// 0.001 → 256 = 2^8: 0.1111.000; −0.0007 → −176 = −1.375·2^7: 1.1110.011.
+TEST(LowpEncoded, MxCodesAndE8m0Scales) {
+  std::vector<double> x(64, 0.0);
+  x[0] = 100;
+  x[1] = 1;
+  x[2] = 0.3;
+  x[32] = 0.001;
+  x[33] = -0.0007;
+  const EncodedTensor e = encode_mx(x, Minifloat::e4m3);
+  EXPECT_EQ(e.block_scales, (std::vector<std::uint8_t>{125, 109}));
+  EXPECT_EQ(e.codes[0], 0x7C);
+  EXPECT_EQ(e.codes[1], 0x48);
+  EXPECT_EQ(e.codes[2], 0x3A);
+  EXPECT_EQ(e.codes[32], 0x78);
+  EXPECT_EQ(e.codes[33], 0xF3);
+  EXPECT_EQ(e.bytes(), 64 + 2);  // 1 + 1/32 per element, as the ledger counts one MXFP8 copy
+  EXPECT_EQ(e.values(), quantize_mx(x, Minifloat::e4m3).values);
+}
+
+// NVFP4 of Lowp.Nvfp4TwoLevelScaling, packed two per byte with element 2j in the low nibble:
+// 2688 → 6 = 0.11.1 (7), 1000 → 2 = 0.10.0 (4): byte 0x47; −224 → −0.5 = 1.00.1 (9) beside a 0:
+// byte 0x09. Block scales e4m3(448) = 0.1111.110 and e4m3(0.5) = 0.0110.000; g = 1.
+TEST(LowpEncoded, Nvfp4PackedCodes) {
+  std::vector<double> x(32, 0.0);
+  x[0] = 2688;
+  x[1] = 1000;
+  x[2] = -224;
+  x[16] = 3;
+  x[17] = 1;
+  const EncodedTensor e = encode_nvfp4(x);
+  EXPECT_EQ(e.tensor_scale, 1.0f);
+  EXPECT_EQ(e.block_scales, (std::vector<std::uint8_t>{0x7E, 0x30}));
+  ASSERT_EQ(e.codes.size(), 16u);
+  EXPECT_EQ(e.codes[0], 0x47);
+  EXPECT_EQ(e.codes[1], 0x09);
+  EXPECT_EQ(e.codes[8], 0x47);  // 3/0.5 = 6, 1/0.5 = 2
+  EXPECT_EQ(e.code(2), 9);
+  EXPECT_EQ(e.bytes(), 16 + 2);  // 0.5 + 1/16 per element: one NVFP4 copy in the ledger
+  EXPECT_EQ(e.values(), quantize_nvfp4(x).values);
+}
+
+// 2D NVFP4 (TE's weights): one scale per 16×16 tile of a 32×32 matrix, written once per 16-element
+// row segment; stored as x or as xᵀ, the same values. Tile (0,0) holds the tensor amax 2688 (g = 1,
+// scale 448), so its 1 at (1, 0) becomes 1/448 → 0 — where 1D blocks give row 1 its own scale
+// e4m3(1/6) = 0.171875 and 1 → 5.82 → 6 → 1.03125. Tile (0,1): 3 → scale 0.5; tile (1,0): 1.5 →
+// scale 0.25 (0.0101.000), and its 0.25 → 1 → 0.25; tile (1,1) is all zeros (scale code 0).
+TEST(LowpEncoded, Nvfp4TwoDimensionalTiles) {
+  const std::int64_t n = 32;
+  std::vector<double> x(std::size_t(n * n), 0.0);
+  auto at = [&](std::int64_t r, std::int64_t c) -> double& { return x[std::size_t(r * n + c)]; };
+  at(0, 1) = 2688;
+  at(1, 0) = 1;
+  at(3, 20) = 3;
+  at(17, 2) = 1.5;
+  at(17, 3) = 0.25;
+  const QuantizedTensor q = quantize_nvfp4_2d(x, n, n);
+  EXPECT_EQ(q.values[std::size_t(0 * n + 1)], 2688);
+  EXPECT_EQ(q.values[std::size_t(1 * n + 0)], 0.0);
+  EXPECT_EQ(quantize_nvfp4(x).values[std::size_t(1 * n + 0)], 1.03125);
+  EXPECT_EQ(q.values[std::size_t(3 * n + 20)], 3.0);
+  EXPECT_EQ(q.values[std::size_t(17 * n + 3)], 0.25);
+  EXPECT_EQ(q.scale_bytes, 64 + 4);
+  const EncodedTensor rows = encode_nvfp4_2d(x, n, n, false), cols = encode_nvfp4_2d(x, n, n, true);
+  for (const EncodedTensor* e : {&rows, &cols}) {
+    ASSERT_EQ(e->block_scales.size(), 64u);  // 2 segments of 16 per stored row
+    EXPECT_EQ(e->bytes(), 512 + 64);
+    EXPECT_EQ(e->tensor_scale, 1.0f);
+  }
+  // Row 15, segment 0 lies in tile (0,0): the tile's 448 although row 15 is all zeros.
+  EXPECT_EQ(rows.block_scales[15 * 2 + 0], 0x7E);
+  EXPECT_EQ(rows.block_scales[3 * 2 + 1], 0x30);   // tile (0,1)
+  EXPECT_EQ(rows.block_scales[17 * 2 + 0], 0x28);  // tile (1,0)
+  EXPECT_EQ(rows.block_scales[17 * 2 + 1], 0x00);  // tile (1,1)
+  EXPECT_EQ(cols.block_scales[20 * 2 + 0], 0x30);  // xᵀ row 20 = x's column 20, rows 0–15
+  EXPECT_EQ(cols.block_scales[2 * 2 + 1], 0x28);   // xᵀ row 2, rows 16–31 of x
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      const double v = q.values[std::size_t(r * n + c)];
+      ASSERT_EQ(rows.value(r * n + c), v) << r << "," << c;
+      ASSERT_EQ(cols.value(c * n + r), v) << r << "," << c;
+    }
+  EXPECT_THROW(encode_nvfp4_2d(x, 16, 32, false), InvalidInput);  // 512 elements named, 1024 given
+  EXPECT_THROW(quantize_nvfp4_2d(std::vector<double>(24 * 16, 0.0), 24, 16), InvalidInput);
 }
 
 // The NF4 code book as published (QLoRA, Dettmers et al. 2023, Appendix E; bitsandbytes

@@ -15,14 +15,21 @@
 // NaN (e2m1, which has none, refuses it).
 //
 // Scaled tensors:
-//   per-tensor fp8 (Transformer Engine's delayed/current scaling): scale = fmax / amax, stored
-//         x·scale in e4m3, read back /scale
+//   per-tensor fp8 (Transformer Engine's delayed/current scaling): scale = fmax / amax and its
+//         reciprocal scale_inv, both fp32 as TE holds them; stored x·scale in e4m3 (x·scale formed
+//         in double and rounded once — TE's kernel forms it in fp32 first, a second rounding
+//         that can move a tie by one fp8 ulp; not emulated), read back code · scale_inv
 //   MXFP8 / MXFP4 (MX v1.0 §6.3): blocks of 32 along a vector; shared exponent
 //         E = floor(log2(amax)) − emax_element (e4m3: 8, e2m1: 2), clamped to e8m0's range; each
 //         element x / 2^E converted as above
 //   NVFP4 (NVIDIA, "Pretraining Large Language Models with NVFP4", 2025, §2): blocks of 16,
-//         an e4m3 block scale and an fp32 tensor scale g = amax_tensor / (6 · 448); block scale
-//         s = e4m3(amax_block / (6 · g)); elements e2m1(x / (s · g))
+//         an e4m3 block scale and an fp32 tensor scale g = fp32(amax_tensor / (6 · 448)); block
+//         scale s = e4m3(amax_block / (6 · g)); elements e2m1(x / (s · g)), read back e2m1 · s · g.
+//         The 2D variant (TE NVFP4BlockScaling's weights, fp4_2d_quantization: "a single scaling
+//         factor is shared by a 2D block of 16x16 elements") takes amax_block over 16×16 tiles of a
+//         matrix, so a weight and its transpose quantize to the same values
+// Every dequantized value is exact in double (a 2- or 4-bit significand times a power of two or an
+// fp32 scale), so float(value) is the correctly rounded fp32 a GEMM reads.
 #pragma once
 
 #include <array>
@@ -58,16 +65,53 @@ struct QuantizedTensor {
   double bytes() const { return element_bytes + scale_bytes; }
 };
 
-// Per-tensor fp8: scale = fmax/amax (1 when amax is 0), values read back exactly as the format holds
-// them.
+// Per-tensor fp8: scale = fp32(fmax/amax) (1 when amax is 0), values code · fp32(1/scale).
 QuantizedTensor quantize_per_tensor(std::span<const double> x, Minifloat f);
 // MX (MX v1.0 §6.3), blocks of 32 consecutive elements (the last one may be shorter).
 QuantizedTensor quantize_mx(std::span<const double> x, Minifloat f);
 // NVFP4: blocks of 16, e4m3 block scales, one fp32 tensor scale.
 QuantizedTensor quantize_nvfp4(std::span<const double> x);
+// NVFP4 with 16×16 tiles of the rows×cols row-major matrix x (edge tiles may be smaller); values in
+// x's layout. Throws InvalidInput unless rows·cols = x.size().
+QuantizedTensor quantize_nvfp4_2d(std::span<const double> x, std::int64_t rows, std::int64_t cols);
 
 inline constexpr int kMxBlock = 32;
 inline constexpr int kNvfp4Block = 16;
+
+// ---- Stored form: the bytes a framework keeps ---------------------------------------------------
+// Note [encoded tensor]
+// The quantize_* functions above give the values; encode_* give what is stored, computed with the
+// same scales and the same encode() (so value(i) equals quantize_*'s values[i] bit for bit):
+//   codes         fp8: one byte per element; e2m1: two per byte, element 2j in the low nibble and
+//                 2j+1 in the high one (PyTorch's float4_e2m1fn_x2, TE's NVFP4 data)
+//   block_scales  MX: one e8m0 code per block of 32; NVFP4: one e4m3 code per 16 consecutive
+//                 elements of the stored layout (2D: each 16-element row segment of a tile
+//                 carries the tile's scale, the 1×16 layout the GEMM reads); per-tensor fp8: none
+//   tensor_scale  fp32, multiplies every element: per-tensor fp8 scale_inv, NVFP4 g; MX: 1
+// bytes() = codes + block scales: what core's ledger counts per copy (low_precision_copy_bytes);
+// the tensor scale (4 bytes) is metadata it leaves out (types.hpp Note [low precision]).
+struct EncodedTensor {
+  Minifloat element = Minifloat::e4m3;
+  enum class Scales { none, e8m0, e4m3 } scale_format = Scales::none;
+  int block = 0;              // elements per block scale (0: none)
+  std::int64_t count = 0;     // elements
+  std::vector<std::uint8_t> codes;
+  std::vector<std::uint8_t> block_scales;
+  float tensor_scale = 1.0f;
+
+  std::uint8_t code(std::int64_t i) const;   // element i's code (unpacked)
+  double block_scale(std::int64_t b) const;  // block b's scale, decoded (1 without block scales)
+  double value(std::int64_t i) const;        // decode(code) · block scale · tensor scale (exact)
+  std::vector<double> values() const;
+  double bytes() const { return double(codes.size() + block_scales.size()); }
+};
+EncodedTensor encode_per_tensor(std::span<const double> x, Minifloat f);
+EncodedTensor encode_mx(std::span<const double> x, Minifloat f);
+EncodedTensor encode_nvfp4(std::span<const double> x);
+// The rows×cols row-major x with 16×16 tiles, stored as x (transpose = false: 16-element blocks
+// along rows) or as xᵀ (cols×rows, blocks along x's columns): the same values either way.
+EncodedTensor encode_nvfp4_2d(std::span<const double> x, std::int64_t rows, std::int64_t cols,
+                              bool transpose);
 
 // ---- NF4 with double quantization (QLoRA, Dettmers et al. 2023, §3) ---------------------------
 // The 4-bit NormalFloat code: 16 values, 8 positive and 7 negative quantiles of N(0, 1) and an
