@@ -23,6 +23,7 @@ struct CommOptions {
   std::optional<double> size_bytes, bandwidth_bps, latency_us;  // bytes, bytes/s, µs
   std::optional<int> ranks;
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  int interleave = 1;  // v, model chunks per pipeline stage
   double capacity_factor = 1;
   bool sp = false;
   std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
@@ -83,12 +84,16 @@ void run_step(const CommOptions& o) {
     throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide --dp × --cp = " +
                        std::to_string(std::int64_t(o.dp) * o.cp) +
                        " (expert-parallel ranks are data-parallel ranks)");
+  if (o.interleave > 1 && o.pp == 1)
+    throw InvalidInput("--interleave = " + std::to_string(o.interleave) +
+                       ": needs --pp > 1 (chunks of a pipeline stage)");
   const ClusterSpec c = resolve_cluster(o.cluster);
   const double elem = dtype_bytes(precision_from(o.precision));
   const StepTrafficSetup setup{
       .params = state_params(m), .param_bytes = elem, .grad_bytes = elem, .act_bytes = elem,
       .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
+      .interleave = o.interleave,
       .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
       .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep,
       .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),
@@ -172,6 +177,9 @@ void register_comm(CLI::App& app) {
   cmd->add_option("--tp", o->tp, "tensor-parallel degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "context-parallel degree")->check(CLI::Range(1, 1024));
+  cmd->add_option("--interleave", o->interleave,
+                  "model chunks per pipeline stage (interleaved 1F1B: v times the PP sends)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--ep", o->ep,
                   "expert-parallel degree (MoE; carved out of dp × cp, must divide it and the "
                   "experts)")

@@ -176,6 +176,8 @@ void StepTrafficSetup::validate() const {
   require_int(dp >= 1, "dp", dp, "must be >= 1");
   require_int(tp >= 1, "tp", tp, "must be >= 1");
   require_int(pp >= 1, "pp", pp, "must be >= 1");
+  require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
+  require_int(interleave == 1 || pp > 1, "interleave", interleave, "needs pp > 1");
   require_int(cp >= 1, "cp", cp, "must be >= 1");
   require_int(zero_stage >= 0 && zero_stage <= 3, "zero", zero_stage, "allowed 0, 1, 2, 3");
   require_int(micro_batch >= 1, "micro_batch", micro_batch, "must be >= 1");
@@ -349,11 +351,14 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   p.group = 2;
   p.stride = st.tp * st.cp * st.dp;
   if (st.pp > 1) {
-    p.calls = 2 * m;
+    // A middle stage's sends; with v chunks per stage each micro-batch passes every stage v times
+    // (the end stages send half: the first sends no gradient, the last no activation).
+    p.calls = 2.0 * m * st.interleave;
     p.bytes_per_call =
         b * s_local * h * st.act_bytes / (st.sequence_parallel ? double(st.tp) : 1.0);
-    p.formula = std::string("2 sends (activation fwd, gradient bwd) per micro-batch of b*(s/cp)*h*"
-                            "act_bytes") + (st.sequence_parallel ? "/tp" : "");
+    p.formula = std::string("2") + (st.interleave > 1 ? "v" : "") +
+                " sends (activation fwd, gradient bwd) per micro-batch of b*(s/cp)*h*act_bytes" +
+                (st.sequence_parallel ? "/tp" : "");
   }
 
   // CP.

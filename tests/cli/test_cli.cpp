@@ -144,6 +144,26 @@ TEST(Cli, CommPerStepTable) {
   EXPECT_NEAR(z2["seed_reduce_scatter_only_bytes"].get<double>(), 12.25e9, 1);
 }
 
+// Interleaved stages (Narayanan 2021 §2.2.2): v = 3 chunks send 3× the PP bytes of v = 1. Seed 7B,
+// s 2048, b 1, h 4096, bf16: one send = 2048·4096·2 B; a middle stage sends 2·v·m of them.
+TEST(Cli, CommInterleavedPipelineSendsVTimesAsOften) {
+  auto pp_item = [](const nlohmann::json& j) {
+    for (const auto& it : j["items"])
+      if (it["kind"] == "pp") return it;
+    return nlohmann::json();
+  };
+  const auto v1 = pp_item(json_of(tally("comm --model seed-7b --pp 4 --grad-accum 8 --json")));
+  const auto v3 = pp_item(json_of(tally("comm --model seed-7b --pp 4 --grad-accum 8 "
+                                        "--interleave 3 --json")));
+  ASSERT_TRUE(v1.is_object() && v3.is_object());
+  EXPECT_EQ(v1["calls"].get<double>(), 2 * 8);
+  EXPECT_EQ(v3["calls"].get<double>(), 2 * 3 * 8);
+  EXPECT_DOUBLE_EQ(v3["bytes_per_call"].get<double>(), 2048.0 * 4096 * 2);
+  const auto bad = tally("comm --model seed-7b --interleave 2");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--interleave = 2: needs --pp > 1"), std::string::npos) << bad.err;
+}
+
 // Seed §A3: P = 8, M = 16 → 30.4 %; smallest M for ≤ 10 % is 63.
 TEST(Cli, BubbleJsonContract) {
   const auto j = json_of(tally("bubble --pp 8 --micro-batches 16 --json"));

@@ -229,6 +229,27 @@ TEST(StepTraffic, PipelineSendsActivationAndGradientPerMicroBatch) {
   EXPECT_EQ(step_traffic(s).tp.calls, 2 * 4 * 8 * 8);
 }
 
+// Interleaved 1F1B (Narayanan 2021 §2.2.2: "the amount of communication also increases by v"):
+// with v = 3 chunks per stage a middle stage sends each micro-batch's activation forward and its
+// gradient backward once per chunk, 2·v·m sends of the same size (measured by tally run 3d / pp:
+// an interleaved stage's sends counted per call, engine/experiments/three_d.cpp).
+TEST(StepTraffic, InterleavedPipelineSendsVTimesAsOften) {
+  auto s = seed_tp(Recompute::none);
+  s.tp = 1;
+  s.pp = 4;
+  s.micro_batches = 8;
+  s.interleave = 3;
+  const auto r = step_traffic(s);
+  EXPECT_DOUBLE_EQ(r.pp.bytes_per_call, 67108864.0);
+  EXPECT_EQ(r.pp.calls, 2 * 3 * 8);
+  EXPECT_DOUBLE_EQ(r.pp.bytes_per_rank, 2 * 3 * 8 * 67108864.0);
+  s.pp = 1;
+  EXPECT_THROW(step_traffic(s), InvalidInput);  // chunks need stages
+  s.pp = 4;
+  s.interleave = 0;
+  EXPECT_THROW(step_traffic(s), InvalidInput);
+}
+
 // Ring attention: per layer per micro-batch (c−1) K,V sends forward, 2(c−1) backward.
 TEST(StepTraffic, ContextParallelRingOfKV) {
   auto s = seed_tp(Recompute::none);

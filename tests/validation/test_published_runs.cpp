@@ -11,7 +11,7 @@
 // The goals: median |error| ≤ 10 % per table; the published trend (efficiency rising with size).
 // Tables 4 and 5 (2022 software) meet it (medians 7.0 % and 8.9 %, every error < 20 %); Table 1
 // (2021 software, fp16) does not yet: the model, anchored on 2024 cuBLAS throughput, predicts its
-// steps 11–19 % too fast (median 16 %), so its bound here is 20 % — see docs/ledgers.md §5.
+// steps 8–17 % too fast (median 14.6 %), so its bound here is 20 % — see docs/ledgers.md §5.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -90,6 +90,9 @@ struct StepTrafficSetup {
   std::int64_t micro_batch = 1;       // b, sequences per micro-batch
   std::int64_t micro_batches = 1;     // m, micro-batches per optimizer step (accumulation)
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  // v, model chunks per pipeline stage (interleaved 1F1B): each micro-batch crosses every stage
+  // boundary v times each way, so the PP sends grow v-fold (Narayanan et al. 2021 §2.2.2).
+  int interleave = 1;
   int zero_stage = 0;                 // 0..3, sharded over dp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
