@@ -16,7 +16,7 @@
 //                 the schedule; CP bytes and sends == its CP item (3(c−1) ring sends per layer
 //                 per micro-batch); DP bytes == its dp_grad + zero_param_gather items on this rank's
 //                 own parameter count (exact). Beside them, the layout-level items (N/(t·p)
-//                 parameters, the busiest stage, 2M sends) and their ratio
+//                 parameters, the busiest stage, 2vM sends) and their ratio
 //   states        the model-state bytes the tracking allocator saw allocated for the rank's flat
 //                 parameters, gradients and Adam state == core model_states() on the rank's own
 //                 parameters (exact); beside it model_states(N/(t·p)) for the layout
@@ -94,7 +94,7 @@ struct ThreeDRank {
   double pp_sends = 0, pp_min_send = 0, pp_max_send = 0, pp_send_bytes = 0;
   double pp_expected_sends = 0;      // by the schedule: v·M per direction less the ends
   double pp_predicted_per_call = 0;  // step_traffic PP bytes per call
-  double pp_layout_bytes = 0;        // step_traffic PP item (2M sends)
+  double pp_layout_bytes = 0;        // step_traffic PP item (2vM sends)
   double pp_embedding_bytes = 0;     // tied-embedding gradient exchange (outside core's item)
   // CP group (ring attention's sends, cp > 1)
   double cp_bytes = 0, cp_sends = 0;
