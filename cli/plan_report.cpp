@@ -245,10 +245,10 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
              "tightest wall: {}\n",
              b.step_s, b.tokens_per_s, pct(b.mfu), b.efficiency, to_string(b.wall));
   if (r.band) {  // Note [error band]
-    fmt::print("  expect        {:.3f}–{:.3f} s  (published runs took {:.3f}–{:.3f}× the operator "
-               "model's prediction, median {:.2f}×)\n",
-               b.step_s * r.band->low, b.step_s * r.band->high, r.band->low, r.band->high,
-               r.band->median);
+    fmt::print("  expect        {:.3f}–{:.3f} s  ({} took {:.3f}–{:.3f}× the operator model's "
+               "prediction, median {:.2f}×)\n",
+               b.step_s * r.band->low, b.step_s * r.band->high, r.band->runs, r.band->low,
+               r.band->high, r.band->median);
     if (r.indistinguishable > 1)
       fmt::print("  note          the top {} plans are within {:.1f} % of each other, the model's "
                  "spread within one published system: it can't rank them — validate them on the "

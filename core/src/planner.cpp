@@ -542,17 +542,20 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu) {
   const ErrorBand a100{.low = 0.994, .median = 1.10, .high = 1.21, .rank_spread = 0.164,
                        .source = "measured / predicted step time of 28 published Megatron-LM "
                                  "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
-                                 "Table 1)"};
+                                 "Table 1)",
+                       .runs = "Megatron-LM runs on A100"};
   const ErrorBand hopper{.low = 1.32, .median = 1.72, .high = 2.04, .rank_spread = 0.453,
                          .source = "measured / predicted step time of 19 published torchtitan "
                                    "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
-                                   "2025 tables; kept aside, nothing fitted)"};
+                                   "2025 tables; kept aside, nothing fitted)",
+                         .runs = "torchtitan runs on H100/H200"};
   const std::string_view name = gpu.name;
   if (name.starts_with("a100")) return a100;
   if (name.starts_with("h100") || name.starts_with("h200")) return hopper;
   ErrorBand nearest = hopper;  // Blackwell, a cluster file, a calibrated host
   nearest.source = "no published run checks this GPU: the band of the newest generation checked, "
                    "19 torchtitan runs on H100 and H200 (kept aside, nothing fitted)";
+  nearest.runs = "no published run on this GPU; torchtitan runs on H100/H200";
   return nearest;
 }
 

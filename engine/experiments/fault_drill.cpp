@@ -134,6 +134,9 @@ KillScenario run_kill(const FaultDrillOptions& o, Runner& runner, const fs::path
       s.lost_ranks = (*e)["lost_ranks"].get<std::vector<int>>();
       s.detection_s = (*e)["unix_s"].get<double>() - sc.kill_unix_s;
       sc.detection_s = std::max(sc.detection_s, s.detection_s);
+      s.line_cut_by_launcher = exit.stopped_by_launcher &&
+                               ended_by_launcher_signal(exit, s.error_line) &&
+                               s.error_line.find("lost rank") == std::string::npos;
     } else if (exit.stopped_by_launcher && ended_by_launcher_signal(exit, s.error_line)) {
       s.outcome = SurvivorOutcome::stopped_by_launcher;
     }
@@ -279,7 +282,8 @@ bool KillScenario::detection_ok(int kill_rank, double timeout_s) const {
       case SurvivorOutcome::noticed:
         if (s.lost_ranks != std::vector<int>{kill_rank} || s.detection_s < 0 ||
             s.detection_s >= timeout_s ||
-            s.error_line.find("lost rank " + std::to_string(kill_rank)) == std::string::npos)
+            (!s.line_cut_by_launcher &&
+             s.error_line.find("lost rank " + std::to_string(kill_rank)) == std::string::npos))
           return false;
         break;
       case SurvivorOutcome::stopped_by_launcher:

@@ -144,6 +144,19 @@ TEST(Cli, CommPerStepTable) {
   EXPECT_NEAR(z2["seed_reduce_scatter_only_bytes"].get<double>(), 12.25e9, 1);
 }
 
+// Note [error band]: the plan's "expect" line names whose runs its band comes from, and says so when
+// no published run checks the GPU.
+TEST(Cli, PlanBandNamesTheRunsBehindIt) {
+  const auto a100 = tally("plan");
+  EXPECT_EQ(a100.rc, 0) << a100.err;
+  EXPECT_NE(a100.out.find("(Megatron-LM runs on A100 took 0.994–1.210×"), std::string::npos)
+      << a100.out;
+  const auto b200 = tally("plan --gpu b200");
+  EXPECT_EQ(b200.rc, 0) << b200.err;
+  EXPECT_NE(b200.out.find("(no published run on this GPU; torchtitan runs on H100/H200 took "
+                          "1.320–2.040×"), std::string::npos) << b200.out;
+}
+
 // Interleaved stages (Narayanan 2021 §2.2.2): v = 3 chunks send 3× the PP bytes of v = 1. Seed 7B,
 // s 2048, b 1, h 4096, bf16: one send = 2048·4096·2 B; a middle stage sends 2·v·m of them.
 TEST(Cli, CommInterleavedPipelineSendsVTimesAsOften) {

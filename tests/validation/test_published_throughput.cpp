@@ -137,6 +137,7 @@ TEST(PublishedThroughput, HopperErrorBandIsTheseRows) {
   ASSERT_TRUE(b200.has_value());
   EXPECT_NEAR(b200->high, *hi, 0.01);
   EXPECT_NE(std::string(b200->source).find("no published run checks this GPU"), std::string::npos);
+  EXPECT_NE(std::string(b200->runs).find("no published run on this GPU"), std::string::npos);
 }
 
 }  // namespace

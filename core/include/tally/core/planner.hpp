@@ -247,6 +247,7 @@ struct ErrorBand {
   double low = 1, median = 1, high = 1;  // measured / predicted
   double rank_spread = 0;  // largest (high/low − 1) of measured/predicted within one table
   const char* source = "";
+  const char* runs = "";   // short: whose runs, on which GPUs (printed beside the band)
 };
 // The band of a time model on a GPU (by the preset names' generation: "a100…", "h100…"/"h200…",
 // else the newest checked); none for the utilisation model (not validated against any run).

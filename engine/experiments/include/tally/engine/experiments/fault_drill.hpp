@@ -112,6 +112,9 @@ struct SurvivorReport {
   double detection_s = -1;         // the victim's kill → this rank's CommError; -1: not noticed
   std::string exit;                // the launcher's description ("exited with status 1", ...)
   std::string error_line;          // its "tally: error: ..." line
+  // Noticed (its comm_failure event is recorded) but ended by the launcher's signal before its
+  // error line was whole: the event, not the line, is the evidence (Note [detection criterion]).
+  bool line_cut_by_launcher = false;
 };
 
 struct KillScenario {
