@@ -154,14 +154,15 @@ void note_lora_flags(CLI::App* cmd, LoraOptions& o) {
     if (o.flag_given.empty() && cmd->get_option(flag)->count() > 0) o.flag_given = flag;
 }
 
-std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Optimizer optimizer) {
+std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Optimizer optimizer,
+                                    bool fp32_qlora) {
   const FineTune method = *parse_finetune(o.method);
   if (method == FineTune::full) {
     if (!o.flag_given.empty())  // never silently ignored
       throw InvalidInput(o.flag_given + " applies to --method lora or qlora (--method is full)");
     return std::nullopt;
   }
-  if (compute == Precision::fp32 && method == FineTune::qlora)
+  if (compute == Precision::fp32 && method == FineTune::qlora && !fp32_qlora)
     throw InvalidInput("--method qlora --precision fp32: the compute dtype must be bf16 or fp16");
   if (is_low_precision(compute))
     throw InvalidInput("--method " + o.method + " --precision " + std::string(to_string(compute)) +

@@ -66,7 +66,10 @@ void add_lora_flags(CLI::App* cmd, LoraOptions& o);
 // Call in the command's callback: records which LoRA flag was typed, so --method full refuses it.
 void note_lora_flags(CLI::App* cmd, LoraOptions& o);
 // The adapters' setup; nullopt for --method full (which refuses any LoRA flag with one line).
-std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Optimizer optimizer);
+// QLoRA with fp32 compute is refused (a GPU fine-tune computes in bf16 or fp16) unless
+// `fp32_qlora` (`tally run qlora`, whose CPU run computes in fp32).
+std::optional<LoraSetup> lora_setup(const LoraOptions& o, Precision compute, Optimizer optimizer,
+                                    bool fp32_qlora = false);
 
 // Note [numbers on the command line]
 // CLI::Range tests `v < lo || v > hi`; every comparison with NaN is false, so `--utilisation nan`

@@ -441,10 +441,51 @@ int Nf4Tensor::index(std::int64_t i) const {
   return i % 2 == 0 ? b >> 4 : b & 0x0F;
 }
 
-float Nf4Tensor::block_absmax(std::int64_t b) const {
+float Nf4Tensor::block_absmax(std::int64_t b) const { return view(*this).block_absmax(b); }
+
+float Nf4View::block_absmax(std::int64_t b) const {
   if (!double_quant) return absmax[std::size_t(b)];
   return dynamic_map()[absmax_code[std::size_t(b)]] * absmax2[std::size_t(b / block2)] +
          absmax_mean;
+}
+
+void Nf4View::validate() const {
+  require_int(block >= 16 && block <= 4096, "quant-block", block, "must be in [16, 4096]");
+  require_int(block2 >= 16 && block2 <= 4096, "quant-block2", block2, "must be in [16, 4096]");
+  if (count < 0) throw InvalidInput("nf4: count = " + std::to_string(count) + ": must be >= 0");
+  const auto expect = [](const char* what, std::size_t have, std::int64_t want) {
+    if (std::int64_t(have) != want)
+      throw InvalidInput(std::string("nf4: ") + what + " holds " + std::to_string(have) +
+                         " values: " + std::to_string(want) + " expected");
+  };
+  expect("packed", packed.size(), (count + 1) / 2);
+  expect("absmax", absmax.size(), double_quant ? 0 : blocks());
+  expect("absmax_code", absmax_code.size(), double_quant ? blocks() : 0);
+  expect("absmax2", absmax2.size(), double_quant ? (blocks() + block2 - 1) / block2 : 0);
+}
+
+Nf4View view(const Nf4Tensor& q) {
+  return Nf4View{.count = q.count, .block = q.block, .block2 = q.block2,
+                 .double_quant = q.double_quant, .packed = q.packed, .absmax = q.absmax,
+                 .absmax_code = q.absmax_code, .absmax2 = q.absmax2,
+                 .absmax_mean = q.absmax_mean};
+}
+
+void dequantize_nf4(const Nf4View& q, std::int64_t first_block, std::int64_t end_block,
+                    std::span<float> out) {
+  TALLY_INVARIANT(0 <= first_block && first_block <= end_block && end_block <= q.blocks());
+  const std::int64_t begin = std::min(q.count, first_block * q.block);
+  const std::int64_t end = std::min(q.count, end_block * q.block);
+  TALLY_INVARIANT(std::int64_t(out.size()) == end - begin);
+  const auto& code = nf4_code();
+  for (std::int64_t b = first_block; b < end_block; ++b) {
+    const float a = q.block_absmax(b);
+    const std::int64_t stop = std::min(q.count, (b + 1) * q.block);
+    for (std::int64_t i = b * q.block; i < stop; ++i) {
+      const std::uint8_t byte = q.packed[std::size_t(i / 2)];
+      out[std::size_t(i - begin)] = code[i % 2 == 0 ? byte >> 4 : byte & 0x0F] * a;
+    }
+  }
 }
 
 Nf4Tensor quantize_nf4(std::span<const float> w, int block, bool double_quant, int block2) {
@@ -492,8 +533,8 @@ Nf4Tensor quantize_nf4(std::span<const float> w, int block, bool double_quant, i
 
 std::vector<float> dequantize_nf4(const Nf4Tensor& q) {
   std::vector<float> out(std::size_t(q.count));
-  for (std::int64_t i = 0; i < q.count; ++i)
-    out[std::size_t(i)] = nf4_code()[std::size_t(q.index(i))] * q.block_absmax(i / q.block);
+  const Nf4View v = view(q);
+  dequantize_nf4(v, 0, v.blocks(), out);
   return out;
 }
 

@@ -82,11 +82,17 @@ torch::Tensor causal_mask(std::int64_t T) {
 
 torch::Tensor causal_self_attention(const torch::Tensor& qkv, std::int64_t heads,
                                     const torch::Tensor& causal_mask) {
-  const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, d = C / heads;
-  const auto parts = qkv.split(C, 2);                               // 3 × (B, T, C) views
-  const auto q = parts[0].view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
-  const auto k = parts[1].view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
-  const auto v = parts[2].view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
+  const auto parts = qkv.split(qkv.size(2) / 3, 2);  // 3 × (B, T, C) views
+  return causal_self_attention(parts[0], parts[1], parts[2], heads, causal_mask);
+}
+
+torch::Tensor causal_self_attention(const torch::Tensor& q_btc, const torch::Tensor& k_btc,
+                                    const torch::Tensor& v_btc, std::int64_t heads,
+                                    const torch::Tensor& causal_mask) {
+  const std::int64_t B = q_btc.size(0), T = q_btc.size(1), C = q_btc.size(2), d = C / heads;
+  const auto q = q_btc.view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
+  const auto k = k_btc.view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
+  const auto v = v_btc.view({B, T, heads, d}).transpose(1, 2);  // (B, a, T, d)
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));  // (B, a, T, T)
   att = torch::softmax(att.masked_fill(causal_mask, -std::numeric_limits<double>::infinity()), -1);
   return torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)

@@ -41,6 +41,10 @@ torch::Tensor causal_mask(std::int64_t T);
 // TP rank); returns softmax(q·kᵀ/√d, causal) · v re-laid out as (B, T, C').
 torch::Tensor causal_self_attention(const torch::Tensor& qkv, std::int64_t heads,
                                     const torch::Tensor& causal_mask);
+// The same from separate q, k, v, each (B, T, C') (LoRA's q_proj, k_proj, v_proj, lora_gpt.hpp).
+torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, std::int64_t heads,
+                                    const torch::Tensor& causal_mask);
 // Mean cross-entropy of logits (B, T, V) against targets (B, T), in at least fp32: bf16 / fp16
 // logits are upcast (Megatron's convention), float64 stays float64.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

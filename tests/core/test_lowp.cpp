@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tally/core/types.hpp"
@@ -343,6 +344,41 @@ TEST(Nf4, DoubleQuantizedConstants) {
   }
   EXPECT_NEAR(8 * q.bytes() / double(w.size()), 4 + 8.0 / 64 + 32.0 / (64 * 256), 1e-12);
   EXPECT_NEAR(8 * plain.bytes() / double(w.size()), 4.5, 1e-12);
+}
+
+// The span view (what the engine's NF4 linear layers hand over, their arrays being tensors):
+// any range of blocks dequantizes to exactly the elements dequantize_nf4 gives, for even and odd
+// block sizes (an odd block starts some blocks on a low nibble) and a ragged last block; arrays of
+// the wrong length are refused.
+TEST(Nf4, ViewDequantizesAnyBlockRangeExactly) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(17 * 300 + 9);
+  for (float& x : w) x = normal(rng);
+  for (int block : {17, 64}) {
+    for (bool dq : {false, true}) {
+      const Nf4Tensor q = quantize_nf4(w, block, dq, 16);
+      const std::vector<float> all = dequantize_nf4(q);
+      const Nf4View v = view(q);
+      v.validate();
+      ASSERT_EQ(v.blocks(), std::int64_t((w.size() + std::size_t(block) - 1) / std::size_t(block)));
+      for (auto [b0, b1] : {std::pair<std::int64_t, std::int64_t>{0, v.blocks()}, {3, 40},
+                            {v.blocks() - 2, v.blocks()}, {7, 7}, {v.blocks(), v.blocks()}}) {
+        const std::int64_t begin = std::min<std::int64_t>(q.count, b0 * block);
+        const std::int64_t end = std::min<std::int64_t>(q.count, b1 * block);
+        std::vector<float> part(std::size_t(end - begin));
+        dequantize_nf4(v, b0, b1, part);
+        for (std::int64_t i = begin; i < end; ++i)
+          ASSERT_EQ(part[std::size_t(i - begin)], all[std::size_t(i)]) << block << " " << i;
+      }
+      Nf4View bad = v;
+      bad.packed = bad.packed.subspan(1);
+      EXPECT_THROW(bad.validate(), InvalidInput);
+      bad = v;
+      bad.double_quant = !dq;
+      EXPECT_THROW(bad.validate(), InvalidInput);
+    }
+  }
 }
 
 }  // namespace

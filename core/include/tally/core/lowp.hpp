@@ -150,4 +150,28 @@ Nf4Tensor quantize_nf4(std::span<const float> w, int block = 64, bool double_qua
                        int block2 = 256);
 std::vector<float> dequantize_nf4(const Nf4Tensor& q);
 
+// The same storage seen through spans: what a holder of the arrays elsewhere (the engine keeps
+// them in tensors, Note [NF4 linear] in engine/runtime/lora_gpt.hpp) hands to the dequantizer, so
+// weights are always read back through this one definition.
+struct Nf4View {
+  std::int64_t count = 0;
+  int block = 64, block2 = 256;
+  bool double_quant = true;
+  std::span<const std::uint8_t> packed;       // ⌈count/2⌉
+  std::span<const float> absmax;              // ⌈count/block⌉ without double quantization, else empty
+  std::span<const std::uint8_t> absmax_code;  // ⌈count/block⌉ with double quantization, else empty
+  std::span<const float> absmax2;             // ⌈blocks/block2⌉ with double quantization
+  float absmax_mean = 0;
+  std::int64_t blocks() const { return (count + block - 1) / block; }
+  // Throws InvalidInput when an array's length does not match count, block and block2.
+  void validate() const;
+  float block_absmax(std::int64_t b) const;   // as Nf4Tensor::block_absmax
+};
+Nf4View view(const Nf4Tensor& q);
+// Dequantizes blocks [first_block, end_block) of q into out, which holds exactly their elements
+// (out[0] is element first_block·block): code[index] · block_absmax, in float32, the values
+// dequantize_nf4 gives. Disjoint block ranges may run on different threads.
+void dequantize_nf4(const Nf4View& q, std::int64_t first_block, std::int64_t end_block,
+                    std::span<float> out);
+
 }  // namespace tally
