@@ -29,6 +29,7 @@ struct PlanOptions {
   double capacity_factor = 1;
   LoraOptions lora;                              // plan --method lora|qlora
   std::string loss = "fused";
+  std::string kernels = "fused";
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -61,6 +62,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .ep_overlap = o.ep_overlap,
                 .capacity_factor = o.capacity_factor, .eager_loss = o.loss == "eager",
+                .kernels = *parse_kernels(o.kernels),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -188,6 +190,12 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->capture_default_str();
   add_memory_budget_flags(cmd, o.memory);
   add_loss_flag(cmd, o.loss);
+  cmd->add_option("--kernels", o.kernels,
+                  "fused (each norm, rotary, activation one kernel: Megatron-LM, Transformer "
+                  "Engine, torch.compile) | eager (uncompiled PyTorch as torchtitan's Llama: every "
+                  "operator its own kernel through HBM; the time model only)")
+      ->check(one_of(allowed_kernels()))
+      ->capture_default_str();
   cmd->add_option("--capacity-factor", o.capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (token-dropping "
                   "capacity factor; 1 = dropless, balanced routing)")

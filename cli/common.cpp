@@ -108,7 +108,8 @@ void add_loss_flag(CLI::App* cmd, std::string& loss) {
   cmd->add_option("--loss", loss,
                   "fused (one fp32 logits tensor, 4sbV/t: Megatron-LM's vocab-parallel "
                   "cross-entropy) | eager (PyTorch's uncompiled cross_entropy(logits.float()): "
-                  "three fp32 tensors of the logits' size, 12sbV/t)")
+                  "three fp32 tensors of the logits' size, 12sbV/t, and its unfused kernels' "
+                  "bytes in the time model)")
       ->check(one_of({"fused", "eager"}))
       ->capture_default_str();
 }

@@ -109,7 +109,8 @@ struct Prepared {
     const OperatorSetup os{.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp,
                            .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
                            .dropout = r.uses_dropout(), .act_bytes = act_bytes, .ep = ep,
-                           .capacity_factor = r.capacity_factor};
+                           .capacity_factor = r.capacity_factor, .kernels = r.kernels,
+                           .eager_loss = r.eager_loss};
     const GpuSpec& gpu = r.cluster.gpu;
     const OpsTime layer = average_layer_time(r.model, os, r.cluster.gpu, r.precision);
     const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
@@ -544,7 +545,7 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu) {
                                  "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
                                  "Table 1)",
                        .runs = "Megatron-LM runs on A100"};
-  const ErrorBand hopper{.low = 1.32, .median = 1.72, .high = 2.04, .rank_spread = 0.453,
+  const ErrorBand hopper{.low = 1.32, .median = 1.65, .high = 2.04, .rank_spread = 0.451,
                          .source = "measured / predicted step time of 19 published torchtitan "
                                    "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
                                    "2025 tables; kept aside, nothing fitted)",
@@ -789,7 +790,9 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    " | time: " +
                    (r.time_model == TimeModel::operators
                         ? "operator model (kernels on the " + r.cluster.gpu.name +
-                              " roofline, " + (r.causal ? "causal" : "full") + " attention)"
+                              " roofline, " + (r.causal ? "causal" : "full") + " attention" +
+                              (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
+                              ")"
                         : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
                    ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                                         : "flat ring") +

@@ -630,6 +630,33 @@ TEST(Cli, CompareTakesPipelineStageLayers) {
   EXPECT_EQ(tally(base + " --pp-layers 8,8").rc, 2);  // 2 stages for --pp 16
 }
 
+// --kernels eager (Note [eager kernels] in core/operators.hpp): torchtitan's uncompiled Llama moves
+// more bytes between the same GEMMs, so the same layout takes longer; the FLOPs (hence MFU's
+// numerator) and the memory ledger are untouched, and the plan's convention names the choice.
+TEST(Cli, EagerKernelsSlowTheStepNotTheMemory) {
+  const std::string base =
+      "compare --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 --seq 8192 --zero 3 "
+      "--micro-batch 2 --recompute op-sac --json";
+  const auto fused = json_of(tally(base))["options"][0]["eval"];
+  const auto eager = json_of(tally(base + " --kernels eager"))["options"][0]["eval"];
+  EXPECT_GT(eager["step_seconds"].get<double>(), fused["step_seconds"].get<double>());
+  // At most the HBM time of the added bytes: per token and layer well under 2 MB on 3.35 TB/s.
+  const double tokens = 16.0 * 8192 / 8, layers = 32;
+  EXPECT_LT(eager["step_seconds"].get<double>() - fused["step_seconds"].get<double>(),
+            tokens * layers * 2e6 / (3.35e12 * 0.85));
+  EXPECT_EQ(eager["per_gpu_gb"], fused["per_gpu_gb"]);
+  EXPECT_LT(eager["mfu"].get<double>(), fused["mfu"].get<double>());
+  const auto plan = tally("plan --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 "
+                          "--seq 8192 --kernels eager");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("eager PyTorch kernels"), std::string::npos);
+  const auto bad = tally("plan --model llama-3-8b --kernels unfused");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--kernels: 'unfused' is not one of: fused, eager"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
 }  // namespace
 
 namespace {
