@@ -393,9 +393,10 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
   switch (op.kind) {
     case OpKind::gemm: {
       const Precision g = op.high_precision ? compute_precision(p) : p;
+      const KernelPerf& gk = gpu.gemm_kernels(g);
       return roofline_seconds(gpu, op.flops,
-                              gpu.peak_flops(g) * gemm_efficiency(k, op.m, op.n, op.k, op.batch),
-                              op.bytes);
+                              gpu.peak_flops(g) * gemm_efficiency(gk, op.m, op.n, op.k, op.batch),
+                              op.bytes, gk.kernel_overhead_s);
     }
     case OpKind::attention: {
       const bool backward = op.pass == Pass::backward;

@@ -11,6 +11,7 @@
 
 #include "tally/core/compute.hpp"
 #include "tally/core/presets.hpp"
+#include "tally/core/roofline.hpp"
 
 namespace tally {
 namespace {
@@ -427,6 +428,30 @@ TEST(Operators, EagerLossKernels) {
   // The final norm is the model's RMSNorm, eager when the layers are.
   os.kernels = Kernels::eager;
   EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("final-norm").first, 36 * 4096.0 * 4096);
+}
+
+// GpuSpec::fp8_gemm: the B200's fp8 (and MXFP8) GEMMs take the constants fitted to its measured
+// fp8 table (presets.cpp), bf16 ones keep theirs. Worked for a 4096³ GEMM on 148 SMs: 256 × 128
+// tiles, 512 of them in ⌈512/148⌉ = 4 waves, q = 512/592; every halved tile loses more to its
+// 0.60 than it gains in quantisation; k/(k + k½) = 4096/6144; fraction 0.998162, under the 0.7288
+// ceiling; plus 2 µs.
+TEST(Operators, Fp8GemmsRunOnTheirMeasuredConstants) {
+  const GpuSpec b200 = cluster_preset("b200")->gpu;
+  const Op gemm{.name = "qkv", .kind = OpKind::gemm, .m = 4096, .n = 4096, .k = 4096,
+                .flops = 2.0 * 4096 * 4096 * 4096};
+  const double eta = 0.998162 * (512.0 / 592) * (4096.0 / 6144);
+  for (Precision p : {Precision::fp8, Precision::mxfp8})
+    EXPECT_NEAR(op_seconds(gemm, b200, p), gemm.flops / (4.5e15 * eta) + 2e-6, 1e-9)
+        << to_string(p);
+  // bf16 on the same GPU keeps bf16's constants.
+  EXPECT_NEAR(op_seconds(gemm, b200, Precision::bf16),
+              gemm.flops / (2.25e15 * gemm_efficiency(b200.kernels, 4096, 4096, 4096)) + 2e-6,
+              1e-12);
+  // Hopper has no usable fp8 table: bf16's constants at the fp8 peak.
+  const GpuSpec h100 = cluster_preset("h100-80g")->gpu;
+  EXPECT_NEAR(op_seconds(gemm, h100, Precision::fp8),
+              gemm.flops / (1978.9e12 * gemm_efficiency(h100.kernels, 4096, 4096, 4096)) + 2e-6,
+              1e-12);
 }
 
 }  // namespace
