@@ -1,5 +1,8 @@
 #include "common.hpp"
 
+#include "commands.hpp"
+#include "html_report.hpp"
+
 #include <fmt/core.h>
 
 #include <cmath>
@@ -341,6 +344,12 @@ void require_finite(const nlohmann::json& j) {
 }
 
 void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }
+
+Answers Answers::printed() {
+  return {.json = print_json, .page = [](const std::string& path, const html::Page& p) {
+            html::write_file("--html", path, html::page(p));
+          }};
+}
 
 nlohmann::json count_json(double n) {
   return n == std::floor(n) && std::fabs(n) < 9.007199254740992e15 ? nlohmann::json(std::int64_t(n))
