@@ -30,4 +30,5 @@ void register_bubble(CLI::App& app);
 void register_reliability(CLI::App& app);
 void register_plan(CLI::App& app, const Answers& answers = Answers::printed());
 void register_compare(CLI::App& app, const Answers& answers = Answers::printed());
+void register_serve(CLI::App& app);  // cmd_serve.cpp: linked into `tally` only (cpp-httplib)
 }  // namespace tally::cli

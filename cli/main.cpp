@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
 #ifdef TALLY_ENGINE_BINARY
   register_engine_commands(app);
 #else
+  register_serve(app);
   register_engine_stubs(app);
 #endif
   refuse_empty_values(app);  // Note [empty values] (flags.hpp)
