@@ -28,7 +28,8 @@ namespace {
 
 using html::escape;
 
-constexpr const char* kPaste = "paste";  // the <select> choice that reads the textarea instead
+// The <select> choice that reads the textarea (id NAME-text) instead; the script tests for it.
+constexpr const char* kPaste = "paste";
 
 std::string options(const std::vector<std::string>& names, const std::string& selected) {
   std::string s;
@@ -56,9 +57,9 @@ std::string select_field(const std::string& name, const std::string& label,
 }
 
 std::string paste_area(const std::string& name, const std::string& what) {
-  return fmt::format("<textarea id=\"{}-text\" data-for=\"{}\" rows=\"7\" hidden "
-                     "spellcheck=\"false\" aria-label=\"{}\" placeholder=\"{}\"></textarea>",
-                     escape(name), escape(name), escape(what), escape(what));
+  return fmt::format("<textarea id=\"{}-text\" rows=\"7\" hidden spellcheck=\"false\" "
+                     "aria-label=\"{}\" placeholder=\"{}\"></textarea>",
+                     escape(name), escape(what), escape(what));
 }
 
 constexpr const char* kCss =
@@ -229,7 +230,7 @@ std::string serve_page() {
       "<h1>tally serve — plan a training run</h1>\n" + form +
       "<p id=\"status\" role=\"status\" aria-live=\"polite\"></p>\n"
       "<p id=\"error\" role=\"alert\" hidden></p>\n"
-      "<div id=\"charts\" aria-live=\"polite\"></div>\n"
+      "<div id=\"charts\"></div>\n"
       "<details><summary>the request this page sends: POST /api/plan (format=json for the "
       "--json object)</summary><pre id=\"request\"></pre></details>\n"
       "<pre id=\"selftest\" hidden></pre>\n<script>" +
