@@ -71,7 +71,7 @@ void print_finetune(const FineTuneLedger& f, const std::string& convention, Size
   row("static", f.static_bytes(), "");
 }
 
-void run_memory(const MemoryOptions& o) {
+void run_memory(const MemoryOptions& o, const Answers& answers) {
   const ModelSpec model = *resolve_model(o.model);
   const SizeUnit unit = o.out.size_unit();
   const Precision precision = precision_from(o.precision);
@@ -226,7 +226,7 @@ void run_memory(const MemoryOptions& o) {
   }
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    print_json(j);
+    answers.json(j);
     return;
   }
 
@@ -299,7 +299,7 @@ void run_memory(const MemoryOptions& o) {
 
 }  // namespace
 
-void register_memory(CLI::App& app) {
+void register_memory(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<MemoryOptions>();
   auto* cmd = app.add_subcommand("memory", "per-GPU memory: model states (+ activations)");
   add_model_flags(cmd, o->model);
@@ -354,9 +354,9 @@ void register_memory(CLI::App& app) {
   cmd->add_flag("--max-seq", o->max_seq,
                 "with --gpu: the longest sequence (a multiple of --cp) whose activations fit, and "
                 "the report at that length");
-  cmd->callback([o, cmd] {
+  cmd->callback([o, cmd, answers] {
     note_lora_flags(cmd, o->lora);
-    run_memory(*o);
+    run_memory(*o, answers);
   });
 }
 

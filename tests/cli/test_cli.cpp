@@ -87,6 +87,37 @@ TEST(Cli, MemoryFromConfigJson) {
 }
 
 // Seed §A2: S = 14 GB, k = 8 → 24.5 GB per rank, 0.49 s at 50 GB/s.
+// Note [JSON text for a file] (cli/flags.hpp): --model, --gpu and --calibration also take the file's
+// text itself (what `tally serve`'s page sends); the answer is the file's, and a message names the
+// text as the file it stands for.
+TEST(Cli, ModelAndGpuTakeTheFilesText) {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), TALLY_BIN);
+    return tally::subprocess::run_command(args, 50);
+  };
+  auto text_of = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  const std::string model = std::string(TALLY_TEST_DATA) + "/llama-2-7b.json";
+  const std::string cluster = std::string(TALLY_TEST_DATA) + "/cluster-custom.json";
+  const auto by_file = run({"memory", "--model", model, "--seq", "2048", "--gpu", cluster, "--json"});
+  const auto by_text = run({"memory", "--model", text_of(model), "--seq", "2048", "--gpu",
+                            "  " + text_of(cluster), "--json"});
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+  ASSERT_EQ(by_text.exit_code, 0) << by_text.err;
+  EXPECT_EQ(by_text.out, by_file.out);
+  EXPECT_NE(by_text.out.find("\"gpu\": \"my-a100\""), std::string::npos);
+  const auto bad = run({"plan", "--model", R"({"model_type": "llama", "hidden_size": 0})"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err.rfind("tally: error: config.json: hidden_size = 0: ", 0), 0u) << bad.err;
+  const auto cal = run({"plan", "--calibration", "{"});
+  EXPECT_EQ(cal.exit_code, 2);
+  EXPECT_EQ(cal.err.rfind("tally: error: calibration.json: not valid JSON: ", 0), 0u) << cal.err;
+}
+
 TEST(Cli, CommCollectiveJsonContract) {
   const auto j = json_of(tally("comm --collective all-reduce --size-gb 14 --ranks 8 "
                                "--bandwidth-gbps 50 --json"));
