@@ -254,7 +254,7 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                cell(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call),
                cell(x.dp_bytes, x.dp_predicted_bytes),
                cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
-  fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2M "
+  fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2vM "
              "sends), measured/core=ratio:\n");
   fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside core's items: TP (SP edges, "
              "re-gathers, SP grads), PP (tied embedding)\n",
