@@ -159,7 +159,7 @@ TEST(StepTraffic, Erratum4_ZeroOneAndTwoMoveAsMuchAsDp) {
   EXPECT_EQ(z3.zero_param_gather.calls, 2);
 }
 
-// Gradient accumulation: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so their
+// Gradient accumulation without PP: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so their
 // reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
 TEST(StepTraffic, AccumulationOnlyMultipliesShardedStages) {
   for (int z = 0; z <= 3; ++z) {
