@@ -159,8 +159,8 @@ TEST(StepTraffic, Erratum4_ZeroOneAndTwoMoveAsMuchAsDp) {
   EXPECT_EQ(z3.zero_param_gather.calls, 2);
 }
 
-// Gradient accumulation without PP: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so their
-// reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
+// Gradient accumulation without PP: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so
+// their reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
 TEST(StepTraffic, AccumulationOnlyMultipliesShardedStages) {
   for (int z = 0; z <= 3; ++z) {
     auto one = seed_7b(8, z);
