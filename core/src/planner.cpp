@@ -40,7 +40,7 @@ namespace tally {
 //   overlap_dp (default on; PyTorch DDP/FSDP, DeepSpeed overlap_comm, Megatron --overlap-grad-
 //             reduce): gradient buckets are reduced while backward continues; a reduction done
 //             once per step hides in the last micro-batch's backward, one done per micro-batch
-//             (ZeRO-2/3) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
+//             (ZeRO-2/3 without PP) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
 //             exposed. Off: the whole reduction is on the critical path (the seed; Megatron's 2021
 //             local DDP, which the Narayanan 2021 dev-set rows use).
 //   overlap_param_gather (default on; Megatron's distributed optimizer --overlap-param-gather):
@@ -506,6 +506,8 @@ double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_p
                     double param_bytes, int pp) {
   if (zero_stage == 3 && pp > 1)  // the stage unsharded, and its fp32 gradients
     return (param_bytes + 4.0) * params_per_gpu;
+  if (zero_stage == 2 && pp > 1)  // the stage's unsharded fp32 gradients
+    return 4.0 * params_per_gpu;
   if (zero_stage == 3)  // current + prefetched layer's gathered parameters
     return 2.0 * params_per_gpu / double(std::max<std::int64_t>(layers_per_stage, 1)) * param_bytes;
   return 2.0 * kDdpBucketBytes;  // two DDP buckets in flight

@@ -134,7 +134,9 @@ struct PlanRequest {
 // parallelism the whole stage unsharded with its fp32 gradients, (param_bytes + 4) per parameter
 // of the stage: torchtitan, the framework that runs FSDP with PP, sets reshard_after_forward =
 // False there, and torch.distributed.pipelining defers resharding and the gradient reduce-scatter
-// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch.
+// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch. ZeRO-2 under PP likewise holds
+// its stage's unsharded fp32 gradients, 4 bytes per parameter (its parameters are whole already;
+// Note [sharded data parallelism under PP] in comm.cpp).
 double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
                     double param_bytes, int pp = 1);
 struct FitCheck {
