@@ -23,6 +23,7 @@ struct CommOptions {
   std::optional<double> size_bytes, bandwidth_bps, latency_us;  // bytes, bytes/s, µs
   std::optional<int> ranks;
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  std::optional<int> etp;  // unset: --tp
   int interleave = 1;  // v, model chunks per pipeline stage
   double capacity_factor = 1;
   bool sp = false;
@@ -74,16 +75,9 @@ void run_step(const CommOptions& o) {
   if (m.params_only && (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1))
     throw InvalidInput("--tp/--pp/--cp/--ep traffic needs an architecture: give --model, not "
                        "--params");
-  if (o.ep > 1 && !m.is_moe())
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": " + m.name +
-                       " is not a mixture-of-experts model");
-  if (o.ep > 1 && m.experts % o.ep != 0)
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide the routed experts (" +
-                       std::to_string(m.experts) + ")");
-  if ((std::int64_t(o.dp) * o.cp) % o.ep != 0)
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide --dp × --cp = " +
-                       std::to_string(std::int64_t(o.dp) * o.cp) +
-                       " (expert-parallel ranks are data-parallel ranks)");
+  const int etp = o.etp.value_or(o.tp);
+  check_expert_split(m, ParallelLayout{.dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp}, o.ep, etp,
+                     o.sp);
   if (o.interleave > 1 && o.pp == 1)
     throw InvalidInput("--interleave = " + std::to_string(o.interleave) +
                        ": needs --pp > 1 (chunks of a pipeline stage)");
@@ -95,9 +89,10 @@ void run_step(const CommOptions& o) {
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
       .interleave = o.interleave,
       .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
-      .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep,
+      .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep, .etp = etp,
       .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),
-      .experts_per_token = m.experts_per_token, .capacity_factor = o.capacity_factor};
+      .experts_per_token = m.experts_per_token, .capacity_factor = o.capacity_factor,
+      .shared_experts = m.shared_experts > 0};
   const StepTraffic t = step_traffic(setup);
   const SizeUnit u = o.out.size_unit();
   nlohmann::json items = nlohmann::json::array();
@@ -181,9 +176,10 @@ void register_comm(CLI::App& app) {
                   "model chunks per pipeline stage (interleaved 1F1B: v times the PP sends)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--ep", o->ep,
-                  "expert-parallel degree (MoE; carved out of dp × cp, must divide it and the "
-                  "experts)")
+                  "expert-parallel degree (MoE; EP x ETP regroups tp × cp × dp: must divide it, "
+                  "EP the experts)")
       ->check(CLI::Range(1, 1 << 20));
+  add_etp_flag(cmd, o->etp);
   cmd->add_option("--capacity-factor", o->capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
       ->check(finite_in(1, 64))

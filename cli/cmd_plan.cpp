@@ -44,6 +44,8 @@ struct PlanOptions {
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
   int tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, interleave = 1;
+  std::optional<int> etp;          // compare: unset = --tp
+  std::string etp_search = "any";  // plan: tp | 1 | any
   bool sp = false;
   std::int64_t micro_batch = 1;
   std::optional<std::int64_t> grad_accum;  // unset: B / (dp·b)
@@ -102,7 +104,11 @@ void run_plan(const PlanOptions& o) {
     return;
   }
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
-                    .max_ep = o.max_ep, .prune = !o.exhaustive, .top = o.top};
+                    .max_ep = o.max_ep,
+                    .expert_tp = o.etp_search == "tp"  ? SearchSpace::ExpertTp::tp
+                                 : o.etp_search == "1" ? SearchSpace::ExpertTp::one
+                                                       : SearchSpace::ExpertTp::both,
+                    .prune = !o.exhaustive, .top = o.top};
   if (o.html) space.max_points = kHtmlPlanPoints;  // Note [plan points]
   if (!o.recompute_policies.empty()) {
     space.recomputes.clear();
@@ -132,7 +138,8 @@ void run_plan(const PlanOptions& o) {
 void run_compare(const PlanOptions& o) {
   const PlanRequest req = make_request(o);
   Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
-              .interleave = o.interleave, .ep = o.ep, .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
+              .interleave = o.interleave, .ep = o.ep, .etp = o.etp.value_or(0), .sp = o.sp,
+              .zero = o.zero, .micro_batch = o.micro_batch,
               .recompute = recompute_from(o.recompute), .attention = attention_from(o.attention)};
   if (!o.dp) {
     const std::int64_t mp = std::int64_t(o.tp) * o.pp * o.cp;
@@ -255,9 +262,14 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--max-pp", o->max_pp, "largest PP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-cp", o->max_cp, "largest CP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-ep", o->max_ep,
-                  "largest expert-parallel degree searched (MoE models; default: every divisor "
-                  "of dp × cp that divides the experts)")
+                  "largest expert-parallel degree searched (MoE models; default: every EP "
+                  "dividing the experts whose EP x ETP divides tp × cp × dp)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--etp", o->etp_search,
+                  "expert TP searched (MoE models): tp (Megatron-Core's default), 1 (each "
+                  "expert whole on a rank; with SP when TP > 1) or any (both)")
+      ->check(one_of({"tp", "1", "any"}))
+      ->capture_default_str();
   cmd->add_option("--attention", o->attention, "flash | materialized | any")
       ->check(one_of({"flash", "materialized", "any"}))
       ->capture_default_str();
@@ -292,9 +304,10 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--pp", o->pp, "base PP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "base CP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--ep", o->ep,
-                  "base expert-parallel degree (MoE; carved out of dp × cp, must divide it and "
-                  "the experts)")
+                  "base expert-parallel degree (MoE; EP x ETP regroups tp × cp × dp: must divide "
+                  "it, EP the experts)")
       ->check(CLI::Range(1, 1 << 20));
+  add_etp_flag(cmd, o->etp);
   cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
   cmd->add_option("--pp-layers", o->pp_layers,
                   "base layers per pipeline stage, comma-separated, e.g. 7,8,8,…,8,7 (default: the "

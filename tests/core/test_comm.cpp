@@ -269,7 +269,7 @@ TEST(StepTraffic, ContextParallelRingOfKV) {
 TEST(StepTraffic, SingleRankMovesNothing) {
   const auto r = step_traffic(StepTrafficSetup{.params = 7e9});
   EXPECT_EQ(r.total_bytes(), 0.0);
-  EXPECT_EQ(r.items().size(), 8u);
+  EXPECT_EQ(r.items().size(), 9u);
   for (const auto& it : r.items()) EXPECT_EQ(it.calls, 0.0) << to_string(it.kind);
 }
 
@@ -435,6 +435,74 @@ TEST(StepTraffic, ExpertParallelMixtralByHand) {
   bad = s;
   bad.expert_share = 0;
   EXPECT_THROW(step_traffic(bad), InvalidInput);
+}
+
+// Expert TP (Note [expert tensor parallelism]; Megatron-Core's dispatcher: A2A over EP, then AG
+// over expert TP; RS over expert TP, then A2A) for Mixtral on tp 2 + SP × dp 8, b 1, s 4096, one
+// micro-batch, bf16, no recompute. Each rank routes its sequence half, T_r = 2048 tokens:
+//   all-to-all S = 2048 · 2 · 4096 · 2 B = 33,554,432 B per call, S(ep−1)/ep sent, 128 calls;
+//   TP: Mixtral has no shared experts, so under SP a MoE layer keeps only the attention pair:
+//     4 calls per layer × 32 = 128, S(t−1)/t = 16,777,216 B of S = 4096 · 4096 · 2;
+//   ETP 1 × EP 8: no expert-TP collective; experts' DP 16 / 8 = 2 ranks, 8 apart, all-reducing
+//     S = 2 · 45,097,156,608 / 8 B;
+//   ETP 2 × EP 4: the ETP pair all-gathers its dispatched copies and reduce-scatters the outputs,
+//     4 calls per MoE layer of S(e_t−1)/e_t = 33,554,432 B (S = 2 ranks' copies); EP 2 apart.
+TEST(StepTraffic, ExpertTensorParallelMixtralByHand) {
+  const double n = 46702792704.0, routed = 45097156608.0;
+  const double a2a = 2048.0 * 2 * 4096 * 2;
+  StepTrafficSetup s{.params = n, .hidden = 4096, .layers = 32, .seq_len = 4096, .dp = 8, .tp = 2,
+                     .sequence_parallel = true, .ep = 8, .etp = 1, .expert_share = routed / n,
+                     .moe_layers = 32, .experts_per_token = 2};
+  auto r = step_traffic(s);
+  EXPECT_EQ(r.ep.group, 8);
+  EXPECT_EQ(r.ep.stride, 1);
+  EXPECT_DOUBLE_EQ(r.ep.calls, 128);
+  EXPECT_DOUBLE_EQ(r.ep.bytes_per_call, a2a * 7 / 8);
+  EXPECT_DOUBLE_EQ(r.expert_tp.calls, 0);
+  EXPECT_DOUBLE_EQ(r.tp.calls, 128);
+  EXPECT_DOUBLE_EQ(r.tp.bytes_per_call, 4096.0 * 4096 * 2 / 2);
+  EXPECT_EQ(r.expert_grad.group, 2);
+  EXPECT_EQ(r.expert_grad.stride, 8);
+  EXPECT_NEAR(r.expert_grad.bytes_per_rank, 2 * routed / 8, 1);
+  EXPECT_NEAR(r.dp_grad.bytes_per_rank, 2 * (2 * (n - routed) / 2) * 7 / 8, 1);
+
+  s.etp = 2;
+  s.ep = 4;
+  r = step_traffic(s);
+  EXPECT_EQ(r.ep.stride, 2);
+  EXPECT_DOUBLE_EQ(r.ep.bytes_per_call, a2a * 3 / 4);
+  EXPECT_EQ(r.expert_tp.group, 2);
+  EXPECT_EQ(r.expert_tp.stride, 1);
+  EXPECT_EQ(r.expert_tp.collective, Collective::all_gather);
+  EXPECT_EQ(r.expert_tp.paired_with, Collective::reduce_scatter);
+  EXPECT_DOUBLE_EQ(r.expert_tp.calls, 128);
+  EXPECT_DOUBLE_EQ(r.expert_tp.bytes_per_call, a2a);
+  EXPECT_EQ(r.expert_grad.group, 2);
+  EXPECT_NEAR(r.expert_grad.bytes_per_rank, 2 * routed / 8, 1);
+  EXPECT_NEAR(r.total_bytes(), 128 * a2a * 3 / 4 + 128 * a2a + 128 * 4096.0 * 4096 +
+                                   2 * (n - routed) * 7 / 8 + 2 * routed / 8, 64);
+  // Full recompute replays the forward pair; shared experts keep the MLP-side TP pair under SP.
+  StepTrafficSetup full = s;
+  full.recompute = Recompute::full;
+  EXPECT_DOUBLE_EQ(step_traffic(full).expert_tp.calls, 192);
+  StepTrafficSetup shared = s;
+  shared.shared_experts = true;
+  EXPECT_DOUBLE_EQ(step_traffic(shared).tp.calls, 256);
+  // TP without SP (e_t = t): every TP rank holds the tokens already, nothing to gather; the TP
+  // all-reduces sum the partial outputs (4 per layer).
+  StepTrafficSetup no_sp = s;
+  no_sp.sequence_parallel = false;
+  EXPECT_DOUBLE_EQ(step_traffic(no_sp).expert_tp.calls, 0);
+  EXPECT_DOUBLE_EQ(step_traffic(no_sp).tp.calls, 128);
+  // Refused: ETP 1 under TP 2 without SP; ETP × EP not dividing tp × dp = 16.
+  no_sp.etp = 1;
+  EXPECT_THROW(step_traffic(no_sp), InvalidInput);
+  StepTrafficSetup bad = s;
+  bad.etp = 1;
+  bad.ep = 32;
+  EXPECT_THROW(step_traffic(bad), InvalidInput);
+  bad.ep = 16;  // ETP 1 × EP 16 is a regrouping of the 16 ranks
+  EXPECT_NO_THROW(step_traffic(bad));
 }
 
 // Note [NCCL collective model] for an all-to-all that leaves the NVLink domain: 16 ranks on two

@@ -99,16 +99,26 @@ struct StepTrafficSetup {
   std::int64_t kv_hidden = 0;         // a_kv·d, needed when cp > 1
   std::int64_t busiest_stage_layers = 0;  // layers of the busiest pipeline stage; 0 = ⌈L/pp⌉
   // Mixture of experts (Note [expert parallelism] in comm.cpp). ep > 1 shards the routed experts
-  // over ep ranks carved out of dp·cp (Megatron-Core: EP × EDP = DP × CP, expert TP = TP).
+  // over ep ranks of the expert layout ETP × EP × EDP = TP × CP × DP (Note [expert rank groups],
+  // parallel_groups.hpp); etp is the expert TP (0 = tp, Megatron-Core's default).
   int ep = 1;
+  int etp = 0;
   double expert_share = 0;            // routed experts' share of N (routed_expert_share)
   std::int64_t moe_layers = 0;        // MoE layers of the model (L − dense leading layers)
   std::int64_t experts_per_token = 1; // top-k
   double capacity_factor = 1;         // routed slots sent per token and expert choice (>= 1)
+  // The MoE layers keep shared experts, whose MLP runs on TP like a dense one (its TP collectives
+  // stay in the TP item under SP; without them a MoE layer's MLP-side TP pair is the expert-TP
+  // item's).
+  bool shared_experts = false;
+  // false: the items' `formula` texts are left empty (the planner's hot path costs millions of
+  // layouts and prints none of them).
+  bool formulas = true;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   void validate() const;              // throws InvalidInput naming the field
 };
 
-enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_grad,
+enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_tp, expert_grad,
                          expert_param_gather };
 std::string_view to_string(TrafficKind k);
 
@@ -134,8 +144,12 @@ struct StepTraffic {
   TrafficItem pp;
   TrafficItem cp;
   TrafficItem ep;                // MoE token dispatch and combine all-to-alls
-  // ep > 1: the routed experts' gradients and ZeRO gathers run over the expert-data-parallel group
-  // dp·cp/ep; dp_grad and zero_param_gather then carry the other parameters only.
+  // The expert-TP all-gather of the dispatched tokens and reduce-scatter of the expert outputs
+  // (Note [expert tensor parallelism], parallel_groups.hpp): when the ETP group's ranks hold
+  // different tokens (SP, or tp = 1) and e_t > 1.
+  TrafficItem expert_tp;
+  // ep > 1 or e_t ≠ t: the routed experts' gradients and ZeRO gathers run over the expert-data-
+  // parallel group t·c·d/(e_t·ep); dp_grad and zero_param_gather then carry the other parameters.
   TrafficItem expert_grad;
   TrafficItem expert_param_gather;
   // Erratum 4: the seed's "ZeRO-2 halves communication" figure, S_grad(k−1)/k — the gradient
@@ -147,7 +161,7 @@ struct StepTraffic {
            expert_grad.bytes_per_rank + expert_param_gather.bytes_per_rank;
   }
   double total_bytes() const;
-  std::vector<TrafficItem> items() const;  // the eight items in ledger order
+  std::vector<TrafficItem> items() const;  // the nine items in ledger order
   std::string convention() const;
 };
 

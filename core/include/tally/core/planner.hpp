@@ -152,7 +152,11 @@ struct SearchSpace {
   int max_tp = 0;                        // 0 = the NVLink domain's GPUs
   int max_pp = 0;                        // 0 = layers
   int max_cp = 0;                        // 0 = unlimited (cp | s)
-  int max_ep = 0;                        // 0 = unlimited (ep | dp·cp and ep | experts); MoE only
+  int max_ep = 0;                        // 0 = unlimited (ep·e_t | tp·cp·dp, ep | experts); MoE
+  // Expert TP e_t (Note [expert tensor parallelism], parallel_groups.hpp), MoE only: tp
+  // (Megatron-Core's default), 1 (needs SP when tp > 1), or both.
+  enum class ExpertTp { tp, one, both };
+  ExpertTp expert_tp = ExpertTp::both;
   int max_interleave = 8;
   std::int64_t max_micro_batch = 0;      // 0 = B/dp
   std::vector<int> zero_stages = {0, 1, 2, 3};
@@ -170,9 +174,12 @@ struct SearchSpace {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
-  // Expert parallelism, carved out of dp·cp (Note [expert parallelism] in core/src/comm.cpp):
-  // 1 for dense models.
+  // Expert parallelism and expert TP (Note [expert parallelism] in core/src/comm.cpp, Note [expert
+  // rank groups] in parallel_groups.hpp): ep·e_t regroups tp·cp·dp; 1 and 0 (= tp) for dense
+  // models.
   int ep = 1;
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   bool sp = false;
   int zero = 0;
   std::int64_t micro_batch = 1;
@@ -214,7 +221,8 @@ struct PlanEval {
                                          // the optimizer step (utilisation model: FLOPs/(G·peak·u))
   double optimizer_s = 0;                // the optimizer step's kernels (inside compute_s)
   double tp_s = 0, cp_s = 0, pp_s = 0;   // exposed (on the critical path)
-  double ep_s = 0;                       // MoE all-to-alls, exposed (Megatron-Core's default)
+  double ep_s = 0;                       // MoE dispatch and combine: the EP all-to-alls and the
+                                         // expert-TP gathers, exposed (Megatron-Core's default)
   double dp_s = 0;                       // DP/ZeRO traffic time before overlap
   double dp_exposed_s = 0;
   double bubble_fraction = 0;
