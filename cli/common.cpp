@@ -120,6 +120,15 @@ void add_etp_flag(CLI::App* cmd, std::optional<int>& etp) {
       ->check(CLI::Range(1, 1024));
 }
 
+void add_route_flag(CLI::App* cmd, int& max_route_nodes) {
+  cmd->add_option("--max-route-nodes", max_route_nodes,
+                  "MoE: each token's routed copies reach at most M nodes (NVLink domains), sent "
+                  "once to each and forwarded inside (DeepSeek-V3 node-limited routing, M = 4); "
+                  "0 = no limit, every copy sent")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+}
+
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
                         bool sequence_parallel) {
   if (m.params_only && (ep > 1 || etp != layout.tp))

@@ -209,6 +209,10 @@ void StepTrafficSetup::validate() const {
                "capacity_factor", capacity_factor, "must be in [1, 64]");
   require_int((ep == 1 && expert_tp() == 1) || (hidden > 0 && seq_len > 0 && layers > 0), "ep", ep,
               "needs hidden, seq_len and layers");
+  require_int(max_route_nodes >= 0, "--max-route-nodes", max_route_nodes,
+              "must be >= 0 (0 = no node limit)");
+  require_int(max_route_nodes == 0 || (expert_share > 0 && moe_layers > 0), "--max-route-nodes",
+              max_route_nodes, "needs a mixture-of-experts model (routed tokens)");
 }
 
 // Rules and sources (DESIGN.md §1, errata 2 and 4):
@@ -413,6 +417,7 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   if (st.ep > 1) {
     e.calls = (full ? 6.0 : 4.0) * moe_stage * m;
     e.bytes_per_call = collective_bytes_per_rank(Collective::all_to_all, s_a2a, st.ep);
+    e.route = {.max_nodes = st.max_route_nodes, .copies_per_token = st.experts_per_token};
     if (st.formulas)
       e.formula = std::string(full ? "6" : "4") +
                   " all-to-alls (dispatch, combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
@@ -538,8 +543,68 @@ GroupPath group_path(const ClusterSpec& c, int group, int stride) {
 
 }  // namespace
 
+// Note [node-limited routing]
+// DeepSeek-V3 (Liu et al. 2024, §2.1.2) sends each token to at most M nodes (M = 4, §4.2): the
+// router picks the M nodes whose experts' top K_r/M affinities sum highest, then the top-K_r
+// experts among them (Megatron-Core 0.14: moe_router_num_groups = the EP group's nodes,
+// moe_router_group_topk = M). Its dispatch kernels (§3.2.2; DeepEP) send a token once over IB to
+// the GPU of the same in-node index on each target node, which forwards it over NVLink to the
+// GPUs holding its experts. For a rank of a group spanning n NVLink domains of q members, with S
+// the buffer it scatters (k copies per token) and balanced routing:
+//   plain all-to-all (no limit): S(n−1)/n to other domains, S(q−1)/(nq) inside its own;
+//   node-limited: each token crosses once per remote target domain — min(M, n, k) target domains,
+//     the sender's own among them with probability min(M, n)/n under balance, counted as the
+//     bound M (the chosen domains may hold fewer of the k experts) — so S·(min(M, n, k)/k)·(n−1)/n
+//     goes to other domains, while every copy not already on its expert's GPU moves over NVLink
+//     once, at the source or after the hop: S(q−1)/q.
+// The saving needs a dispatcher that sends a token once per node (DeepSeek's, DeepEP — Megatron-
+// Core's flex dispatcher); Megatron-Core's all-to-all dispatcher sends every copy, and group-
+// limited routing then leaves the expected inter-node bytes as they are (k/n of the copies land on
+// the sender's node either way). Under the flat-ring model all bytes ride the slowest link and the
+// limit changes nothing; under the NCCL model the slower of the two parts paces the exchange.
+namespace {
+
+struct A2aParts {
+  double inter = 0, intra = 0;
+};
+
+// One member of a domain of `members` in a group of `group` over `domains` domains.
+A2aParts a2a_parts(double bytes_per_rank, int group, int members, int domains,
+                   const RouteLimit& route) {
+  const double per_peer = bytes_per_rank / double(group - 1);
+  if (route.max_nodes <= 0)
+    return {.inter = per_peer * (group - members), .intra = per_peer * (members - 1)};
+  const double S = per_peer * group;  // the scattered buffer, the rank's own share included
+  const double reach = double(std::min<std::int64_t>(
+      {std::int64_t(route.max_nodes), std::int64_t(domains), route.copies_per_token}));
+  return {.inter = per_peer * (group - members) * reach / double(route.copies_per_token),
+          .intra = S * double(members - 1) / double(members)};
+}
+
+}  // namespace
+
+AllToAllSplit all_to_all_split(double bytes_per_rank, int group, int stride,
+                               const ClusterSpec& cluster, const RouteLimit& route) {
+  require_int(group >= 1, "group", group, "must be >= 1");
+  require_int(stride >= 1, "stride", stride, "must be >= 1");
+  AllToAllSplit r;
+  if (group <= 1) return r;
+  const GroupPath p = group_path(cluster, group, stride);
+  if (!p.crosses_nodes) {
+    r.intra_node_bytes = bytes_per_rank;
+    r.members_per_domain = group;
+    return r;
+  }
+  const A2aParts parts = a2a_parts(bytes_per_rank, group, p.members_per_domain, p.nodes, route);
+  r.inter_node_bytes = parts.inter;
+  r.intra_node_bytes = parts.intra;
+  r.domains = p.nodes;
+  r.members_per_domain = p.members_per_domain;
+  return r;
+}
+
 double collective_seconds(Collective c, double bytes_per_rank, int group, int stride,
-                          const ClusterSpec& cluster) {
+                          const ClusterSpec& cluster, const RouteLimit& route) {
   require_int(group >= 1, "group", group, "must be >= 1");
   require_int(stride >= 1, "stride", stride, "must be >= 1");
   if (cluster.comm_model == CommModel::flat_ring) {
@@ -554,11 +619,12 @@ double collective_seconds(Collective c, double bytes_per_rank, int group, int st
     // and the slowest rank paces the collective. Full domains hold q members; when q does not
     // divide k the last holds the rest, whose members send the most over their rails. One network
     // latency (all peers in flight) plus the in-domain steps.
+    // With node-limited routing (Note [node-limited routing]) fewer bytes cross, more forward.
     const int q = p.members_per_domain;
-    const double per_peer = bytes_per_rank / double(group - 1);
     const double nvl = cluster.intra_node.bandwidth_bps * cluster.intra_bus_fraction;
     auto pace = [&](int members) {
-      return std::max(per_peer * (group - members) / p.rail_bps, per_peer * (members - 1) / nvl);
+      const A2aParts parts = a2a_parts(bytes_per_rank, group, members, p.nodes, route);
+      return std::max(parts.inter / p.rail_bps, parts.intra / nvl);
     };
     const int rest = group % q;
     return cluster.inter_node.latency_s + (q - 1) * cluster.intra_node.latency_s +
@@ -577,7 +643,7 @@ double collective_seconds(Collective c, double bytes_per_rank, int group, int st
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster) {
   if (item.calls <= 0) return 0.0;
   return item.calls * collective_seconds(item.collective, item.bytes_per_call, item.group,
-                                         item.stride, cluster);
+                                         item.stride, cluster, item.route);
 }
 
 }  // namespace tally

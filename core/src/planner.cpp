@@ -384,7 +384,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
       .busiest_stage_layers = busiest, .ep = L.ep, .etp = L.etp, .expert_share = P.expert_share,
       .moe_layers = r.model.moe_layers(), .experts_per_token = r.model.experts_per_token,
       .capacity_factor = r.capacity_factor, .shared_experts = r.model.shared_experts > 0,
-      .formulas = false});
+      .max_route_nodes = r.max_route_nodes, .formulas = false});
   e.comm_bytes_per_gpu = traffic.total_bytes();
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
@@ -718,6 +718,10 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                                      : "") +
                    (r.capacity_factor != 1.0
                         ? ", MoE capacity factor " + format_number(r.capacity_factor)
+                        : std::string()) +
+                   (r.max_route_nodes > 0
+                        ? ", tokens routed to at most " + std::to_string(r.max_route_nodes) +
+                              " nodes, sent once to each (DeepSeek-V3 node-limited routing)"
                         : std::string());
   return res;
 }

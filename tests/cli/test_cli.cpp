@@ -770,6 +770,43 @@ TEST(Cli, ExpertTensorParallelFlags) {
   }
 }
 
+// Node-limited routing on the command line (DeepSeek-V3 §2.1.2: each token to at most 4 nodes).
+// DeepSeek-V3 on --dp 64 --ep 64 over 8 H100 hosts, s 4096: S = 4096 · 8 · 7168 · 2 B per call, 4
+// calls per MoE layer × 58 = 232. Plain, a rank sends 56/64 of S to other hosts; with
+// --max-route-nodes 4 each token crosses once per remote target node, 4·7/8 against 8·7/8 copies:
+// half; and every copy not already on its expert's GPU crosses NVLink once, 7/8 of S.
+TEST(Cli, NodeLimitedRouting) {
+  const double S = 4096.0 * 8 * 7168 * 2;
+  const char* cmd = "comm --model deepseek-v3 --dp 64 --ep 64 --seq 4096 --gpu h100-80g --json";
+  for (const int m : {0, 4}) {
+    const auto j = json_of(tally(std::string(cmd) + " --max-route-nodes " + std::to_string(m)));
+    bool found = false;
+    for (const auto& it : j["items"])
+      if (it["kind"] == "ep-all-to-all") {
+        found = true;
+        EXPECT_EQ(it["nodes"], 8);
+        EXPECT_EQ(it["max_route_nodes"], m);
+        EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 232);
+        EXPECT_NEAR(it["inter_node_bytes_per_rank"].get<double>(),
+                    232 * S * 56 / 64 * (m == 4 ? 0.5 : 1.0), 1);
+        EXPECT_NEAR(it["intra_node_bytes_per_rank"].get<double>(),
+                    232 * S * (m == 4 ? 7.0 / 8 : 7.0 / 64), 1);
+      }
+    EXPECT_TRUE(found) << j.dump();
+  }
+  const auto plan = json_of(tally("plan --model deepseek-v3 --gpus 1024 --gpu h100-80g "
+                                  "--global-batch 8192 --seq 4096 --max-pp 1 --max-cp 1 "
+                                  "--max-route-nodes 4 --json"));
+  EXPECT_NE(plan["convention"].get<std::string>().find("at most 4 nodes"), std::string::npos);
+  for (const char* bad : {"comm --model llama-3-8b --dp 8 --max-route-nodes 4",
+                          "plan --model llama-3-8b --gpus 8 --max-route-nodes 4",
+                          "comm --model deepseek-v3 --dp 8 --ep 8 --max-route-nodes -1"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_NE(r.err.find("--max-route-nodes"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 // `tally plan --method lora|qlora` (core/finetune_plan.hpp): the seed's QLoRA 7B on a 40 GB card.
 // PEFT's trainable count for r = 8 on q and v of Llama-2-7B: 32 layers × 2 × 8 × (4096 + 4096).
 TEST(Cli, PlanFineTune) {

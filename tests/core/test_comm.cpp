@@ -521,6 +521,52 @@ TEST(CommNccl, AllToAllAcrossHostsRunsOnEachRanksOwnRail) {
                    7 * c.intra_node.latency_s + 7e6 / nvl);
 }
 
+// Note [node-limited routing] (DeepSeek-V3 §2.1.2 and §3.2.2): EP 64 over 8 H100 hosts (stride 1),
+// top-8, each token to at most M = 4 nodes. A rank scatters S = 64e6 B (its own 1e6 share
+// included), sends 63e6. Plain: 56 peers on other hosts, 56e6 over its NIC, 7e6 over NVLink.
+// Node-limited: each token crosses once per remote target node, min(4, 8, 8) = 4 targets of which
+// 4·7/8 remote, against 8·7/8 copies plain: 28e6 over the NIC; every copy not already on its
+// expert's GPU moves over NVLink once, S·7/8 = 56e6. The NIC part still paces it, half as long.
+TEST(CommNccl, NodeLimitedRoutingSendsEachTokenOncePerNode) {
+  const ClusterSpec c = *cluster_preset("h100-80g");
+  const double bytes = 63e6;
+  const RouteLimit m4{.max_nodes = 4, .copies_per_token = 8};
+  const AllToAllSplit plain = all_to_all_split(bytes, 64, 1, c);
+  EXPECT_EQ(plain.domains, 8);
+  EXPECT_EQ(plain.members_per_domain, 8);
+  EXPECT_DOUBLE_EQ(plain.inter_node_bytes, 56e6);
+  EXPECT_DOUBLE_EQ(plain.intra_node_bytes, 7e6);
+  const AllToAllSplit limited = all_to_all_split(bytes, 64, 1, c, m4);
+  EXPECT_DOUBLE_EQ(limited.inter_node_bytes, 28e6);
+  EXPECT_DOUBLE_EQ(limited.intra_node_bytes, 56e6);
+  const double nic = c.inter_node.bandwidth_bps * c.inter_bus_fraction;  // one NIC per GPU
+  const double nvl = c.intra_node.bandwidth_bps * c.intra_bus_fraction;
+  ASSERT_GT(28e6 / nic, 56e6 / nvl);
+  const double latency = c.inter_node.latency_s + 7 * c.intra_node.latency_s;
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 64, 1, c, m4),
+                   latency + 28e6 / nic);
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 64, 1, c),
+                   latency + 56e6 / nic);
+  // A limit at or beyond the copies (M = 8 of top-8) saves no NIC bytes; inside a host, or under
+  // the flat ring (every byte on the slowest link), it changes nothing.
+  EXPECT_DOUBLE_EQ(all_to_all_split(bytes, 64, 1, c, {.max_nodes = 8, .copies_per_token = 8})
+                       .inter_node_bytes, 56e6);
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, 7e6, 8, 1, c, m4),
+                   collective_seconds(Collective::all_to_all, 7e6, 8, 1, c));
+  ClusterSpec flat = c;
+  flat.comm_model = CommModel::flat_ring;
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 64, 1, flat, m4),
+                   collective_seconds(Collective::all_to_all, bytes, 64, 1, flat));
+  // The ledger carries the limit on its all-to-all item, and refuses a negative one.
+  StepTrafficSetup s{.params = 671e9, .hidden = 7168, .layers = 61, .seq_len = 4096, .dp = 64,
+                     .ep = 64, .expert_share = 0.97, .moe_layers = 58, .experts_per_token = 8,
+                     .max_route_nodes = 4};
+  EXPECT_EQ(step_traffic(s).ep.route.max_nodes, 4);
+  EXPECT_EQ(step_traffic(s).ep.route.copies_per_token, 8);
+  s.max_route_nodes = -1;
+  EXPECT_THROW(step_traffic(s), InvalidInput);
+}
+
 // A group of 12 on 8-GPU hosts (stride 1): ranks 0–7 share one host, 8–11 the next. A rank of the
 // 4-member host sends 8 of its 11 peer messages over its NIC, more than any rank of the full host
 // (4): the collective waits for it. (Averaging the members over the hosts, 6 per host, would have

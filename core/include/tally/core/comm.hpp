@@ -111,11 +111,20 @@ struct StepTrafficSetup {
   // stay in the TP item under SP; without them a MoE layer's MLP-side TP pair is the expert-TP
   // item's).
   bool shared_experts = false;
+  // M: each token's routed copies reach at most this many NVLink domains, sent once to each
+  // (DeepSeek-V3's node-limited routing and dispatch; Note [node-limited routing]); 0 = no limit.
+  int max_route_nodes = 0;
   // false: the items' `formula` texts are left empty (the planner's hot path costs millions of
   // layouts and prints none of them).
   bool formulas = true;
   int expert_tp() const { return etp > 0 ? etp : tp; }
   void validate() const;              // throws InvalidInput naming the field
+};
+
+// Node-limited routing of an all-to-all (Note [node-limited routing] in comm.cpp).
+struct RouteLimit {
+  int max_nodes = 0;                  // M: NVLink domains a token's copies may reach; 0 = none
+  std::int64_t copies_per_token = 1;  // k: its routed copies (top-k)
 };
 
 enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_tp, expert_grad,
@@ -135,6 +144,7 @@ struct TrafficItem {
   double bytes_per_call = 0;     // bytes each rank sends per call
   double bytes_per_rank = 0;     // per optimizer step
   std::string formula;           // short derivation, e.g. "2·S(k-1)/k, S = grad_bytes·N/(tp·pp)"
+  RouteLimit route;              // the MoE all-to-all's node limit (no limit elsewhere)
 };
 
 struct StepTraffic {
@@ -176,8 +186,18 @@ double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster);
 
 // One call of a collective whose ring moves `bytes_per_rank` per rank, over `group` ranks spaced
-// `stride` apart, on `cluster` (same two models).
+// `stride` apart, on `cluster` (same two models); an all-to-all under `route`'s node limit.
 double collective_seconds(Collective c, double bytes_per_rank, int group, int stride,
-                          const ClusterSpec& cluster);
+                          const ClusterSpec& cluster, const RouteLimit& route = {});
+
+// Where one all-to-all call's bytes go for a member of a full NVLink domain (Note [node-limited
+// routing]): to ranks in other domains (the NICs) and inside its own (NVLink).
+struct AllToAllSplit {
+  double inter_node_bytes = 0, intra_node_bytes = 0;
+  int domains = 1;             // n: NVLink domains the group spans
+  int members_per_domain = 1;  // q
+};
+AllToAllSplit all_to_all_split(double bytes_per_rank, int group, int stride,
+                               const ClusterSpec& cluster, const RouteLimit& route = {});
 
 }  // namespace tally

@@ -109,6 +109,9 @@ struct PlanRequest {
   // dropping capacity factor; 1 = dropless with balanced routing, the auxiliary-loss target).
   // Scales the all-to-all bytes, the expert GEMM rows and the routed activations.
   double capacity_factor = 1;
+  // Node-limited routing (Note [node-limited routing] in comm.cpp; DeepSeek-V3 §2.1.2, M = 4): a
+  // token's routed copies reach at most this many NVLink domains, sent once to each; 0 = no limit.
+  int max_route_nodes = 0;
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;
