@@ -27,6 +27,7 @@ struct PlanOptions {
   ClusterOptions cluster;
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0, max_ep = 0;
   double capacity_factor = 1;
+  int max_route_nodes = 0;
   LoraOptions lora;                              // plan --method lora|qlora
   std::string loss = "fused";
   std::string kernels = "fused";
@@ -45,6 +46,8 @@ struct PlanOptions {
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
   int tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, interleave = 1;
+  std::optional<int> etp;          // compare: unset = --tp
+  std::string etp_search = "any";  // plan: tp | 1 | any
   bool sp = false;
   std::int64_t micro_batch = 1;
   std::optional<std::int64_t> grad_accum;  // unset: B / (dp·b)
@@ -61,8 +64,8 @@ PlanRequest make_request(const PlanOptions& o) {
                 .runtime_bytes = o.memory.runtime_mib * kMiB, .overlap_dp = !o.no_overlap_dp,
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .ep_overlap = o.ep_overlap,
-                .capacity_factor = o.capacity_factor, .eager_loss = o.loss == "eager",
-                .kernels = *parse_kernels(o.kernels),
+                .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
+                .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -105,7 +108,11 @@ void run_plan(const PlanOptions& o, const Answers& answers) {
     return;
   }
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
-                    .max_ep = o.max_ep, .prune = !o.exhaustive, .top = o.top};
+                    .max_ep = o.max_ep,
+                    .expert_tp = o.etp_search == "tp"  ? SearchSpace::ExpertTp::tp
+                                 : o.etp_search == "1" ? SearchSpace::ExpertTp::one
+                                                       : SearchSpace::ExpertTp::both,
+                    .prune = !o.exhaustive, .top = o.top};
   if (o.html) space.max_points = kHtmlPlanPoints;  // Note [plan points]
   if (!o.recompute_policies.empty()) {
     space.recomputes.clear();
@@ -134,7 +141,8 @@ void run_plan(const PlanOptions& o, const Answers& answers) {
 void run_compare(const PlanOptions& o, const Answers& answers) {
   const PlanRequest req = make_request(o);
   Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
-              .interleave = o.interleave, .ep = o.ep, .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
+              .interleave = o.interleave, .ep = o.ep, .etp = o.etp.value_or(0), .sp = o.sp,
+              .zero = o.zero, .micro_batch = o.micro_batch,
               .recompute = recompute_from(o.recompute), .attention = attention_from(o.attention)};
   if (!o.dp) {
     const std::int64_t mp = std::int64_t(o.tp) * o.pp * o.cp;
@@ -201,6 +209,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
                   "capacity factor; 1 = dropless, balanced routing)")
       ->check(finite_in(1, 64))
       ->capture_default_str();
+  add_route_flag(cmd, o.max_route_nodes);
   cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
                 "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
                 "default: overlapped with backward but for the last bucket, as PyTorch DDP)")
@@ -263,9 +272,14 @@ void register_plan(CLI::App& app, const Answers& answers) {
   cmd->add_option("--max-pp", o->max_pp, "largest PP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-cp", o->max_cp, "largest CP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-ep", o->max_ep,
-                  "largest expert-parallel degree searched (MoE models; default: every divisor "
-                  "of dp × cp that divides the experts)")
+                  "largest expert-parallel degree searched (MoE models; default: every EP "
+                  "dividing the experts whose EP x ETP divides tp × cp × dp)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--etp", o->etp_search,
+                  "expert TP searched (MoE models): tp (Megatron-Core's default), 1 (each "
+                  "expert whole on a rank; with SP when TP > 1) or any (both)")
+      ->check(one_of({"tp", "1", "any"}))
+      ->capture_default_str();
   cmd->add_option("--attention", o->attention, "flash | materialized | any")
       ->check(one_of({"flash", "materialized", "any"}))
       ->capture_default_str();
@@ -300,9 +314,10 @@ void register_compare(CLI::App& app, const Answers& answers) {
   cmd->add_option("--pp", o->pp, "base PP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "base CP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--ep", o->ep,
-                  "base expert-parallel degree (MoE; carved out of dp × cp, must divide it and "
-                  "the experts)")
+                  "base expert-parallel degree (MoE; EP x ETP regroups tp × cp × dp: must divide "
+                  "it, EP the experts)")
       ->check(CLI::Range(1, 1 << 20));
+  add_etp_flag(cmd, o->etp);
   cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
   cmd->add_option("--pp-layers", o->pp_layers,
                   "base layers per pipeline stage, comma-separated, e.g. 7,8,8,…,8,7 (default: the "

@@ -132,6 +132,31 @@ void add_loss_flag(CLI::App* cmd, std::string& loss) {
       ->capture_default_str();
 }
 
+void add_etp_flag(CLI::App* cmd, std::optional<int>& etp) {
+  cmd->add_option("--etp", etp,
+                  "expert tensor-parallel degree (MoE: each expert's FFN split over ETP ranks; "
+                  "default --tp, Megatron-Core's; other than --tp needs --sp when --tp > 1)")
+      ->check(CLI::Range(1, 1024));
+}
+
+void add_route_flag(CLI::App* cmd, int& max_route_nodes) {
+  cmd->add_option("--max-route-nodes", max_route_nodes,
+                  "MoE: each token's routed copies reach at most M nodes (NVLink domains), sent "
+                  "once to each and forwarded inside (DeepSeek-V3 node-limited routing, M = 4); "
+                  "0 = no limit, every copy sent")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+}
+
+void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
+                        bool sequence_parallel) {
+  if (m.params_only && (ep > 1 || etp != layout.tp))
+    throw InvalidInput("--ep/--etp need an architecture: give --model, not --params");
+  require_expert_split(m, ep, etp, layout.tp);
+  (void)expert_layout(layout, etp, ep);
+  require_expert_tp(layout.tp, etp, sequence_parallel);
+}
+
 void add_lora_flags(CLI::App* cmd, LoraOptions& o) {
   cmd->add_option("--method", o.method,
                   "full | lora (frozen backbone in the compute dtype) | qlora (frozen 4-bit "

@@ -13,6 +13,7 @@
 #include "tally/core/finetune.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
+#include "tally/core/parallel_groups.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/types.hpp"
 
@@ -64,6 +65,17 @@ MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes);
 
 // --loss fused|eager (ActivationSetup::eager_loss): `tally memory`, `plan`, `compare`.
 void add_loss_flag(CLI::App* cmd, std::string& loss);
+
+// --etp N (`tally memory`, `comm`, `compare`): the expert TP of a MoE layout; unset = --tp
+// (Megatron-Core's --expert-tensor-parallel-size default).
+void add_etp_flag(CLI::App* cmd, std::optional<int>& etp);
+// --max-route-nodes M (`tally comm`, `plan`, `compare`): DeepSeek-V3's node-limited routing, a
+// token's copies sent to at most M nodes, once each (Note [node-limited routing]); 0 = no limit.
+void add_route_flag(CLI::App* cmd, int& max_route_nodes);
+// A layout's expert split checked with core's rules (Note [expert rank groups], Note [expert tensor
+// parallelism]): one line naming --ep or --etp when it does not hold.
+void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
+                        bool sequence_parallel);
 
 // --method and the LoRA / quantization flags (`tally memory`, `tally plan`).
 struct LoraOptions {

@@ -59,6 +59,7 @@ std::string short_layout(const Layout& l) {
   if (l.interleave > 1) s += fmt::format("(v{})", l.interleave);
   s += fmt::format("·CP{}", l.cp);
   if (l.ep > 1) s += fmt::format("·EP{}", l.ep);
+  if (l.expert_tp() != l.tp) s += fmt::format("·ETP{}", l.expert_tp());
   s += fmt::format(" Z{} b{}", l.zero, l.micro_batch);
   if (l.recompute != Recompute::none) s += " " + std::string(to_string(l.recompute));
   return s;
@@ -204,6 +205,7 @@ std::string change_label(const Layout& a, const Layout& b) {
   diff("PP", a.pp, b.pp);
   diff("CP", a.cp, b.cp);
   diff("EP", a.ep, b.ep);
+  diff("ETP", a.expert_tp(), b.expert_tp());
   if (a.sp != b.sp) parts.push_back(b.sp ? "SP on" : "SP off");
   diff("ZeRO", a.zero, b.zero);
   if (a.recompute != b.recompute)

@@ -21,6 +21,7 @@ nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
           {"pp", l.pp},
           {"cp", l.cp},
           {"ep", l.ep},
+          {"etp", l.expert_tp()},
           {"sp", l.sp},
           {"interleave", l.interleave},
           {"zero", l.zero},
@@ -209,6 +210,7 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   const PlanEval& b = r.best.front();
   const StateSetup ss{.precision = q.precision, .optimizer = q.optimizer, .zero_stage = b.layout.zero,
                       .shard_degree = b.layout.dp * b.layout.cp, .ep = b.layout.ep,
+                      .tp = b.layout.tp, .etp = b.layout.etp,
                       .expert_share = routed_expert_share(q.model),
                       .gemm_weight_share = gemm_weight_share(q.model)};
   const std::string state_conv =
@@ -237,7 +239,7 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
              "PP {:.3f} s, {}DP/ZeRO {:.3f} s (of {:.3f} s)\n",
              size_str(b.comm_bytes_per_gpu, u), b.tp_s, b.cp_s, b.pp_s,
-             b.layout.ep > 1 ? fmt::format("EP all-to-all {:.3f} s, ", b.ep_s) : "",
+             b.ep_s > 0 ? fmt::format("MoE dispatch/combine {:.3f} s, ", b.ep_s) : "",
              b.dp_exposed_s, b.dp_s);
   if (q.time_model == TimeModel::operators)
     fmt::print("  compute       {:>10.3f} s  kernels of the busiest stage (operator model), "

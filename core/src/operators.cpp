@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tally/core/parallel_groups.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally {
@@ -251,16 +252,21 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   memory("dropout-residual-1", "dropout-residual-1.backward", residual_bytes);
   norm("norm-2", "norm-2.backward");
   const bool moe = m.is_moe() && !s.dense_layer;
-  // MoE: the tokens of ep ranks spread over E experts, E_act per token, padded to c_f times the
-  // balanced share; this rank's E/ep experts batched as a grouped GEMM.
+  // MoE: the tokens of ep ranks' expert-TP groups (g·T_r each, Note [expert tensor parallelism])
+  // spread over E experts, E_act per token, padded to c_f times the balanced share; this rank's
+  // E/ep experts, f/e_t wide, batched as a grouped GEMM.
+  const int etp = s.etp > 0 ? s.etp : s.tp;
+  const double expert_tokens =  // g·T_r
+      double(d.T) / (s.sequence_parallel ? s.tp : 1) *
+      expert_gather_ranks(s.tp, etp, s.sequence_parallel);
   const double experts = moe ? double(m.experts / s.ep) : 1.0;
-  const i64 rows = moe ? expert_capacity(double(d.T) * s.ep, m.experts_per_token, m.experts,
+  const i64 rows = moe ? expert_capacity(expert_tokens * s.ep, m.experts_per_token, m.experts,
                                          s.capacity_factor)
                        : d.T;
   if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
   const double routed =
-      double(d.T) * (moe ? double(m.experts_per_token) * s.capacity_factor : 1.0);
-  mlp_block(m, d, gemm, kernels, rows, d.f, experts, routed, /*shared=*/false);
+      moe ? expert_tokens * double(m.experts_per_token) * s.capacity_factor : double(d.T);
+  mlp_block(m, d, gemm, kernels, rows, moe ? m.ffn / etp : d.f, experts, routed, /*shared=*/false);
   // Shared experts: one always-active MLP of width E_s·f_s beside the routed ones (TP-split).
   if (moe && m.shared_experts > 0)
     mlp_block(m, d, gemm, kernels, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
@@ -297,9 +303,8 @@ void OperatorSetup::validate(const ModelSpec& m) const {
   require_int(cp >= 1 && seq % cp == 0, "cp", cp, "must be >= 1 and divide seq");
   require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
   require_recompute_applies(recompute, m);
-  require_int(ep >= 1 && (ep == 1 || (m.is_moe() && m.experts % ep == 0)), "ep", ep,
-              m.is_moe() ? "must divide the routed experts (" + std::to_string(m.experts) + ")"
-                         : std::string("needs a mixture-of-experts model"));
+  require_expert_split(m, ep, etp > 0 ? etp : tp, tp);
+  require_expert_tp(tp, etp > 0 ? etp : tp, sequence_parallel);
   require_real(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64,
                "capacity_factor", capacity_factor, "must be in [1, 64]");
 }
@@ -428,11 +433,16 @@ OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
 
 OpsTime average_layer_time(const ModelSpec& m, const OperatorSetup& s, const GpuSpec& gpu,
                            Precision p) {
-  OpsTime t = time_ops(layer_ops(m, s), gpu, p);
+  const OpsTime t = time_ops(layer_ops(m, s), gpu, p);
   if (m.dense_layers == 0) return t;
   OperatorSetup dense_setup = s;
   dense_setup.dense_layer = true;
-  const OpsTime d = time_ops(layer_ops(m, dense_setup), gpu, p);
+  return mix_layer_times(m, t, time_ops(layer_ops(m, dense_setup), gpu, p));
+}
+
+OpsTime mix_layer_times(const ModelSpec& m, const OpsTime& moe_layer, const OpsTime& d) {
+  OpsTime t = moe_layer;
+  if (m.dense_layers == 0) return t;
   const double w = double(m.dense_layers) / double(m.layers);
   t.forward_s += w * (d.forward_s - t.forward_s);
   t.backward_s += w * (d.backward_s - t.backward_s);

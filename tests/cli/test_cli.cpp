@@ -787,6 +787,84 @@ TEST(Cli, ExpertParallelFlags) {
   }
 }
 
+// Expert TP on the command line (Note [expert tensor parallelism]). Mixtral on --tp 2 --sp --dp 8:
+// with --ep 8 --etp 1 a GPU holds half of the 1,605,636,096 other params and one whole expert per
+// layer, 45,097,156,608 / 8; with the default ETP = TP 2 and --ep 4 the pair all-gathers its
+// dispatched copies, 4 calls per layer × 32, each sending 2048 tokens × top-2 × 4096 × 2 B.
+TEST(Cli, ExpertTensorParallelFlags) {
+  const auto mem = json_of(tally("memory --model mixtral-8x7b --tp 2 --sp --dp 8 --ep 8 --etp 1 "
+                                 "--zero 1 --seq 4096 --json"));
+  EXPECT_NEAR(mem["params_per_gpu"].get<double>(), 1605636096.0 / 2 + 45097156608.0 / 8, 1);
+  EXPECT_NE(mem["convention"].get<std::string>().find("ETP 1"), std::string::npos);
+  const auto comm = json_of(tally("comm --model mixtral-8x7b --tp 2 --sp --dp 8 --ep 4 --seq 4096 "
+                                  "--json"));
+  bool found = false;
+  for (const auto& it : comm["items"])
+    if (it["kind"] == "expert-tp") {
+      found = true;
+      EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 128);
+      EXPECT_DOUBLE_EQ(it["bytes_per_call"].get<double>(), 2048.0 * 2 * 4096 * 2);
+      EXPECT_EQ(it["group"], 2);
+    }
+  EXPECT_TRUE(found) << comm.dump();
+  const auto cmp = json_of(tally("compare --model mixtral-8x7b --gpu h100-80g --gpus 16 --tp 2 "
+                                 "--sp --global-batch 64 --seq 4096 --ep 8 --etp 1 --zero 1 "
+                                 "--micro-batch 1 --recompute full --alternative double-gpus "
+                                 "--json"));
+  EXPECT_EQ(cmp["options"][0]["eval"]["etp"], 1) << cmp.dump();
+  const auto plan = json_of(tally("plan --model mixtral-8x7b --gpu h100-80g --gpus 16 "
+                                  "--global-batch 64 --seq 4096 --etp tp --json"));
+  EXPECT_EQ(plan["best"]["etp"], plan["best"]["tp"]) << plan["best"];
+  for (const auto& p : plan["alternatives"]) EXPECT_EQ(p["etp"], p["tp"]);
+  // Refused with one line naming --etp: ETP other than TP without SP, an ETP not dividing the
+  // experts' width, a dense model, a plan value other than tp, 1 or any.
+  for (const char* bad : {"memory --model mixtral-8x7b --tp 2 --dp 8 --ep 8 --etp 1 --seq 4096",
+                          "comm --model mixtral-8x7b --tp 2 --sp --dp 8 --etp 3",
+                          "memory --model llama-3-8b --tp 2 --sp --etp 1 --seq 4096",
+                          "plan --model mixtral-8x7b --gpus 16 --etp 2"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_NE(r.err.find("--etp"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
+// Node-limited routing on the command line (DeepSeek-V3 §2.1.2: each token to at most 4 nodes).
+// DeepSeek-V3 on --dp 64 --ep 64 over 8 H100 hosts, s 4096: S = 4096 · 8 · 7168 · 2 B per call, 4
+// calls per MoE layer × 58 = 232. Plain, a rank sends 56/64 of S to other hosts; with
+// --max-route-nodes 4 each token crosses once per remote target node, 4·7/8 against 8·7/8 copies:
+// half; and every copy not already on its expert's GPU crosses NVLink once, 7/8 of S.
+TEST(Cli, NodeLimitedRouting) {
+  const double S = 4096.0 * 8 * 7168 * 2;
+  const char* cmd = "comm --model deepseek-v3 --dp 64 --ep 64 --seq 4096 --gpu h100-80g --json";
+  for (const int m : {0, 4}) {
+    const auto j = json_of(tally(std::string(cmd) + " --max-route-nodes " + std::to_string(m)));
+    bool found = false;
+    for (const auto& it : j["items"])
+      if (it["kind"] == "ep-all-to-all") {
+        found = true;
+        EXPECT_EQ(it["nodes"], 8);
+        EXPECT_EQ(it["max_route_nodes"], m);
+        EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 232);
+        EXPECT_NEAR(it["inter_node_bytes_per_rank"].get<double>(),
+                    232 * S * 56 / 64 * (m == 4 ? 0.5 : 1.0), 1);
+        EXPECT_NEAR(it["intra_node_bytes_per_rank"].get<double>(),
+                    232 * S * (m == 4 ? 7.0 / 8 : 7.0 / 64), 1);
+      }
+    EXPECT_TRUE(found) << j.dump();
+  }
+  const auto plan = json_of(tally("plan --model deepseek-v3 --gpus 1024 --gpu h100-80g "
+                                  "--global-batch 8192 --seq 4096 --max-pp 1 --max-cp 1 "
+                                  "--max-route-nodes 4 --json"));
+  EXPECT_NE(plan["convention"].get<std::string>().find("at most 4 nodes"), std::string::npos);
+  for (const char* bad : {"comm --model llama-3-8b --dp 8 --max-route-nodes 4",
+                          "plan --model llama-3-8b --gpus 8 --max-route-nodes 4",
+                          "comm --model deepseek-v3 --dp 8 --ep 8 --max-route-nodes -1"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_NE(r.err.find("--max-route-nodes"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 // `tally plan --method lora|qlora` (core/finetune_plan.hpp): the seed's QLoRA 7B on a 40 GB card.
 // PEFT's trainable count for r = 8 on q and v of Llama-2-7B: 32 layers × 2 × 8 × (4096 + 4096).
 TEST(Cli, PlanFineTune) {

@@ -16,6 +16,14 @@
 namespace tally {
 namespace {
 
+// The kernel named `name` in `ops` (a failure, and an empty Op, when there is none).
+Op find(const std::vector<Op>& ops, std::string_view name) {
+  for (const Op& op : ops)
+    if (op.name == name) return op;
+  ADD_FAILURE() << name;
+  return Op{};
+}
+
 // A GPT layer as both papers count it: 4h MLP, LayerNorm, learned positions, no GQA.
 ModelSpec gpt(std::int64_t h, std::int64_t L, std::int64_t a, std::int64_t V = 51200) {
   return ModelSpec{.name = "gpt", .hidden = h, .layers = L, .heads = a, .kv_heads = a,
@@ -256,12 +264,6 @@ TEST(Operators, ExpertParallelKeepsFlopsInTallerGemms) {
   const ModelSpec m = *model_preset("deepseek-v3");
   const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
   OperatorSetup os{.seq = 256, .micro_batch = 1, .dropout = false};
-  auto find = [](const std::vector<Op>& ops, std::string_view name) {
-    for (const Op& op : ops)
-      if (op.name == name) return op;
-    ADD_FAILURE() << name;
-    return Op{};
-  };
   const auto one = layer_ops(m, os);
   os.ep = 8;
   const auto eight = layer_ops(m, os);
@@ -282,6 +284,42 @@ TEST(Operators, ExpertParallelKeepsFlopsInTallerGemms) {
   EXPECT_THROW(layer_ops(m, os), InvalidInput);
   EXPECT_THROW(layer_ops(*model_preset("llama-3-8b"), OperatorSetup{.seq = 256, .ep = 2}),
                InvalidInput);
+}
+
+// Expert TP (Note [expert tensor parallelism]): DeepSeek-V3 at s 256 on TP 2 + SP with EP 8. Each
+// rank routes its 128-token sequence half. With ETP = TP = 2 the pair gathers both halves, 256
+// tokens, so each of the 32 local experts runs 256·8·8/256 = 64 rows, 2·2048/2 = 2048 wide (gate
+// and up); with ETP 1 a rank keeps its 128 tokens, 128·8·8/256 = 32 rows, whole experts 4096 wide:
+// the same FLOPs, and the down projection's inner dimension 1024 against 2048.
+TEST(Operators, ExpertTensorParallelismReshapesTheExpertGemms) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  OperatorSetup os{.seq = 256, .micro_batch = 1, .tp = 2, .sequence_parallel = true,
+                   .dropout = false, .ep = 8};
+  const auto two = layer_ops(m, os);
+  os.etp = 1;
+  const auto one = layer_ops(m, os);
+  const Op up2 = find(two, "mlp-gate-up"), up1 = find(one, "mlp-gate-up");
+  EXPECT_EQ(up2.m, 64);
+  EXPECT_EQ(up2.n, 2048);
+  EXPECT_EQ(up2.k, 7168);
+  EXPECT_DOUBLE_EQ(up2.batch, 32);
+  EXPECT_EQ(up1.m, 32);
+  EXPECT_EQ(up1.n, 4096);
+  EXPECT_DOUBLE_EQ(up1.batch, 32);
+  EXPECT_DOUBLE_EQ(up1.flops, 2.0 * 32 * 32 * 4096 * 7168);
+  EXPECT_DOUBLE_EQ(up1.flops, up2.flops);
+  EXPECT_EQ(find(two, "mlp-down").k, 1024);
+  EXPECT_EQ(find(one, "mlp-down").k, 2048);
+  EXPECT_DOUBLE_EQ(find(one, "swiglu").bytes, find(two, "swiglu").bytes);
+  // The shared expert stays on TP: 2048/2 wide on all 256 tokens either way.
+  EXPECT_EQ(find(one, "shared-gate-up").n, 2048);
+  EXPECT_EQ(find(one, "shared-gate-up").m, 256);
+  // Refused: ETP 1 under TP 2 without SP; an ETP not dividing the experts' width 2048.
+  os.sequence_parallel = false;
+  EXPECT_THROW(layer_ops(m, os), InvalidInput);
+  os.sequence_parallel = true;
+  os.etp = 3;
+  EXPECT_THROW(layer_ops(m, os), InvalidInput);
 }
 
 // Note [low precision]: under an fp8 recipe the linear GEMMs run at the GPU's fp8 peak, while the

@@ -22,8 +22,10 @@
 //   dropout+residual    memory   read 2, write 1 of T_n·h (+ 1-byte mask with dropout), twice
 //   MLP (GeLU)          GEMM     T × f/t, k = h;  gelu memory read + write T·f/t;  GEMM T × h, k = f/t
 //   MLP (SwiGLU)        GEMM     T × 2f/t, k = h; swiglu memory read 2 + write 1 of T·f/t; down GEMM
-//   MoE                 router GEMM T × E, k = h; each of the E/ep local experts' MLP on
-//                       c_f·T·E_act·ep/E tokens (batched, a grouped GEMM);
+//   MoE                 router GEMM T × E, k = h; each of the E/ep local experts' MLP, f/e_t wide,
+//                       on c_f·g·T_r·E_act·ep/E tokens (batched, a grouped GEMM; T_r = T/t with
+//                       SP, g = e_t gathered ranks: Note [expert tensor parallelism],
+//                       parallel_groups.hpp — g·T_r = T when e_t = t);
 //                       shared experts: one MLP of width E_s·f_s/t on all T tokens; a dense leading
 //                       layer (OperatorSetup::dense_layer): the MLP with f_d
 //   MLA (replaces qkv)  q-down T × r_q, k = h and kv-down T × (r_kv + d_r), k = h, whole on every
@@ -121,6 +123,7 @@ struct OperatorSetup {
   // (the same FLOPs as ep = 1, in larger GEMMs); capacity_factor pads every expert to c_f times
   // its balanced share.
   int ep = 1;
+  int etp = 0;  // expert TP e_t (0 = tp): each expert f/e_t wide, on g·T_r·E_act tokens' copies
   double capacity_factor = 1;
   Kernels kernels = Kernels::fused;  // Note [eager kernels]
   bool eager_loss = false;           // PyTorch's cross_entropy(logits.float()), Note [eager kernels]
@@ -154,5 +157,7 @@ OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p);
 // DeepSeek-V3 the dense FFN, 18432, equals the active MoE width, 9 × 2048, so they differ little).
 OpsTime average_layer_time(const ModelSpec& m, const OperatorSetup& s, const GpuSpec& gpu,
                            Precision p);
+// That average from the two layers' times (the planner times the dense layer once for every EP).
+OpsTime mix_layer_times(const ModelSpec& m, const OpsTime& moe_layer, const OpsTime& dense_layer);
 
 }  // namespace tally

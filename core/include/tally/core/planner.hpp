@@ -109,6 +109,9 @@ struct PlanRequest {
   // dropping capacity factor; 1 = dropless with balanced routing, the auxiliary-loss target).
   // Scales the all-to-all bytes, the expert GEMM rows and the routed activations.
   double capacity_factor = 1;
+  // Node-limited routing (Note [node-limited routing] in comm.cpp; DeepSeek-V3 §2.1.2, M = 4): a
+  // token's routed copies reach at most this many NVLink domains, sent once to each; 0 = no limit.
+  int max_route_nodes = 0;
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;
@@ -157,7 +160,11 @@ struct SearchSpace {
   int max_tp = 0;                        // 0 = the NVLink domain's GPUs
   int max_pp = 0;                        // 0 = layers
   int max_cp = 0;                        // 0 = unlimited (cp | s)
-  int max_ep = 0;                        // 0 = unlimited (ep | dp·cp and ep | experts); MoE only
+  int max_ep = 0;                        // 0 = unlimited (ep·e_t | tp·cp·dp, ep | experts); MoE
+  // Expert TP e_t (Note [expert tensor parallelism], parallel_groups.hpp), MoE only: tp
+  // (Megatron-Core's default), 1 (needs SP when tp > 1), or both.
+  enum class ExpertTp { tp, one, both };
+  ExpertTp expert_tp = ExpertTp::both;
   int max_interleave = 8;
   std::int64_t max_micro_batch = 0;      // 0 = B/dp
   std::vector<int> zero_stages = {0, 1, 2, 3};
@@ -175,9 +182,12 @@ struct SearchSpace {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
-  // Expert parallelism, carved out of dp·cp (Note [expert parallelism] in core/src/comm.cpp):
-  // 1 for dense models.
+  // Expert parallelism and expert TP (Note [expert parallelism] in core/src/comm.cpp, Note [expert
+  // rank groups] in parallel_groups.hpp): ep·e_t regroups tp·cp·dp; 1 and 0 (= tp) for dense
+  // models.
   int ep = 1;
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   bool sp = false;
   int zero = 0;
   std::int64_t micro_batch = 1;
@@ -219,7 +229,8 @@ struct PlanEval {
                                          // the optimizer step (utilisation model: FLOPs/(G·peak·u))
   double optimizer_s = 0;                // the optimizer step's kernels (inside compute_s)
   double tp_s = 0, cp_s = 0, pp_s = 0;   // exposed (on the critical path)
-  double ep_s = 0;                       // MoE all-to-alls, exposed (Megatron-Core's default)
+  double ep_s = 0;                       // MoE dispatch and combine: the EP all-to-alls and the
+                                         // expert-TP gathers, exposed (Megatron-Core's default)
   double dp_s = 0;                       // DP/ZeRO traffic time before overlap
   double dp_exposed_s = 0;
   double bubble_fraction = 0;
