@@ -225,7 +225,8 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
                                size_str(b.states.low_precision, u))
                  : std::string(),
              state_conv);
-  fmt::print("  activations   {:>12}  (first pipeline stage, Korthikanti inventory)\n",
+  fmt::print("  activations   {:>12}  (the peak stage's larger backward phase, Korthikanti "
+             "inventory)\n",
              size_str(b.activation_bytes, u));
   fmt::print("  buffers       {:>12}  (gradient buckets / ZeRO-3 gathered layers)\n",
              size_str(b.buffer_bytes, u));
