@@ -1,6 +1,7 @@
 // The planner is tally's hot path (issue 5). Goals: >= 1e6 layouts costed per second per core, and
 // the full GPT-3 175B search on 3072 A100-80GB at global batch 1536 and the Llama 3 405B search on
-// 16,384 H100 at global batch 2048, T 8192 (issue 10) each in under one second.
+// 16,384 H100 at global batch 2048, T 8192 (issue 10) each in under one second, and DeepSeek-V3 on
+// 1024 H100 in fp8 with EP and expert TP (issue 15) well under it.
 // Run: ./build/bench/bench_planner --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Counters: layouts/s = layouts costed in full per second (one thread = one core); costed and
 // covered = layouts costed, and costed + skipped by an exact bound, per search.
@@ -63,7 +64,17 @@ void BM_Llama3_405B_16384_Pruned(benchmark::State& s) {
       true);
 }
 
+// A mixture of experts in fp8 (README's DeepSeek-V3 command): the search adds EP and expert TP
+// (e_t ∈ {1, tp}) to every layout; a user waits for it, so it too stays well under one second.
+void BM_DeepSeekV3_1024_Fp8_Pruned(benchmark::State& s) {
+  run(s, PlanRequest{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("h100-80g"),
+                     .gpus = 1024, .global_batch = 8192, .seq = 4096,
+                     .precision = Precision::fp8},
+      true);
+}
+
 BENCHMARK(BM_Gpt3_3072_Exhaustive)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DeepSeekV3_1024_Fp8_Pruned)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Llama3_405B_16384_Pruned)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Gpt3_3072_Pruned)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Seed7B_8Gpus)->Unit(benchmark::kMicrosecond);

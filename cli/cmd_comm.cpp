@@ -23,6 +23,8 @@ struct CommOptions {
   std::optional<double> size_bytes, bandwidth_bps, latency_us;  // bytes, bytes/s, µs
   std::optional<int> ranks;
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  std::optional<int> etp;  // unset: --tp
+  int max_route_nodes = 0;
   int interleave = 1;  // v, model chunks per pipeline stage
   double capacity_factor = 1;
   bool sp = false;
@@ -74,16 +76,9 @@ void run_step(const CommOptions& o) {
   if (m.params_only && (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1))
     throw InvalidInput("--tp/--pp/--cp/--ep traffic needs an architecture: give --model, not "
                        "--params");
-  if (o.ep > 1 && !m.is_moe())
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": " + m.name +
-                       " is not a mixture-of-experts model");
-  if (o.ep > 1 && m.experts % o.ep != 0)
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide the routed experts (" +
-                       std::to_string(m.experts) + ")");
-  if ((std::int64_t(o.dp) * o.cp) % o.ep != 0)
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide --dp × --cp = " +
-                       std::to_string(std::int64_t(o.dp) * o.cp) +
-                       " (expert-parallel ranks are data-parallel ranks)");
+  const int etp = o.etp.value_or(o.tp);
+  check_expert_split(m, ParallelLayout{.dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp}, o.ep, etp,
+                     o.sp);
   if (o.interleave > 1 && o.pp == 1)
     throw InvalidInput("--interleave = " + std::to_string(o.interleave) +
                        ": needs --pp > 1 (chunks of a pipeline stage)");
@@ -95,32 +90,46 @@ void run_step(const CommOptions& o) {
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
       .interleave = o.interleave,
       .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
-      .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep,
+      .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep, .etp = etp,
       .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),
-      .experts_per_token = m.experts_per_token, .capacity_factor = o.capacity_factor};
+      .experts_per_token = m.experts_per_token, .capacity_factor = o.capacity_factor,
+      .shared_experts = m.shared_experts > 0, .max_route_nodes = o.max_route_nodes};
   const StepTraffic t = step_traffic(setup);
   const SizeUnit u = o.out.size_unit();
   nlohmann::json items = nlohmann::json::array();
   double total_s = 0;
-  struct Row { TrafficItem item; LinkSpec link; double seconds; };
+  struct Row { TrafficItem item; LinkSpec link; double seconds; AllToAllSplit split; };
   std::vector<Row> rows;
   for (const auto& it : t.items()) {
     const LinkSpec link = link_for_group(c, it.group, it.stride);
     const double s = it.calls > 0 ? traffic_seconds(it, link) : 0.0;
     total_s += s;
-    rows.push_back({it, link, s});
+    // An all-to-all's bytes by where they go (Note [node-limited routing]).
+    const AllToAllSplit split = it.collective == Collective::all_to_all && it.calls > 0
+                                    ? all_to_all_split(it.bytes_per_call, it.group, it.stride, c,
+                                                       it.route)
+                                    : AllToAllSplit{};
+    rows.push_back({it, link, s, split});
   }
-  for (const auto& r : rows)
-    items.push_back({{"kind", std::string(to_string(r.item.kind))},
-                     {"collective", std::string(to_string(r.item.collective))},
-                     {"group", r.item.group},
-                     {"calls", r.item.calls},
-                     {"bytes_per_call", r.item.bytes_per_call},
-                     {"bytes_per_rank", r.item.bytes_per_rank},
-                     {"gb_per_rank", in_gb(r.item.bytes_per_rank)},
-                     {"link_bandwidth_bytes_per_s", r.link.bandwidth_bps},
-                     {"seconds", r.seconds},
-                     {"formula", r.item.formula}});
+  for (const auto& r : rows) {
+    nlohmann::json item = {{"kind", std::string(to_string(r.item.kind))},
+                           {"collective", std::string(to_string(r.item.collective))},
+                           {"group", r.item.group},
+                           {"calls", r.item.calls},
+                           {"bytes_per_call", r.item.bytes_per_call},
+                           {"bytes_per_rank", r.item.bytes_per_rank},
+                           {"gb_per_rank", in_gb(r.item.bytes_per_rank)},
+                           {"link_bandwidth_bytes_per_s", r.link.bandwidth_bps},
+                           {"seconds", r.seconds},
+                           {"formula", r.item.formula}};
+    if (r.item.collective == Collective::all_to_all) {
+      item["inter_node_bytes_per_rank"] = r.item.calls * r.split.inter_node_bytes;
+      item["intra_node_bytes_per_rank"] = r.item.calls * r.split.intra_node_bytes;
+      item["nodes"] = r.split.domains;
+      item["max_route_nodes"] = r.item.route.max_nodes;
+    }
+    items.push_back(item);
+  }
   const nlohmann::json j = {{"command", "comm"},
                             {"model", m.name},
                             {"convention", t.convention()},
@@ -143,6 +152,15 @@ void run_step(const CommOptions& o) {
                to_string(r.item.collective), r.item.group, r.item.calls,
                size_str(r.item.bytes_per_rank, u, 3), r.link.bandwidth_bps / kGB, r.seconds);
     fmt::print("  {:<18} {}\n", "", r.item.formula);
+    if (r.item.collective == Collective::all_to_all && r.split.domains > 1)
+      fmt::print("  {:<18} across {} nodes: {} to other nodes, {} inside{}\n", "",
+                 r.split.domains, size_str(r.item.calls * r.split.inter_node_bytes, u, 3),
+                 size_str(r.item.calls * r.split.intra_node_bytes, u, 3),
+                 r.item.route.max_nodes > 0
+                     ? fmt::format(" (each token to at most {} nodes, once each: DeepSeek-V3 "
+                                   "node-limited routing)",
+                                   r.item.route.max_nodes)
+                     : "");
   }
   fmt::print("  {:<18} {:>46} {:>21.4f}\n", "total", size_str(t.total_bytes(), u, 3), total_s);
   if (o.zero >= 1 && o.dp > 1)
@@ -181,9 +199,11 @@ void register_comm(CLI::App& app) {
                   "model chunks per pipeline stage (interleaved 1F1B: v times the PP sends)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--ep", o->ep,
-                  "expert-parallel degree (MoE; carved out of dp × cp, must divide it and the "
-                  "experts)")
+                  "expert-parallel degree (MoE; EP x ETP regroups tp × cp × dp: must divide it, "
+                  "EP the experts)")
       ->check(CLI::Range(1, 1 << 20));
+  add_etp_flag(cmd, o->etp);
+  add_route_flag(cmd, o->max_route_nodes);
   cmd->add_option("--capacity-factor", o->capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
       ->check(finite_in(1, 64))

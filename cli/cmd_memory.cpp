@@ -22,6 +22,7 @@ struct MemoryOptions {
   OutputOptions out;
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
   int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, interleave = 1;
+  std::optional<int> etp;  // unset: --tp
   double capacity_factor = 1;
   std::string loss = "fused";
   std::optional<int> micro_batches;  // unset: --pp in flight
@@ -40,9 +41,11 @@ std::optional<FineTuneLedger> finetune_of(const MemoryOptions& o, const ModelSpe
   const std::optional<LoraSetup> s =
       lora_setup(o.lora, precision, optimizer_from(o.optimizer));
   if (!s) return std::nullopt;
-  if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.ep > 1 || o.zero > 0)
+  if (o.tp > 1 || o.pp > 1 || o.cp > 1 || o.dp > 1 || o.ep > 1 || o.etp.value_or(1) > 1 ||
+      o.zero > 0)
     throw InvalidInput("--method " + o.lora.method +
-                       ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--ep/--zero)");
+                       ": the LoRA ledger is for one GPU (no --tp/--pp/--cp/--dp/--ep/--etp/"
+                       "--zero)");
   return finetune_ledger(model, *s);
 }
 
@@ -71,26 +74,21 @@ void print_finetune(const FineTuneLedger& f, const std::string& convention, Size
   row("static", f.static_bytes(), "");
 }
 
-void run_memory(const MemoryOptions& o) {
+void run_memory(const MemoryOptions& o, const Answers& answers) {
   const ModelSpec model = *resolve_model(o.model);
   const SizeUnit unit = o.out.size_unit();
   const Precision precision = precision_from(o.precision);
-  // Model parallelism splits the weights first; ZeRO then shards over the data-parallel group.
-  if (o.ep > 1 && !model.is_moe())
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": " + model.name +
-                       " is not a mixture-of-experts model");
-  if (o.ep > 1 && model.experts % o.ep != 0)
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide the routed experts (" +
-                       std::to_string(model.experts) + ")");
-  if (o.dp % o.ep != 0)
-    throw InvalidInput("--ep = " + std::to_string(o.ep) + ": must divide --dp = " +
-                       std::to_string(o.dp) + " (expert-parallel ranks are data-parallel ranks)");
+  // Model parallelism splits the weights first; ZeRO then shards over the data-parallel group
+  // (--dp here; the expert layout regroups --tp x --dp: Note [expert rank groups]).
+  const int etp = o.etp.value_or(o.tp);
+  check_expert_split(model, ParallelLayout{.dp = o.dp, .tp = o.tp}, o.ep, etp, o.sp);
   const double n_total = state_params(model);
   const double n_gpu = n_total / (double(o.tp) * o.pp);
   const auto states = model_states(n_gpu, StateSetup{.precision = precision,
                                                      .optimizer = optimizer_from(o.optimizer),
                                                      .zero_stage = o.zero,
                                                      .shard_degree = o.dp, .ep = o.ep,
+                                                     .tp = o.tp, .etp = etp,
                                                      .expert_share = routed_expert_share(model),
                                                      .gemm_weight_share = gemm_weight_share(model)});
   const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
@@ -106,7 +104,7 @@ void run_memory(const MemoryOptions& o) {
                       .recompute = recompute_from(o.recompute),
                       .attention = attention_from(o.attention),
                       .dropout = o.dropout || (!o.no_dropout && model.dropout),
-                      .capacity_factor = o.capacity_factor,
+                      .etp = etp, .capacity_factor = o.capacity_factor,
                       .eager_loss = o.loss == "eager"};
     if (lora) add_lora_activations(model, *lora, a);
     return activations(model, a);
@@ -232,13 +230,16 @@ void run_memory(const MemoryOptions& o) {
   }
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    print_json(j);
+    answers.json(j);
     return;
   }
 
   fmt::print("tally memory — {} (N = {:.4g}; {:.4g} per GPU after TP {} × PP {}{})\n", model.name,
              n_total, states.local_params, o.tp, o.pp,
-             o.ep > 1 ? fmt::format(" × EP {} of the routed experts", o.ep) : "");
+             o.ep > 1 || etp != o.tp
+                 ? fmt::format(" × EP {}{} of the routed experts", o.ep,
+                               etp != o.tp ? fmt::format(" × ETP {} (instead of TP)", etp) : "")
+                 : "");
   if (o.max_seq) {
     if (max_seq)
       fmt::print("longest sequence that fits on {}: {} tokens (micro-batch {}; the report below is "
@@ -316,7 +317,7 @@ void run_memory(const MemoryOptions& o) {
 
 }  // namespace
 
-void register_memory(CLI::App& app) {
+void register_memory(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<MemoryOptions>();
   auto* cmd = app.add_subcommand("memory", "per-GPU memory: model states (+ activations)");
   add_model_flags(cmd, o->model);
@@ -335,9 +336,11 @@ void register_memory(CLI::App& app) {
   cmd->add_option("--pp", o->pp, "pipeline stages")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "context-parallel degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--ep", o->ep,
-                  "expert-parallel degree (MoE: routed experts split over EP, their ZeRO shards "
-                  "over --dp / EP; must divide --dp and the experts)")
+                  "expert-parallel degree (MoE: routed experts split over EP x ETP, their ZeRO "
+                  "shards over --tp x --dp / (EP x ETP); EP x ETP must divide --tp x --dp, EP the "
+                  "experts)")
       ->check(CLI::Range(1, 1 << 20));
+  add_etp_flag(cmd, o->etp);
   cmd->add_option("--capacity-factor", o->capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
       ->check(finite_in(1, 64))
@@ -371,9 +374,9 @@ void register_memory(CLI::App& app) {
   cmd->add_flag("--max-seq", o->max_seq,
                 "with --gpu: the longest sequence (a multiple of --cp) whose activations fit, and "
                 "the report at that length");
-  cmd->callback([o, cmd] {
+  cmd->callback([o, cmd, answers] {
     note_lora_flags(cmd, o->lora);
-    run_memory(*o);
+    run_memory(*o, answers);
   });
 }
 

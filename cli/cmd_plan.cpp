@@ -27,8 +27,10 @@ struct PlanOptions {
   ClusterOptions cluster;
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0, max_ep = 0;
   double capacity_factor = 1;
+  int max_route_nodes = 0;
   LoraOptions lora;                              // plan --method lora|qlora
   std::string loss = "fused";
+  std::string kernels = "fused";
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -44,6 +46,8 @@ struct PlanOptions {
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
   int tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, interleave = 1;
+  std::optional<int> etp;          // compare: unset = --tp
+  std::string etp_search = "any";  // plan: tp | 1 | any
   bool sp = false;
   std::int64_t micro_batch = 1;
   std::optional<std::int64_t> grad_accum;  // unset: B / (dp·b)
@@ -60,7 +64,8 @@ PlanRequest make_request(const PlanOptions& o) {
                 .runtime_bytes = o.memory.runtime_mib * kMiB, .overlap_dp = !o.no_overlap_dp,
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .ep_overlap = o.ep_overlap,
-                .capacity_factor = o.capacity_factor, .eager_loss = o.loss == "eager",
+                .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
+                .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -78,7 +83,8 @@ PlanRequest make_request(const PlanOptions& o) {
 }
 
 // `tally plan --method lora|qlora`: core/finetune_plan.hpp.
-void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraSetup& setup) {
+void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraSetup& setup,
+                       const Answers& answers) {
   if (o.max_tp || o.max_pp || o.max_cp || o.max_ep || o.exhaustive || !o.recompute_policies.empty())
     throw InvalidInput("--method " + o.lora.method +
                        ": the fine-tuning plan is data parallel with or without gradient "
@@ -90,19 +96,23 @@ void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraS
   const nlohmann::json j = finetune_plan_json(p, search_s);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json)
-    print_json(j);
+    answers.json(j);
   else
     print_finetune_plan(p, search_s, o.out.size_unit());
 }
 
-void run_plan(const PlanOptions& o) {
+void run_plan(const PlanOptions& o, const Answers& answers) {
   const PlanRequest req = make_request(o);
   if (const auto setup = lora_setup(o.lora, req.precision, req.optimizer)) {
-    run_finetune_plan(o, req, *setup);
+    run_finetune_plan(o, req, *setup, answers);
     return;
   }
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
-                    .max_ep = o.max_ep, .prune = !o.exhaustive, .top = o.top};
+                    .max_ep = o.max_ep,
+                    .expert_tp = o.etp_search == "tp"  ? SearchSpace::ExpertTp::tp
+                                 : o.etp_search == "1" ? SearchSpace::ExpertTp::one
+                                                       : SearchSpace::ExpertTp::both,
+                    .prune = !o.exhaustive, .top = o.top};
   if (o.html) space.max_points = kHtmlPlanPoints;  // Note [plan points]
   if (!o.recompute_policies.empty()) {
     space.recomputes.clear();
@@ -120,19 +130,19 @@ void run_plan(const PlanOptions& o) {
   if (o.html) {  // the page first: an unwritable path fails before anything is printed
     const std::vector<Reason> reasons =
         res.feasible() ? explain_plan(req, res.best.front()) : std::vector<Reason>{};
-    html::write_file("--html", *o.html,
-                     plan_page(res, reasons, suggestions, search_s, o.out.size_unit()));
+    answers.page(*o.html, plan_page(res, reasons, suggestions, search_s, o.out.size_unit()));
   }
   if (o.out.json)
-    print_json(j);
+    answers.json(j);
   else
     print_plan(res, search_s, o.out.size_unit(), suggestions);
 }
 
-void run_compare(const PlanOptions& o) {
+void run_compare(const PlanOptions& o, const Answers& answers) {
   const PlanRequest req = make_request(o);
   Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
-              .interleave = o.interleave, .ep = o.ep, .sp = o.sp, .zero = o.zero, .micro_batch = o.micro_batch,
+              .interleave = o.interleave, .ep = o.ep, .etp = o.etp.value_or(0), .sp = o.sp,
+              .zero = o.zero, .micro_batch = o.micro_batch,
               .recompute = recompute_from(o.recompute), .attention = attention_from(o.attention)};
   if (!o.dp) {
     const std::int64_t mp = std::int64_t(o.tp) * o.pp * o.cp;
@@ -162,9 +172,9 @@ void run_compare(const PlanOptions& o) {
   const auto rows = compare_alternatives(req, base, alts);
   const nlohmann::json j = compare_json(rows);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
-  if (o.html) html::write_file("--html", *o.html, compare_page(rows, o.out.size_unit()));
+  if (o.html) answers.page(*o.html, compare_page(rows, o.out.size_unit()));
   if (o.out.json)
-    print_json(j);
+    answers.json(j);
   else
     print_compare(rows, o.out.size_unit());
 }
@@ -188,11 +198,18 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->capture_default_str();
   add_memory_budget_flags(cmd, o.memory);
   add_loss_flag(cmd, o.loss);
+  cmd->add_option("--kernels", o.kernels,
+                  "fused (each norm, rotary, activation one kernel: Megatron-LM, Transformer "
+                  "Engine, torch.compile) | eager (uncompiled PyTorch as torchtitan's Llama: every "
+                  "operator its own kernel through HBM; the time model only)")
+      ->check(one_of(allowed_kernels()))
+      ->capture_default_str();
   cmd->add_option("--capacity-factor", o.capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (token-dropping "
                   "capacity factor; 1 = dropless, balanced routing)")
       ->check(finite_in(1, 64))
       ->capture_default_str();
+  add_route_flag(cmd, o.max_route_nodes);
   cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
                 "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
                 "default: overlapped with backward but for the last bucket, as PyTorch DDP)")
@@ -241,7 +258,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
 
 }  // namespace
 
-void register_plan(CLI::App& app) {
+void register_plan(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<PlanOptions>();
   auto* cmd = app.add_subcommand(
       "plan", "search every parallel layout and write the plan (default: the seed's 7B on 8 × "
@@ -255,9 +272,14 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--max-pp", o->max_pp, "largest PP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-cp", o->max_cp, "largest CP degree searched")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-ep", o->max_ep,
-                  "largest expert-parallel degree searched (MoE models; default: every divisor "
-                  "of dp × cp that divides the experts)")
+                  "largest expert-parallel degree searched (MoE models; default: every EP "
+                  "dividing the experts whose EP x ETP divides tp × cp × dp)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--etp", o->etp_search,
+                  "expert TP searched (MoE models): tp (Megatron-Core's default), 1 (each "
+                  "expert whole on a rank; with SP when TP > 1) or any (both)")
+      ->check(one_of({"tp", "1", "any"}))
+      ->capture_default_str();
   cmd->add_option("--attention", o->attention, "flash | materialized | any")
       ->check(one_of({"flash", "materialized", "any"}))
       ->capture_default_str();
@@ -270,16 +292,16 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--html", o->html,
                   "also write the plan as a self-contained HTML page (charts and tables) to FILE");
   add_lora_flags(cmd, o->lora);
-  cmd->callback([o, cmd] {
+  cmd->callback([o, cmd, answers] {
     note_lora_flags(cmd, o->lora);
     if (o->html && o->lora.method != "full")
       throw InvalidInput("--html: the page draws the full-training plan; --method " +
                          o->lora.method + " has none yet");
-    run_plan(*o);
+    run_plan(*o, answers);
   });
 }
 
-void register_compare(CLI::App& app) {
+void register_compare(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<PlanOptions>();
   o->micro_batch = 4;
   o->zero = 2;
@@ -292,9 +314,10 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--pp", o->pp, "base PP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--cp", o->cp, "base CP degree")->check(CLI::Range(1, 1024));
   cmd->add_option("--ep", o->ep,
-                  "base expert-parallel degree (MoE; carved out of dp × cp, must divide it and "
-                  "the experts)")
+                  "base expert-parallel degree (MoE; EP x ETP regroups tp × cp × dp: must divide "
+                  "it, EP the experts)")
       ->check(CLI::Range(1, 1 << 20));
+  add_etp_flag(cmd, o->etp);
   cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
   cmd->add_option("--pp-layers", o->pp_layers,
                   "base layers per pipeline stage, comma-separated, e.g. 7,8,8,…,8,7 (default: the "
@@ -320,7 +343,7 @@ void register_compare(CLI::App& app) {
       ->check(one_of({"double-micro-batch", "recompute-double-seq", "double-gpus"}));
   cmd->add_option("--html", o->html,
                   "also write the options side by side as a self-contained HTML page to FILE");
-  cmd->callback([o] { run_compare(*o); });
+  cmd->callback([o, answers] { run_compare(*o, answers); });
 }
 
 }  // namespace tally::cli

@@ -6,12 +6,14 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "format.hpp"
 #include "tally/core/finetune.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
+#include "tally/core/parallel_groups.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/types.hpp"
 
@@ -19,7 +21,18 @@ namespace tally::cli {
 
 void add_output_flags(CLI::App* cmd, OutputOptions& out);
 
-// --model PRESET|config.json or --params N (7e9, 7B). Exactly one must be given unless
+// Note [JSON text for a file]
+// --model, --gpu and --calibration name a preset or a file, or hold the file's JSON text itself
+// (a value whose first non-blank character is '{'): `--gpu '{"preset": "h100-80g",
+// "gpus_per_node": 4}'`, and the text a user pastes into `tally serve`'s page, which reads no
+// files. The text goes through the same io reader as the file (size, depth and every field
+// checked); messages name it as the file it stands for: "config.json: hidden_size = ...".
+bool is_json_text(std::string_view value);
+inline constexpr const char* kInlineModelSource = "config.json";
+inline constexpr const char* kInlineClusterSource = "cluster.json";
+inline constexpr const char* kInlineCalibrationSource = "calibration.json";
+
+// --model PRESET|config.json|{...} or --params N (7e9, 7B). Exactly one must be given unless
 // `allow_none`; returns nullopt then. Unset means not typed (a command's default model is set
 // before parsing).
 struct ModelOptions {
@@ -29,7 +42,7 @@ struct ModelOptions {
 void add_model_flags(CLI::App* cmd, ModelOptions& m);
 std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none = false);
 
-// --gpu PRESET|cluster.json (default a100-80g) plus --gpus-per-node and --calibration overrides.
+// --gpu PRESET|cluster.json|{...} (default a100-80g) plus --gpus-per-node and --calibration overrides.
 struct ClusterOptions {
   std::string gpu = "a100-80g";
   std::optional<int> gpus_per_node;        // unset: the preset's value
@@ -52,6 +65,17 @@ MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes);
 
 // --loss fused|eager (ActivationSetup::eager_loss): `tally memory`, `plan`, `compare`.
 void add_loss_flag(CLI::App* cmd, std::string& loss);
+
+// --etp N (`tally memory`, `comm`, `compare`): the expert TP of a MoE layout; unset = --tp
+// (Megatron-Core's --expert-tensor-parallel-size default).
+void add_etp_flag(CLI::App* cmd, std::optional<int>& etp);
+// --max-route-nodes M (`tally comm`, `plan`, `compare`): DeepSeek-V3's node-limited routing, a
+// token's copies sent to at most M nodes, once each (Note [node-limited routing]); 0 = no limit.
+void add_route_flag(CLI::App* cmd, int& max_route_nodes);
+// A layout's expert split checked with core's rules (Note [expert rank groups], Note [expert tensor
+// parallelism]): one line naming --ep or --etp when it does not hold.
+void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
+                        bool sequence_parallel);
 
 // --method and the LoRA / quantization flags (`tally memory`, `tally plan`).
 struct LoraOptions {

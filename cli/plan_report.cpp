@@ -10,13 +10,18 @@ namespace tally::cli {
 
 namespace {
 
-nlohmann::json eval_json(const PlanEval& e) {
+// model_layers: the planned model's, for `stage_layers` (every stage's layers: the planner's split,
+// lighter end stages or an explicit --pp-layers; `tally run 3d --plan` runs it).
+nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
   const Layout& l = e.layout;
+  std::vector<int> stages;
+  for (int s = 0; s < l.pp; ++s) stages.push_back(l.layers_on_stage(int(model_layers), s));
   return {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
           {"ep", l.ep},
+          {"etp", l.expert_tp()},
           {"sp", l.sp},
           {"interleave", l.interleave},
           {"zero", l.zero},
@@ -24,6 +29,7 @@ nlohmann::json eval_json(const PlanEval& e) {
           {"grad_accum", l.grad_accum},
           {"recompute", std::string(to_string(l.recompute))},
           {"attention", std::string(to_string(l.attention))},
+          {"stage_layers", stages},
           {"layout", l.describe()},
           {"fits", e.fits},
           {"per_gpu_gb", in_gb(e.total_bytes)},
@@ -102,17 +108,18 @@ nlohmann::json suggestions_json(const std::vector<Suggestion>& suggestions) {
 
 nlohmann::json plan_json(const PlanResult& r, double search_s,
                          const std::vector<Suggestion>& suggestions) {
-  nlohmann::json best = r.best.empty() ? nlohmann::json(nullptr) : eval_json(r.best.front());
+  const std::int64_t L = r.request.model.layers;
+  nlohmann::json best = r.best.empty() ? nlohmann::json(nullptr) : eval_json(r.best.front(), L);
   nlohmann::json alts = nlohmann::json::array(), misses = nlohmann::json::array();
-  for (std::size_t i = 1; i < r.best.size(); ++i) alts.push_back(eval_json(r.best[i]));
-  for (const auto& e : r.near_misses) misses.push_back(eval_json(e));
+  for (std::size_t i = 1; i < r.best.size(); ++i) alts.push_back(eval_json(r.best[i], L));
+  for (const auto& e : r.near_misses) misses.push_back(eval_json(e, L));
   nlohmann::json reasons = nlohmann::json::array();
   if (!r.best.empty())
     for (const auto& x : explain_plan(r.request, r.best.front()))
       reasons.push_back({{"dimension", x.dimension},
                          {"used", x.used},
                          {"variant", x.variant},
-                         {"variant_eval", x.eval ? eval_json(*x.eval) : nlohmann::json(nullptr)},
+                         {"variant_eval", x.eval ? eval_json(*x.eval, L) : nlohmann::json(nullptr)},
                          {"invalid_reason", x.invalid_reason}});
   const auto& rel = r.reliability;
   nlohmann::json reliability = {{"convention", rel.convention()},
@@ -203,6 +210,7 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   const PlanEval& b = r.best.front();
   const StateSetup ss{.precision = q.precision, .optimizer = q.optimizer, .zero_stage = b.layout.zero,
                       .shard_degree = b.layout.dp * b.layout.cp, .ep = b.layout.ep,
+                      .tp = b.layout.tp, .etp = b.layout.etp,
                       .expert_share = routed_expert_share(q.model),
                       .gemm_weight_share = gemm_weight_share(q.model)};
   const std::string state_conv =
@@ -232,7 +240,7 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
              "PP {:.3f} s, {}DP/ZeRO {:.3f} s (of {:.3f} s)\n",
              size_str(b.comm_bytes_per_gpu, u), b.tp_s, b.cp_s, b.pp_s,
-             b.layout.ep > 1 ? fmt::format("EP all-to-all {:.3f} s, ", b.ep_s) : "",
+             b.ep_s > 0 ? fmt::format("MoE dispatch/combine {:.3f} s, ", b.ep_s) : "",
              b.dp_exposed_s, b.dp_s);
   if (q.time_model == TimeModel::operators)
     fmt::print("  compute       {:>10.3f} s  kernels of the busiest stage (operator model), "
@@ -302,7 +310,8 @@ nlohmann::json compare_json(const std::vector<Comparison>& rows) {
                    {"change", c.change},
                    {"gpus", c.request.gpus},
                    {"seq", c.request.seq},
-                   {"eval", c.eval ? eval_json(*c.eval) : nlohmann::json(nullptr)},
+                   {"eval", c.eval ? eval_json(*c.eval, c.request.model.layers)
+                                   : nlohmann::json(nullptr)},
                    {"comm_share", c.comm_share()},
                    {"bubble_share", c.bubble_share()},
                    {"invalid_reason", c.invalid_reason}});

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "tally/core/parallel_groups.hpp"
 #include "tally/core/pipeline.hpp"
 
 namespace tally {
@@ -62,6 +63,8 @@ void ActivationSetup::validate(const ModelSpec& m) const {
                        ": must divide num_hidden_layers = " + i2s(m.layers));
   if (sequence_parallel && tp == 1)
     throw InvalidInput("--sp: sequence parallelism needs --tp > 1");
+  require_expert_split(m, 1, etp > 0 ? etp : tp, tp);
+  require_expert_tp(tp, etp > 0 ? etp : tp, sequence_parallel);
   require_recompute_applies(recompute, m);
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
   if (!(std::isfinite(lora_input_width) && lora_input_width >= 0 &&
@@ -130,10 +133,17 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     }
   };
   // Note [activation inventory], MoE layer: what the router, the dispatch and the combine keep.
+  // The dispatched copies as the expert-TP group gathered them: g ranks' T/rep tokens each.
+  const int etp = a.etp > 0 ? a.etp : a.tp;
+  const double gathered = expert_gather_ranks(a.tp, etp, a.sequence_parallel) / rep;  // g/rep
+  const char* dispatched_label = gathered == 1.0 ? "2sb·E_act·c_f·h"
+                                 : rep == 1.0    ? "2sb·E_act·c_f·h ·e_t"
+                                                 : "2sb·E_act·c_f·h ·e_t/t";
   const auto moe_terms = [&] {
     if (!moe) return;
     add("router probabilities (fp32)", "4sb·E", 4.0 * tokens * double(m.experts) / rep, kMlp);
-    add("dispatched tokens (expert input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep, kMlp);
+    add("dispatched tokens (expert input)", dispatched_label, e * tokens * routed * h * gathered,
+        kMlp);
     add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep, kMlp);
   };
   // Note [activation inventory], LoRA adapters.
@@ -397,6 +407,7 @@ std::string ActivationResult::convention() const {
   c += " | TP " + std::to_string(a.tp) + (a.sequence_parallel ? " +SP" : "");
   c += " CP " + std::to_string(a.cp) + " PP " + std::to_string(a.pp);
   if (a.interleave > 1) c += "×" + std::to_string(a.interleave);
+  if (a.etp > 0 && a.etp != a.tp) c += " ETP " + std::to_string(a.etp);
   c += " | micro-batch " + std::to_string(a.micro_batch) + " seq " + std::to_string(a.seq);
   if (a.capacity_factor != 1.0) c += " | MoE capacity factor " + format_number(a.capacity_factor);
   c += a.eager_loss ? " | eager fp32 loss (12sbV/t)" : " | fused loss (4sbV/t)";

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "tally/core/parallel_groups.hpp"
+
 namespace tally {
 
 namespace {
@@ -161,6 +163,7 @@ std::string_view to_string(TrafficKind k) {
     case TrafficKind::pp: return "pp";
     case TrafficKind::cp: return "cp";
     case TrafficKind::ep: return "ep-all-to-all";
+    case TrafficKind::expert_tp: return "expert-tp";
     case TrafficKind::expert_grad: return "expert-grad";
     case TrafficKind::expert_param_gather: return "expert-param-gather";
   }
@@ -193,9 +196,10 @@ void StepTrafficSetup::validate() const {
   require_int(ep >= 1, "ep", ep, "must be >= 1");
   require_int(ep == 1 || (expert_share > 0 && moe_layers > 0), "ep", ep,
               "needs a mixture-of-experts model (routed experts to shard)");
-  require_int((std::int64_t(dp) * cp) % ep == 0, "ep", ep,
-              "must divide dp x cp = " + std::to_string(std::int64_t(dp) * cp) +
-                  " (expert-parallel ranks are carved out of the data-parallel ones)");
+  require_int(expert_tp() == tp || (expert_share > 0 && moe_layers > 0), "etp", expert_tp(),
+              "an expert TP other than tp needs a mixture-of-experts model");
+  (void)expert_layout(ParallelLayout{.dp = dp, .tp = tp, .pp = pp, .cp = cp}, etp, ep);
+  require_expert_tp(tp, expert_tp(), sequence_parallel);
   require_real(expert_share >= 0 && expert_share < 1, "expert_share", expert_share,
                "must be in [0, 1)");
   require_int(moe_layers >= 0 && (layers == 0 || moe_layers <= layers), "moe_layers", moe_layers,
@@ -203,8 +207,12 @@ void StepTrafficSetup::validate() const {
   require_int(experts_per_token >= 1, "experts_per_token", experts_per_token, "must be >= 1");
   require_real(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64,
                "capacity_factor", capacity_factor, "must be in [1, 64]");
-  require_int(ep == 1 || (hidden > 0 && seq_len > 0 && layers > 0), "ep", ep,
+  require_int((ep == 1 && expert_tp() == 1) || (hidden > 0 && seq_len > 0 && layers > 0), "ep", ep,
               "needs hidden, seq_len and layers");
+  require_int(max_route_nodes >= 0, "--max-route-nodes", max_route_nodes,
+              "must be >= 0 (0 = no node limit)");
+  require_int(max_route_nodes == 0 || (expert_share > 0 && moe_layers > 0), "--max-route-nodes",
+              max_route_nodes, "needs a mixture-of-experts model (routed tokens)");
 }
 
 // Rules and sources (DESIGN.md §1, errata 2 and 4):
@@ -213,11 +221,10 @@ void StepTrafficSetup::validate() const {
 //   weights, so Megatron-LM reduces gradients over dp×cp). ZeRO-0: one all-reduce 2S(k−1)/k per step
 //   (gradients accumulate locally under no-sync). ZeRO-1: reduce-scatter S(k−1)/k + all-gather of the
 //   updated parameters S_param(k−1)/k, once per step. ZeRO-2: the same, but gradients are sharded,
-//   so they cannot accumulate unsharded: one reduce-scatter per micro-batch. ZeRO-3: parameters
-//   all-gathered for each micro-batch's forward and again for its backward, gradients reduce-
-//   scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1 — except under PP,
-//   where the stage is gathered once and reduce-scattered once per step (buffer_bytes in
-//   planner.hpp: torchtitan's FSDP with torch.distributed.pipelining).
+//   so they cannot accumulate unsharded: one reduce-scatter per micro-batch (DeepSpeed's stage 2).
+//   ZeRO-3: parameters all-gathered for each micro-batch's forward and again for its backward,
+//   gradients reduce-scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1.
+//   Under PP both change (Note [sharded data parallelism under PP]).
 //  TP (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4): per layer per micro-batch 2 all-reduces
 //   forward (attention out-projection, MLP W2) and 2 backward (their conjugates f) of
 //   S_act = b·(s/cp)·h·act_bytes; full recompute replays the forward 2. Sequence parallel turns each
@@ -233,26 +240,43 @@ void StepTrafficSetup::validate() const {
 //   it, arriving home after c−1 hops (tally run cp, engine/runtime/ring_attention.cpp). Causal
 //   masking with Transformer Engine's zigzag split (Note [causal load balancing],
 //   context_parallel.hpp) changes the work per rank, not these bytes.
+// Note [sharded data parallelism under PP]
+// DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 ("ZeRO-2 and ZeRO-3 are incompatible with
+// pipeline parallelism", deepspeed/runtime/pipe/engine.py); the framework that runs sharded data
+// parallelism under PP is torchtitan, FSDP2 under torch.distributed.pipelining, and there every
+// micro-batch's backward runs with set_requires_gradient_sync(False) and
+// set_reshard_after_backward(False) and the schedule's _post_backward reduce-scatters once after
+// the last one (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync and
+// _post_backward, pytorch/pytorch at 0138610331c9), for any FSDP module, whatever its
+// reshard_after_forward. So under PP the stage's gradients accumulate unsharded (fp32, FSDP2's
+// reduce dtype) and are reduce-scattered once per step for ZeRO-2 and ZeRO-3 alike; ZeRO-3's
+// stage is gathered once per step (torchtitan sets reshard_after_forward = False under PP), ZeRO-2
+// all-gathers its updated parameters once per step as ZeRO-1 does. The planner holds the unsharded
+// pieces as buffers (planner.hpp buffer_bytes); `tally run 3d` executes both.
 // Note [expert parallelism]
 // Megatron-Core's MoE layout ("MoE parallel folding", Liu et al. 2025; megatron/core/
 // parallel_state.py): attention runs on TP × CP × DP × PP, the MoE layers on ETP × EP × EDP × PP
-// with ETP × EP × EDP = TP × CP × DP. tally takes expert TP = TP (Megatron-Core's default when
-// --expert-tensor-parallel-size is not given), so ep must divide dp·cp, and the expert rank order
-// "tp-ep-dp-pp" puts EP groups tp apart and expert-DP groups tp·ep apart.
-//   states:  the routed experts (routed_expert_share of N) are split over ep, their gradients and
-//            ZeRO shards over the expert-data-parallel group dp·cp/ep; everything else (attention,
-//            shared experts, router, dense layers, embeddings) as without EP.
+// with ETP × EP × EDP = TP × CP × DP (Note [expert rank groups], parallel_groups.hpp: ETP groups
+// adjacent, EP groups e_t apart, expert-DP groups e_t·ep apart). Expert TP e_t defaults to TP, as
+// Megatron-Core's --expert-tensor-parallel-size does; e_t·ep must divide tp·cp·dp.
+//   states:  the routed experts (routed_expert_share of N) are split over e_t·ep, their gradients
+//            and ZeRO shards over the expert-data-parallel group tp·cp·dp/(e_t·ep); everything
+//            else (attention, shared experts, router, dense layers, embeddings) as without EP.
 //   traffic: per MoE layer and micro-batch, the token dispatch all-to-all and the combine
 //            all-to-all forward, and both again for the gradients backward (4; full recompute
 //            replays the forward pair: 6). Each rank scatters its tokens' top-k copies,
-//            S = T·k·c_f·h·act_bytes with T = b·s/cp tokens (/tp with SP, where each TP rank
+//            S = T_r·k·c_f·h·act_bytes with T_r = b·s/cp tokens (/tp with SP, where each TP rank
 //            dispatches its sequence shard), and keeps 1/ep of them: S(ep−1)/ep sent, the
 //            balanced-routing expectation; c_f (capacity factor, 1 = dropless and balanced)
-//            scales the slots sent. The expert gradients' reduction and ZeRO gathers run over
-//            dp·cp/ep ranks on S = N·e/(tp·pp·ep).
-//   Not modelled: the expert-TP all-gather / reduce-scatter of the dispatched tokens (ETP > 1
-//   moves T·k tokens where the dense MLP's TP moves T; the TP item counts the dense amount), and
-//   routing imbalance beyond c_f.
+//            scales the slots sent. With g = e_t > 1 ETP ranks holding different tokens (Note
+//            [expert tensor parallelism]) the ETP group all-gathers the dispatched copies and
+//            reduce-scatters the expert outputs, forward, and the reverse pair backward (4 calls,
+//            6 with full recompute), S(e_t−1)/e_t each of S = e_t·T_r·k·c_f·h·act_bytes; a MoE
+//            layer without shared experts then has no MLP-side TP pair under SP (the attention
+//            pair stays in the TP item; shared experts keep theirs). The expert gradients'
+//            reduction and ZeRO gathers run over tp·cp·dp/(e_t·ep) ranks on S = N·e/(e_t·pp·ep).
+//   Not modelled: routing imbalance beyond c_f; the routing probabilities that travel with the
+//   tokens (k fp32 values per token against k·h activations).
 StepTraffic step_traffic(const StepTrafficSetup& st) {
   st.validate();
   StepTraffic r;
@@ -269,37 +293,42 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   // DP / ZeRO, over the data-parallel group; with ep > 1 the routed experts apart, over the
   // expert-data-parallel group (Note [expert parallelism]).
   const int k = st.dp * st.cp;
-  const double dense_share = st.ep > 1 ? 1.0 - st.expert_share : 1.0;
+  const ExpertLayout ex = expert_layout(ParallelLayout{.dp = st.dp, .tp = st.tp, .pp = st.pp,
+                                                       .cp = st.cp}, st.etp, st.ep);
+  const bool experts_apart = st.ep > 1 || ex.etp != st.tp;  // their own data-parallel group
+  const double dense_share = experts_apart ? 1.0 - st.expert_share : 1.0;
   auto data_parallel = [&](TrafficItem& g, TrafficItem& z, double params, int ranks, int stride,
-                           const std::string& what) {
+                           const char* what) {
     const double s_grad = st.grad_bytes * params;
     const double s_param = st.param_bytes * params;
     g.group = z.group = ranks;
     g.stride = z.stride = stride;
     z.collective = Collective::all_gather;
     if (ranks <= 1) return;
+    const std::string S = st.formulas ? std::string(what) : std::string();
     if (st.zero_stage == 0) {
       g.collective = Collective::all_reduce;
       g.calls = 1;
-      g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*" + what;
+      if (st.formulas) g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*" + S;
     } else {
       g.collective = Collective::reduce_scatter;
-      // Under PP, ZeRO-3 reduce-scatters once per step (planner.hpp buffer_bytes: torchtitan's
-      // FSDP with torch.distributed.pipelining defers it to the stage's last micro-batch).
-      g.calls = st.zero_stage == 1 || (st.zero_stage == 3 && st.pp > 1) ? 1 : m;
-      g.formula = g.calls == 1
-                      ? "reduce-scatter S(k-1)/k once per step, S = grad_bytes*" + what
-                      : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*" + what;
+      // Under PP every stage reduce-scatters once per step (Note [sharded data parallelism under
+      // PP]).
+      g.calls = st.zero_stage == 1 || st.pp > 1 ? 1 : m;
       z.calls = st.zero_stage == 3 && st.pp == 1 ? 2 * m : 1;
       z.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_param, ranks);
-      z.formula = st.zero_stage == 3 && st.pp > 1
-                      ? "all-gather S(k-1)/k once per step (the stage stays unsharded under PP), "
-                        "S = param_bytes*" + what
-                  : st.zero_stage == 3
-                      ? "all-gather S(k-1)/k for forward and backward of each micro-batch, "
-                        "S = param_bytes*" + what
-                      : "all-gather of updated params S(k-1)/k once per step, S = param_bytes*" +
-                            what;
+      if (st.formulas) {
+        g.formula = g.calls == 1 ? "reduce-scatter S(k-1)/k once per step, S = grad_bytes*" + S
+                                 : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*" + S;
+        z.formula = st.zero_stage == 3 && st.pp > 1
+                        ? "all-gather S(k-1)/k once per step (the stage stays unsharded under "
+                          "PP), S = param_bytes*" + S
+                    : st.zero_stage == 3
+                        ? "all-gather S(k-1)/k for forward and backward of each micro-batch, "
+                          "S = param_bytes*" + S
+                        : "all-gather of updated params S(k-1)/k once per step, "
+                          "S = param_bytes*" + S;
+      }
     }
     g.bytes_per_call = collective_bytes_per_rank(g.collective, s_grad, ranks);
   };
@@ -307,15 +336,16 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   r.dp_grad.kind = TrafficKind::dp_grad;
   r.zero_param_gather.kind = TrafficKind::zero_param_gather;
   data_parallel(r.dp_grad, r.zero_param_gather, st.params * dense_share / shard, k, st.tp,
-                st.ep > 1 ? "N(1-e)/(tp*pp), e = routed experts' share" : "N/(tp*pp)");
+                experts_apart ? "N(1-e)/(tp*pp), e = routed experts' share" : "N/(tp*pp)");
   r.reduce_scatter_only_bytes = collective_bytes_per_rank(
       Collective::reduce_scatter, st.grad_bytes * st.params * dense_share / shard, k);
   r.expert_grad.kind = TrafficKind::expert_grad;
   r.expert_param_gather.kind = TrafficKind::expert_param_gather;
-  if (st.ep > 1)
+  if (experts_apart)
     data_parallel(r.expert_grad, r.expert_param_gather,
-                  st.params * st.expert_share / (shard * st.ep), k / st.ep, st.tp * st.ep,
-                  "N*e/(tp*pp*ep), over dp*cp/ep ranks");
+                  st.params * st.expert_share / (double(ex.etp) * st.pp * st.ep), ex.edp,
+                  ex.stride(ExpertGroupKind::edp),
+                  "N*e/(etp*pp*ep), over tp*cp*dp/(etp*ep) ranks");
   auto& g = r.dp_grad;
   auto& z = r.zero_param_gather;
 
@@ -324,23 +354,31 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   t.kind = TrafficKind::tp;
   t.group = st.tp;
   t.stride = 1;
+  const double moe_stage =  // the busiest stage's share of the MoE layers
+      layers_stage * double(st.moe_layers) / double(std::max<std::int64_t>(st.layers, 1));
   if (st.tp > 1) {
     const double s_act = b * s_local * h * st.act_bytes;
-    const double ar_calls = (full ? 6.0 : 4.0) * layers_stage * m;
+    // Per layer 2 of the 4 (6) are the attention block's, 2 the MLP's; under SP a MoE layer
+    // without shared experts has no MLP-side pair (Note [expert parallelism]).
+    const double mlp_layers =
+        layers_stage - (st.sequence_parallel && !st.shared_experts ? moe_stage : 0.0);
+    const double ar_calls = (full ? 3.0 : 2.0) * (layers_stage + mlp_layers) * m;
     if (st.sequence_parallel) {
       t.collective = Collective::all_gather;
       t.paired_with = Collective::reduce_scatter;
       t.calls = 2 * ar_calls;
       t.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_act, st.tp);
-      t.formula = std::string(full ? "6" : "4") +
-                  " (all-gather + reduce-scatter) pairs x S(t-1)/t each per layer per micro-batch,"
-                  " S = b*(s/cp)*h*act_bytes";
+      if (st.formulas)
+        t.formula = std::string(full ? "6" : "4") +
+                    " (all-gather + reduce-scatter) pairs x S(t-1)/t each per layer per "
+                    "micro-batch, S = b*(s/cp)*h*act_bytes";
     } else {
       t.collective = Collective::all_reduce;
       t.calls = ar_calls;
       t.bytes_per_call = collective_bytes_per_rank(Collective::all_reduce, s_act, st.tp);
-      t.formula = std::string(full ? "6" : "4") +
-                  " all-reduces x 2S(t-1)/t per layer per micro-batch, S = b*(s/cp)*h*act_bytes";
+      if (st.formulas)
+        t.formula = std::string(full ? "6" : "4") +
+                    " all-reduces x 2S(t-1)/t per layer per micro-batch, S = b*(s/cp)*h*act_bytes";
     }
   }
 
@@ -356,9 +394,10 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
     p.calls = 2.0 * m * st.interleave;
     p.bytes_per_call =
         b * s_local * h * st.act_bytes / (st.sequence_parallel ? double(st.tp) : 1.0);
-    p.formula = std::string("2") + (st.interleave > 1 ? "v" : "") +
-                " sends (activation fwd, gradient bwd) per micro-batch of b*(s/cp)*h*act_bytes" +
-                (st.sequence_parallel ? "/tp" : "");
+    if (st.formulas)
+      p.formula = std::string("2") + (st.interleave > 1 ? "v" : "") +
+                  " sends (activation fwd, gradient bwd) per micro-batch of b*(s/cp)*h*act_bytes" +
+                  (st.sequence_parallel ? "/tp" : "");
   }
 
   // CP.
@@ -371,9 +410,10 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
     const double sends_per_layer = (full ? 4.0 : 3.0) * (st.cp - 1);
     c.calls = sends_per_layer * layers_stage * m;
     c.bytes_per_call = 2.0 * b * s_local * (double(st.kv_hidden) / st.tp) * st.act_bytes;
-    c.formula = std::string(full ? "4" : "3") +
-                "(c-1) ring sends per layer per micro-batch (fwd K,V; bwd K,V + dK,dV" +
-                (full ? "; recompute fwd" : "") + ") of 2*b*(s/c)*(kv_hidden/tp)*act_bytes";
+    if (st.formulas)
+      c.formula = std::string(full ? "4" : "3") +
+                  "(c-1) ring sends per layer per micro-batch (fwd K,V; bwd K,V + dK,dV" +
+                  (full ? "; recompute fwd" : "") + ") of 2*b*(s/c)*(kv_hidden/tp)*act_bytes";
   }
 
   // EP: dispatch and combine per MoE layer and micro-batch, forward and backward (full recompute
@@ -382,32 +422,53 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   e.kind = TrafficKind::ep;
   e.collective = Collective::all_to_all;
   e.group = st.ep;
-  e.stride = st.tp;
+  e.stride = ex.stride(ExpertGroupKind::ep);
+  const double routed_tokens = b * s_local / (st.sequence_parallel ? double(st.tp) : 1.0);  // T_r
+  const double s_a2a =
+      routed_tokens * double(st.experts_per_token) * st.capacity_factor * h * st.act_bytes;
   if (st.ep > 1) {
-    const double moe_stage = layers_stage * double(st.moe_layers) / double(st.layers);
-    const double tokens = b * s_local / (st.sequence_parallel ? double(st.tp) : 1.0);
-    const double s_a2a =
-        tokens * double(st.experts_per_token) * st.capacity_factor * h * st.act_bytes;
     e.calls = (full ? 6.0 : 4.0) * moe_stage * m;
     e.bytes_per_call = collective_bytes_per_rank(Collective::all_to_all, s_a2a, st.ep);
-    e.formula = std::string(full ? "6" : "4") +
-                " all-to-alls (dispatch, combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
-                ") per MoE layer per micro-batch x S(ep-1)/ep, S = b*(s/cp)" +
-                (st.sequence_parallel ? "/tp" : "") + "*top_k*capacity*h*act_bytes";
+    e.route = {.max_nodes = st.max_route_nodes, .copies_per_token = st.experts_per_token};
+    if (st.formulas)
+      e.formula = std::string(full ? "6" : "4") +
+                  " all-to-alls (dispatch, combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
+                  ") per MoE layer per micro-batch x S(ep-1)/ep, S = b*(s/cp)" +
+                  (st.sequence_parallel ? "/tp" : "") + "*top_k*capacity*h*act_bytes";
   }
 
-  for (TrafficItem* it : {&g, &z, &t, &p, &c, &e, &r.expert_grad, &r.expert_param_gather})
+  // Expert TP: all-gather of the dispatched copies, reduce-scatter of the outputs (Note [expert
+  // tensor parallelism]).
+  auto& x = r.expert_tp;
+  x.kind = TrafficKind::expert_tp;
+  x.collective = Collective::all_gather;
+  x.paired_with = Collective::reduce_scatter;
+  x.group = ex.etp;
+  x.stride = ex.stride(ExpertGroupKind::etp);
+  const int gather = expert_gather_ranks(st.tp, ex.etp, st.sequence_parallel);
+  if (gather > 1 && moe_stage > 0) {
+    x.calls = (full ? 6.0 : 4.0) * moe_stage * m;
+    x.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, gather * s_a2a, ex.etp);
+    if (st.formulas)
+      x.formula = std::string(full ? "3" : "2") +
+                  " (all-gather + reduce-scatter) pairs per MoE layer per micro-batch (dispatch, "
+                  "combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
+                  ") x S(etp-1)/etp, S = etp*b*(s/cp)" + (st.sequence_parallel ? "/tp" : "") +
+                  "*top_k*capacity*h*act_bytes";
+  }
+
+  for (TrafficItem* it : {&g, &z, &t, &p, &c, &e, &x, &r.expert_grad, &r.expert_param_gather})
     it->bytes_per_rank = it->calls * it->bytes_per_call;
   return r;
 }
 
 double StepTraffic::total_bytes() const {
   return dp_total_bytes() + tp.bytes_per_rank + pp.bytes_per_rank + cp.bytes_per_rank +
-         ep.bytes_per_rank;
+         ep.bytes_per_rank + expert_tp.bytes_per_rank;
 }
 
 std::vector<TrafficItem> StepTraffic::items() const {
-  return {dp_grad, zero_param_gather, tp, pp, cp, ep, expert_grad, expert_param_gather};
+  return {dp_grad, zero_param_gather, tp, pp, cp, ep, expert_tp, expert_grad, expert_param_gather};
 }
 
 std::string StepTraffic::convention() const {
@@ -420,11 +481,13 @@ std::string StepTraffic::convention() const {
   c += " | TP t=" + std::to_string(st.tp) + (st.sequence_parallel ? " SP" : "") +
        ", recompute " + std::string(to_string(st.recompute)) + " | PP p=" +
        std::to_string(st.pp) + " | CP c=" + std::to_string(st.cp) +
-       (st.ep > 1 ? " | EP " + std::to_string(st.ep) + " all-to-all, top-" +
-                        std::to_string(st.experts_per_token) + ", capacity " +
-                        format_number(st.capacity_factor) + ", experts' DP k=dp*cp/ep=" +
-                        std::to_string(st.dp * st.cp / st.ep)
-                  : std::string()) +
+       (st.ep > 1 || st.expert_tp() != st.tp
+            ? " | EP " + std::to_string(st.ep) + " all-to-all, top-" +
+                  std::to_string(st.experts_per_token) + ", capacity " +
+                  format_number(st.capacity_factor) + ", ETP " + std::to_string(st.expert_tp()) +
+                  ", experts' DP k=tp*dp*cp/(etp*ep)=" +
+                  std::to_string(st.tp * st.dp * st.cp / (st.expert_tp() * st.ep))
+            : std::string()) +
        " | m=" +
        std::to_string(st.micro_batches) + " micro-batches of b=" +
        std::to_string(st.micro_batch) + " | grad " + format_number(st.grad_bytes) + " B, param " +
@@ -492,8 +555,68 @@ GroupPath group_path(const ClusterSpec& c, int group, int stride) {
 
 }  // namespace
 
+// Note [node-limited routing]
+// DeepSeek-V3 (Liu et al. 2024, §2.1.2) sends each token to at most M nodes (M = 4, §4.2): the
+// router picks the M nodes whose experts' top K_r/M affinities sum highest, then the top-K_r
+// experts among them (Megatron-Core 0.14: moe_router_num_groups = the EP group's nodes,
+// moe_router_group_topk = M). Its dispatch kernels (§3.2.2; DeepEP) send a token once over IB to
+// the GPU of the same in-node index on each target node, which forwards it over NVLink to the
+// GPUs holding its experts. For a rank of a group spanning n NVLink domains of q members, with S
+// the buffer it scatters (k copies per token) and balanced routing:
+//   plain all-to-all (no limit): S(n−1)/n to other domains, S(q−1)/(nq) inside its own;
+//   node-limited: each token crosses once per remote target domain — min(M, n, k) target domains,
+//     the sender's own among them with probability min(M, n)/n under balance, counted as the
+//     bound M (the chosen domains may hold fewer of the k experts) — so S·(min(M, n, k)/k)·(n−1)/n
+//     goes to other domains, while every copy not already on its expert's GPU moves over NVLink
+//     once, at the source or after the hop: S(q−1)/q.
+// The saving needs a dispatcher that sends a token once per node (DeepSeek's, DeepEP — Megatron-
+// Core's flex dispatcher); Megatron-Core's all-to-all dispatcher sends every copy, and group-
+// limited routing then leaves the expected inter-node bytes as they are (k/n of the copies land on
+// the sender's node either way). Under the flat-ring model all bytes ride the slowest link and the
+// limit changes nothing; under the NCCL model the slower of the two parts paces the exchange.
+namespace {
+
+struct A2aParts {
+  double inter = 0, intra = 0;
+};
+
+// One member of a domain of `members` in a group of `group` over `domains` domains.
+A2aParts a2a_parts(double bytes_per_rank, int group, int members, int domains,
+                   const RouteLimit& route) {
+  const double per_peer = bytes_per_rank / double(group - 1);
+  if (route.max_nodes <= 0)
+    return {.inter = per_peer * (group - members), .intra = per_peer * (members - 1)};
+  const double S = per_peer * group;  // the scattered buffer, the rank's own share included
+  const double reach = double(std::min<std::int64_t>(
+      {std::int64_t(route.max_nodes), std::int64_t(domains), route.copies_per_token}));
+  return {.inter = per_peer * (group - members) * reach / double(route.copies_per_token),
+          .intra = S * double(members - 1) / double(members)};
+}
+
+}  // namespace
+
+AllToAllSplit all_to_all_split(double bytes_per_rank, int group, int stride,
+                               const ClusterSpec& cluster, const RouteLimit& route) {
+  require_int(group >= 1, "group", group, "must be >= 1");
+  require_int(stride >= 1, "stride", stride, "must be >= 1");
+  AllToAllSplit r;
+  if (group <= 1) return r;
+  const GroupPath p = group_path(cluster, group, stride);
+  if (!p.crosses_nodes) {
+    r.intra_node_bytes = bytes_per_rank;
+    r.members_per_domain = group;
+    return r;
+  }
+  const A2aParts parts = a2a_parts(bytes_per_rank, group, p.members_per_domain, p.nodes, route);
+  r.inter_node_bytes = parts.inter;
+  r.intra_node_bytes = parts.intra;
+  r.domains = p.nodes;
+  r.members_per_domain = p.members_per_domain;
+  return r;
+}
+
 double collective_seconds(Collective c, double bytes_per_rank, int group, int stride,
-                          const ClusterSpec& cluster) {
+                          const ClusterSpec& cluster, const RouteLimit& route) {
   require_int(group >= 1, "group", group, "must be >= 1");
   require_int(stride >= 1, "stride", stride, "must be >= 1");
   if (cluster.comm_model == CommModel::flat_ring) {
@@ -508,11 +631,12 @@ double collective_seconds(Collective c, double bytes_per_rank, int group, int st
     // and the slowest rank paces the collective. Full domains hold q members; when q does not
     // divide k the last holds the rest, whose members send the most over their rails. One network
     // latency (all peers in flight) plus the in-domain steps.
+    // With node-limited routing (Note [node-limited routing]) fewer bytes cross, more forward.
     const int q = p.members_per_domain;
-    const double per_peer = bytes_per_rank / double(group - 1);
     const double nvl = cluster.intra_node.bandwidth_bps * cluster.intra_bus_fraction;
     auto pace = [&](int members) {
-      return std::max(per_peer * (group - members) / p.rail_bps, per_peer * (members - 1) / nvl);
+      const A2aParts parts = a2a_parts(bytes_per_rank, group, members, p.nodes, route);
+      return std::max(parts.inter / p.rail_bps, parts.intra / nvl);
     };
     const int rest = group % q;
     return cluster.inter_node.latency_s + (q - 1) * cluster.intra_node.latency_s +
@@ -531,7 +655,7 @@ double collective_seconds(Collective c, double bytes_per_rank, int group, int st
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster) {
   if (item.calls <= 0) return 0.0;
   return item.calls * collective_seconds(item.collective, item.bytes_per_call, item.group,
-                                         item.stride, cluster);
+                                         item.stride, cluster, item.route);
 }
 
 }  // namespace tally

@@ -176,6 +176,21 @@ std::int64_t expert_capacity(double tokens, std::int64_t top_k, std::int64_t exp
   return std::max<std::int64_t>(1, std::int64_t(slots));
 }
 
+void require_expert_split(const ModelSpec& m, int ep, int etp, int tp) {
+  const bool moe = !m.params_only && m.is_moe();
+  require_int(ep >= 1, "--ep", ep, "must be >= 1");
+  require_int(etp >= 1, "--etp", etp, "must be >= 1");
+  require_int(ep == 1 || moe, "--ep", ep, m.name + " is not a mixture-of-experts model");
+  require_int(etp == tp || moe, "--etp", etp,
+              m.name + " is not a mixture-of-experts model (expert TP is the MLP's TP)");
+  if (!moe) return;
+  require_int(m.experts % ep == 0, "--ep", ep,
+              "must divide the routed experts (" + std::to_string(m.experts) + ")");
+  require_int(m.ffn % etp == 0, "--etp", etp,
+              "must divide the experts' FFN width (moe_intermediate_size " +
+                  std::to_string(m.ffn) + ")");
+}
+
 bool recompute_applies(Recompute r, const ModelSpec& m) {
   return r != Recompute::op_sac || (!m.params_only && !m.is_moe() && !m.is_mla());
 }

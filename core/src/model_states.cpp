@@ -1,5 +1,6 @@
 #include "tally/core/model_states.hpp"
 
+#include <cstdint>
 #include <string>
 
 namespace tally {
@@ -9,15 +10,19 @@ void StateSetup::validate() const {
     throw InvalidInput("zero = " + std::to_string(zero_stage) + ": allowed 0, 1, 2, 3");
   if (shard_degree < 1)
     throw InvalidInput("shard degree k = " + std::to_string(shard_degree) + ": must be >= 1");
-  if (ep < 1 || shard_degree % ep != 0)
-    throw InvalidInput("ep = " + std::to_string(ep) + ": must divide the data-parallel degree " +
-                       std::to_string(shard_degree) +
-                       " (expert-parallel ranks are carved out of the data-parallel ones)");
+  if (tp < 1 || etp < 0)
+    throw InvalidInput("tp = " + std::to_string(tp) + ", etp = " + std::to_string(etp) +
+                       ": tp must be >= 1, etp >= 1 (0 = tp)");
+  if (ep < 1 || (std::int64_t(shard_degree) * tp) % (std::int64_t(expert_tp()) * ep) != 0)
+    throw InvalidInput("ep = " + std::to_string(ep) + " x etp = " + std::to_string(expert_tp()) +
+                       ": must divide the data-parallel degree x tp = " +
+                       std::to_string(shard_degree) + " x " + std::to_string(tp) +
+                       " (the expert ranks are a regrouping of the TP x DP ranks)");
   if (!(gemm_weight_share >= 0 && gemm_weight_share <= 1))
     throw InvalidInput("gemm weight share = " + format_number(gemm_weight_share) +
                        ": must be in [0, 1]");
-  if (ep > 1 && !(expert_share > 0 && expert_share < 1))
-    throw InvalidInput("ep = " + std::to_string(ep) +
+  if ((ep > 1 || expert_tp() != tp) && !(expert_share > 0 && expert_share < 1))
+    throw InvalidInput("ep = " + std::to_string(ep) + ", etp = " + std::to_string(expert_tp()) +
                        ": needs a mixture-of-experts model (routed experts to shard)");
 }
 
@@ -46,9 +51,11 @@ ModelStateResult model_states(double n_params, const StateSetup& setup) {
   r.per_param = state_bytes_per_param(setup.precision, setup.optimizer);
 
   const double k = setup.zero_stage == 0 ? 1.0 : double(setup.shard_degree);
-  const double k_expert = setup.zero_stage == 0 ? 1.0 : k / setup.ep;
-  const double e = setup.ep > 1 ? setup.expert_share : 0.0;
-  const double dense = n_params * (1 - e), expert = n_params * e / setup.ep;
+  const double k_expert = setup.zero_stage == 0 ? 1.0 : double(setup.expert_shard_degree());
+  const bool apart = setup.ep > 1 || setup.expert_tp() != setup.tp;  // experts split otherwise
+  const double e = apart ? setup.expert_share : 0.0;
+  const double dense = n_params * (1 - e);
+  const double expert = n_params * e * setup.tp / (double(setup.expert_tp()) * setup.ep);
   const int s = setup.zero_stage;
   const auto shard = [&](double per_param, bool sharded) {
     return per_param * (sharded ? dense / k + expert / k_expert : dense + expert);
@@ -94,11 +101,18 @@ std::string ModelStateResult::convention() const {
     c += "no sharding (ZeRO-0)";
   else
     c += "ZeRO-" + std::to_string(setup.zero_stage) + " k=" + std::to_string(setup.shard_degree);
-  if (setup.ep > 1)
-    c += " | EP " + std::to_string(setup.ep) + ": routed experts (" +
-         format_number(100 * setup.expert_share) + " % of params) split over EP" +
-         (setup.zero_stage > 0 ? ", sharded over k/EP=" + std::to_string(setup.shard_degree / setup.ep)
-                               : std::string());
+  const int etp = setup.expert_tp();
+  if (setup.ep > 1 || etp != setup.tp)
+    c += " | EP " + std::to_string(setup.ep) +
+         (etp != setup.tp ? " x ETP " + std::to_string(etp) + " (TP " +
+                                std::to_string(setup.tp) + ")"
+                          : std::string()) +
+         ": routed experts (" + format_number(100 * setup.expert_share) +
+         " % of params) split over " + (etp != setup.tp ? "EP x ETP" : "EP") +
+         (setup.zero_stage > 0
+              ? ", sharded over expert DP k*tp/(etp*ep)=" +
+                    std::to_string(setup.expert_shard_degree())
+              : std::string());
   return c;
 }
 

@@ -10,7 +10,14 @@ namespace {
 
 // Moves a factor of 2 between DP and another dimension, holding the global batch with the
 // accumulation count. Returns false when the move is impossible (odd counts).
+// Keeps the largest EP the layout still holds (ep·e_t | tp·cp·dp: Note [expert rank groups]).
+void fit_ep(Layout& l) {
+  const std::int64_t stage = std::int64_t(l.tp) * l.dp * l.cp;
+  while (l.ep > 1 && stage % (std::int64_t(l.expert_tp()) * l.ep) != 0) l.ep /= 2;
+}
+
 bool move_from_dp(Layout& l, int& dim, bool grow) {
+  if (l.expert_tp() == l.tp) l.etp = 0;  // an expert TP equal to TP follows it
   if (grow) {
     if (l.dp % 2 != 0) return false;
     l.dp /= 2;
@@ -22,8 +29,7 @@ bool move_from_dp(Layout& l, int& dim, bool grow) {
     l.dp *= 2;
     l.grad_accum /= 2;
   }
-  // EP ranks are DP ranks: a halved dp·cp keeps the largest EP it still holds.
-  while (l.ep > 1 && (std::int64_t(l.dp) * l.cp) % l.ep != 0) l.ep /= 2;
+  fit_ep(l);
   return true;
 }
 
@@ -68,7 +74,15 @@ std::vector<Reason> explain_plan(const PlanRequest& r, const PlanEval& chosen) {
   if (r.model.is_moe()) {  // EP halved, or 2 where none is used
     Layout v = c;
     v.ep = c.ep > 1 ? c.ep / 2 : 2;
-    add("EP", c.ep > 1, v, c.ep > 1 || ((std::int64_t(c.dp) * c.cp) % 2 == 0 && r.model.experts % 2 == 0), r);
+    const std::int64_t expert_dp = std::int64_t(c.tp) * c.dp * c.cp / (c.expert_tp() * c.ep);
+    add("EP", c.ep > 1, v, c.ep > 1 || (expert_dp % 2 == 0 && r.model.experts % 2 == 0), r);
+  }
+  if (r.model.is_moe() && c.tp > 1) {  // expert TP 1 instead of TP (with SP), or back to TP
+    Layout v = c;
+    v.etp = c.expert_tp() == c.tp ? 1 : c.tp;
+    if (v.etp != c.tp) v.sp = true;  // Note [expert tensor parallelism]
+    fit_ep(v);
+    add("ETP", c.expert_tp() != c.tp, v, true, r);
   }
   if (c.tp > 1) {
     Layout v = c;

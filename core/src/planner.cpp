@@ -6,11 +6,13 @@
 #include <utility>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "tally/core/activations.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/compute.hpp"
 #include "tally/core/operators.hpp"
+#include "tally/core/parallel_groups.hpp"
 #include "tally/core/pipeline.hpp"
 #include "tally/core/plan_points.hpp"
 #include "tally/core/roofline.hpp"
@@ -40,7 +42,7 @@ namespace tally {
 //   overlap_dp (default on; PyTorch DDP/FSDP, DeepSpeed overlap_comm, Megatron --overlap-grad-
 //             reduce): gradient buckets are reduced while backward continues; a reduction done
 //             once per step hides in the last micro-batch's backward, one done per micro-batch
-//             (ZeRO-2/3) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
+//             (ZeRO-2/3 without PP) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
 //             exposed. Off: the whole reduction is on the critical path (the seed; Megatron's 2021
 //             local DDP, which the Narayanan 2021 dev-set rows use).
 //   overlap_param_gather (default on; Megatron's distributed optimizer --overlap-param-gather):
@@ -82,6 +84,23 @@ struct MicroTimes {
   double output_backward_s = 0;
 };
 
+// A hash of a tuple of integers (FNV-1a over the fields), for the per-shape caches below.
+struct TupleHash {
+  template <class... T>
+  std::size_t operator()(const std::tuple<T...>& t) const {
+    std::size_t h = 1469598103934665603ull;
+    std::apply([&](const auto&... v) { ((h = (h ^ std::size_t(v)) * 1099511628211ull), ...); }, t);
+    return h;
+  }
+};
+
+// The kernels expert parallelism does not change, per (b, t, SP, c, recompute, attention): the
+// layer of a dense model, or a MoE model's dense leading layer; the end stages' extras.
+struct BaseTimes {
+  OpsTime plain_layer;
+  double embedding_s = 0, output_s = 0, output_backward_s = 0;
+};
+
 // Invariants of one request, computed once; operator times are computed once per distinct shape.
 struct Prepared {
   const PlanRequest* req = nullptr;
@@ -98,26 +117,58 @@ struct Prepared {
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
   mutable std::vector<double> stage_buffer;  // per-stage seconds, reused across layouts
-  mutable std::map<std::tuple<std::int64_t, int, bool, int, int, int, int>, MicroTimes> micro;
+  mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int>, BaseTimes,
+                             TupleHash>
+      base;
+  mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int, int, int>,
+                             MicroTimes, TupleHash>
+      micro;
+
+  OperatorSetup operator_setup(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
+                               Attention att) const {
+    const PlanRequest& r = *req;
+    return {.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp, .cp = cp,
+            .recompute = rc, .attention = att, .causal = r.causal, .dropout = r.uses_dropout(),
+            .act_bytes = act_bytes, .capacity_factor = r.capacity_factor, .kernels = r.kernels,
+            .eager_loss = r.eager_loss};
+  }
+
+  const BaseTimes& base_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
+                              Attention att) const {
+    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att));
+    if (const auto it = base.find(key); it != base.end()) return it->second;
+    const PlanRequest& r = *req;
+    OperatorSetup os = operator_setup(b, tp, sp, cp, rc, att);
+    const GpuSpec& gpu = r.cluster.gpu;
+    const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
+    BaseTimes t{.embedding_s = time_ops(embedding_ops(r.model, os), gpu, r.precision).total_s(),
+                .output_s = out.total_s(), .output_backward_s = out.backward_s};
+    os.dense_layer = r.model.is_moe();
+    if (!r.model.is_moe() || r.model.dense_layers > 0)
+      t.plain_layer = time_ops(layer_ops(r.model, os), gpu, r.precision);
+    return base.emplace(key, t).first->second;
+  }
 
   const MicroTimes& micro_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
-                                Attention att, int ep = 1) const {
-    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att), ep);
+                                Attention att, int ep = 1, int etp = 0) const {
+    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att), ep, etp > 0 ? etp : tp);
     const auto it = micro.find(key);
     if (it != micro.end()) return it->second;
     const PlanRequest& r = *req;
-    const OperatorSetup os{.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp,
-                           .cp = cp, .recompute = rc, .attention = att, .causal = r.causal,
-                           .dropout = r.uses_dropout(), .act_bytes = act_bytes, .ep = ep,
-                           .capacity_factor = r.capacity_factor};
-    const GpuSpec& gpu = r.cluster.gpu;
-    const OpsTime layer = average_layer_time(r.model, os, r.cluster.gpu, r.precision);
-    const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
+    const BaseTimes& bt = base_times(b, tp, sp, cp, rc, att);
+    OpsTime layer = bt.plain_layer;
+    if (r.model.is_moe()) {  // the MoE layer at this EP, mixed with the dense layers
+      OperatorSetup os = operator_setup(b, tp, sp, cp, rc, att);
+      os.ep = ep;
+      os.etp = etp;
+      layer = mix_layer_times(r.model, time_ops(layer_ops(r.model, os), r.cluster.gpu,
+                                                r.precision), bt.plain_layer);
+    }
     MicroTimes t{.layer_s = layer.total_s(),
                  .layer_backward_s = layer.backward_s + layer.recompute_s,
-                 .embedding_s = time_ops(embedding_ops(r.model, os), gpu, r.precision).total_s(),
-                 .output_s = out.total_s(),
-                 .output_backward_s = out.backward_s};
+                 .embedding_s = bt.embedding_s,
+                 .output_s = bt.output_s,
+                 .output_backward_s = bt.output_backward_s};
     return micro.emplace(key, t).first->second;
   }
 };
@@ -238,7 +289,7 @@ ModelStateResult states_of(const Prepared& P, const Layout& L) {
   return model_states(params_per_gpu(P, L),
                       StateSetup{.precision = r.precision, .optimizer = r.optimizer,
                                  .zero_stage = L.zero, .shard_degree = L.dp * L.cp, .ep = L.ep,
-                                 .expert_share = P.expert_share,
+                                 .tp = L.tp, .etp = L.etp, .expert_share = P.expert_share,
                                  .gemm_weight_share = P.gemm_weight_share});
 }
 
@@ -253,7 +304,7 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
                                .interleave = L.interleave, .micro_batches = int(L.grad_accum),
                                .recompute = L.recompute, .attention = L.attention,
                                .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
-                               .capacity_factor = r.capacity_factor,
+                               .etp = L.etp, .capacity_factor = r.capacity_factor,
                                .eager_loss = r.eager_loss,
                                .first_stage_layers = L.first_stage_layers,
                                .last_stage_layers = L.last_stage_layers,
@@ -295,7 +346,7 @@ StageTimes stage_times(const Prepared& P, const Layout& L) {
                       .last_extra_backward_s = (2.0 / 3.0) * P.head_flops * per_mb};
   }
   const MicroTimes& t =
-      P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention, L.ep);
+      P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention, L.ep, L.etp);
   return StageTimes{.layer_s = t.layer_s, .layer_backward_s = t.layer_backward_s,
                     .first_extra_s = t.embedding_s, .last_extra_s = t.output_s,
                     .last_extra_backward_s = t.output_backward_s};
@@ -331,14 +382,15 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .interleave = L.interleave, .zero_stage = L.zero,
       .sequence_parallel = L.sp,
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim(),
-      .busiest_stage_layers = busiest, .ep = L.ep, .expert_share = P.expert_share,
+      .busiest_stage_layers = busiest, .ep = L.ep, .etp = L.etp, .expert_share = P.expert_share,
       .moe_layers = r.model.moe_layers(), .experts_per_token = r.model.experts_per_token,
-      .capacity_factor = r.capacity_factor});
+      .capacity_factor = r.capacity_factor, .shared_experts = r.model.shared_experts > 0,
+      .max_route_nodes = r.max_route_nodes, .formulas = false});
   e.comm_bytes_per_gpu = traffic.total_bytes();
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
   e.pp_s = traffic_seconds(traffic.pp, c);
-  e.ep_s = traffic_seconds(traffic.ep, c);
+  e.ep_s = traffic_seconds(traffic.ep, c) + traffic_seconds(traffic.expert_tp, c);
   const double grad_s =
       traffic_seconds(traffic.dp_grad, c) + traffic_seconds(traffic.expert_grad, c);
   const double gather_s = traffic_seconds(traffic.zero_param_gather, c) +
@@ -434,7 +486,8 @@ PlanEval cost(const Prepared& P, const Layout& layout) {
 }
 
 auto layout_key(const Layout& l) {
-  return std::make_tuple(l.dp, l.tp, l.pp, l.cp, l.ep, l.interleave, l.sp, l.zero, l.micro_batch,
+  return std::make_tuple(l.dp, l.tp, l.pp, l.cp, l.ep, l.expert_tp(), l.interleave, l.sp, l.zero,
+                         l.micro_batch,
                          int(l.recompute), int(l.attention), l.first_stage_layers,
                          l.last_stage_layers);
 }
@@ -463,6 +516,27 @@ void keep_top(std::vector<PlanEval>& v, const PlanEval& e, std::size_t cap, Less
   if (v.size() > cap) v.pop_back();
 }
 
+// The (e_t, ep) pairs the search tries at one (tp, dp·cp): e_t = tp, and 1 when SearchSpace
+// allows it; for each, ep | experts with ep·e_t | tp·dp·cp, up to max_ep. A dense model: (tp, 1).
+struct ExpertSplit {
+  int etp = 1, ep = 1;
+};
+std::vector<ExpertSplit> expert_splits(const ModelSpec& m, const SearchSpace& space, int tp,
+                                       std::int64_t dp_cp) {
+  if (!m.is_moe()) return {{tp, 1}};
+  std::vector<int> etps;
+  if (space.expert_tp != SearchSpace::ExpertTp::one || tp == 1) etps.push_back(tp);
+  if (space.expert_tp != SearchSpace::ExpertTp::tp && tp > 1) etps.push_back(1);
+  std::vector<ExpertSplit> out;
+  for (const int etp : etps) {
+    if (m.ffn % etp != 0) continue;
+    for (const std::int64_t ep : divisors(std::int64_t(tp) * dp_cp / etp))
+      if (m.experts % ep == 0 && (space.max_ep == 0 || ep <= space.max_ep))
+        out.push_back({etp, int(ep)});
+  }
+  return out;
+}
+
 bool tp_divides(const ModelSpec& m, int tp) {
   return m.heads % tp == 0 && m.ffn % tp == 0 && m.dense_ffn % tp == 0 &&
          (m.shared_experts * m.shared_expert_ffn) % tp == 0 &&
@@ -470,157 +544,6 @@ bool tp_divides(const ModelSpec& m, int tp) {
 }
 
 }  // namespace
-
-int Layout::layers_on_stage(int model_layers, int s) const {
-  if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
-  return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
-}
-
-int Layout::dimensions() const {
-  return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (ep > 1) + (interleave > 1) + sp + (zero > 0) +
-         (recompute != Recompute::none) + (grad_accum > 1);
-}
-
-std::string Layout::describe() const {
-  std::string s = "DP " + std::to_string(dp) + " × TP " + std::to_string(tp) + (sp ? "+SP" : "") +
-                  " × PP " + std::to_string(pp);
-  if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
-  if (stage_layer_list != nullptr) {
-    s += " (stages";
-    for (std::size_t i = 0; i < stage_layer_list->size(); ++i)
-      s += (i == 0 ? " " : ",") + std::to_string((*stage_layer_list)[i]);
-    s += " layers)";
-  } else if (first_stage_layers != 0 || last_stage_layers != 0)
-    s += " (end stages " + std::to_string(first_stage_layers) + " + " +
-         std::to_string(last_stage_layers) + " layers)";
-  s += " × CP " + std::to_string(cp);
-  if (ep > 1) s += " (EP " + std::to_string(ep) + ")";
-  s += ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
-       std::to_string(micro_batch) + " × accum " + std::to_string(grad_accum) + ", recompute " +
-       std::string(to_string(recompute)) + ", " + std::string(to_string(attention)) + " attention";
-  return s;
-}
-
-double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
-                    double param_bytes, int pp) {
-  if (zero_stage == 3 && pp > 1)  // the stage unsharded, and its fp32 gradients
-    return (param_bytes + 4.0) * params_per_gpu;
-  if (zero_stage == 3)  // current + prefetched layer's gathered parameters
-    return 2.0 * params_per_gpu / double(std::max<std::int64_t>(layers_per_stage, 1)) * param_bytes;
-  return 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
-}
-
-FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
-                   const MemoryBudget& b) {
-  require_real(std::isfinite(b.headroom) && b.headroom >= 0 && b.headroom < 1, "headroom",
-               b.headroom, "must be in [0, 1)");
-  require_real(std::isfinite(b.allocator_allowance) && b.allocator_allowance >= 0 &&
-                   b.allocator_allowance <= 1,
-               "allocator allowance", b.allocator_allowance, "must be in [0, 1]");
-  require_real(std::isfinite(b.runtime_bytes) && b.runtime_bytes >= 0 &&
-                   b.runtime_bytes < b.capacity_bytes,
-               "runtime bytes", b.runtime_bytes,
-               "must be in [0, " + format_number(b.capacity_bytes) + ") bytes (the GPU's capacity)");
-  FitCheck f{.states_bytes = states_bytes, .activation_bytes = activation_bytes,
-             .buffer_bytes = buffers, .capacity_bytes = b.capacity_bytes, .headroom = b.headroom};
-  f.allocated_bytes = states_bytes + activation_bytes + buffers;
-  f.allocator_bytes = b.allocator_allowance * f.allocated_bytes;
-  f.runtime_bytes = b.runtime_bytes;
-  f.total_bytes = f.allocated_bytes + f.allocator_bytes + f.runtime_bytes;
-  f.usable_bytes = b.capacity_bytes * (1.0 - b.headroom);
-  f.fits = f.total_bytes <= f.usable_bytes;
-  return f;
-}
-
-MemoryBudget PlanRequest::memory_budget() const {
-  return MemoryBudget{.capacity_bytes = cluster.gpu.memory_bytes, .headroom = headroom,
-                      .allocator_allowance = allocator_allowance, .runtime_bytes = runtime_bytes};
-}
-
-std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu) {
-  if (t != TimeModel::operators) return std::nullopt;
-  const ErrorBand a100{.low = 0.994, .median = 1.10, .high = 1.21, .rank_spread = 0.164,
-                       .source = "measured / predicted step time of 28 published Megatron-LM "
-                                 "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
-                                 "Table 1)",
-                       .runs = "Megatron-LM runs on A100"};
-  const ErrorBand hopper{.low = 1.32, .median = 1.72, .high = 2.04, .rank_spread = 0.453,
-                         .source = "measured / predicted step time of 19 published torchtitan "
-                                   "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
-                                   "2025 tables; kept aside, nothing fitted)",
-                         .runs = "torchtitan runs on H100/H200"};
-  const std::string_view name = gpu.name;
-  if (name.starts_with("a100")) return a100;
-  if (name.starts_with("h100") || name.starts_with("h200")) return hopper;
-  ErrorBand nearest = hopper;  // Blackwell, a cluster file, a calibrated host
-  nearest.source = "no published run checks this GPU: the band of the newest generation checked, "
-                   "19 torchtitan runs on H100 and H200 (kept aside, nothing fitted)";
-  nearest.runs = "no published run on this GPU; torchtitan runs on H100/H200";
-  return nearest;
-}
-
-std::string_view to_string(TimeModel t) {
-  return t == TimeModel::operators ? "operators" : "utilisation";
-}
-
-std::optional<TimeModel> parse_time_model(std::string_view s) {
-  for (TimeModel t : {TimeModel::operators, TimeModel::utilisation})
-    if (to_string(t) == s) return t;
-  return std::nullopt;
-}
-
-std::string_view to_string(Wall w) {
-  switch (w) {
-    case Wall::memory: return "memory";
-    case Wall::compute: return "compute";
-    case Wall::communication: return "communication";
-    case Wall::bubble: return "bubble";
-  }
-  return "?";
-}
-
-void PlanRequest::validate() const {
-  if (model.params_only)
-    throw InvalidInput("--model: the planner needs an architecture (a preset or config.json), "
-                       "not only --params");
-  model.validate();
-  cluster.validate();
-  if (gpus < 1 || gpus > (1 << 24))
-    throw InvalidInput("--gpus = " + std::to_string(gpus) + ": must be in [1, 16777216]");
-  if (global_batch < 1)
-    throw InvalidInput("--global-batch = " + std::to_string(global_batch) + ": must be >= 1");
-  if (seq < 1) throw InvalidInput("--seq = " + std::to_string(seq) + ": must be >= 1");
-  if (!(headroom >= 0 && headroom < 1))
-    throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");
-  if (!(allocator_allowance >= 0 && allocator_allowance <= 1))
-    throw InvalidInput("--allocator-allowance = " + std::to_string(allocator_allowance) +
-                       ": must be in [0, 1]");
-  if (!(runtime_bytes >= 0 && runtime_bytes < cluster.gpu.memory_bytes))
-    throw InvalidInput("--runtime-mib = " + format_number(runtime_bytes / kMiB) +
-                       ": must be in [0, " + format_number(cluster.gpu.memory_bytes / kMiB) +
-                       ") MiB (the GPU's memory)");
-  if (!(restart_hours >= 0)) throw InvalidInput("restart time must be >= 0");
-  if (time_model == TimeModel::operators) {
-    try {
-      validate_kernel_perf(cluster.gpu);
-    } catch (const InvalidInput& e) {
-      throw InvalidInput(std::string(e.what()) +
-                         " — the operator time model needs the GPU's HBM bandwidth and SM count "
-                         "(a cluster preset, or gpu.memory_bandwidth_gbps and gpu.sm_count in the "
-                         "cluster file), or use --time-model utilisation");
-    }
-  }
-  if (!cluster.gpu.supports(precision))
-    throw InvalidInput("--precision " + std::string(to_string(precision)) + ": " + cluster.gpu.name +
-                       (precision == Precision::fp8
-                            ? " has no fp8 tensor cores (peak_fp8 0)"
-                            : " has no block-scaled (Blackwell) tensor cores (peak_fp4 0)"));
-  if (run_hours && !(*run_hours > 0)) throw InvalidInput("--days must be > 0");
-  if (run_tokens && !(*run_tokens > 0)) throw InvalidInput("--tokens must be > 0");
-  if (!(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64))
-    throw InvalidInput("--capacity-factor = " + format_number(capacity_factor) +
-                       ": must be in [1, 64]");
-}
 
 PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
   r.validate();
@@ -638,14 +561,9 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
         std::to_string(std::int64_t(L.dp) * L.micro_batch * L.grad_accum) +
         " must equal --global-batch = " + std::to_string(r.global_batch));
   if (L.zero < 0 || L.zero > 3) bad("zero = " + std::to_string(L.zero) + ": allowed 0..3");
-  if (L.ep < 1 || (std::int64_t(L.dp) * L.cp) % L.ep != 0)
-    bad("ep = " + std::to_string(L.ep) + ": must divide dp × cp = " +
-        std::to_string(std::int64_t(L.dp) * L.cp) +
-        " (expert-parallel ranks are carved out of the data-parallel ones)");
-  if (L.ep > 1 && !m.is_moe()) bad("ep = " + std::to_string(L.ep) + ": needs a mixture-of-experts model");
-  if (L.ep > 1 && m.experts % L.ep != 0)
-    bad("ep = " + std::to_string(L.ep) + ": must divide the routed experts (" +
-        std::to_string(m.experts) + ")");
+  require_expert_split(m, L.ep, L.expert_tp(), L.tp);
+  (void)expert_layout(ParallelLayout{.dp = L.dp, .tp = L.tp, .pp = L.pp, .cp = L.cp}, L.etp, L.ep);
+  require_expert_tp(L.tp, L.expert_tp(), L.sp);
   const Prepared P = prepare(r);
   const Layout staged = with_stages(P, L);
   ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
@@ -692,16 +610,14 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         if (pp > 1 && m.layers % pp == 0)  // interleaving needs pp·v | layers
           for (std::int64_t v : divisors(m.layers / pp))
             if (v > 1 && v <= space.max_interleave) chunks.push_back(v);
-        // Expert parallelism: MoE models only, ep | dp·cp and ep | experts.
-        std::vector<std::int64_t> eps{1};
-        if (m.is_moe())
-          for (std::int64_t ep : divisors(dp * cp))
-            if (ep > 1 && m.experts % ep == 0 && (space.max_ep == 0 || ep <= space.max_ep))
-              eps.push_back(ep);
-        for (std::int64_t ep : eps)
+        // Expert parallelism and expert TP: MoE models only, e_t ∈ {tp, 1} (SearchSpace::
+        // expert_tp), e_t | f, ep·e_t | tp·cp·dp and ep | experts.
+        const std::vector<ExpertSplit> experts = expert_splits(m, space, int(tp), dp * cp);
+        for (const ExpertSplit& ex : experts)
         for (std::int64_t v : chunks)
           for (bool sp : {false, true}) {
             if (sp && (tp == 1 || !space.allow_sp)) continue;
+            if (!sp && ex.etp != tp && tp > 1) continue;  // Note [expert tensor parallelism]
             for (int zero : space.zero_stages) {
               if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
               for (Recompute rc : space.recomputes) {
@@ -718,7 +634,8 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                     if (v > 1 && accum % pp != 0) { ++rej.interleave; continue; }
                     ++shape_ok;
                     const Layout L{.dp = int(dp), .tp = int(tp), .pp = int(pp), .cp = int(cp),
-                                   .interleave = int(v), .ep = int(ep), .sp = sp, .zero = zero,
+                                   .interleave = int(v), .ep = ex.ep, .etp = ex.etp, .sp = sp,
+                                   .zero = zero,
                                    .micro_batch = b, .grad_accum = accum, .recompute = rc,
                                    .attention = att};
                     const PlanEval e = cost(P, L);
@@ -789,7 +706,9 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    " | time: " +
                    (r.time_model == TimeModel::operators
                         ? "operator model (kernels on the " + r.cluster.gpu.name +
-                              " roofline, " + (r.causal ? "causal" : "full") + " attention)"
+                              " roofline, " + (r.causal ? "causal" : "full") + " attention" +
+                              (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
+                              ")"
                         : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
                    ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                                         : "flat ring") +
@@ -802,6 +721,10 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                                      : "") +
                    (r.capacity_factor != 1.0
                         ? ", MoE capacity factor " + format_number(r.capacity_factor)
+                        : std::string()) +
+                   (r.max_route_nodes > 0
+                        ? ", tokens routed to at most " + std::to_string(r.max_route_nodes) +
+                              " nodes, sent once to each (DeepSeek-V3 node-limited routing)"
                         : std::string());
   return res;
 }

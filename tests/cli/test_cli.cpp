@@ -87,6 +87,37 @@ TEST(Cli, MemoryFromConfigJson) {
 }
 
 // Seed §A2: S = 14 GB, k = 8 → 24.5 GB per rank, 0.49 s at 50 GB/s.
+// Note [JSON text for a file] (cli/flags.hpp): --model, --gpu and --calibration also take the file's
+// text itself (what `tally serve`'s page sends); the answer is the file's, and a message names the
+// text as the file it stands for.
+TEST(Cli, ModelAndGpuTakeTheFilesText) {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), TALLY_BIN);
+    return tally::subprocess::run_command(args, 50);
+  };
+  auto text_of = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  const std::string model = std::string(TALLY_TEST_DATA) + "/llama-2-7b.json";
+  const std::string cluster = std::string(TALLY_TEST_DATA) + "/cluster-custom.json";
+  const auto by_file = run({"memory", "--model", model, "--seq", "2048", "--gpu", cluster, "--json"});
+  const auto by_text = run({"memory", "--model", text_of(model), "--seq", "2048", "--gpu",
+                            "  " + text_of(cluster), "--json"});
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+  ASSERT_EQ(by_text.exit_code, 0) << by_text.err;
+  EXPECT_EQ(by_text.out, by_file.out);
+  EXPECT_NE(by_text.out.find("\"gpu\": \"my-a100\""), std::string::npos);
+  const auto bad = run({"plan", "--model", R"({"model_type": "llama", "hidden_size": 0})"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err.rfind("tally: error: config.json: hidden_size = 0: ", 0), 0u) << bad.err;
+  const auto cal = run({"plan", "--calibration", "{"});
+  EXPECT_EQ(cal.exit_code, 2);
+  EXPECT_EQ(cal.err.rfind("tally: error: calibration.json: not valid JSON: ", 0), 0u) << cal.err;
+}
+
 TEST(Cli, CommCollectiveJsonContract) {
   const auto j = json_of(tally("comm --collective all-reduce --size-gb 14 --ranks 8 "
                                "--bandwidth-gbps 50 --json"));
@@ -630,6 +661,33 @@ TEST(Cli, CompareTakesPipelineStageLayers) {
   EXPECT_EQ(tally(base + " --pp-layers 8,8").rc, 2);  // 2 stages for --pp 16
 }
 
+// --kernels eager (Note [eager kernels] in core/operators.hpp): torchtitan's uncompiled Llama moves
+// more bytes between the same GEMMs, so the same layout takes longer; the FLOPs (hence MFU's
+// numerator) and the memory ledger are untouched, and the plan's convention names the choice.
+TEST(Cli, EagerKernelsSlowTheStepNotTheMemory) {
+  const std::string base =
+      "compare --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 --seq 8192 --zero 3 "
+      "--micro-batch 2 --recompute op-sac --json";
+  const auto fused = json_of(tally(base))["options"][0]["eval"];
+  const auto eager = json_of(tally(base + " --kernels eager"))["options"][0]["eval"];
+  EXPECT_GT(eager["step_seconds"].get<double>(), fused["step_seconds"].get<double>());
+  // At most the HBM time of the added bytes: per token and layer well under 2 MB on 3.35 TB/s.
+  const double tokens = 16.0 * 8192 / 8, layers = 32;
+  EXPECT_LT(eager["step_seconds"].get<double>() - fused["step_seconds"].get<double>(),
+            tokens * layers * 2e6 / (3.35e12 * 0.85));
+  EXPECT_EQ(eager["per_gpu_gb"], fused["per_gpu_gb"]);
+  EXPECT_LT(eager["mfu"].get<double>(), fused["mfu"].get<double>());
+  const auto plan = tally("plan --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 "
+                          "--seq 8192 --kernels eager");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("eager PyTorch kernels"), std::string::npos);
+  const auto bad = tally("plan --model llama-3-8b --kernels unfused");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--kernels: 'unfused' is not one of: fused, eager"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
 }  // namespace
 
 namespace {
@@ -726,6 +784,84 @@ TEST(Cli, ExpertParallelFlags) {
     EXPECT_TRUE(r.err.find("--ep") != std::string::npos ||
                 r.err.find("--capacity-factor") != std::string::npos)
         << bad << ": " << r.err;
+  }
+}
+
+// Expert TP on the command line (Note [expert tensor parallelism]). Mixtral on --tp 2 --sp --dp 8:
+// with --ep 8 --etp 1 a GPU holds half of the 1,605,636,096 other params and one whole expert per
+// layer, 45,097,156,608 / 8; with the default ETP = TP 2 and --ep 4 the pair all-gathers its
+// dispatched copies, 4 calls per layer × 32, each sending 2048 tokens × top-2 × 4096 × 2 B.
+TEST(Cli, ExpertTensorParallelFlags) {
+  const auto mem = json_of(tally("memory --model mixtral-8x7b --tp 2 --sp --dp 8 --ep 8 --etp 1 "
+                                 "--zero 1 --seq 4096 --json"));
+  EXPECT_NEAR(mem["params_per_gpu"].get<double>(), 1605636096.0 / 2 + 45097156608.0 / 8, 1);
+  EXPECT_NE(mem["convention"].get<std::string>().find("ETP 1"), std::string::npos);
+  const auto comm = json_of(tally("comm --model mixtral-8x7b --tp 2 --sp --dp 8 --ep 4 --seq 4096 "
+                                  "--json"));
+  bool found = false;
+  for (const auto& it : comm["items"])
+    if (it["kind"] == "expert-tp") {
+      found = true;
+      EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 128);
+      EXPECT_DOUBLE_EQ(it["bytes_per_call"].get<double>(), 2048.0 * 2 * 4096 * 2);
+      EXPECT_EQ(it["group"], 2);
+    }
+  EXPECT_TRUE(found) << comm.dump();
+  const auto cmp = json_of(tally("compare --model mixtral-8x7b --gpu h100-80g --gpus 16 --tp 2 "
+                                 "--sp --global-batch 64 --seq 4096 --ep 8 --etp 1 --zero 1 "
+                                 "--micro-batch 1 --recompute full --alternative double-gpus "
+                                 "--json"));
+  EXPECT_EQ(cmp["options"][0]["eval"]["etp"], 1) << cmp.dump();
+  const auto plan = json_of(tally("plan --model mixtral-8x7b --gpu h100-80g --gpus 16 "
+                                  "--global-batch 64 --seq 4096 --etp tp --json"));
+  EXPECT_EQ(plan["best"]["etp"], plan["best"]["tp"]) << plan["best"];
+  for (const auto& p : plan["alternatives"]) EXPECT_EQ(p["etp"], p["tp"]);
+  // Refused with one line naming --etp: ETP other than TP without SP, an ETP not dividing the
+  // experts' width, a dense model, a plan value other than tp, 1 or any.
+  for (const char* bad : {"memory --model mixtral-8x7b --tp 2 --dp 8 --ep 8 --etp 1 --seq 4096",
+                          "comm --model mixtral-8x7b --tp 2 --sp --dp 8 --etp 3",
+                          "memory --model llama-3-8b --tp 2 --sp --etp 1 --seq 4096",
+                          "plan --model mixtral-8x7b --gpus 16 --etp 2"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_NE(r.err.find("--etp"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
+// Node-limited routing on the command line (DeepSeek-V3 §2.1.2: each token to at most 4 nodes).
+// DeepSeek-V3 on --dp 64 --ep 64 over 8 H100 hosts, s 4096: S = 4096 · 8 · 7168 · 2 B per call, 4
+// calls per MoE layer × 58 = 232. Plain, a rank sends 56/64 of S to other hosts; with
+// --max-route-nodes 4 each token crosses once per remote target node, 4·7/8 against 8·7/8 copies:
+// half; and every copy not already on its expert's GPU crosses NVLink once, 7/8 of S.
+TEST(Cli, NodeLimitedRouting) {
+  const double S = 4096.0 * 8 * 7168 * 2;
+  const char* cmd = "comm --model deepseek-v3 --dp 64 --ep 64 --seq 4096 --gpu h100-80g --json";
+  for (const int m : {0, 4}) {
+    const auto j = json_of(tally(std::string(cmd) + " --max-route-nodes " + std::to_string(m)));
+    bool found = false;
+    for (const auto& it : j["items"])
+      if (it["kind"] == "ep-all-to-all") {
+        found = true;
+        EXPECT_EQ(it["nodes"], 8);
+        EXPECT_EQ(it["max_route_nodes"], m);
+        EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 232);
+        EXPECT_NEAR(it["inter_node_bytes_per_rank"].get<double>(),
+                    232 * S * 56 / 64 * (m == 4 ? 0.5 : 1.0), 1);
+        EXPECT_NEAR(it["intra_node_bytes_per_rank"].get<double>(),
+                    232 * S * (m == 4 ? 7.0 / 8 : 7.0 / 64), 1);
+      }
+    EXPECT_TRUE(found) << j.dump();
+  }
+  const auto plan = json_of(tally("plan --model deepseek-v3 --gpus 1024 --gpu h100-80g "
+                                  "--global-batch 8192 --seq 4096 --max-pp 1 --max-cp 1 "
+                                  "--max-route-nodes 4 --json"));
+  EXPECT_NE(plan["convention"].get<std::string>().find("at most 4 nodes"), std::string::npos);
+  for (const char* bad : {"comm --model llama-3-8b --dp 8 --max-route-nodes 4",
+                          "plan --model llama-3-8b --gpus 8 --max-route-nodes 4",
+                          "comm --model deepseek-v3 --dp 8 --ep 8 --max-route-nodes -1"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_NE(r.err.find("--max-route-nodes"), std::string::npos) << bad << ": " << r.err;
   }
 }
 

@@ -195,6 +195,26 @@ TEST(Activations, DeepSeekV3MoeLayerByHand) {
   EXPECT_DOUBLE_EQ(r.peak_stage_bytes - n.peak_stage_bytes, 3 * 3 * e * T * (18432.0 - 4096));
 }
 
+// The dispatched copies as the expert-TP group gathers them (Note [expert tensor parallelism]):
+// DeepSeek-V3 at s 4096 on TP 2 + SP. Each rank routes its 2048 tokens; with ETP = TP = 2 the
+// grouped GEMM saves both halves' 8 copies, 4096·8·7168·2 B; with ETP 1 its own, 2048·8·7168·2 B.
+// The routed MLP hidden is 2048·8 tokens × 2048 (ETP 1) or 4096·8 × 1024 (ETP 2): the same bytes.
+TEST(Activations, DispatchedTokensAsTheExpertTpGroupGathersThem) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  ActivationSetup a{.seq = 4096, .tp = 2, .sequence_parallel = true, .dropout = false};
+  const ActivationResult two = activations(m, a);
+  a.etp = 1;
+  const ActivationResult one = activations(m, a);
+  EXPECT_DOUBLE_EQ(term_bytes(two, "dispatched tokens (expert input)"), 4096.0 * 8 * 7168 * 2);
+  EXPECT_DOUBLE_EQ(term_bytes(one, "dispatched tokens (expert input)"), 2048.0 * 8 * 7168 * 2);
+  EXPECT_DOUBLE_EQ(two.per_layer_bytes - one.per_layer_bytes, 2048.0 * 8 * 7168 * 2);
+  // Without SP (ETP = TP) each TP rank routes all 4096 tokens already: 4096·8·7168·2 B, no gather.
+  const ActivationResult no_sp = activations(m, {.seq = 4096, .tp = 2, .dropout = false});
+  EXPECT_DOUBLE_EQ(term_bytes(no_sp, "dispatched tokens (expert input)"), 4096.0 * 8 * 7168 * 2);
+  EXPECT_NE(one.convention().find("ETP 1"), std::string::npos) << one.convention();
+  EXPECT_THROW(activations(m, {.seq = 4096, .tp = 2, .etp = 1}), InvalidInput);  // needs SP
+}
+
 TEST(Activations, GqaShrinksKeyValueTerm) {
   const auto mha = *model_preset("llama-2-7b");   // a_kv = 32
   const auto gqa = *model_preset("mistral-7b");   // a_kv = 8

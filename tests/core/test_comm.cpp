@@ -159,8 +159,8 @@ TEST(StepTraffic, Erratum4_ZeroOneAndTwoMoveAsMuchAsDp) {
   EXPECT_EQ(z3.zero_param_gather.calls, 2);
 }
 
-// Gradient accumulation: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so their
-// reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
+// Gradient accumulation without PP: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so
+// their reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
 TEST(StepTraffic, AccumulationOnlyMultipliesShardedStages) {
   for (int z = 0; z <= 3; ++z) {
     auto one = seed_7b(8, z);
@@ -269,7 +269,7 @@ TEST(StepTraffic, ContextParallelRingOfKV) {
 TEST(StepTraffic, SingleRankMovesNothing) {
   const auto r = step_traffic(StepTrafficSetup{.params = 7e9});
   EXPECT_EQ(r.total_bytes(), 0.0);
-  EXPECT_EQ(r.items().size(), 8u);
+  EXPECT_EQ(r.items().size(), 9u);
   for (const auto& it : r.items()) EXPECT_EQ(it.calls, 0.0) << to_string(it.kind);
 }
 
@@ -437,6 +437,74 @@ TEST(StepTraffic, ExpertParallelMixtralByHand) {
   EXPECT_THROW(step_traffic(bad), InvalidInput);
 }
 
+// Expert TP (Note [expert tensor parallelism]; Megatron-Core's dispatcher: A2A over EP, then AG
+// over expert TP; RS over expert TP, then A2A) for Mixtral on tp 2 + SP × dp 8, b 1, s 4096, one
+// micro-batch, bf16, no recompute. Each rank routes its sequence half, T_r = 2048 tokens:
+//   all-to-all S = 2048 · 2 · 4096 · 2 B = 33,554,432 B per call, S(ep−1)/ep sent, 128 calls;
+//   TP: Mixtral has no shared experts, so under SP a MoE layer keeps only the attention pair:
+//     4 calls per layer × 32 = 128, S(t−1)/t = 16,777,216 B of S = 4096 · 4096 · 2;
+//   ETP 1 × EP 8: no expert-TP collective; experts' DP 16 / 8 = 2 ranks, 8 apart, all-reducing
+//     S = 2 · 45,097,156,608 / 8 B;
+//   ETP 2 × EP 4: the ETP pair all-gathers its dispatched copies and reduce-scatters the outputs,
+//     4 calls per MoE layer of S(e_t−1)/e_t = 33,554,432 B (S = 2 ranks' copies); EP 2 apart.
+TEST(StepTraffic, ExpertTensorParallelMixtralByHand) {
+  const double n = 46702792704.0, routed = 45097156608.0;
+  const double a2a = 2048.0 * 2 * 4096 * 2;
+  StepTrafficSetup s{.params = n, .hidden = 4096, .layers = 32, .seq_len = 4096, .dp = 8, .tp = 2,
+                     .sequence_parallel = true, .ep = 8, .etp = 1, .expert_share = routed / n,
+                     .moe_layers = 32, .experts_per_token = 2};
+  auto r = step_traffic(s);
+  EXPECT_EQ(r.ep.group, 8);
+  EXPECT_EQ(r.ep.stride, 1);
+  EXPECT_DOUBLE_EQ(r.ep.calls, 128);
+  EXPECT_DOUBLE_EQ(r.ep.bytes_per_call, a2a * 7 / 8);
+  EXPECT_DOUBLE_EQ(r.expert_tp.calls, 0);
+  EXPECT_DOUBLE_EQ(r.tp.calls, 128);
+  EXPECT_DOUBLE_EQ(r.tp.bytes_per_call, 4096.0 * 4096 * 2 / 2);
+  EXPECT_EQ(r.expert_grad.group, 2);
+  EXPECT_EQ(r.expert_grad.stride, 8);
+  EXPECT_NEAR(r.expert_grad.bytes_per_rank, 2 * routed / 8, 1);
+  EXPECT_NEAR(r.dp_grad.bytes_per_rank, 2 * (2 * (n - routed) / 2) * 7 / 8, 1);
+
+  s.etp = 2;
+  s.ep = 4;
+  r = step_traffic(s);
+  EXPECT_EQ(r.ep.stride, 2);
+  EXPECT_DOUBLE_EQ(r.ep.bytes_per_call, a2a * 3 / 4);
+  EXPECT_EQ(r.expert_tp.group, 2);
+  EXPECT_EQ(r.expert_tp.stride, 1);
+  EXPECT_EQ(r.expert_tp.collective, Collective::all_gather);
+  EXPECT_EQ(r.expert_tp.paired_with, Collective::reduce_scatter);
+  EXPECT_DOUBLE_EQ(r.expert_tp.calls, 128);
+  EXPECT_DOUBLE_EQ(r.expert_tp.bytes_per_call, a2a);
+  EXPECT_EQ(r.expert_grad.group, 2);
+  EXPECT_NEAR(r.expert_grad.bytes_per_rank, 2 * routed / 8, 1);
+  EXPECT_NEAR(r.total_bytes(), 128 * a2a * 3 / 4 + 128 * a2a + 128 * 4096.0 * 4096 +
+                                   2 * (n - routed) * 7 / 8 + 2 * routed / 8, 64);
+  // Full recompute replays the forward pair; shared experts keep the MLP-side TP pair under SP.
+  StepTrafficSetup full = s;
+  full.recompute = Recompute::full;
+  EXPECT_DOUBLE_EQ(step_traffic(full).expert_tp.calls, 192);
+  StepTrafficSetup shared = s;
+  shared.shared_experts = true;
+  EXPECT_DOUBLE_EQ(step_traffic(shared).tp.calls, 256);
+  // TP without SP (e_t = t): every TP rank holds the tokens already, nothing to gather; the TP
+  // all-reduces sum the partial outputs (4 per layer).
+  StepTrafficSetup no_sp = s;
+  no_sp.sequence_parallel = false;
+  EXPECT_DOUBLE_EQ(step_traffic(no_sp).expert_tp.calls, 0);
+  EXPECT_DOUBLE_EQ(step_traffic(no_sp).tp.calls, 128);
+  // Refused: ETP 1 under TP 2 without SP; ETP × EP not dividing tp × dp = 16.
+  no_sp.etp = 1;
+  EXPECT_THROW(step_traffic(no_sp), InvalidInput);
+  StepTrafficSetup bad = s;
+  bad.etp = 1;
+  bad.ep = 32;
+  EXPECT_THROW(step_traffic(bad), InvalidInput);
+  bad.ep = 16;  // ETP 1 × EP 16 is a regrouping of the 16 ranks
+  EXPECT_NO_THROW(step_traffic(bad));
+}
+
 // Note [NCCL collective model] for an all-to-all that leaves the NVLink domain: 16 ranks on two
 // 8-GPU hosts; each rank sends 1/15 of its bytes to every peer, 8 of them over its own NIC and 7
 // over NVLink, all at once: the NIC part paces it, after one network latency and 7 NVLink steps.
@@ -453,6 +521,52 @@ TEST(CommNccl, AllToAllAcrossHostsRunsOnEachRanksOwnRail) {
                    7 * c.intra_node.latency_s + 7e6 / nvl);
 }
 
+// Note [node-limited routing] (DeepSeek-V3 §2.1.2 and §3.2.2): EP 64 over 8 H100 hosts (stride 1),
+// top-8, each token to at most M = 4 nodes. A rank scatters S = 64e6 B (its own 1e6 share
+// included), sends 63e6. Plain: 56 peers on other hosts, 56e6 over its NIC, 7e6 over NVLink.
+// Node-limited: each token crosses once per remote target node, min(4, 8, 8) = 4 targets of which
+// 4·7/8 remote, against 8·7/8 copies plain: 28e6 over the NIC; every copy not already on its
+// expert's GPU moves over NVLink once, S·7/8 = 56e6. The NIC part still paces it, half as long.
+TEST(CommNccl, NodeLimitedRoutingSendsEachTokenOncePerNode) {
+  const ClusterSpec c = *cluster_preset("h100-80g");
+  const double bytes = 63e6;
+  const RouteLimit m4{.max_nodes = 4, .copies_per_token = 8};
+  const AllToAllSplit plain = all_to_all_split(bytes, 64, 1, c);
+  EXPECT_EQ(plain.domains, 8);
+  EXPECT_EQ(plain.members_per_domain, 8);
+  EXPECT_DOUBLE_EQ(plain.inter_node_bytes, 56e6);
+  EXPECT_DOUBLE_EQ(plain.intra_node_bytes, 7e6);
+  const AllToAllSplit limited = all_to_all_split(bytes, 64, 1, c, m4);
+  EXPECT_DOUBLE_EQ(limited.inter_node_bytes, 28e6);
+  EXPECT_DOUBLE_EQ(limited.intra_node_bytes, 56e6);
+  const double nic = c.inter_node.bandwidth_bps * c.inter_bus_fraction;  // one NIC per GPU
+  const double nvl = c.intra_node.bandwidth_bps * c.intra_bus_fraction;
+  ASSERT_GT(28e6 / nic, 56e6 / nvl);
+  const double latency = c.inter_node.latency_s + 7 * c.intra_node.latency_s;
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 64, 1, c, m4),
+                   latency + 28e6 / nic);
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 64, 1, c),
+                   latency + 56e6 / nic);
+  // A limit at or beyond the copies (M = 8 of top-8) saves no NIC bytes; inside a host, or under
+  // the flat ring (every byte on the slowest link), it changes nothing.
+  EXPECT_DOUBLE_EQ(all_to_all_split(bytes, 64, 1, c, {.max_nodes = 8, .copies_per_token = 8})
+                       .inter_node_bytes, 56e6);
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, 7e6, 8, 1, c, m4),
+                   collective_seconds(Collective::all_to_all, 7e6, 8, 1, c));
+  ClusterSpec flat = c;
+  flat.comm_model = CommModel::flat_ring;
+  EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 64, 1, flat, m4),
+                   collective_seconds(Collective::all_to_all, bytes, 64, 1, flat));
+  // The ledger carries the limit on its all-to-all item, and refuses a negative one.
+  StepTrafficSetup s{.params = 671e9, .hidden = 7168, .layers = 61, .seq_len = 4096, .dp = 64,
+                     .ep = 64, .expert_share = 0.97, .moe_layers = 58, .experts_per_token = 8,
+                     .max_route_nodes = 4};
+  EXPECT_EQ(step_traffic(s).ep.route.max_nodes, 4);
+  EXPECT_EQ(step_traffic(s).ep.route.copies_per_token, 8);
+  s.max_route_nodes = -1;
+  EXPECT_THROW(step_traffic(s), InvalidInput);
+}
+
 // A group of 12 on 8-GPU hosts (stride 1): ranks 0–7 share one host, 8–11 the next. A rank of the
 // 4-member host sends 8 of its 11 peer messages over its NIC, more than any rank of the full host
 // (4): the collective waits for it. (Averaging the members over the hosts, 6 per host, would have
@@ -465,6 +579,24 @@ TEST(CommNccl, AllToAllOverAPartialHostIsPacedByItsSmallestDomain) {
   ASSERT_GT(8 * per_peer / nic, 7 * per_peer / nvl);  // the NIC part paces
   const double expect = c.inter_node.latency_s + 7 * c.intra_node.latency_s + 8 * per_peer / nic;
   EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 12, 1, c), expect);
+}
+
+// ZeRO-2 under pipeline parallelism: torch.distributed.pipelining runs every backward of an FSDP
+// stage without gradient sync and reduce-scatters once after the last (stage.py at 0138610331c9,
+// backward_maybe_with_nosync / _post_backward; DeepSpeed refuses ZeRO-2 with PP). Without PP,
+// DeepSpeed's stage 2 reduces every micro-batch. The parameter all-gather is once per step in both.
+TEST(StepTraffic, ZeroTwoUnderPipelineReducesOncePerStep) {
+  StepTrafficSetup s{.params = 8e9, .hidden = 4096, .layers = 32, .seq_len = 4096,
+                     .micro_batches = 8, .dp = 4, .pp = 1, .zero_stage = 2};
+  EXPECT_DOUBLE_EQ(step_traffic(s).dp_grad.calls, 8);
+  EXPECT_DOUBLE_EQ(step_traffic(s).zero_param_gather.calls, 1);
+  s.pp = 4;
+  const StepTraffic t = step_traffic(s);
+  EXPECT_DOUBLE_EQ(t.dp_grad.calls, 1);
+  EXPECT_DOUBLE_EQ(t.zero_param_gather.calls, 1);
+  // S = 2 bytes · 8e9 / 4 stages = 4e9 bytes; a reduce-scatter over 4 ranks sends 3/4 of it.
+  EXPECT_DOUBLE_EQ(t.dp_grad.bytes_per_rank, 4e9 * 3 / 4);
+  EXPECT_NE(t.dp_grad.formula.find("once per step"), std::string::npos) << t.dp_grad.formula;
 }
 
 // ZeRO-3 under pipeline parallelism (torchtitan's FSDP with torch.distributed.pipelining): the stage

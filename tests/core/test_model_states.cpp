@@ -178,6 +178,46 @@ TEST(ModelStates, ExpertParallelSplitsTheRoutedExperts) {
                    model_states(n, StateSetup{.zero_stage = 1, .shard_degree = 8}).bytes.total());
 }
 
+// Expert TP other than TP (Note [expert rank groups]: Megatron-Core's
+// --expert-tensor-parallel-size) for Mixtral on tp 2 × dp 8 (16 GPUs), ZeRO-1, mixed Adam. The
+// ledger gets N/2 per GPU (TP 2).
+//   ETP 1 × EP 8: each GPU holds one whole expert per layer, 45,097,156,608 / 8 = 5,637,144,576
+//     params, their 12 B sharded over the expert DP 16 / (1·8) = 2; the other 1,605,636,096 / 2 =
+//     802,818,048 over dp 8.
+//   ETP 2 × EP 2 (ETP = TP): half of 4 of the 8 experts, 45,097,156,608 / 4 = 11,274,289,152,
+//     expert DP 16 / 4 = 4.
+TEST(ModelStates, ExpertTensorParallelismSplitsTheExpertsItsOwnWay) {
+  const double n = 46702792704.0, routed = 45097156608.0;
+  const double dense = (n - routed) / 2;
+  const StateSetup one{.zero_stage = 1, .shard_degree = 8, .ep = 8, .tp = 2, .etp = 1,
+                       .expert_share = routed / n};
+  const auto r1 = model_states(n / 2, one);
+  EXPECT_EQ(one.expert_shard_degree(), 2);
+  EXPECT_NEAR(r1.local_params, dense + 5637144576.0, 1);
+  EXPECT_NEAR(r1.bytes.m, 4 * (dense / 8 + 5637144576.0 / 2), 1);
+  EXPECT_NEAR(r1.bytes.total(), dense * (4 + 12.0 / 8) + 5637144576.0 * (4 + 12.0 / 2), 16);
+  EXPECT_NE(r1.convention().find("ETP 1"), std::string::npos) << r1.convention();
+  StateSetup two = one;
+  two.etp = 0;  // = tp
+  two.ep = 2;
+  const auto r2 = model_states(n / 2, two);
+  EXPECT_EQ(two.expert_shard_degree(), 4);
+  EXPECT_NEAR(r2.local_params, dense + 11274289152.0, 1);
+  EXPECT_NEAR(r2.updated_params, dense / 8 + 11274289152.0 / 4, 1);
+  // ETP 1 with EP 1 keeps whole experts on every GPU of a TP pair: twice the expert parameters.
+  StateSetup whole = one;
+  whole.ep = 1;
+  EXPECT_NEAR(model_states(n / 2, whole).local_params, dense + routed, 1);
+  // ETP × EP regroups TP × DP: 3 × 1 does not divide 16; a dense model has no experts to split.
+  StateSetup bad = one;
+  bad.ep = 3;
+  EXPECT_THROW(model_states(n / 2, bad), InvalidInput);
+  bad = one;
+  bad.ep = 1;
+  bad.expert_share = 0;
+  EXPECT_THROW(model_states(n / 2, bad), InvalidInput);
+}
+
 // An fp8 recipe is bf16 mixed Adam (16 B per parameter) plus 2 B per linear weight for its fp8
 // copy and transpose; with 95 % of 7e9 parameters in linear layers that is 13.3 GB more. ZeRO-1
 // and ZeRO-2 leave the copies whole (they are built from the full local weights); ZeRO-3 shards

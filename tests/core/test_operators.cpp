@@ -6,12 +6,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "tally/core/compute.hpp"
 #include "tally/core/presets.hpp"
+#include "tally/core/roofline.hpp"
 
 namespace tally {
 namespace {
+
+// The kernel named `name` in `ops` (a failure, and an empty Op, when there is none).
+Op find(const std::vector<Op>& ops, std::string_view name) {
+  for (const Op& op : ops)
+    if (op.name == name) return op;
+  ADD_FAILURE() << name;
+  return Op{};
+}
 
 // A GPT layer as both papers count it: 4h MLP, LayerNorm, learned positions, no GQA.
 ModelSpec gpt(std::int64_t h, std::int64_t L, std::int64_t a, std::int64_t V = 51200) {
@@ -253,12 +264,6 @@ TEST(Operators, ExpertParallelKeepsFlopsInTallerGemms) {
   const ModelSpec m = *model_preset("deepseek-v3");
   const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
   OperatorSetup os{.seq = 256, .micro_batch = 1, .dropout = false};
-  auto find = [](const std::vector<Op>& ops, std::string_view name) {
-    for (const Op& op : ops)
-      if (op.name == name) return op;
-    ADD_FAILURE() << name;
-    return Op{};
-  };
   const auto one = layer_ops(m, os);
   os.ep = 8;
   const auto eight = layer_ops(m, os);
@@ -279,6 +284,42 @@ TEST(Operators, ExpertParallelKeepsFlopsInTallerGemms) {
   EXPECT_THROW(layer_ops(m, os), InvalidInput);
   EXPECT_THROW(layer_ops(*model_preset("llama-3-8b"), OperatorSetup{.seq = 256, .ep = 2}),
                InvalidInput);
+}
+
+// Expert TP (Note [expert tensor parallelism]): DeepSeek-V3 at s 256 on TP 2 + SP with EP 8. Each
+// rank routes its 128-token sequence half. With ETP = TP = 2 the pair gathers both halves, 256
+// tokens, so each of the 32 local experts runs 256·8·8/256 = 64 rows, 2·2048/2 = 2048 wide (gate
+// and up); with ETP 1 a rank keeps its 128 tokens, 128·8·8/256 = 32 rows, whole experts 4096 wide:
+// the same FLOPs, and the down projection's inner dimension 1024 against 2048.
+TEST(Operators, ExpertTensorParallelismReshapesTheExpertGemms) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  OperatorSetup os{.seq = 256, .micro_batch = 1, .tp = 2, .sequence_parallel = true,
+                   .dropout = false, .ep = 8};
+  const auto two = layer_ops(m, os);
+  os.etp = 1;
+  const auto one = layer_ops(m, os);
+  const Op up2 = find(two, "mlp-gate-up"), up1 = find(one, "mlp-gate-up");
+  EXPECT_EQ(up2.m, 64);
+  EXPECT_EQ(up2.n, 2048);
+  EXPECT_EQ(up2.k, 7168);
+  EXPECT_DOUBLE_EQ(up2.batch, 32);
+  EXPECT_EQ(up1.m, 32);
+  EXPECT_EQ(up1.n, 4096);
+  EXPECT_DOUBLE_EQ(up1.batch, 32);
+  EXPECT_DOUBLE_EQ(up1.flops, 2.0 * 32 * 32 * 4096 * 7168);
+  EXPECT_DOUBLE_EQ(up1.flops, up2.flops);
+  EXPECT_EQ(find(two, "mlp-down").k, 1024);
+  EXPECT_EQ(find(one, "mlp-down").k, 2048);
+  EXPECT_DOUBLE_EQ(find(one, "swiglu").bytes, find(two, "swiglu").bytes);
+  // The shared expert stays on TP: 2048/2 wide on all 256 tokens either way.
+  EXPECT_EQ(find(one, "shared-gate-up").n, 2048);
+  EXPECT_EQ(find(one, "shared-gate-up").m, 256);
+  // Refused: ETP 1 under TP 2 without SP; an ETP not dividing the experts' width 2048.
+  os.sequence_parallel = false;
+  EXPECT_THROW(layer_ops(m, os), InvalidInput);
+  os.sequence_parallel = true;
+  os.etp = 3;
+  EXPECT_THROW(layer_ops(m, os), InvalidInput);
 }
 
 // Note [low precision]: under an fp8 recipe the linear GEMMs run at the GPU's fp8 peak, while the
@@ -337,6 +378,118 @@ TEST(Operators, OpSacReplaysEveryOtherMatmul) {
   EXPECT_DOUBLE_EQ(flops_per_token(m, 4096, Recompute::op_sac) -
                        flops_per_token(m, 4096, Recompute::none),
                    32 * expect / 4096);
+}
+
+// Note [eager kernels]: uncompiled PyTorch as torchtitan's Llama writes it. Each kernel's bytes
+// per element are summed here from the operators named in the note (bf16, e = 2; fp32 = 4), so a
+// change to the inventory shows up against this count.
+std::map<std::string, std::pair<double, double>> memory_bytes(const std::vector<Op>& ops) {
+  std::map<std::string, std::pair<double, double>> out;  // name → (forward, backward) bytes
+  for (const Op& op : ops) {
+    if (op.kind != OpKind::memory || op.pass == Pass::recompute) continue;
+    std::string name(op.name);
+    if (op.pass == Pass::backward) name = name.substr(0, name.find(".backward"));
+    (op.pass == Pass::forward ? out[name].first : out[name].second) += op.bytes;
+  }
+  return out;
+}
+
+TEST(Operators, EagerKernelsOfTorchtitansLlama) {
+  const ModelSpec m = *model_preset("llama-3-8b");  // h 4096, 32 q / 8 kv heads, f 14336
+  const double T = 2 * 4096, h = 4096, hq = 4096, hkv = 1024, f = 14336;
+  OperatorSetup os{.seq = 4096, .micro_batch = 2, .dropout = false};
+  const auto fused_ops = layer_ops(m, os);
+  os.kernels = Kernels::eager;
+  const auto eager_ops = layer_ops(m, os);
+  // The GEMMs and attention are untouched: eager changes only what moves between them.
+  auto flops = [](const std::vector<Op>& ops) {
+    double f = 0;
+    for (const Op& op : ops) f += op.flops;
+    return f;
+  };
+  EXPECT_DOUBLE_EQ(flops(eager_ops), flops(fused_ops));
+
+  const auto fused = memory_bytes(fused_ops), eager = memory_bytes(eager_ops);
+  // RMSNorm: x.float() 2+4, pow 4+4, mean 4, × rsqrt 4+4, type_as 4+2, × weight 2+2 forward;
+  // × weight's two gradients 2+2 and 2+2+2 summed 2, cast 2+4, × rsqrt 4+4 and 4+4+4 summed 4,
+  // mean's expand 4, pow's x.pow(1) 4+4, × 2 4+4, × grad 4+4+4, the two gradients added 4+4+4,
+  // cast back 4+2.
+  const double rms_f = 6 + 8 + 4 + 8 + 6 + 4, rms_b = 4 + 8 + 6 + 8 + 16 + 4 + 8 + 8 + 12 + 12 + 6;
+  EXPECT_DOUBLE_EQ(rms_f, 36);
+  EXPECT_DOUBLE_EQ(rms_b, 92);
+  for (const char* n : {"norm-1", "norm-2"}) {
+    EXPECT_DOUBLE_EQ(eager.at(n).first, rms_f * T * h) << n;
+    EXPECT_DOUBLE_EQ(eager.at(n).second, rms_b * T * h) << n;
+    EXPECT_DOUBLE_EQ(fused.at(n).first, 4 * T * h) << n;  // one read, one write
+  }
+  // Rotary on q and k: cast 2+4, complex product 4+4, cast back 4+2, each way.
+  EXPECT_DOUBLE_EQ(eager.at("rotary").first, 20 * T * (hq + hkv));
+  EXPECT_DOUBLE_EQ(eager.at("rotary").second, 20 * T * (hq + hkv));
+  // repeat_kv of k and v to 32 heads: read 1024, write 4096 each; backward the copy of the
+  // transposed gradient (4096 read + written) and the sum over repeats (4096 read, 1024 written).
+  EXPECT_DOUBLE_EQ(eager.at("repeat-kv").first, 2 * 2 * T * (hkv + hq));
+  EXPECT_DOUBLE_EQ(eager.at("repeat-kv").second, 2 * 2 * T * (2 * hq + hq + hkv));
+  EXPECT_DOUBLE_EQ(eager.at("attention-output-copy").first, 2 * 2 * T * hq);
+  EXPECT_DOUBLE_EQ(eager.at("attention-output-copy").second, 0);
+  EXPECT_EQ(fused.count("repeat-kv"), 0u);
+  // SwiGLU: silu 2+2, product 2+2+2; backward the product's gradients (2+2+2) × 2, silu's 2+2+2.
+  EXPECT_DOUBLE_EQ(eager.at("swiglu").first, 10 * T * f);
+  EXPECT_DOUBLE_EQ(eager.at("swiglu").second, 18 * T * f);
+  EXPECT_DOUBLE_EQ(fused.at("swiglu").first, 6 * T * f);
+  // Residual adds are one kernel either way.
+  EXPECT_DOUBLE_EQ(eager.at("dropout-residual-1").first, fused.at("dropout-residual-1").first);
+
+  // A GPT layer: LayerNorm and GeLU are single native kernels eagerly too, no rotary, no GQA —
+  // only the attention output's copy is added.
+  const ModelSpec g = gpt(2048, 24, 16);
+  OperatorSetup gs{.seq = 2048, .micro_batch = 1};
+  const auto g_fused = memory_bytes(layer_ops(g, gs));
+  gs.kernels = Kernels::eager;
+  const auto g_eager = memory_bytes(layer_ops(g, gs));
+  EXPECT_EQ(g_eager.size(), g_fused.size() + 1);
+  for (const auto& [name, bytes] : g_fused) EXPECT_EQ(g_eager.at(name), bytes) << name;
+  EXPECT_DOUBLE_EQ(g_eager.at("attention-output-copy").first, 2 * 2 * 2048.0 * 2048);
+}
+
+// The loss: PyTorch's cross_entropy(logits.float()) — cast 2+4, log-softmax's three reads and a
+// write 16 forward; the NLL gradient's zero fill 4, log-softmax backward (row sum 4, read 8,
+// write 4), cast back 4+2 — against the fused vocabulary-parallel loss's 2+12 and 8+2.
+TEST(Operators, EagerLossKernels) {
+  const ModelSpec m = *model_preset("llama-3-8b");
+  OperatorSetup os{.seq = 4096, .micro_batch = 1, .dropout = false};
+  const double logits = 4096.0 * 128256;
+  EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("cross-entropy").first, 14 * logits);
+  os.eager_loss = true;
+  const auto b = memory_bytes(output_ops(m, os));
+  EXPECT_DOUBLE_EQ(b.at("cross-entropy").first, (6 + 16) * logits);
+  EXPECT_DOUBLE_EQ(b.at("cross-entropy").second, (4 + 16 + 6) * logits);
+  // The final norm is the model's RMSNorm, eager when the layers are.
+  os.kernels = Kernels::eager;
+  EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("final-norm").first, 36 * 4096.0 * 4096);
+}
+
+// GpuSpec::fp8_gemm: the B200's fp8 (and MXFP8) GEMMs take the constants fitted to its measured
+// fp8 table (presets.cpp), bf16 ones keep theirs. Worked for a 4096³ GEMM on 148 SMs: 256 × 128
+// tiles, 512 of them in ⌈512/148⌉ = 4 waves, q = 512/592; every halved tile loses more to its
+// 0.60 than it gains in quantisation; k/(k + k½) = 4096/6144; fraction 0.998162, under the 0.7288
+// ceiling; plus 2 µs.
+TEST(Operators, Fp8GemmsRunOnTheirMeasuredConstants) {
+  const GpuSpec b200 = cluster_preset("b200")->gpu;
+  const Op gemm{.name = "qkv", .kind = OpKind::gemm, .m = 4096, .n = 4096, .k = 4096,
+                .flops = 2.0 * 4096 * 4096 * 4096};
+  const double eta = 0.998162 * (512.0 / 592) * (4096.0 / 6144);
+  for (Precision p : {Precision::fp8, Precision::mxfp8})
+    EXPECT_NEAR(op_seconds(gemm, b200, p), gemm.flops / (4.5e15 * eta) + 2e-6, 1e-9)
+        << to_string(p);
+  // bf16 on the same GPU keeps bf16's constants.
+  EXPECT_NEAR(op_seconds(gemm, b200, Precision::bf16),
+              gemm.flops / (2.25e15 * gemm_efficiency(b200.kernels, 4096, 4096, 4096)) + 2e-6,
+              1e-12);
+  // Hopper has no usable fp8 table: bf16's constants at the fp8 peak.
+  const GpuSpec h100 = cluster_preset("h100-80g")->gpu;
+  EXPECT_NEAR(op_seconds(gemm, h100, Precision::fp8),
+              gemm.flops / (1978.9e12 * gemm_efficiency(h100.kernels, 4096, 4096, 4096)) + 2e-6,
+              1e-12);
 }
 
 }  // namespace

@@ -662,6 +662,79 @@ TEST(Planner, ExpertParallelismIsCheckedLikeEveryDimension) {
   for (const PlanEval& e : plan(dense, SearchSpace{.top = 20}).best) EXPECT_EQ(e.layout.ep, 1);
 }
 
+// Expert TP in the search (SearchSpace::expert_tp: Megatron-Core's default ETP = TP, or 1 with SP).
+// Mixtral on 16 H100s, TP 2 + SP × DP 8: ETP 1 × EP 8 and ETP 2 × EP 4 both leave each GPU an
+// eighth of the routed experts (whole, or halves of two), with expert DP 16/8 = 2 — the same
+// states; ETP 2's pair gathers both sequence halves' dispatched copies (more activations) and
+// moves them (expert-TP gathers in the MoE dispatch/combine time).
+TEST(Planner, ExpertTensorParallelismIsSearchedAndChecked) {
+  const PlanRequest req{.model = *model_preset("mixtral-8x7b"),
+                        .cluster = *cluster_preset("h100-80g"), .gpus = 16, .global_batch = 64,
+                        .seq = 4096};
+  const Layout base{.dp = 8, .tp = 2, .ep = 8, .etp = 1, .sp = true, .zero = 1,
+                    .micro_batch = 1, .grad_accum = 8, .recompute = Recompute::full};
+  const PlanEval one = evaluate_layout(req, base);
+  Layout l = base;
+  l.ep = 4;
+  l.etp = 2;
+  const PlanEval two = evaluate_layout(req, l);
+  EXPECT_NE(one.layout.describe().find("ETP 1"), std::string::npos) << one.layout.describe();
+  EXPECT_DOUBLE_EQ(one.states.total(), two.states.total());
+  EXPECT_LT(one.activation_bytes, two.activation_bytes);
+  l.ep = 8;  // ETP 2 × EP 8: all 16 ranks, the pair gathering besides the all-to-all
+  EXPECT_GT(evaluate_layout(req, l).ep_s, 0);
+  // Refused: ETP 1 under TP 2 without SP; ETP × EP beyond tp × dp; EP beyond the experts.
+  l = base;
+  l.sp = false;
+  EXPECT_THROW(evaluate_layout(req, l), InvalidInput);
+  l = base;
+  l.etp = 2;
+  l.ep = 16;
+  EXPECT_THROW(evaluate_layout(req, l), InvalidInput);
+  // The search: ETP = TP only, 1 only, or both — whose best is the better of the two.
+  SearchSpace space{.max_pp = 1, .max_cp = 1, .zero_stages = {1}, .top = 30};
+  space.expert_tp = SearchSpace::ExpertTp::tp;
+  const PlanResult at_tp = plan(req, space);
+  for (const PlanEval& e : at_tp.best) EXPECT_EQ(e.layout.expert_tp(), e.layout.tp);
+  space.expert_tp = SearchSpace::ExpertTp::one;
+  const PlanResult at_one = plan(req, space);
+  for (const PlanEval& e : at_one.best) {
+    EXPECT_EQ(e.layout.expert_tp(), 1);
+    EXPECT_TRUE(e.layout.tp == 1 || e.layout.sp) << e.layout.describe();
+  }
+  space.expert_tp = SearchSpace::ExpertTp::both;
+  const PlanResult any = plan(req, space);
+  ASSERT_TRUE(at_tp.feasible() && at_one.feasible() && any.feasible());
+  EXPECT_DOUBLE_EQ(any.best.front().step_s,
+                   std::min(at_tp.best.front().step_s, at_one.best.front().step_s));
+  EXPECT_GT(any.evaluated, at_tp.evaluated);
+  // The reasons flip ETP too.
+  bool has_etp = false;
+  for (const Reason& x : explain_plan(req, two)) has_etp |= x.dimension == "ETP";
+  EXPECT_TRUE(has_etp);
+}
+
+// Node-limited routing (Note [node-limited routing]): DeepSeek-V3's EP 64 over 8 H100 hosts with
+// each token sent to at most 4 nodes moves half the all-to-all bytes over the NICs, which pace it:
+// the MoE dispatch and combine take less time, nothing else changes. A dense model has no routing.
+TEST(Planner, NodeLimitedRoutingShortensTheAllToAlls) {
+  PlanRequest req{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("h100-80g"),
+                  .gpus = 1024, .global_batch = 8192, .seq = 4096};
+  const Layout l{.dp = 1024, .ep = 64, .zero = 1, .micro_batch = 1, .grad_accum = 8,
+                 .recompute = Recompute::full};
+  const PlanEval plain = evaluate_layout(req, l);
+  req.max_route_nodes = 4;
+  const PlanEval limited = evaluate_layout(req, l);
+  EXPECT_LT(limited.ep_s, plain.ep_s);
+  EXPECT_GT(limited.ep_s, 0.4 * plain.ep_s);  // half the NIC bytes, plus the latencies
+  EXPECT_DOUBLE_EQ(limited.compute_s, plain.compute_s);
+  EXPECT_DOUBLE_EQ(limited.total_bytes, plain.total_bytes);
+  EXPECT_LT(limited.step_s, plain.step_s);
+  PlanRequest dense{.model = *model_preset("llama-3-8b"), .cluster = *cluster_preset("h100-80g"),
+                    .gpus = 8, .global_batch = 64, .seq = 4096, .max_route_nodes = 4};
+  EXPECT_THROW(plan(dense), InvalidInput);
+}
+
 // A low-precision plan: fp8 on H100 makes the step faster and adds the weight copies; the GPU
 // must have the format's tensor cores (one line naming --precision otherwise).
 TEST(Planner, LowPrecisionRecipes) {
@@ -694,6 +767,10 @@ TEST(Planner, ZeroThreeUnderPipelineKeepsTheStageUnsharded) {
   EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0), 2 * 1e9 / 10 * 2.0);
   EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0, 4), 6e9);
   EXPECT_DOUBLE_EQ(buffer_bytes(1, 1e9, 10, 2.0, 4), 2 * 25.0 * 1024 * 1024);
+  // ZeRO-2 under PP: the stage's unsharded fp32 gradients, 4 B per stage parameter; without PP
+  // two DDP buckets.
+  EXPECT_DOUBLE_EQ(buffer_bytes(2, 1e9, 10, 2.0, 4), 4e9);
+  EXPECT_DOUBLE_EQ(buffer_bytes(2, 1e9, 10, 2.0), 2 * 25.0 * 1024 * 1024);
 }
 
 }  // namespace

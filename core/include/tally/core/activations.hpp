@@ -36,10 +36,15 @@
 //                    loss holds three fp32 tensors of the logits' size, 12sbV (eager_loss).
 //   MoE layer:       the MLP hidden of the E_act routed experts (× c_f, the capacity factor) and
 //                    the shared experts; the router's fp32 probabilities 4sb·E (the top-k and
-//                    softmax/sigmoid backward read them); the dispatched tokens 2sb·E_act·c_f·h
-//                    (the grouped GEMM's input, read by its weight gradient); the experts'
-//                    outputs 2sb·E_act·c_f·h (read by the combine's gradient with respect to the
-//                    routing weights). Replicated under TP (÷t with SP), like the MLP input.
+//                    softmax/sigmoid backward read them); the experts' outputs 2sb·E_act·c_f·h
+//                    (read by the combine's gradient with respect to the routing weights) —
+//                    replicated under TP (÷t with SP), like the MLP input; and the dispatched
+//                    tokens (the grouped GEMM's input, read by its weight gradient) as the
+//                    expert-TP group gathered them: 2sb·E_act·c_f·h ·g/t with SP (g/1
+//                    without), g = e_t when the ETP ranks hold different tokens (Note [expert
+//                    tensor parallelism], parallel_groups.hpp; Megatron-Core's dispatcher
+//                    all-gathers them before the TE grouped GEMM, which saves what it is given)
+//                    — 2sb·E_act·c_f·h at e_t = t.
 //   LoRA adapters:   (fine-tuning, core/finetune.hpp; PEFT's LoraLayer: B(A(dropout(x)))·α/r)
 //                    per adapted matrix the rank-r output of A, B's input, 2sb·r; with
 //                    lora_dropout > 0 the dropout makes A a new input, 2sb·d_in, and keeps its
@@ -108,6 +113,9 @@ struct ActivationSetup {
   Attention attention = Attention::flash;
   bool dropout = true;           // Korthikanti keeps dropout masks; Llama-style training has none
   double act_bytes = 2.0;        // bytes per activation element (bf16/fp16 = 2, fp32 = 4)
+  // Expert TP e_t (0 = tp): how many ranks' dispatched tokens an expert rank gathers (Note [expert
+  // tensor parallelism]).
+  int etp = 0;
   // MoE: routed slots per token and expert choice, as a multiple of the balanced share (token-
   // dropping capacity factor; 1 = dropless and balanced). Expert parallelism leaves the per-rank
   // figure unchanged: a rank receives as many routed tokens as it sends.

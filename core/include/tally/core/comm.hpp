@@ -99,16 +99,35 @@ struct StepTrafficSetup {
   std::int64_t kv_hidden = 0;         // a_kv·d, needed when cp > 1
   std::int64_t busiest_stage_layers = 0;  // layers of the busiest pipeline stage; 0 = ⌈L/pp⌉
   // Mixture of experts (Note [expert parallelism] in comm.cpp). ep > 1 shards the routed experts
-  // over ep ranks carved out of dp·cp (Megatron-Core: EP × EDP = DP × CP, expert TP = TP).
+  // over ep ranks of the expert layout ETP × EP × EDP = TP × CP × DP (Note [expert rank groups],
+  // parallel_groups.hpp); etp is the expert TP (0 = tp, Megatron-Core's default).
   int ep = 1;
+  int etp = 0;
   double expert_share = 0;            // routed experts' share of N (routed_expert_share)
   std::int64_t moe_layers = 0;        // MoE layers of the model (L − dense leading layers)
   std::int64_t experts_per_token = 1; // top-k
   double capacity_factor = 1;         // routed slots sent per token and expert choice (>= 1)
+  // The MoE layers keep shared experts, whose MLP runs on TP like a dense one (its TP collectives
+  // stay in the TP item under SP; without them a MoE layer's MLP-side TP pair is the expert-TP
+  // item's).
+  bool shared_experts = false;
+  // M: each token's routed copies reach at most this many NVLink domains, sent once to each
+  // (DeepSeek-V3's node-limited routing and dispatch; Note [node-limited routing]); 0 = no limit.
+  int max_route_nodes = 0;
+  // false: the items' `formula` texts are left empty (the planner's hot path costs millions of
+  // layouts and prints none of them).
+  bool formulas = true;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   void validate() const;              // throws InvalidInput naming the field
 };
 
-enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_grad,
+// Node-limited routing of an all-to-all (Note [node-limited routing] in comm.cpp).
+struct RouteLimit {
+  int max_nodes = 0;                  // M: NVLink domains a token's copies may reach; 0 = none
+  std::int64_t copies_per_token = 1;  // k: its routed copies (top-k)
+};
+
+enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_tp, expert_grad,
                          expert_param_gather };
 std::string_view to_string(TrafficKind k);
 
@@ -125,6 +144,7 @@ struct TrafficItem {
   double bytes_per_call = 0;     // bytes each rank sends per call
   double bytes_per_rank = 0;     // per optimizer step
   std::string formula;           // short derivation, e.g. "2·S(k-1)/k, S = grad_bytes·N/(tp·pp)"
+  RouteLimit route;              // the MoE all-to-all's node limit (no limit elsewhere)
 };
 
 struct StepTraffic {
@@ -134,8 +154,12 @@ struct StepTraffic {
   TrafficItem pp;
   TrafficItem cp;
   TrafficItem ep;                // MoE token dispatch and combine all-to-alls
-  // ep > 1: the routed experts' gradients and ZeRO gathers run over the expert-data-parallel group
-  // dp·cp/ep; dp_grad and zero_param_gather then carry the other parameters only.
+  // The expert-TP all-gather of the dispatched tokens and reduce-scatter of the expert outputs
+  // (Note [expert tensor parallelism], parallel_groups.hpp): when the ETP group's ranks hold
+  // different tokens (SP, or tp = 1) and e_t > 1.
+  TrafficItem expert_tp;
+  // ep > 1 or e_t ≠ t: the routed experts' gradients and ZeRO gathers run over the expert-data-
+  // parallel group t·c·d/(e_t·ep); dp_grad and zero_param_gather then carry the other parameters.
   TrafficItem expert_grad;
   TrafficItem expert_param_gather;
   // Erratum 4: the seed's "ZeRO-2 halves communication" figure, S_grad(k−1)/k — the gradient
@@ -147,7 +171,7 @@ struct StepTraffic {
            expert_grad.bytes_per_rank + expert_param_gather.bytes_per_rank;
   }
   double total_bytes() const;
-  std::vector<TrafficItem> items() const;  // the eight items in ledger order
+  std::vector<TrafficItem> items() const;  // the nine items in ledger order
   std::string convention() const;
 };
 
@@ -162,8 +186,18 @@ double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster);
 
 // One call of a collective whose ring moves `bytes_per_rank` per rank, over `group` ranks spaced
-// `stride` apart, on `cluster` (same two models).
+// `stride` apart, on `cluster` (same two models); an all-to-all under `route`'s node limit.
 double collective_seconds(Collective c, double bytes_per_rank, int group, int stride,
-                          const ClusterSpec& cluster);
+                          const ClusterSpec& cluster, const RouteLimit& route = {});
+
+// Where one all-to-all call's bytes go for a member of a full NVLink domain (Note [node-limited
+// routing]): to ranks in other domains (the NICs) and inside its own (NVLink).
+struct AllToAllSplit {
+  double inter_node_bytes = 0, intra_node_bytes = 0;
+  int domains = 1;             // n: NVLink domains the group spans
+  int members_per_domain = 1;  // q
+};
+AllToAllSplit all_to_all_split(double bytes_per_rank, int group, int stride,
+                               const ClusterSpec& cluster, const RouteLimit& route = {});
 
 }  // namespace tally

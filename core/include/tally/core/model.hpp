@@ -127,6 +127,12 @@ double routed_expert_share(const ModelSpec& m);
 std::int64_t expert_capacity(double tokens, std::int64_t top_k, std::int64_t experts,
                              double capacity_factor);
 
+// The expert split of a layout (Note [expert parallelism], core/src/comm.cpp; Note [expert
+// tensor parallelism], parallel_groups.hpp): ep > 1, or an expert TP etp other than tp, needs a
+// mixture-of-experts model; ep must divide the routed experts and etp their FFN width f. Throws
+// InvalidInput naming --ep or --etp. (The rank arithmetic, e_t·e_p | t·c·d, is expert_layout's.)
+void require_expert_split(const ModelSpec& m, int ep, int etp, int tp);
+
 // Whether a recompute policy is defined for the model's layers: op_sac (types.hpp) only for dense
 // layers with ordinary attention (no MoE, no MLA, an architecture, not --params).
 bool recompute_applies(Recompute r, const ModelSpec& m);

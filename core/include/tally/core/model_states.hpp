@@ -12,10 +12,12 @@
 //   weights' low-precision copies, 2, 2.0625 and 1.125 B per weight (the `low_precision` item,
 //   on gemm_weight_share of the parameters; sharded with the parameters under ZeRO-3).
 // ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
-// Expert parallelism over ep ranks (Note [expert parallelism], core/src/comm.cpp; Megatron-Core):
-// the routed experts' share e of the parameters is split over ep, and ZeRO shards it over the
-// expert-data-parallel group k/ep; the rest as above. Per GPU: N(1−e)/k' + N·e/(ep·k'') per item,
-// k' = k and k'' = k/ep where the stage shards the item, else 1.
+// Expert parallelism over ep ranks with expert TP e_t (Note [expert parallelism],
+// core/src/comm.cpp; Note [expert rank groups], parallel_groups.hpp; Megatron-Core): the routed
+// experts' share e of the parameters is split over e_t·ep instead of TP's t, and ZeRO shards it
+// over the expert-data-parallel group k·t/(e_t·ep); the rest as above. With N the GPU's share under
+// TP (N_model/(t·p)), per GPU: N(1−e)/k' + N·e·t/(e_t·ep·k'') per item, k' = k and k'' =
+// k·t/(e_t·ep) where the stage shards the item, else 1 (e_t = t: N·e/(ep·k''), k'' = k/ep).
 
 #pragma once
 
@@ -30,11 +32,16 @@ struct StateSetup {
   Optimizer optimizer = Optimizer::adam;
   int zero_stage = 0;   // 0..3
   int shard_degree = 1; // k: the ZeRO data-parallel group size (ignored for stage 0)
-  int ep = 1;           // expert-parallel degree, a divisor of k (EP ranks are DP ranks)
+  int ep = 1;           // expert-parallel degree; e_t·ep must divide k·t
+  int tp = 1;           // t: the TP split already applied to the parameters given
+  int etp = 0;          // e_t: expert TP (0 = tp, Megatron-Core's default)
   double expert_share = 0;  // e: routed experts' share of the parameters (routed_expert_share)
   // Share of the parameters that are transformer-layer linear weights, which a low-precision
   // recipe copies into its format (gemm_weight_share); 1 when the model is known only by size.
   double gemm_weight_share = 1;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // k·t/(e_t·ep): the ranks over which ZeRO shards the routed experts.
+  int expert_shard_degree() const { return shard_degree * tp / (expert_tp() * ep); }
   void validate() const;
 };
 
@@ -50,7 +57,7 @@ struct ModelStateResult {
   StateItems bytes;            // bytes per GPU after sharding
   StateSetup setup;
   double n_params = 0;
-  double local_params = 0;    // held before ZeRO-3: N(1−e) + N·e/ep
+  double local_params = 0;    // held before ZeRO-3: N(1−e) + N·e·t/(e_t·ep)
   double updated_params = 0;  // the optimizer's shard: local_params split as m and v are
 
   // e.g. "bf16 mixed | adam fp32 m,v | master fp32 counted | ZeRO-2 k=8"

@@ -45,4 +45,53 @@ std::vector<int> group_ranks(const ParallelLayout& layout, GroupKind k, int rank
 // Every kind-k group, ordered by their first rank.
 std::vector<std::vector<int>> all_groups(const ParallelLayout& layout, GroupKind k);
 
+// Note [expert rank groups]
+// The MoE layers group the same ranks differently (Megatron-Core core_v0.14.0, commit 23e00ed,
+// megatron/core/parallel_state.py initialize_model_parallel): expert_tensor_parallel_size
+// (ETP, e_t) defaults to the TP size; expert_data_parallel_size = world / (e_t·e_p·p); and a second
+// RankGenerator(tp = e_t, ep = e_p, dp = EDP, pp = p, cp = 1) over the same order "tp-cp-ep-dp-pp"
+// lays them out, whose PP groups Megatron asserts equal the dense ones. Inside the t·c·d ranks of
+// a pipeline stage, expert TP varies fastest, then EP, then expert DP:
+//   etp_i = r' mod e_t,  ep_i = (r' / e_t) mod e_p,  edp_i = r' / (e_t·e_p),  r' = r mod (t·c·d)
+// so an ETP group is e_t adjacent ranks, an EP group strides e_t, an expert-DP group e_t·e_p, and
+// e_t·e_p must divide t·c·d (EDP = t·c·d / (e_t·e_p); the context-parallel ranks join expert DP).
+// Example, world 16 = tp 2 × dp 8 with e_t 1, e_p 8: EP groups {0..7} {8..15}, expert DP {0, 8}
+// {1, 9} …; with e_t 2, e_p 4: ETP {0, 1}, EP {0, 2, 4, 6}, expert DP {0, 8}.
+enum class ExpertGroupKind { etp, ep, edp };
+std::string_view to_string(ExpertGroupKind k);  // "etp", "ep", "edp"
+
+struct ExpertLayout {
+  int etp = 1, ep = 1, edp = 1, pp = 1;
+  int world_size() const { return etp * ep * edp * pp; }
+  int size(ExpertGroupKind k) const;
+  int stride(ExpertGroupKind k) const;  // 1, e_t, e_t·e_p
+};
+
+// The expert layout of `dense` at expert TP `etp` (0 = dense.tp, Megatron-Core's default) and
+// expert parallelism `ep`. Throws InvalidInput naming --etp / --ep when a degree is < 1 or e_t·e_p
+// does not divide t·c·d.
+ExpertLayout expert_layout(const ParallelLayout& dense, int etp, int ep);
+// The global ranks of the kind-k expert group holding `rank`, in group order.
+std::vector<int> expert_group_ranks(const ExpertLayout& layout, ExpertGroupKind k, int rank);
+
+// Note [expert tensor parallelism]
+// How the MoE layer's tokens meet its expert-TP split (Megatron-Core core_v0.14.0,
+// transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher: "A2A(EP) → AG(TP)" to dispatch,
+// "RS(TP) → A2A(EP)" to combine, TP being the expert-TP group; extensions/transformer_engine.py
+// TEGroupedLinear with explicit_expert_comm: the expert GEMMs do no communication of their own,
+// f/e_t wide). Each rank routes its own tokens T_r (b·s/c, ÷t with sequence parallelism); after the
+// EP all-to-all the ETP group all-gathers what its members received, so every expert-TP rank runs
+// its f/e_t slice of its E/e_p experts on the routed copies of g·T_r tokens, and reduce-scatters
+// the partial outputs before the combine. g = e_t when the ETP group's ranks hold different tokens
+// — sequence parallel, or no TP — and 1 when they hold the same ones (TP without SP: the routed
+// copies are already on every TP rank, and the TP all-reduce sums the partial outputs, as for a
+// dense MLP). Megatron-Core refuses TP without SP for MoE training (moe_layer.py), so tally allows
+// TP without SP only with e_t = t.
+// The expert-side figures per rank: routed copies g·T_r·k·c_f (the expert GEMMs' rows and the
+// grouped input saved for the weight gradient); MLP hidden g·T_r·k·c_f·f/e_t = T·k·c_f·f/t
+// whatever e_t; ETP all-gather and reduce-scatter of S = g·T_r·k·c_f·h·e each.
+int expert_gather_ranks(int tp, int etp, bool sequence_parallel);
+// Throws InvalidInput naming --etp unless etp == tp, tp == 1 or sequence_parallel.
+void require_expert_tp(int tp, int etp, bool sequence_parallel);
+
 }  // namespace tally

@@ -109,9 +109,15 @@ struct PlanRequest {
   // dropping capacity factor; 1 = dropless with balanced routing, the auxiliary-loss target).
   // Scales the all-to-all bytes, the expert GEMM rows and the routed activations.
   double capacity_factor = 1;
+  // Node-limited routing (Note [node-limited routing] in comm.cpp; DeepSeek-V3 §2.1.2, M = 4): a
+  // token's routed copies reach at most this many NVLink domains, sent once to each; 0 = no limit.
+  int max_route_nodes = 0;
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;
+  // The memory-bound kernels' bytes in the time model (Note [eager kernels], operators.hpp): fused
+  // (Megatron-LM, Transformer Engine, torch.compile) or eager PyTorch (torchtitan uncompiled).
+  Kernels kernels = Kernels::fused;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
   std::optional<double> run_hours;       // for expected failures (--days)
@@ -131,7 +137,9 @@ struct PlanRequest {
 // parallelism the whole stage unsharded with its fp32 gradients, (param_bytes + 4) per parameter
 // of the stage: torchtitan, the framework that runs FSDP with PP, sets reshard_after_forward =
 // False there, and torch.distributed.pipelining defers resharding and the gradient reduce-scatter
-// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch.
+// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch. ZeRO-2 under PP likewise holds
+// its stage's unsharded fp32 gradients, 4 bytes per parameter (its parameters are whole already;
+// Note [sharded data parallelism under PP] in comm.cpp).
 double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
                     double param_bytes, int pp = 1);
 struct FitCheck {
@@ -152,7 +160,11 @@ struct SearchSpace {
   int max_tp = 0;                        // 0 = the NVLink domain's GPUs
   int max_pp = 0;                        // 0 = layers
   int max_cp = 0;                        // 0 = unlimited (cp | s)
-  int max_ep = 0;                        // 0 = unlimited (ep | dp·cp and ep | experts); MoE only
+  int max_ep = 0;                        // 0 = unlimited (ep·e_t | tp·cp·dp, ep | experts); MoE
+  // Expert TP e_t (Note [expert tensor parallelism], parallel_groups.hpp), MoE only: tp
+  // (Megatron-Core's default), 1 (needs SP when tp > 1), or both.
+  enum class ExpertTp { tp, one, both };
+  ExpertTp expert_tp = ExpertTp::both;
   int max_interleave = 8;
   std::int64_t max_micro_batch = 0;      // 0 = B/dp
   std::vector<int> zero_stages = {0, 1, 2, 3};
@@ -170,9 +182,12 @@ struct SearchSpace {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, interleave = 1;
-  // Expert parallelism, carved out of dp·cp (Note [expert parallelism] in core/src/comm.cpp):
-  // 1 for dense models.
+  // Expert parallelism and expert TP (Note [expert parallelism] in core/src/comm.cpp, Note [expert
+  // rank groups] in parallel_groups.hpp): ep·e_t regroups tp·cp·dp; 1 and 0 (= tp) for dense
+  // models.
   int ep = 1;
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   bool sp = false;
   int zero = 0;
   std::int64_t micro_batch = 1;
@@ -214,7 +229,8 @@ struct PlanEval {
                                          // the optimizer step (utilisation model: FLOPs/(G·peak·u))
   double optimizer_s = 0;                // the optimizer step's kernels (inside compute_s)
   double tp_s = 0, cp_s = 0, pp_s = 0;   // exposed (on the critical path)
-  double ep_s = 0;                       // MoE all-to-alls, exposed (Megatron-Core's default)
+  double ep_s = 0;                       // MoE dispatch and combine: the EP all-to-alls and the
+                                         // expert-TP gathers, exposed (Megatron-Core's default)
   double dp_s = 0;                       // DP/ZeRO traffic time before overlap
   double dp_exposed_s = 0;
   double bubble_fraction = 0;
@@ -237,8 +253,9 @@ struct PlanEval {
 //     plans on one system is the spread within one published table: at most 16.4 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.33 to 2.04, median 1.72 — the model runs much faster than these runs; within one table
-//     up to 45 % apart (Table 4: AsyncTP, which tally hides entirely, gained 6 %).
+//     1.32 to 2.04, median 1.65 (uncompiled rows with Note [eager kernels]) — the model runs much
+//     faster than these runs; within one table up to 45 % apart (Table 4: AsyncTP, which tally
+//     hides entirely, gained 6 %).
 //   any other GPU (Blackwell, a cluster file, a calibrated host): no published run checks it; the
 //     band of the newest generation checked (H100 / H200), said so in its source.
 // The model runs fast, so every band sits above 1. The tests check each figure against its rows,

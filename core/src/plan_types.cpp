@@ -1,0 +1,174 @@
+// The planner's value types (core/planner.hpp): Layout's description, the request's checks, the
+// one "does it fit" (Note [does it fit]), buffers and the time model's error band.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "tally/core/comm.hpp"
+#include "tally/core/pipeline.hpp"
+#include "tally/core/planner.hpp"
+#include "tally/core/roofline.hpp"
+
+namespace tally {
+
+int Layout::layers_on_stage(int model_layers, int s) const {
+  if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
+  return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
+}
+
+int Layout::dimensions() const {
+  return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (ep > 1) + (expert_tp() != tp) +
+         (interleave > 1) + sp + (zero > 0) +
+         (recompute != Recompute::none) + (grad_accum > 1);
+}
+
+std::string Layout::describe() const {
+  std::string s = "DP " + std::to_string(dp) + " × TP " + std::to_string(tp) + (sp ? "+SP" : "") +
+                  " × PP " + std::to_string(pp);
+  if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
+  if (stage_layer_list != nullptr) {
+    s += " (stages";
+    for (std::size_t i = 0; i < stage_layer_list->size(); ++i)
+      s += (i == 0 ? " " : ",") + std::to_string((*stage_layer_list)[i]);
+    s += " layers)";
+  } else if (first_stage_layers != 0 || last_stage_layers != 0)
+    s += " (end stages " + std::to_string(first_stage_layers) + " + " +
+         std::to_string(last_stage_layers) + " layers)";
+  s += " × CP " + std::to_string(cp);
+  if (ep > 1 || expert_tp() != tp)
+    s += " (EP " + std::to_string(ep) +
+         (expert_tp() != tp ? " × ETP " + std::to_string(expert_tp()) : std::string()) + ")";
+  s += ", ZeRO-" + std::to_string(zero) + ", micro-batch " +
+       std::to_string(micro_batch) + " × accum " + std::to_string(grad_accum) + ", recompute " +
+       std::string(to_string(recompute)) + ", " + std::string(to_string(attention)) + " attention";
+  return s;
+}
+
+double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
+                    double param_bytes, int pp) {
+  if (zero_stage == 3 && pp > 1)  // the stage unsharded, and its fp32 gradients
+    return (param_bytes + 4.0) * params_per_gpu;
+  if (zero_stage == 2 && pp > 1)  // the stage's unsharded fp32 gradients
+    return 4.0 * params_per_gpu;
+  if (zero_stage == 3)  // current + prefetched layer's gathered parameters
+    return 2.0 * params_per_gpu / double(std::max<std::int64_t>(layers_per_stage, 1)) * param_bytes;
+  return 2.0 * kDdpBucketBytes;  // two DDP buckets in flight
+}
+
+FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
+                   const MemoryBudget& b) {
+  require_real(std::isfinite(b.headroom) && b.headroom >= 0 && b.headroom < 1, "headroom",
+               b.headroom, "must be in [0, 1)");
+  require_real(std::isfinite(b.allocator_allowance) && b.allocator_allowance >= 0 &&
+                   b.allocator_allowance <= 1,
+               "allocator allowance", b.allocator_allowance, "must be in [0, 1]");
+  require_real(std::isfinite(b.runtime_bytes) && b.runtime_bytes >= 0 &&
+                   b.runtime_bytes < b.capacity_bytes,
+               "runtime bytes", b.runtime_bytes,
+               "must be in [0, " + format_number(b.capacity_bytes) + ") bytes (the GPU's capacity)");
+  FitCheck f{.states_bytes = states_bytes, .activation_bytes = activation_bytes,
+             .buffer_bytes = buffers, .capacity_bytes = b.capacity_bytes, .headroom = b.headroom};
+  f.allocated_bytes = states_bytes + activation_bytes + buffers;
+  f.allocator_bytes = b.allocator_allowance * f.allocated_bytes;
+  f.runtime_bytes = b.runtime_bytes;
+  f.total_bytes = f.allocated_bytes + f.allocator_bytes + f.runtime_bytes;
+  f.usable_bytes = b.capacity_bytes * (1.0 - b.headroom);
+  f.fits = f.total_bytes <= f.usable_bytes;
+  return f;
+}
+
+MemoryBudget PlanRequest::memory_budget() const {
+  return MemoryBudget{.capacity_bytes = cluster.gpu.memory_bytes, .headroom = headroom,
+                      .allocator_allowance = allocator_allowance, .runtime_bytes = runtime_bytes};
+}
+
+std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu) {
+  if (t != TimeModel::operators) return std::nullopt;
+  const ErrorBand a100{.low = 0.994, .median = 1.10, .high = 1.21, .rank_spread = 0.164,
+                       .source = "measured / predicted step time of 28 published Megatron-LM "
+                                 "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
+                                 "Table 1)",
+                       .runs = "Megatron-LM runs on A100"};
+  const ErrorBand hopper{.low = 1.32, .median = 1.65, .high = 2.04, .rank_spread = 0.451,
+                         .source = "measured / predicted step time of 19 published torchtitan "
+                                   "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
+                                   "2025 tables; kept aside, nothing fitted)",
+                         .runs = "torchtitan runs on H100/H200"};
+  const std::string_view name = gpu.name;
+  if (name.starts_with("a100")) return a100;
+  if (name.starts_with("h100") || name.starts_with("h200")) return hopper;
+  ErrorBand nearest = hopper;  // Blackwell, a cluster file, a calibrated host
+  nearest.source = "no published run checks this GPU: the band of the newest generation checked, "
+                   "19 torchtitan runs on H100 and H200 (kept aside, nothing fitted)";
+  nearest.runs = "no published run on this GPU; torchtitan runs on H100/H200";
+  return nearest;
+}
+
+std::string_view to_string(TimeModel t) {
+  return t == TimeModel::operators ? "operators" : "utilisation";
+}
+
+std::optional<TimeModel> parse_time_model(std::string_view s) {
+  for (TimeModel t : {TimeModel::operators, TimeModel::utilisation})
+    if (to_string(t) == s) return t;
+  return std::nullopt;
+}
+
+std::string_view to_string(Wall w) {
+  switch (w) {
+    case Wall::memory: return "memory";
+    case Wall::compute: return "compute";
+    case Wall::communication: return "communication";
+    case Wall::bubble: return "bubble";
+  }
+  return "?";
+}
+
+void PlanRequest::validate() const {
+  if (model.params_only)
+    throw InvalidInput("--model: the planner needs an architecture (a preset or config.json), "
+                       "not only --params");
+  model.validate();
+  cluster.validate();
+  if (gpus < 1 || gpus > (1 << 24))
+    throw InvalidInput("--gpus = " + std::to_string(gpus) + ": must be in [1, 16777216]");
+  if (global_batch < 1)
+    throw InvalidInput("--global-batch = " + std::to_string(global_batch) + ": must be >= 1");
+  if (seq < 1) throw InvalidInput("--seq = " + std::to_string(seq) + ": must be >= 1");
+  if (!(headroom >= 0 && headroom < 1))
+    throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");
+  if (!(allocator_allowance >= 0 && allocator_allowance <= 1))
+    throw InvalidInput("--allocator-allowance = " + std::to_string(allocator_allowance) +
+                       ": must be in [0, 1]");
+  if (!(runtime_bytes >= 0 && runtime_bytes < cluster.gpu.memory_bytes))
+    throw InvalidInput("--runtime-mib = " + format_number(runtime_bytes / kMiB) +
+                       ": must be in [0, " + format_number(cluster.gpu.memory_bytes / kMiB) +
+                       ") MiB (the GPU's memory)");
+  if (!(restart_hours >= 0)) throw InvalidInput("restart time must be >= 0");
+  if (time_model == TimeModel::operators) {
+    try {
+      validate_kernel_perf(cluster.gpu);
+    } catch (const InvalidInput& e) {
+      throw InvalidInput(std::string(e.what()) +
+                         " — the operator time model needs the GPU's HBM bandwidth and SM count "
+                         "(a cluster preset, or gpu.memory_bandwidth_gbps and gpu.sm_count in the "
+                         "cluster file), or use --time-model utilisation");
+    }
+  }
+  if (!cluster.gpu.supports(precision))
+    throw InvalidInput("--precision " + std::string(to_string(precision)) + ": " + cluster.gpu.name +
+                       (precision == Precision::fp8
+                            ? " has no fp8 tensor cores (peak_fp8 0)"
+                            : " has no block-scaled (Blackwell) tensor cores (peak_fp4 0)"));
+  if (run_hours && !(*run_hours > 0)) throw InvalidInput("--days must be > 0");
+  if (run_tokens && !(*run_tokens > 0)) throw InvalidInput("--tokens must be > 0");
+  if (!(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64))
+    throw InvalidInput("--capacity-factor = " + format_number(capacity_factor) +
+                       ": must be in [1, 64]");
+  require_int(max_route_nodes >= 0, "--max-route-nodes", max_route_nodes,
+              "must be >= 0 (0 = no node limit)");
+  require_int(max_route_nodes == 0 || model.is_moe(), "--max-route-nodes", max_route_nodes,
+              model.name + " is not a mixture-of-experts model");
+}
+
+}  // namespace tally
