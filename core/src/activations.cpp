@@ -256,7 +256,10 @@ LayerBackward layer_backward(const ModelSpec& m, const ActivationSetup& a, bool 
   const bool full = a.recompute == Recompute::full;
   const bool rebuilds_core = full || a.recompute == Recompute::selective;
   const LayerBytes kept = layer_bytes(m, a, dense_layer);
-  LayerBytes whole = kept;  // the layer's inventory without recompute
+  // What the layer's backward rebuilds its saved set to: the inventory without recompute under
+  // full and selective recompute; otherwise its own saved set (the cheap ops save-matmuls and
+  // op-sac replay are not counted: Note [backward phases]).
+  LayerBytes whole = kept;
   if (rebuilds_core) {
     ActivationSetup none = a;
     none.recompute = Recompute::none;
