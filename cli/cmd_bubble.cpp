@@ -47,8 +47,9 @@ void run_bubble(const BubbleOptions& o) {
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.html)
     html::write_file("--html", *o.html,
-                     bubble_page({.stages = o.pp, .given_micro_batches = o.micro_batches,
-                                  .interleave = o.interleave, .max_bubble = o.max_bubble}));
+                     html::page(bubble_page({.stages = o.pp, .given_micro_batches = o.micro_batches,
+                                             .interleave = o.interleave,
+                                             .max_bubble = o.max_bubble})));
   if (o.out.json) {
     print_json(j);
     return;

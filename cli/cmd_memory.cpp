@@ -76,7 +76,7 @@ void print_finetune(const FineTuneLedger& f, const std::string& convention, Size
   row("static", f.static_bytes(), "");
 }
 
-void run_memory(const MemoryOptions& o) {
+void run_memory(const MemoryOptions& o, const Answers& answers) {
   const ModelSpec model = *resolve_model(o.model);
   const SizeUnit unit = o.out.size_unit();
   const Precision precision = precision_from(o.precision);
@@ -202,6 +202,12 @@ void run_memory(const MemoryOptions& o) {
                         {"embedding_gb", in_gb(act->embedding_bytes)},
                         {"output_gb", in_gb(act->output_bytes)},
                         {"recompute_transient_gb", in_gb(act->recompute_transient_bytes)},
+                        {"score_gradients_gb", in_gb(act->score_gradient_bytes)},
+                        {"layer_backward_gb", in_gb(act->layer_backward_bytes)},
+                        {"loss_phase_gb", in_gb(act->loss_phase_bytes)},
+                        {"blocks_phase_gb", in_gb(act->blocks_phase_bytes)},
+                        {"peak_phase", std::string(to_string(act->peak_phase))},
+                        {"peak_stage", act->peak_stage},
                         {"peak_stage_gb", in_gb(act->peak_stage_bytes)},
                         {"layer_terms", terms}};
   }
@@ -235,7 +241,7 @@ void run_memory(const MemoryOptions& o) {
   }
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
-    print_json(j);
+    answers.json(j);
     return;
   }
 
@@ -291,11 +297,22 @@ void run_memory(const MemoryOptions& o) {
     fmt::print("  {:<12} {:>14}   (final norm, LM-head input, fp32 logits)\n", "output",
                size_str(act->output_bytes, unit, 3));
     if (act->recompute_transient_bytes > 0)
-      fmt::print("  {:<12} {:>14}   (full recompute: the layer being replayed holds its whole "
-                 "inventory)\n",
+      fmt::print("  {:<12} {:>14}   (full recompute: the replayed layer's inventory less its "
+                 "checkpointed input)\n",
                  "replay", size_str(act->recompute_transient_bytes, unit, 3));
-    fmt::print("  {:<12} {:>14}   (the fuller of the first and last pipeline stage)\n",
-               "activations", size_str(act_bytes, unit));
+    if (act->score_gradient_bytes > 0)
+      fmt::print("  {:<12} {:>14}   (materialised attention: softmax's dP and dS in a layer's "
+                 "backward)\n",
+                 "score grads", size_str(act->score_gradient_bytes, unit, 3));
+    // Note [backward phases] (core/activations.hpp): the peak is the larger phase, not the sum.
+    fmt::print("  {:<12} {:>14}   (last stage's saved tensors + output)\n", "loss phase",
+               size_str(act->loss_phase_bytes, unit));
+    fmt::print("  {:<12} {:>14}   (fullest stage's saved tensors + one layer's backward, {})\n",
+               "blocks phase", size_str(act->blocks_phase_bytes, unit),
+               size_str(act->layer_backward_bytes, unit, 3));
+    fmt::print("  {:<12} {:>14}   (the peak: the {}{})\n", "activations",
+               size_str(act_bytes, unit), to_string(act->peak_phase),
+               o.pp > 1 ? fmt::format(" on stage {}", act->peak_stage) : std::string());
   }
   fmt::print("total per GPU          {:>14}\n", size_str(total, unit));
   if (fit) {
@@ -316,7 +333,7 @@ void run_memory(const MemoryOptions& o) {
 
 }  // namespace
 
-void register_memory(CLI::App& app) {
+void register_memory(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<MemoryOptions>();
   auto* cmd = app.add_subcommand("memory", "per-GPU memory: model states (+ activations)");
   add_model_flags(cmd, o->model);
@@ -374,9 +391,9 @@ void register_memory(CLI::App& app) {
   cmd->add_flag("--max-seq", o->max_seq,
                 "with --gpu: the longest sequence (a multiple of --cp) whose activations fit, and "
                 "the report at that length");
-  cmd->callback([o, cmd] {
+  cmd->callback([o, cmd, answers] {
     note_lora_flags(cmd, o->lora);
-    run_memory(*o);
+    run_memory(*o, answers);
   });
 }
 

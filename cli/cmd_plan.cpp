@@ -31,6 +31,7 @@ struct PlanOptions {
   int amax_history = kTeAmaxHistory;
   LoraOptions lora;                              // plan --method lora|qlora
   std::string loss = "fused";
+  std::string kernels = "fused";
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -66,7 +67,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .ep_overlap = o.ep_overlap,
                 .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
                 .amax_history = o.amax_history,
-                .eager_loss = o.loss == "eager",
+                .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -84,7 +85,8 @@ PlanRequest make_request(const PlanOptions& o) {
 }
 
 // `tally plan --method lora|qlora`: core/finetune_plan.hpp.
-void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraSetup& setup) {
+void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraSetup& setup,
+                       const Answers& answers) {
   if (o.max_tp || o.max_pp || o.max_cp || o.max_ep || o.exhaustive || !o.recompute_policies.empty())
     throw InvalidInput("--method " + o.lora.method +
                        ": the fine-tuning plan is data parallel with or without gradient "
@@ -96,15 +98,15 @@ void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraS
   const nlohmann::json j = finetune_plan_json(p, search_s);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json)
-    print_json(j);
+    answers.json(j);
   else
     print_finetune_plan(p, search_s, o.out.size_unit());
 }
 
-void run_plan(const PlanOptions& o) {
+void run_plan(const PlanOptions& o, const Answers& answers) {
   const PlanRequest req = make_request(o);
   if (const auto setup = lora_setup(o.lora, req.precision, req.optimizer)) {
-    run_finetune_plan(o, req, *setup);
+    run_finetune_plan(o, req, *setup, answers);
     return;
   }
   SearchSpace space{.max_tp = o.max_tp, .max_pp = o.max_pp, .max_cp = o.max_cp,
@@ -130,16 +132,15 @@ void run_plan(const PlanOptions& o) {
   if (o.html) {  // the page first: an unwritable path fails before anything is printed
     const std::vector<Reason> reasons =
         res.feasible() ? explain_plan(req, res.best.front()) : std::vector<Reason>{};
-    html::write_file("--html", *o.html,
-                     plan_page(res, reasons, suggestions, search_s, o.out.size_unit()));
+    answers.page(*o.html, plan_page(res, reasons, suggestions, search_s, o.out.size_unit()));
   }
   if (o.out.json)
-    print_json(j);
+    answers.json(j);
   else
     print_plan(res, search_s, o.out.size_unit(), suggestions);
 }
 
-void run_compare(const PlanOptions& o) {
+void run_compare(const PlanOptions& o, const Answers& answers) {
   const PlanRequest req = make_request(o);
   Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
               .interleave = o.interleave, .ep = o.ep, .etp = o.etp.value_or(0), .sp = o.sp,
@@ -173,9 +174,9 @@ void run_compare(const PlanOptions& o) {
   const auto rows = compare_alternatives(req, base, alts);
   const nlohmann::json j = compare_json(rows);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
-  if (o.html) html::write_file("--html", *o.html, compare_page(rows, o.out.size_unit()));
+  if (o.html) answers.page(*o.html, compare_page(rows, o.out.size_unit()));
   if (o.out.json)
-    print_json(j);
+    answers.json(j);
   else
     print_compare(rows, o.out.size_unit());
 }
@@ -199,6 +200,12 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->capture_default_str();
   add_memory_budget_flags(cmd, o.memory);
   add_loss_flag(cmd, o.loss);
+  cmd->add_option("--kernels", o.kernels,
+                  "fused (each norm, rotary, activation one kernel: Megatron-LM, Transformer "
+                  "Engine, torch.compile) | eager (uncompiled PyTorch as torchtitan's Llama: every "
+                  "operator its own kernel through HBM; the time model only)")
+      ->check(one_of(allowed_kernels()))
+      ->capture_default_str();
   cmd->add_option("--capacity-factor", o.capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (token-dropping "
                   "capacity factor; 1 = dropless, balanced routing)")
@@ -254,7 +261,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
 
 }  // namespace
 
-void register_plan(CLI::App& app) {
+void register_plan(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<PlanOptions>();
   auto* cmd = app.add_subcommand(
       "plan", "search every parallel layout and write the plan (default: the seed's 7B on 8 × "
@@ -288,16 +295,16 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--html", o->html,
                   "also write the plan as a self-contained HTML page (charts and tables) to FILE");
   add_lora_flags(cmd, o->lora);
-  cmd->callback([o, cmd] {
+  cmd->callback([o, cmd, answers] {
     note_lora_flags(cmd, o->lora);
     if (o->html && o->lora.method != "full")
       throw InvalidInput("--html: the page draws the full-training plan; --method " +
                          o->lora.method + " has none yet");
-    run_plan(*o);
+    run_plan(*o, answers);
   });
 }
 
-void register_compare(CLI::App& app) {
+void register_compare(CLI::App& app, const Answers& answers) {
   auto o = std::make_shared<PlanOptions>();
   o->micro_batch = 4;
   o->zero = 2;
@@ -339,7 +346,7 @@ void register_compare(CLI::App& app) {
       ->check(one_of({"double-micro-batch", "recompute-double-seq", "double-gpus"}));
   cmd->add_option("--html", o->html,
                   "also write the options side by side as a self-contained HTML page to FILE");
-  cmd->callback([o] { run_compare(*o); });
+  cmd->callback([o, answers] { run_compare(*o, answers); });
 }
 
 }  // namespace tally::cli

@@ -96,7 +96,7 @@ void run_reliability(ReliabilityOptions o) {
   const ReliabilityReport r = reliability(s);
   const nlohmann::json j = reliability_json(o, r);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
-  if (o.html) html::write_file("--html", *o.html, reliability_page(r));
+  if (o.html) html::write_file("--html", *o.html, html::page(reliability_page(r)));
   if (o.out.json) {
     print_json(j);
     return;

@@ -1,5 +1,8 @@
 #include "common.hpp"
 
+#include "commands.hpp"
+#include "html_report.hpp"
+
 #include <fmt/core.h>
 
 #include <cmath>
@@ -23,6 +26,11 @@ std::string join(const std::vector<std::string>& v) {
 }
 }  // namespace
 
+bool is_json_text(std::string_view value) {
+  const auto first = value.find_first_not_of(" \t\r\n");
+  return first != std::string_view::npos && value[first] == '{';
+}
+
 SizeUnit OutputOptions::size_unit() const { return *parse_size_unit(unit); }
 
 void add_output_flags(CLI::App* cmd, OutputOptions& out) {
@@ -35,7 +43,8 @@ void add_output_flags(CLI::App* cmd, OutputOptions& out) {
 void add_model_flags(CLI::App* cmd, ModelOptions& m) {
   auto* model = cmd->add_option("--model", m.model,
                                 "model preset (" + join(model_preset_names()) +
-                                    ") or a Hugging Face config.json path");
+                                    "), a Hugging Face config.json path, or that file's text "
+                                    "({...})");
   auto* params = cmd->add_option("--params", m.params,
                                  "parameter count when no architecture is known: 7e9, 7B, 350M");
   model->excludes(params);
@@ -50,6 +59,7 @@ std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none) {
                        ")");
   }
   if (auto preset = model_preset(*m.model)) return preset;
+  if (is_json_text(*m.model)) return io::parse_hf_config(*m.model, kInlineModelSource);
   const std::filesystem::path p(*m.model);
   if (p.extension() == ".json" || std::filesystem::exists(p)) return io::load_hf_config(p);
   throw InvalidInput("--model = '" + *m.model + "': not a preset (" + join(model_preset_names()) +
@@ -58,7 +68,8 @@ std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none) {
 
 void add_cluster_flags(CLI::App* cmd, ClusterOptions& c) {
   cmd->add_option("--gpu", c.gpu,
-                  "GPU preset (" + join(cluster_preset_names()) + ") or a cluster JSON file")
+                  "GPU preset (" + join(cluster_preset_names()) +
+                      "), a cluster JSON file, or its text ({...})")
       ->capture_default_str();
   cmd->add_option("--gpus-per-node", c.gpus_per_node, "GPUs per node (default: the preset's)")
       ->check(CLI::Range(1, 1024));
@@ -66,13 +77,16 @@ void add_cluster_flags(CLI::App* cmd, ClusterOptions& c) {
                   "GPUs on one NVLink fabric, whole hosts (default: the preset's; NVL72 racks: 72)")
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--calibration", c.calibration,
-                  "calibration JSON from `tally bench allreduce` (overrides link α/β)");
+                  "calibration JSON from `tally bench allreduce`, or its text ({...}) (overrides "
+                  "link α/β)");
 }
 
 ClusterSpec resolve_cluster(const ClusterOptions& c) {
   ClusterSpec spec;
   if (auto preset = cluster_preset(c.gpu)) {
     spec = *preset;
+  } else if (is_json_text(c.gpu)) {
+    spec = io::parse_cluster(c.gpu, kInlineClusterSource);
   } else {
     const std::filesystem::path p(c.gpu);
     if (p.extension() != ".json" && !std::filesystem::exists(p))
@@ -82,7 +96,11 @@ ClusterSpec resolve_cluster(const ClusterOptions& c) {
   }
   if (c.gpus_per_node) spec.gpus_per_node = *c.gpus_per_node;
   if (c.nvlink_domain) spec.nvlink_domain = *c.nvlink_domain;
-  if (c.calibration) spec = io::apply_calibration(spec, io::load_calibration(*c.calibration));
+  if (c.calibration)
+    spec = io::apply_calibration(
+        spec, is_json_text(*c.calibration)
+                  ? io::parse_calibration(*c.calibration, kInlineCalibrationSource)
+                  : io::load_calibration(*c.calibration));
   spec.validate();
   return spec;
 }
@@ -108,7 +126,8 @@ void add_loss_flag(CLI::App* cmd, std::string& loss) {
   cmd->add_option("--loss", loss,
                   "fused (one fp32 logits tensor, 4sbV/t: Megatron-LM's vocab-parallel "
                   "cross-entropy) | eager (PyTorch's uncompiled cross_entropy(logits.float()): "
-                  "three fp32 tensors of the logits' size, 12sbV/t)")
+                  "three fp32 tensors of the logits' size, 12sbV/t, and its unfused kernels' "
+                  "bytes in the time model)")
       ->check(one_of({"fused", "eager"}))
       ->capture_default_str();
 }
@@ -360,6 +379,12 @@ void require_finite(const nlohmann::json& j) {
 }
 
 void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }
+
+Answers Answers::printed() {
+  return {.json = print_json, .page = [](const std::string& path, const html::Page& p) {
+            html::write_file("--html", path, html::page(p));
+          }};
+}
 
 nlohmann::json count_json(double n) {
   return n == std::floor(n) && std::fabs(n) < 9.007199254740992e15 ? nlohmann::json(std::int64_t(n))

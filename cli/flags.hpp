@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "format.hpp"
@@ -20,7 +21,18 @@ namespace tally::cli {
 
 void add_output_flags(CLI::App* cmd, OutputOptions& out);
 
-// --model PRESET|config.json or --params N (7e9, 7B). Exactly one must be given unless
+// Note [JSON text for a file]
+// --model, --gpu and --calibration name a preset or a file, or hold the file's JSON text itself
+// (a value whose first non-blank character is '{'): `--gpu '{"preset": "h100-80g",
+// "gpus_per_node": 4}'`, and the text a user pastes into `tally serve`'s page, which reads no
+// files. The text goes through the same io reader as the file (size, depth and every field
+// checked); messages name it as the file it stands for: "config.json: hidden_size = ...".
+bool is_json_text(std::string_view value);
+inline constexpr const char* kInlineModelSource = "config.json";
+inline constexpr const char* kInlineClusterSource = "cluster.json";
+inline constexpr const char* kInlineCalibrationSource = "calibration.json";
+
+// --model PRESET|config.json|{...} or --params N (7e9, 7B). Exactly one must be given unless
 // `allow_none`; returns nullopt then. Unset means not typed (a command's default model is set
 // before parsing).
 struct ModelOptions {
@@ -30,7 +42,7 @@ struct ModelOptions {
 void add_model_flags(CLI::App* cmd, ModelOptions& m);
 std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none = false);
 
-// --gpu PRESET|cluster.json (default a100-80g) plus --gpus-per-node and --calibration overrides.
+// --gpu PRESET|cluster.json|{...} (default a100-80g) plus --gpus-per-node and --calibration overrides.
 struct ClusterOptions {
   std::string gpu = "a100-80g";
   std::optional<int> gpus_per_node;        // unset: the preset's value

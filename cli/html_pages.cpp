@@ -296,7 +296,7 @@ std::string reliability_section(const ReliabilityReport& r) {
 
 }  // namespace
 
-std::string plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
+html::Page plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
                       const std::vector<Suggestion>& suggestions, double search_s, SizeUnit u) {
   const Units U{u};
   const auto& q = r.request;
@@ -306,7 +306,7 @@ std::string plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
   std::string body = "<h1>" + escape(title) + "</h1>\n<p class=\"convention\">convention: " +
                      escape(r.convention) + "</p>\n";
   if (!r.feasible()) {
-    body += "<p><strong>No layout fits.</strong></p>\n";
+    body += "<p class=\"plan\"><strong>No layout fits.</strong></p>\n";
     std::vector<std::vector<std::string>> rows;
     for (const auto& e : r.near_misses)
       rows.push_back({e.layout.describe(), number(U.per(e.total_bytes)),
@@ -320,10 +320,10 @@ std::string plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
     if (!sug.empty())
       body += html::table("Smallest changes", {"change", "", "per GPU (" + U.name() + ")", "cost"},
                           sug);
-    return html::page(title, body + reliability_section(r.reliability));
+    return {title, body + reliability_section(r.reliability)};
   }
   const PlanEval& b = r.best.front();
-  body += "<p><strong>Plan:</strong> " + escape(b.layout.describe()) + "</p>\n";
+  body += "<p class=\"plan\"><strong>Plan:</strong> " + escape(b.layout.describe()) + "</p>\n";
   body += html::table(
       "Summary of the chosen plan", {"figure", "value"},
       {{"step time (s)", number(b.step_s)},
@@ -337,10 +337,10 @@ std::string plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
                               1e3 * search_s)}});
   body += memory_section(r, U) + time_section(r) + scatter_section(r, U) +
           reasons_section(r, reasons, U) + reliability_section(r.reliability);
-  return html::page(title, body);
+  return {title, body};
 }
 
-std::string bubble_page(const BubblePageInput& in) {
+html::Page bubble_page(const BubblePageInput& in) {
   const int P = in.stages, v = std::max(2, in.interleave);
   const int m1 = min_micro_batches_for_bubble(P, in.max_bubble, 1);
   const int mv = min_micro_batches_for_bubble(P, in.max_bubble, v);
@@ -382,10 +382,10 @@ std::string bubble_page(const BubblePageInput& in) {
   body += html::xy_chart(c) +
           html::table("Bubble fraction against micro-batches (% of wall-clock)",
                       {"M", "1F1B (%)", fmt::format("interleaved v={} (%)", v)}, rows);
-  return html::page(title, body);
+  return {title, body};
 }
 
-std::string compare_page(const std::vector<Comparison>& options, SizeUnit u) {
+html::Page compare_page(const std::vector<Comparison>& options, SizeUnit u) {
   const Units U{u};
   const std::string title = "tally compare — one change at a time, global batch held";
   std::vector<BarRow> bars;
@@ -427,13 +427,13 @@ std::string compare_page(const std::vector<Comparison>& options, SizeUnit u) {
                       {"option", "change", "layout", "per GPU (" + U.name() + ")", "fits",
                        "step (s)", "comm share", "bubble share", "tightest wall"},
                       rows);
-  return html::page(title, body);
+  return {title, body};
 }
 
-std::string reliability_page(const ReliabilityReport& r) {
+html::Page reliability_page(const ReliabilityReport& r) {
   const std::string title = "tally reliability";
-  return html::page(title, "<h1>" + escape(title) + "</h1>\n<p class=\"convention\">convention: " +
-                               escape(r.convention()) + "</p>\n" + reliability_section(r));
+  return {title, "<h1>" + escape(title) + "</h1>\n<p class=\"convention\">convention: " +
+                     escape(r.convention()) + "</p>\n" + reliability_section(r)};
 }
 
 }  // namespace tally::cli

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "html_report.hpp"
 #include "tally/core/pipeline.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/reliability.hpp"
@@ -15,8 +16,10 @@ namespace tally::cli {
 // Layouts the plan page's scatter keeps (Note [plan points]): about 0.4 KB of page each.
 inline constexpr std::size_t kHtmlPlanPoints = 1500;
 
+// Each returns the page's title and body; html::page() makes the file (html_report.hpp).
+
 // `reasons`: explain_plan(r.request, r.best.front()) (empty when nothing fits).
-std::string plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
+html::Page plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
                       const std::vector<Suggestion>& suggestions, double search_s, SizeUnit u);
 
 // The bubble against M at P stages for 1F1B and interleaved (v chunks), the target line and the
@@ -25,13 +28,13 @@ struct BubblePageInput {
   int stages = 1, given_micro_batches = 1, interleave = 2;
   double max_bubble = 0.1;
 };
-std::string bubble_page(const BubblePageInput& in);
+html::Page bubble_page(const BubblePageInput& in);
 
 // `tally compare`: the base and its alternatives side by side, memory and step-time bars, and a
 // table with each one's tightest wall.
-std::string compare_page(const std::vector<Comparison>& options, SizeUnit u);
+html::Page compare_page(const std::vector<Comparison>& options, SizeUnit u);
 
 // The lost fraction of wall-clock against the checkpoint interval (Young's and Daly's optima).
-std::string reliability_page(const ReliabilityReport& r);
+html::Page reliability_page(const ReliabilityReport& r);
 
 }  // namespace tally::cli

@@ -338,9 +338,8 @@ std::string table(const std::string& caption, const std::vector<std::string>& he
   return s + "</tbody></table>\n";
 }
 
-std::string page(const std::string& title, const std::string& body) {
-  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" +
-         escape(title) +
+std::string head(const std::string& title, std::string_view extra_css) {
+  return "<meta charset=\"utf-8\"><title>" + escape(title) +
          "</title>\n<script>window.addEventListener('error',function(e){document.documentElement."
          "setAttribute('data-tally-error',String(e.message||'error'));});</script>\n<style>\n"
          "body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:820px;color:#111}\n"
@@ -353,11 +352,13 @@ std::string page(const std::string& title, const std::string& body) {
          "table{border-collapse:collapse;font-size:12px;margin:6px 0 16px}\n"
          "caption{text-align:left;font-weight:600;padding:2px 0}\n"
          "th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f3f3f3}\n"
-         "td.n{text-align:right;font-variant-numeric:tabular-nums}caption{white-space:nowrap}\n"
-         "</style></head>\n<body>\n" +
-         body +
-         "<script>document.documentElement.setAttribute('data-tally-charts',String(document."
-         "querySelectorAll('svg.chart').length));</script>\n</body></html>\n";
+         "td.n{text-align:right;font-variant-numeric:tabular-nums}caption{white-space:nowrap}\n" +
+         std::string(extra_css) + "</style>";
+}
+
+std::string page(const std::string& title, const std::string& body) {
+  return "<!DOCTYPE html>\n<html lang=\"en\"><head>" + head(title) + "</head>\n<body>\n" +
+         body + "<script>" + kCountChartsScript + "</script>\n</body></html>\n";
 }
 
 void write_file(const std::string& flag, const std::string& path, const std::string& content) {

@@ -83,6 +83,21 @@ std::string table(const std::string& caption, const std::vector<std::string>& he
 // without them.
 std::string page(const std::string& title, const std::string& body);
 
+// A report's title and body, before page() wraps them: `tally serve` places the body into its own
+// page (Note [one code path] in commands.hpp).
+struct Page {
+  std::string title, body;
+};
+inline std::string page(const Page& p) { return page(p.title, p.body); }
+
+// What page() puts in <head>: the character set, the title, the error recorder and the
+// stylesheet, with `extra_css` at its end (`tally serve`'s page adds its form's rules).
+std::string head(const std::string& title, std::string_view extra_css = {});
+// The script that counts the rendered charts into data-tally-charts.
+inline constexpr const char* kCountChartsScript =
+    "document.documentElement.setAttribute('data-tally-charts',String(document.querySelectorAll("
+    "'svg.chart').length));";
+
 // Writes `content` to `path`; a path that cannot be written throws InvalidInput naming the flag:
 //   --html: cannot write 'dir/x.html': No such file or directory
 void write_file(const std::string& flag, const std::string& path, const std::string& content);

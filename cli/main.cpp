@@ -1,14 +1,11 @@
 // tally — does it fit, how fast, what does communication cost, how often to checkpoint.
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
-#include <exception>
 #include <iostream>
-#include <new>
 
 #include "commands.hpp"
+#include "dispatch.hpp"
 #include "flags.hpp"
-#include "tally/core/types.hpp"
 #ifdef TALLY_ENGINE_BINARY
 #include "engine_commands.hpp"
 #else
@@ -89,30 +86,11 @@ int main(int argc, char** argv) {
 #ifdef TALLY_ENGINE_BINARY
   register_engine_commands(app);
 #else
+  register_serve(app);
   register_engine_stubs(app);
 #endif
   refuse_empty_values(app);  // Note [empty values] (flags.hpp)
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    // One line naming the flag, the value and what is allowed; exit 2 (bad input).
-    std::cerr << "tally: error: " << e.what() << "\n";
-    return kBadInput;
-  } catch (const tally::InvalidInput& e) {
-    std::cerr << "tally: error: " << e.what() << "\n";
-    return kBadInput;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "tally: error: out of memory\n";
-    return kRunFailed;
-  } catch (const std::exception& e) {
-    std::cerr << "tally: error: " << e.what() << "\n";
-    return kRunFailed;
-  }
-  return kOk;
+  const CommandOutcome outcome = run_command_line(app, argc, argv, std::cout);
+  if (!outcome.error.empty()) std::cerr << outcome.error << "\n";
+  return outcome.exit_code;
 }

@@ -10,8 +10,12 @@ namespace tally::cli {
 
 namespace {
 
-nlohmann::json eval_json(const PlanEval& e) {
+// model_layers: the planned model's, for `stage_layers` (every stage's layers: the planner's split,
+// lighter end stages or an explicit --pp-layers; `tally run 3d --plan` runs it).
+nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
   const Layout& l = e.layout;
+  std::vector<int> stages;
+  for (int s = 0; s < l.pp; ++s) stages.push_back(l.layers_on_stage(int(model_layers), s));
   return {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
@@ -25,6 +29,7 @@ nlohmann::json eval_json(const PlanEval& e) {
           {"grad_accum", l.grad_accum},
           {"recompute", std::string(to_string(l.recompute))},
           {"attention", std::string(to_string(l.attention))},
+          {"stage_layers", stages},
           {"layout", l.describe()},
           {"fits", e.fits},
           {"per_gpu_gb", in_gb(e.total_bytes)},
@@ -104,17 +109,18 @@ nlohmann::json suggestions_json(const std::vector<Suggestion>& suggestions) {
 
 nlohmann::json plan_json(const PlanResult& r, double search_s,
                          const std::vector<Suggestion>& suggestions) {
-  nlohmann::json best = r.best.empty() ? nlohmann::json(nullptr) : eval_json(r.best.front());
+  const std::int64_t L = r.request.model.layers;
+  nlohmann::json best = r.best.empty() ? nlohmann::json(nullptr) : eval_json(r.best.front(), L);
   nlohmann::json alts = nlohmann::json::array(), misses = nlohmann::json::array();
-  for (std::size_t i = 1; i < r.best.size(); ++i) alts.push_back(eval_json(r.best[i]));
-  for (const auto& e : r.near_misses) misses.push_back(eval_json(e));
+  for (std::size_t i = 1; i < r.best.size(); ++i) alts.push_back(eval_json(r.best[i], L));
+  for (const auto& e : r.near_misses) misses.push_back(eval_json(e, L));
   nlohmann::json reasons = nlohmann::json::array();
   if (!r.best.empty())
     for (const auto& x : explain_plan(r.request, r.best.front()))
       reasons.push_back({{"dimension", x.dimension},
                          {"used", x.used},
                          {"variant", x.variant},
-                         {"variant_eval", x.eval ? eval_json(*x.eval) : nlohmann::json(nullptr)},
+                         {"variant_eval", x.eval ? eval_json(*x.eval, L) : nlohmann::json(nullptr)},
                          {"invalid_reason", x.invalid_reason}});
   const auto& rel = r.reliability;
   nlohmann::json reliability = {{"convention", rel.convention()},
@@ -224,7 +230,8 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
                  ? fmt::format(" + amax history {}", size_str(b.states.scaling_metadata, u, 4))
                  : std::string(),
              state_conv);
-  fmt::print("  activations   {:>12}  (first pipeline stage, Korthikanti inventory)\n",
+  fmt::print("  activations   {:>12}  (the peak stage's larger backward phase, Korthikanti "
+             "inventory)\n",
              size_str(b.activation_bytes, u));
   fmt::print("  buffers       {:>12}  (gradient buckets / ZeRO-3 gathered layers)\n",
              size_str(b.buffer_bytes, u));
@@ -308,7 +315,8 @@ nlohmann::json compare_json(const std::vector<Comparison>& rows) {
                    {"change", c.change},
                    {"gpus", c.request.gpus},
                    {"seq", c.request.seq},
-                   {"eval", c.eval ? eval_json(*c.eval) : nlohmann::json(nullptr)},
+                   {"eval", c.eval ? eval_json(*c.eval, c.request.model.layers)
+                                   : nlohmann::json(nullptr)},
                    {"comm_share", c.comm_share()},
                    {"bubble_share", c.bubble_share()},
                    {"invalid_reason", c.invalid_reason}});

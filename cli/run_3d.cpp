@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "experiment_report.hpp"
 #include "host_prediction.hpp"
 #include "run_registry.hpp"
+#include "tally/core/pipeline.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/three_d.hpp"
 
@@ -33,6 +35,7 @@ struct Flags {
   // Whether a layout flag was given (--plan takes the layout, so it refuses them).
   std::vector<CLI::Option*> layout_flags;
   CLI::Option* schedule_flag = nullptr;
+  CLI::Option* layers_flag = nullptr;
 };
 
 double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
@@ -45,6 +48,34 @@ nlohmann::json vs_time(double measured, double predicted) {
   if (predicted < 0)
     return {{"measured", measured}, {"predicted", nullptr}, {"ratio", nullptr}};
   return vs(measured, predicted);
+}
+
+// The plan's `stage_layers` (when it has them): an even split is the run's own even split at its
+// depth; an uneven one (the planner's lighter end stages, compare --pp-layers) runs as planned, at
+// the planned depth: --layers then defaults to the plan's and must equal it when given.
+void apply_plan_stages(Flags& f, const nlohmann::json& j, const std::string& flag) {
+  if (!j.contains("stage_layers")) return;
+  const nlohmann::json& list = j["stage_layers"];
+  std::vector<int> stages;
+  if (list.is_array())
+    for (const auto& x : list)
+      if (x.is_number_integer() && x.get<std::int64_t>() >= 1 && x.get<std::int64_t>() <= 100000)
+        stages.push_back(x.get<int>());
+  if (!list.is_array() || stages.size() != list.size() || int(stages.size()) != f.run.pp)
+    throw InvalidInput(flag + ": plan field `stage_layers` must list pp = " +
+                       std::to_string(f.run.pp) + " layer counts, each in [1, 100000]");
+  const int planned = std::accumulate(stages.begin(), stages.end(), 0);
+  if (stages == stage_layers(planned, f.run.pp)) return;  // even: the run's own split
+  std::string list_text;
+  for (int l : stages) list_text += (list_text.empty() ? "" : ",") + std::to_string(l);
+  if (f.layers_flag->count() == 0) {
+    f.run.model.layers = planned;
+  } else if (f.run.model.layers != planned) {
+    throw InvalidInput(fmt::format("{}: the plan's uneven stages {} hold {} layers, but --layers = "
+                                   "{} (leave --layers out to run the planned depth)",
+                                   flag, list_text, planned, f.run.model.layers));
+  }
+  f.run.pp_layers = stages;
 }
 
 // The layout of a `tally plan --json` output (its "best") or of one plan object.
@@ -76,10 +107,9 @@ void apply_plan(Flags& f, int world_size) {
   if (ep != 1)
     throw InvalidInput(flag + ": ep = " + std::to_string(ep) +
                        ": tally run 3d runs dense layouts (expert parallelism: tally run moe)");
-  if (recompute != "none")
+  if (recompute != "none" && recompute != "full")
     throw InvalidInput(flag + ": recompute = " + recompute +
-                       ": tally run 3d runs without recompute (full recompute: tally run tp "
-                       "--recompute)");
+                       ": tally run 3d runs none or full (every block replayed)");
   if (dp * tp * pp * cp != world_size)
     throw InvalidInput(fmt::format("{}: dp x tp x pp x cp = {} x {} x {} x {} = {} ranks, but the "
                                    "world size is {} (tally launch --nproc {})",
@@ -99,7 +129,9 @@ void apply_plan(Flags& f, int world_size) {
   f.run.sp = j["sp"].get<bool>();
   f.run.model.micro_batch = small("micro_batch", b, 4096);
   f.run.micro_batches = small("grad_accum", m, 4096);
+  f.run.full_recompute = recompute == "full";
   if (f.run.interleave > 1) f.run.schedule = PipelineSchedule::interleaved;
+  apply_plan_stages(f, j, flag);
 }
 
 nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::ThreeDCheck>& checks) {
@@ -114,6 +146,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
                       {"cp", o.cp},
                       {"sp", o.sp},
                       {"zero", o.zero},
+                      {"recompute", o.full_recompute ? "full" : "none"},
                       {"schedule", std::string(to_string(o.schedule))},
                       {"interleave", o.interleave},
                       {"micro_batches", r.micro_batches},
@@ -185,12 +218,14 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
   std::string split;
   for (int l : r.stage_layers) split += (split.empty() ? "" : "+") + std::to_string(l);
   fmt::print("3d: DP {} x TP {}{} x PP {}{} = {} ranks (Gloo, CPU; Megatron order tp-cp-dp-pp), "
-             "ZeRO-{} over DP{}, {}{} M = {}, layers {}; GPT h {} L {} a {} V {} T {} B {} (N = {})\n",
+             "ZeRO-{} over DP{}{}, {}{} M = {}, layers {}; GPT h {} L {} a {} V {} T {} B {} "
+             "(N = {})\n",
              o.dp, o.tp, o.sp ? " + SP" : "", o.pp,
              o.cp > 1 ? fmt::format(" x CP {} (zigzag ring attention)", o.cp) : "", r.world_size,
-             o.zero, o.cp > 1 ? " x CP" : "", to_string(o.schedule),
-             o.interleave > 1 ? fmt::format(" v = {}", o.interleave) : "", r.micro_batches, split,
-             m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch, r.n_params);
+             o.zero, o.cp > 1 ? " x CP" : "", o.full_recompute ? ", full recompute" : "",
+             to_string(o.schedule), o.interleave > 1 ? fmt::format(" v = {}", o.interleave) : "",
+             r.micro_batches, split, m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch,
+             r.n_params);
   double worst_grad = 0, worst_param = 0;
   for (const auto& x : r.ranks) {
     worst_grad = std::max(worst_grad, x.max_grad_rel_diff);
@@ -219,7 +254,7 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                cell(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call),
                cell(x.dp_bytes, x.dp_predicted_bytes),
                cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
-  fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2M "
+  fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2vM "
              "sends), measured/core=ratio:\n");
   fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside core's items: TP (SP edges, "
              "re-gathers, SP grads), PP (tied embedding)\n",
@@ -256,7 +291,8 @@ void run(Flags& f) {
     for (const CLI::Option* o : f.layout_flags)
       if (o->count() > 0)
         throw InvalidInput(o->get_name() + " with --plan: the plan gives the layout (dp, tp, pp, "
-                           "cp, sp, zero, interleave, micro_batch, grad_accum)");
+                           "cp, sp, zero, recompute, interleave, micro_batch, grad_accum, "
+                           "stage_layers)");
     apply_plan(f, env.world_size);
   } else if (f.run.interleave > 1 && f.schedule_flag->count() == 0) {
     f.run.schedule = PipelineSchedule::interleaved;  // --interleave v alone means interleaved
@@ -273,13 +309,15 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       "3d",
       "data x tensor (+ sequence) x pipeline (x context) parallelism on the engine's GPT, every "
       "rank one TP shard of one pipeline stage (with --cp its zigzag share of the sequence, ring "
-      "attention), ZeRO-0/1 over the DP (x CP) group: float64 loss, gradients and "
+      "attention), ZeRO 0-3 over the DP (x CP) group, optionally full recompute and uneven "
+      "stages: float64 loss, gradients and "
       "updated parameters vs the single-process model; per rank state, activation and per-group "
       "bytes and the step time split vs core; start it with `tally launch --nproc D*T*P -- tally "
       "run 3d --dp D --tp T --pp P`, or take the layout from `tally plan --json` with --plan");
-  cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative; TP, PP, CP and DP bytes and the "
-              "model-state bytes exact (activations and times are reported, not checked). Rank 0 "
-              "prints every rank's figures.");
+  cmd->footer("Exit 1 when a check fails: float64 ≤ 1e-10 relative; TP, PP, CP and DP bytes exact, "
+              "model-state bytes exact but for the shard's rounding (activations and times are "
+              "reported, not checked). Rank 0 prints every rank's figures. A lost rank makes the "
+              "others fail; `tally launch` names it.");
   auto layout = [&](CLI::Option* o) {
     f->layout_flags.push_back(o);
     return o;
@@ -290,8 +328,13 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   layout(cmd->add_option("--cp", f->run.cp, "context-parallel ranks (zigzag ring attention)")
              ->capture_default_str());
   layout(cmd->add_flag("--sp", f->run.sp, "sequence parallelism in the TP groups"));
-  layout(cmd->add_option("--zero", f->run.zero, "ZeRO stage over the DP group: 0 or 1")
+  layout(cmd->add_option("--zero", f->run.zero, "ZeRO stage over the DP (x CP) group: 0-3")
              ->capture_default_str());
+  layout(cmd->add_flag("--recompute", f->run.full_recompute,
+                       "full recompute: every block's forward replayed in backward"));
+  layout(cmd->add_option("--pp-layers", f->run.pp_layers,
+                         "layers of each stage, e.g. 3,5 (default: core's even split)")
+             ->delimiter(','));
   layout(cmd->add_option("--interleave", f->run.interleave,
                          "model chunks per stage (> 1: the interleaved schedule)")
              ->capture_default_str());
@@ -312,7 +355,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
                   "predict compute and comm times from this host calibration (`tally bench "
                   "gemm|memory|allreduce --calibration-out`)");
   cmd->add_option("--hidden", f->run.model.hidden, "C")->capture_default_str();
-  cmd->add_option("--layers", f->run.model.layers, "L")->capture_default_str();
+  f->layers_flag = cmd->add_option("--layers", f->run.model.layers,
+                                   "L (with --plan of uneven stages: the plan's)")
+                       ->capture_default_str();
   cmd->add_option("--heads", f->run.model.heads, "a")->capture_default_str();
   cmd->add_option("--vocab", f->run.model.vocab, "V")->capture_default_str();
   cmd->add_option("--seq", f->run.model.seq, "T")->capture_default_str();
@@ -326,6 +371,12 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->check(finite_in(0, 86400, Ends::open_lo))
       ->capture_default_str();
   cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
+      ->capture_default_str();
+  cmd->add_option("--kill-rank", f->run.kill_rank,
+                  "fault: this rank SIGKILLs itself during --kill-at-step (-1 = none)")
+      ->capture_default_str();
+  cmd->add_option("--kill-at-step", f->run.kill_at_step,
+                  "fault: the fp32 step, after the rank's first pipeline operation")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
   cmd->callback([f] { run(*f); });

@@ -79,8 +79,17 @@ void ActivationSetup::validate(const ModelSpec& m) const {
                        ": must be in [1, 64]");
 }
 
+// Which part of a layer a saved term belongs to, for Note [backward phases]: the attention core's
+// backward runs after the MLP block's and the output projection's, whose saved tensors are freed by
+// then; the attention part (the norm-1 and QKV inputs, Q, K, V, the scores, the latents, and the
+// LoRA adapters' terms, kept whatever their targets: an upper bound) is still alive.
+namespace {
+enum class Part { attention, mlp };
+constexpr Part kAttn = Part::attention, kMlp = Part::mlp;
+}  // namespace
+
 // The per-layer inventory of Note [activation inventory] for one micro-batch. `add(name, formula,
-// bytes)` receives each term; the planner's hot path sums bytes and ignores the names (no
+// bytes, part)` receives each term; the planner's hot path sums bytes and ignores the names (no
 // allocation), the report keeps them. One definition serves both.
 // MoE layers hold the MLP hidden of each token's E_act routed experts plus the shared experts
 // (width E_act·f + E_s·f_s per token); a dense leading layer, f_d. Q is a·d_qk wide, K and V
@@ -122,10 +131,10 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   const auto sac_attention_core = [&] {
     if (a.attention == Attention::materialized) {
       const double scores = heads * sl * s * b / t;
-      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores);
-      add("attention-dropout mask", "a·s²·b /t", mask * scores);
+      add("attention scores (QKᵀ output)", "2·a·s²·b /t", e * scores, kAttn);
+      add("attention-dropout mask", "a·s²·b /t", mask * scores, kAttn);
     } else {
-      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
+      add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t, kAttn);
     }
   };
   // Note [activation inventory], MoE layer: what the router, the dispatch and the combine keep.
@@ -141,42 +150,42 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
                               : "2sb·E_act·c_f·h ·e_t/t");
   const auto moe_terms = [&] {
     if (!moe) return;
-    add("router probabilities (fp32)", "4sb·E", 4.0 * tokens * double(m.experts) / rep);
+    add("router probabilities (fp32)", "4sb·E", 4.0 * tokens * double(m.experts) / rep, kMlp);
     add(lowp ? "dispatched tokens (low-precision)" : "dispatched tokens (expert input)",
-        dispatched_label, q * tokens * routed * h * gathered);
-    add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep);
+        dispatched_label, q * tokens * routed * h * gathered, kMlp);
+    add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep, kMlp);
   };
   // Note [activation inventory], LoRA adapters.
   const auto lora_terms = [&] {
     if (a.lora_rank_width > 0)
-      add("LoRA A outputs (B inputs)", "2sb·Σr", e * tokens * a.lora_rank_width);
+      add("LoRA A outputs (B inputs)", "2sb·Σr", e * tokens * a.lora_rank_width, kAttn);
     if (a.lora_dropout && a.lora_input_width > 0) {
-      add("LoRA dropout outputs (A inputs)", "2sb·Σd_in", e * tokens * a.lora_input_width);
-      add("LoRA dropout masks", "sb·Σd_in", tokens * a.lora_input_width);
+      add("LoRA dropout outputs (A inputs)", "2sb·Σd_in", e * tokens * a.lora_input_width, kAttn);
+      add("LoRA dropout masks", "sb·Σd_in", tokens * a.lora_input_width, kAttn);
     }
   };
   if (a.recompute == Recompute::full) {
-    add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep);
+    add("layer input (full-recompute checkpoint)", "2sbh", e * tokens * h / rep, kAttn);
     return;
   }
   if (a.recompute == Recompute::op_sac) {
     // torchtitan's op SAC (types.hpp): the layer input, q and v (matmuls 1 and 3), attention's
     // outputs, and of the MLP the gate w1 (5) and the down w2 (7) — GeLU: the up projection (5) —
     // saved; k, o and w3 (GeLU: down) and the cheap kernels replayed from them.
-    add("layer input (checkpoint)", "2sbh", e * tokens * h / rep);
-    add("Q (wq output)", q_label, e * tokens * hq / t);
+    add("layer input (checkpoint)", "2sbh", e * tokens * h / rep, kAttn);
+    add("Q (wq output)", q_label, e * tokens * hq / t, kAttn);
     add("V (wv output)", "2sb·a_kv·d_v /t",
-        e * tokens * double(m.kv_heads * m.value_dim()) / t);
+        e * tokens * double(m.kv_heads * m.value_dim()) / t, kAttn);
     sac_attention_core();
-    add("attention output (projection input)", o_label, e * tokens * ho / t);
-    add("projection dropout mask", "sbh", mask * tokens * h / rep);
+    add("attention output (projection input)", o_label, e * tokens * ho / t, kMlp);
+    add("projection dropout mask", "sbh", mask * tokens * h / rep, kMlp);
     if (m.mlp == MlpKind::gelu) {
-      add("MLP up output (fc1)", "2sbf /t", e * tokens * f / t);
+      add("MLP up output (fc1)", "2sbf /t", e * tokens * f / t, kMlp);
     } else {
-      add("MLP gate output (w1)", "2sbf /t", e * tokens * f / t);
-      add("MLP down output (w2)", "2sbh", e * tokens * h / rep);
+      add("MLP gate output (w1)", "2sbf /t", e * tokens * f / t, kMlp);
+      add("MLP down output (w2)", "2sbh", e * tokens * h / rep, kMlp);
     }
-    add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+    add("MLP dropout mask", "sbh", mask * tokens * h / rep, kMlp);
     lora_terms();
     return;
   }
@@ -184,83 +193,136 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     // PyTorch selective checkpointing, matmul and attention outputs saved: the norms, rotary and
     // the activation function are replayed from the layer input, the attention output and the MLP
     // block input (the residual sum), and the up-projection output.
-    add("layer input (norm-1 replay)", "2sbh", e * tokens * h / rep);
-    add("MLA latents (q, kv down outputs)", "2sb·(r_q + r_kv + d_r)", e * tokens * mla_latent);
-    add("Q", q_label, e * tokens * hq / t);
-    add("K, V", kv_label, 2 * e * tokens * hkv / t);
+    add("layer input (norm-1 replay)", "2sbh", e * tokens * h / rep, kAttn);
+    add("MLA latents (q, kv down outputs)", "2sb·(r_q + r_kv + d_r)", e * tokens * mla_latent,
+        kAttn);
+    add("Q", q_label, e * tokens * hq / t, kAttn);
+    add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
     sac_attention_core();
-    add("attention output (projection input)", o_label, e * tokens * ho / t);
-    add("projection dropout mask", "sbh", mask * tokens * h / rep);
-    add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep);
+    add("attention output (projection input)", o_label, e * tokens * ho / t, kMlp);
+    add("projection dropout mask", "sbh", mask * tokens * h / rep, kMlp);
+    add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep, kMlp);
     if (m.mlp == MlpKind::gelu)
-      add("MLP up output (GeLU replay)", "2sbf /t", e * tokens * f / t);
+      add("MLP up output (GeLU replay)", "2sbf /t", e * tokens * f / t, kMlp);
     else
-      add("MLP gate, up outputs (SwiGLU replay)", "2·2sbf /t", 2 * e * tokens * f / t);
+      add("MLP gate, up outputs (SwiGLU replay)", "2·2sbf /t", 2 * e * tokens * f / t, kMlp);
     moe_terms();
-    add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+    add("MLP dropout mask", "sbh", mask * tokens * h / rep, kMlp);
     lora_terms();
     return;
   }
-  add("LayerNorm inputs (2)", "2·2sbh", 2 * e * tokens * h / rep);
+  add("LayerNorm 1 input (the layer input)", "2sbh", e * tokens * h / rep, kAttn);
+  add("LayerNorm 2 input", "2sbh", e * tokens * h / rep, kMlp);
   if (!lowp)
-    add("QKV input (norm output)", "2sbh", e * tokens * h / rep);
+    add("QKV input (norm output)", "2sbh", e * tokens * h / rep, kAttn);
   else if (m.is_mla())  // an unfused norm: q-down and kv-down quantize and save it each
-    add("QKV input (low-precision, q/kv-down)", "2·q·sbh", 2 * q * tokens * h / rep);
+    add("QKV input (low-precision, q/kv-down)", "2·q·sbh", 2 * q * tokens * h / rep, kAttn);
   else
-    add("QKV input (low-precision norm output)", "q·sbh", q * tokens * h / rep);
+    add("QKV input (low-precision norm output)", "q·sbh", q * tokens * h / rep, kAttn);
   add("MLA latents and their norms", lowp ? "2sb·(r_q + r_kv + d_r) + q·sb·(r_q + r_kv)"
                                           : "2sb·(2r_q + 2r_kv + d_r)",
-      e * tokens * mla_latent + q * tokens * (mla_latents - mla_latent));
-  add("Q", q_label, e * tokens * hq / t);
-  add("K, V", kv_label, 2 * e * tokens * hkv / t);
+      e * tokens * mla_latent + q * tokens * (mla_latents - mla_latent), kAttn);
+  add("Q", q_label, e * tokens * hq / t, kAttn);
+  add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
   if (a.attention == Attention::materialized && a.recompute != Recompute::selective) {
     const double scores = heads * sl * s * b / t;  // each rank holds its s/c queries × all s keys
-    add("attention scores (softmax output)", "2·a·s²·b /t", e * scores);
-    add("attention-dropout mask", "a·s²·b /t", mask * scores);
-    add("attention-dropout output", "2·a·s²·b /t", mask * e * scores);
+    add("attention scores (softmax output)", "2·a·s²·b /t", e * scores, kAttn);
+    add("attention-dropout mask", "a·s²·b /t", mask * scores, kAttn);
+    add("attention-dropout output", "2·a·s²·b /t", mask * e * scores, kAttn);
   }
   if (a.attention == Attention::flash)
-    add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t);
+    add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t, kAttn);
   // Flash attention keeps its output for its own backward; a low-precision projection saves its
   // quantized copy beside it (materialised attention keeps none: the copy alone).
   const bool flash = a.attention == Attention::flash;
-  if (!lowp || flash) add("attention output (projection input)", o_label, e * tokens * ho / t);
+  if (!lowp || flash)
+    add("attention output (projection input)", o_label, e * tokens * ho / t, kMlp);
   if (lowp)
     add("projection input (low-precision copy)", own_widths ? "q·sb·a·d_v /t" : "q·sbh /t",
-        q * tokens * ho / t);
-  add("projection dropout mask", "sbh", mask * tokens * h / rep);
-  if (!lowp || moe) add("MLP input (norm output)", "2sbh", e * tokens * h / rep);
+        q * tokens * ho / t, kMlp);
+  add("projection dropout mask", "sbh", mask * tokens * h / rep, kMlp);
+  if (!lowp || moe) add("MLP input (norm output)", "2sbh", e * tokens * h / rep, kMlp);
   if (lowp && (!moe || m.shared_experts > 0))
     add(moe ? "shared experts' input (low-precision copy)"
             : "MLP input (low-precision norm output)",
-        "q·sbh", q * tokens * h / rep);
+        "q·sbh", q * tokens * h / rep, kMlp);
   if (m.mlp == MlpKind::gelu)
     add("MLP hidden: GeLU input + W2 input", lowp ? "(2 + q)·sbf /t" : "2·2sbf /t",
-        (e + q) * tokens * f / t);
+        (e + q) * tokens * f / t, kMlp);
   else  // fused SwiGLU (Megatron bias_swiglu): gate and up outputs, and the down-projection input
     add("MLP hidden: gate, up, down input (SwiGLU)", lowp ? "(2·2 + q)·sbf /t" : "3·2sbf /t",
-        (2 * e + q) * tokens * f / t);
+        (2 * e + q) * tokens * f / t, kMlp);
   moe_terms();
-  add("MLP dropout mask", "sbh", mask * tokens * h / rep);
+  add("MLP dropout mask", "sbh", mask * tokens * h / rep, kMlp);
   lora_terms();
 }
 
-// Stage totals from the per-layer bytes (shared by the report and the fast path).
+namespace {
+
+// One layer's saved bytes: all of them, and its attention part's (Part).
+struct LayerBytes {
+  double all = 0, attention = 0;
+};
+
+LayerBytes layer_bytes(const ModelSpec& m, const ActivationSetup& a, bool dense_layer) {
+  LayerBytes r;
+  layer_inventory(m, a, dense_layer, [&](const char*, const char*, double bytes, Part part) {
+    r.all += bytes;
+    if (part == Part::attention) r.attention += bytes;
+  });
+  return r;
+}
+
+// Note [backward phases]: what one layer's backward holds beyond the stage's saved tensors, which
+// include this layer's own saved set under the policy (`kept`).
+struct LayerBackward {
+  double replay = 0;           // full recompute: the rebuilt inventory less the checkpointed input
+  double score_gradients = 0;  // dP and dS
+  double extra = 0;            // the larger of the MLP-backward and attention-core points, ≥ 0
+};
+
+LayerBackward layer_backward(const ModelSpec& m, const ActivationSetup& a, bool dense_layer) {
+  const bool full = a.recompute == Recompute::full;
+  const bool rebuilds_core = full || a.recompute == Recompute::selective;
+  const LayerBytes kept = layer_bytes(m, a, dense_layer);
+  LayerBytes whole = kept;  // the layer's inventory without recompute
+  if (rebuilds_core) {
+    ActivationSetup none = a;
+    none.recompute = Recompute::none;
+    whole = layer_bytes(m, none, dense_layer);
+  }
+  LayerBackward r;
+  if (a.attention == Attention::materialized)
+    r.score_gradients = 2 * a.act_bytes * double(m.heads) * (double(a.seq) / a.cp) *
+                        double(a.seq) * double(a.micro_batch) / a.tp;
+  r.replay = full ? whole.all - kept.all : 0.0;
+  const double mlp_point = r.replay;
+  const double attention_point = (whole.attention - kept.attention) - (kept.all - kept.attention) +
+                                 r.score_gradients;
+  r.extra = std::max({0.0, mlp_point, attention_point});
+  return r;
+}
+
+}  // namespace
+
+std::string_view to_string(BackwardPhase p) {
+  switch (p) {
+    case BackwardPhase::loss_and_head: return "loss + LM-head backward";
+    case BackwardPhase::blocks: return "blocks' backward";
+  }
+  return "?";
+}
+
+// Stage totals from the per-layer bytes (shared by the report and the fast path), and the stage
+// peak as the larger of the two backward phases (Note [backward phases]).
 static void stage_totals(const ModelSpec& m, const ActivationSetup& a, ActivationResult& r) {
-  // Full recompute: while one layer's backward runs, its forward has just been replayed, so that
-  // layer's whole inventory (as with no recompute) sits on top of the kept inputs — a transient
-  // every stage reaches once per micro-batch (Korthikanti §5 keeps only the inputs between
-  // layers; the replayed layer is the one exception).
-  r.recompute_transient_bytes = 0;
-  if (a.recompute == Recompute::full) {
-    ActivationSetup replay = a;
-    replay.recompute = Recompute::none;
-    for (const bool dense : {false, true}) {
-      if (dense && m.dense_layers == 0) continue;
-      double bytes = 0;
-      layer_inventory(m, replay, dense, [&](const char*, const char*, double b) { bytes += b; });
-      r.recompute_transient_bytes = std::max(r.recompute_transient_bytes, bytes);
-    }
+  r.recompute_transient_bytes = r.score_gradient_bytes = r.layer_backward_bytes = 0;
+  for (const bool dense : {false, true}) {
+    if (dense && m.dense_layers == 0) continue;
+    const LayerBackward lb = layer_backward(m, a, dense);
+    r.recompute_transient_bytes = std::max(r.recompute_transient_bytes, lb.replay);
+    r.score_gradient_bytes = std::max(r.score_gradient_bytes, lb.score_gradients);
+    r.layer_backward_bytes = std::max(r.layer_backward_bytes, lb.extra);
   }
   // A MoE model's dense leading layers sit on the first stage(s); each differs from a MoE layer by
   // dense_extra. Stage s holds those of its layers with index < L_d.
@@ -286,35 +348,42 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a, Activatio
   r.output_bytes = 2 * a.act_bytes * tokens * h / rep +
                    (a.eager_loss ? 12.0 : 4.0) * tokens * double(m.vocab) / a.tp;
 
+  // Each stage's saved tensors; the loss phase on the last, the blocks' phase on the fullest.
+  const int last = a.pp - 1;
+  double last_saved = 0, fullest = -1;
+  int fullest_stage = 0;
+  const auto stage = [&](int s, double saved) {
+    if (saved > fullest) fullest = saved, fullest_stage = s;
+    if (s == last) last_saved = saved;
+  };
   if (a.pp == 1) {
-    r.peak_stage_bytes =
-        r.transformer_bytes + r.embedding_bytes + r.output_bytes + r.recompute_transient_bytes;
+    stage(0, r.transformer_bytes + r.embedding_bytes);
   } else if (a.first_stage_layers != 0 || a.last_stage_layers != 0 ||
              a.stage_layer_list != nullptr) {
     // Uneven stages (core/pipeline.hpp stage_layers, validated): stage s holds min(p − s, m)
     // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
-    const int P = a.pp;
-    double peak = 0;
     std::int64_t first_layer = 0;
-    for (int s = 0; s < P; ++s) {
+    for (int s = 0; s < a.pp; ++s) {
       const int n = a.layers_on_stage(m, s);
-      const double held = std::min<double>(P - s, a.micro_batches);
+      const double held = std::min<double>(a.pp - s, a.micro_batches);
       const double dense = double(std::clamp<std::int64_t>(m.dense_layers - first_layer, 0, n));
       first_layer += n;
-      double bytes = (r.per_layer_bytes * n + dense_extra * dense) * held;
-      if (s == 0) bytes += r.embedding_bytes;
-      if (s == P - 1) bytes += r.output_bytes;
-      peak = std::max(peak, bytes);
+      stage(s, (r.per_layer_bytes * n + dense_extra * dense) * held +
+                   (s == 0 ? r.embedding_bytes : 0.0));
     }
     r.layers_on_stage = a.layers_on_stage(m, 0);
     r.transformer_bytes = (r.per_layer_bytes * r.layers_on_stage +
                            dense_extra * dense_on_first(int(r.layers_on_stage))) * in_flight;
-    r.peak_stage_bytes = peak + r.recompute_transient_bytes;
   } else {
-    const double first = r.transformer_bytes + r.embedding_bytes;
-    const double last = r.per_layer_bytes * r.layers_on_stage + r.output_bytes;  // 1 in flight
-    r.peak_stage_bytes = std::max(first, last) + r.recompute_transient_bytes;
+    stage(0, r.transformer_bytes + r.embedding_bytes);
+    stage(last, r.per_layer_bytes * r.layers_on_stage);  // one micro-batch in flight
   }
+  r.loss_phase_bytes = last_saved + r.output_bytes;
+  r.blocks_phase_bytes = fullest + r.layer_backward_bytes;
+  const bool blocks = r.blocks_phase_bytes > r.loss_phase_bytes;
+  r.peak_phase = blocks ? BackwardPhase::blocks : BackwardPhase::loss_and_head;
+  r.peak_stage = blocks ? fullest_stage : last;
+  r.peak_stage_bytes = std::max(r.loss_phase_bytes, r.blocks_phase_bytes);
 }
 
 ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
@@ -322,24 +391,19 @@ ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
   ActivationResult r;
   r.setup = a;
   layer_inventory(m, a, /*dense_layer=*/false,
-                  [&](const char* name, const char* formula, double bytes) {
+                  [&](const char* name, const char* formula, double bytes, Part) {
                     if (bytes > 0) r.layer_terms.push_back({name, formula, bytes});
                   });
   for (const auto& term : r.layer_terms) r.per_layer_bytes += term.bytes;
-  if (m.dense_layers > 0)
-    layer_inventory(m, a, /*dense_layer=*/true,
-                    [&](const char*, const char*, double bytes) { r.dense_layer_bytes += bytes; });
+  if (m.dense_layers > 0) r.dense_layer_bytes = layer_bytes(m, a, /*dense_layer=*/true).all;
   stage_totals(m, a, r);
   return r;
 }
 
 double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& a) {
   ActivationResult r;
-  layer_inventory(m, a, /*dense_layer=*/false,
-                  [&](const char*, const char*, double bytes) { r.per_layer_bytes += bytes; });
-  if (m.dense_layers > 0)
-    layer_inventory(m, a, /*dense_layer=*/true,
-                    [&](const char*, const char*, double bytes) { r.dense_layer_bytes += bytes; });
+  r.per_layer_bytes = layer_bytes(m, a, /*dense_layer=*/false).all;
+  if (m.dense_layers > 0) r.dense_layer_bytes = layer_bytes(m, a, /*dense_layer=*/true).all;
   stage_totals(m, a, r);
   return r.peak_stage_bytes;
 }

@@ -221,11 +221,10 @@ void StepTrafficSetup::validate() const {
 //   weights, so Megatron-LM reduces gradients over dp×cp). ZeRO-0: one all-reduce 2S(k−1)/k per step
 //   (gradients accumulate locally under no-sync). ZeRO-1: reduce-scatter S(k−1)/k + all-gather of the
 //   updated parameters S_param(k−1)/k, once per step. ZeRO-2: the same, but gradients are sharded,
-//   so they cannot accumulate unsharded: one reduce-scatter per micro-batch. ZeRO-3: parameters
-//   all-gathered for each micro-batch's forward and again for its backward, gradients reduce-
-//   scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1 — except under PP,
-//   where the stage is gathered once and reduce-scattered once per step (buffer_bytes in
-//   planner.hpp: torchtitan's FSDP with torch.distributed.pipelining).
+//   so they cannot accumulate unsharded: one reduce-scatter per micro-batch (DeepSpeed's stage 2).
+//   ZeRO-3: parameters all-gathered for each micro-batch's forward and again for its backward,
+//   gradients reduce-scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1.
+//   Under PP both change (Note [sharded data parallelism under PP]).
 //  TP (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4): per layer per micro-batch 2 all-reduces
 //   forward (attention out-projection, MLP W2) and 2 backward (their conjugates f) of
 //   S_act = b·(s/cp)·h·act_bytes; full recompute replays the forward 2. Sequence parallel turns each
@@ -241,6 +240,19 @@ void StepTrafficSetup::validate() const {
 //   it, arriving home after c−1 hops (tally run cp, engine/runtime/ring_attention.cpp). Causal
 //   masking with Transformer Engine's zigzag split (Note [causal load balancing],
 //   context_parallel.hpp) changes the work per rank, not these bytes.
+// Note [sharded data parallelism under PP]
+// DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 ("ZeRO-2 and ZeRO-3 are incompatible with
+// pipeline parallelism", deepspeed/runtime/pipe/engine.py); the framework that runs sharded data
+// parallelism under PP is torchtitan, FSDP2 under torch.distributed.pipelining, and there every
+// micro-batch's backward runs with set_requires_gradient_sync(False) and
+// set_reshard_after_backward(False) and the schedule's _post_backward reduce-scatters once after
+// the last one (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync and
+// _post_backward, pytorch/pytorch at 0138610331c9), for any FSDP module, whatever its
+// reshard_after_forward. So under PP the stage's gradients accumulate unsharded (fp32, FSDP2's
+// reduce dtype) and are reduce-scattered once per step for ZeRO-2 and ZeRO-3 alike; ZeRO-3's
+// stage is gathered once per step (torchtitan sets reshard_after_forward = False under PP), ZeRO-2
+// all-gathers its updated parameters once per step as ZeRO-1 does. The planner holds the unsharded
+// pieces as buffers (planner.hpp buffer_bytes); `tally run 3d` executes both.
 // Note [expert parallelism]
 // Megatron-Core's MoE layout ("MoE parallel folding", Liu et al. 2025; megatron/core/
 // parallel_state.py): attention runs on TP × CP × DP × PP, the MoE layers on ETP × EP × EDP × PP
@@ -300,9 +312,9 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
       if (st.formulas) g.formula = "all-reduce 2S(k-1)/k once per step, S = grad_bytes*" + S;
     } else {
       g.collective = Collective::reduce_scatter;
-      // Under PP, ZeRO-3 reduce-scatters once per step (planner.hpp buffer_bytes: torchtitan's
-      // FSDP with torch.distributed.pipelining defers it to the stage's last micro-batch).
-      g.calls = st.zero_stage == 1 || (st.zero_stage == 3 && st.pp > 1) ? 1 : m;
+      // Under PP every stage reduce-scatters once per step (Note [sharded data parallelism under
+      // PP]).
+      g.calls = st.zero_stage == 1 || st.pp > 1 ? 1 : m;
       z.calls = st.zero_stage == 3 && st.pp == 1 ? 2 * m : 1;
       z.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_param, ranks);
       if (st.formulas) {

@@ -19,6 +19,10 @@ double GpuSpec::peak_flops(Precision p) const {
   return 0;
 }
 
+const KernelPerf& GpuSpec::gemm_kernels(Precision p) const {
+  return (p == Precision::fp8 || p == Precision::mxfp8) && fp8_gemm ? *fp8_gemm : kernels;
+}
+
 bool GpuSpec::supports(Precision p) const {
   switch (p) {
     case Precision::fp8: return peak_fp8_flops > 0;

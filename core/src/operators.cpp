@@ -26,9 +26,14 @@ class Builder {
   }
   // A streaming kernel moving `bytes` forward and 1.5× that backward.
   void memory(std::string_view name, std::string_view backward, double bytes) {
+    memory(name, backward, bytes, 1.5 * bytes);
+  }
+  // Streaming kernels whose backward moves `backward_bytes` (Note [eager kernels]).
+  void memory(std::string_view name, std::string_view backward, double bytes,
+              double backward_bytes) {
     forward_memory(name, bytes);
-    Op b{.name = backward, .kind = OpKind::memory, .pass = Pass::backward, .bytes = 1.5 * bytes};
-    out_.push_back(b);
+    out_.push_back(Op{.name = backward, .kind = OpKind::memory, .pass = Pass::backward,
+                      .bytes = backward_bytes});
   }
   // Fused attention: FLOPs executed forward; backward 2.5×.
   void flash(std::string_view name, std::string_view backward, i64 sq, i64 skv, i64 d,
@@ -65,8 +70,20 @@ class Builder {
   Pass pass_ = Pass::forward;
 };
 
+// Bytes a memory kernel moves per element of its tensor, forward and backward.
+struct ElementBytes {
+  double forward = 0, backward = 0;
+};
+
+// A norm's bytes per element: one read and one write fused (LayerNorm is one native kernel eager
+// too); torchtitan's fp32 RMSNorm in pieces eagerly (Note [eager kernels]).
+ElementBytes norm_bytes(const ModelSpec& m, const OperatorSetup& s, double e) {
+  if (s.kernels == Kernels::eager && m.norm == NormKind::rmsnorm) return {28 + 4 * e, 76 + 8 * e};
+  return {2 * e, 3 * e};
+}
+
 struct Dims {
-  i64 T, h, hq, hkv, d, sq, s, f, heads_local;
+  i64 T, h, hq, hkv, d, sq, s, f, heads_local, kv_local;
   i64 dv, hv;  // value head dim; v and attention-output width on a rank (= d, h_kv, h_q unless MLA)
   double Tn;  // tokens of the norm/dropout/residual kernels on one rank (T/t with SP)
   double e;
@@ -83,9 +100,9 @@ Dims dims(const ModelSpec& m, const OperatorSetup& s) {
   d.dv = m.value_dim();
   d.heads_local = m.heads / s.tp;
   d.hq = d.heads_local * d.d;
-  const i64 kv_local = std::max<i64>(m.kv_heads / s.tp, 1);  // a_kv < t: each rank holds one
-  d.hkv = kv_local * d.d;
-  d.hv = kv_local * d.dv;
+  d.kv_local = std::max<i64>(m.kv_heads / s.tp, 1);  // a_kv < t: each rank holds one
+  d.hkv = d.kv_local * d.d;
+  d.hv = d.kv_local * d.dv;
   d.f = (s.dense_layer ? m.dense_ffn : m.ffn) / s.tp;
   d.e = s.act_bytes;
   return d;
@@ -162,20 +179,25 @@ constexpr MlpNames kSharedGelu{"shared-up", "shared-up.dgrad", "shared-up.wgrad"
 
 // One MLP (routed experts batched, the shared experts, or a dense FFN) of width f per rank on
 // `rows` tokens per expert; `tokens` = rows summed over experts, the activation kernel's rows.
-template <class Gemm, class Memory>
-void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Memory&& memory, i64 rows, i64 f,
+template <class Gemm, class Kernels>
+void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Kernels&& kernels, i64 rows, i64 f,
                double experts, double tokens, bool shared) {
   const bool gated = m.mlp == MlpKind::swiglu;
   const MlpNames& n = gated ? (shared ? kSharedSwiglu : kSwiglu) : (shared ? kSharedGelu : kGelu);
   gemm(n.up, n.up_dgrad, n.up_wgrad, rows, (gated ? 2 : 1) * f, d.h, experts);
-  memory(n.act, n.act_backward, (gated ? 3.0 : 2.0) * d.e * tokens * double(f));
+  const double e = d.e;  // SwiGLU eager: silu and the product apart (Note [eager kernels])
+  if (gated)
+    kernels(n.act, n.act_backward, tokens * double(f), ElementBytes{3 * e, 4.5 * e},
+            ElementBytes{5 * e, 9 * e});
+  else
+    kernels(n.act, n.act_backward, tokens * double(f), ElementBytes{2 * e, 3 * e},
+            ElementBytes{2 * e, 3 * e});
   gemm(n.down, n.down_dgrad, n.down_wgrad, rows, d.h, f, experts);
 }
 
 // Every forward kernel of a layer; with_backward adds their gradients.
 void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Builder& b,
                    bool with_backward) {
-  const double norm_bytes = 2.0 * d.e * d.Tn * double(d.h);
   const double residual_bytes =
       (3.0 * d.e + (s.dropout ? 1.0 : 0.0)) * d.Tn * double(d.h);
   auto gemm = [&](std::string_view n, std::string_view dg, std::string_view wg, i64 mm, i64 nn,
@@ -183,11 +205,28 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     if (with_backward) b.gemm(n, dg, wg, mm, nn, kk, batch);
     else b.forward_gemm(n, mm, nn, kk, batch);
   };
+  // Memory kernels: `memory` a fused one (backward 1.5× its bytes), `memory2` with its backward's
+  // own bytes, `kernels` by bytes per element, fused or eager as the setup runs (Note [eager
+  // kernels]).
+  const bool eager = s.kernels == Kernels::eager;
   auto memory = [&](std::string_view n, std::string_view bw, double bytes) {
     if (with_backward) b.memory(n, bw, bytes);
     else b.forward_memory(n, bytes);
   };
-  memory("norm-1", "norm-1.backward", norm_bytes);
+  auto memory2 = [&](std::string_view n, std::string_view bw, double bytes, double bw_bytes) {
+    if (with_backward) b.memory(n, bw, bytes, bw_bytes);
+    else b.forward_memory(n, bytes);
+  };
+  auto kernels = [&](std::string_view n, std::string_view bw, double elements,
+                     ElementBytes fused, ElementBytes unfused) {
+    const ElementBytes& per = eager ? unfused : fused;
+    memory2(n, bw, per.forward * elements, per.backward * elements);
+  };
+  auto norm = [&](std::string_view n, std::string_view bw) {
+    const ElementBytes per = norm_bytes(m, s, d.e);
+    memory2(n, bw, per.forward * d.Tn * double(d.h), per.backward * d.Tn * double(d.h));
+  };
+  norm("norm-1", "norm-1.backward");
   if (m.is_mla())
     mla_projections(m, d, gemm, memory);
   else
@@ -196,12 +235,22 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     // MLA rotates only the d_r rope part of each q head and the one shared rope key.
     const double width = m.is_mla() ? double(d.heads_local + 1) * double(m.qk_rope_head_dim)
                                     : double(d.hq + d.hkv);
-    memory("rotary", "rotary.backward", 2.0 * d.e * double(d.T) * width);
+    kernels("rotary", "rotary.backward", double(d.T) * width, {2 * d.e, 3 * d.e},
+            {16 + 2 * d.e, 16 + 2 * d.e});
+  }
+  if (eager && !m.is_mla()) {
+    // torchtitan's repeat_kv (GQA) and the attention output's transpose copy.
+    const double T = double(d.T);
+    if (d.heads_local > d.kv_local)  // k and v each
+      memory2("repeat-kv", "repeat-kv.backward", 2 * d.e * T * double(d.hkv + d.hq),
+              2 * d.e * T * double(3 * d.hq + d.hkv));
+    memory2("attention-output-copy", "attention-output-copy.backward", 2 * d.e * T * double(d.hq),
+            0);
   }
   attention_core(m, s, d, b, with_backward);
   gemm("out-proj", "out-proj.dgrad", "out-proj.wgrad", d.T, d.h, d.heads_local * d.dv);
   memory("dropout-residual-1", "dropout-residual-1.backward", residual_bytes);
-  memory("norm-2", "norm-2.backward", norm_bytes);
+  norm("norm-2", "norm-2.backward");
   const bool moe = m.is_moe() && !s.dense_layer;
   // MoE: the tokens of ep ranks' expert-TP groups (g·T_r each, Note [expert tensor parallelism])
   // spread over E experts, E_act per token, padded to c_f times the balanced share; this rank's
@@ -217,10 +266,10 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
   const double routed =
       moe ? expert_tokens * double(m.experts_per_token) * s.capacity_factor : double(d.T);
-  mlp_block(m, d, gemm, memory, rows, moe ? m.ffn / etp : d.f, experts, routed, /*shared=*/false);
+  mlp_block(m, d, gemm, kernels, rows, moe ? m.ffn / etp : d.f, experts, routed, /*shared=*/false);
   // Shared experts: one always-active MLP of width E_s·f_s beside the routed ones (TP-split).
   if (moe && m.shared_experts > 0)
-    mlp_block(m, d, gemm, memory, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
+    mlp_block(m, d, gemm, kernels, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
               double(d.T), /*shared=*/true);
   memory("dropout-residual-2", "dropout-residual-2.backward", residual_bytes);
 }
@@ -317,17 +366,21 @@ std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s) {
   const Dims d = dims(m, s);
   std::vector<Op> ops;
   Builder b(s, ops);
-  b.memory("final-norm", "final-norm.backward", 2.0 * d.e * d.Tn * double(d.h));
+  const ElementBytes norm = norm_bytes(m, s, d.e);
+  b.memory("final-norm", "final-norm.backward", norm.forward * d.Tn * double(d.h),
+           norm.backward * d.Tn * double(d.h));
   const i64 v = (m.vocab + s.tp - 1) / s.tp;  // vocabulary-parallel head
   b.gemm("lm-head", "lm-head.dgrad", "lm-head.wgrad", d.T, v, d.h);
   const double logits = double(d.T) * double(v);
   // Cross-entropy in fp32 (Megatron's vocab-parallel loss upcasts): read the e-byte logits, then
   // three fp32 passes (max, sum of exp, normalise) forward; two fp32 passes and an e-byte write
   // backward.
+  // Eager (OperatorSetup::eager_loss, Note [eager kernels]): the fp32 cast and log-softmax
+  // forward, 20 + e; the NLL gradient's fill, log-softmax backward and the cast back, 24 + e.
   ops.push_back(Op{.name = "cross-entropy", .kind = OpKind::memory, .pass = Pass::forward,
-                   .bytes = logits * (d.e + 3 * 4.0)});
+                   .bytes = logits * (d.e + (s.eager_loss ? 20.0 : 3 * 4.0))});
   ops.push_back(Op{.name = "cross-entropy.backward", .kind = OpKind::memory,
-                   .pass = Pass::backward, .bytes = logits * (2 * 4.0 + d.e)});
+                   .pass = Pass::backward, .bytes = logits * ((s.eager_loss ? 24.0 : 2 * 4.0) + d.e)});
   mark_high_precision(ops);
   return ops;
 }
@@ -356,9 +409,10 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
   switch (op.kind) {
     case OpKind::gemm: {
       const Precision g = op.high_precision ? compute_precision(p) : p;
+      const KernelPerf& gk = gpu.gemm_kernels(g);
       return roofline_seconds(gpu, op.flops,
-                              gpu.peak_flops(g) * gemm_efficiency(k, op.m, op.n, op.k, op.batch),
-                              op.bytes);
+                              gpu.peak_flops(g) * gemm_efficiency(gk, op.m, op.n, op.k, op.batch),
+                              op.bytes, gk.kernel_overhead_s);
     }
     case OpKind::attention: {
       const bool backward = op.pass == Pass::backward;

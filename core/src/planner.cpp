@@ -42,7 +42,7 @@ namespace tally {
 //   overlap_dp (default on; PyTorch DDP/FSDP, DeepSpeed overlap_comm, Megatron --overlap-grad-
 //             reduce): gradient buckets are reduced while backward continues; a reduction done
 //             once per step hides in the last micro-batch's backward, one done per micro-batch
-//             (ZeRO-2/3) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
+//             (ZeRO-2/3 without PP) in every backward; the last bucket (25 MiB, kDdpBucketBytes) is always
 //             exposed. Off: the whole reduction is on the critical path (the seed; Megatron's 2021
 //             local DDP, which the Narayanan 2021 dev-set rows use).
 //   overlap_param_gather (default on; Megatron's distributed optimizer --overlap-param-gather):
@@ -129,7 +129,8 @@ struct Prepared {
     const PlanRequest& r = *req;
     return {.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp, .cp = cp,
             .recompute = rc, .attention = att, .causal = r.causal, .dropout = r.uses_dropout(),
-            .act_bytes = act_bytes, .capacity_factor = r.capacity_factor};
+            .act_bytes = act_bytes, .capacity_factor = r.capacity_factor, .kernels = r.kernels,
+            .eager_loss = r.eager_loss};
   }
 
   const BaseTimes& base_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
@@ -722,7 +723,9 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                    " | time: " +
                    (r.time_model == TimeModel::operators
                         ? "operator model (kernels on the " + r.cluster.gpu.name +
-                              " roofline, " + (r.causal ? "causal" : "full") + " attention)"
+                              " roofline, " + (r.causal ? "causal" : "full") + " attention" +
+                              (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
+                              ")"
                         : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
                    ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                                         : "flat ring") +

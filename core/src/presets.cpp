@@ -225,6 +225,19 @@ KernelPerf blackwell_kernels(int sms, double peak_bf16) {
                   peak_bf16);
 }
 
+// Blackwell's fp8 GEMM constants (GpuSpec::fp8_gemm): B200's fit to the same table's e4m3 × e4m3
+// → bf16 column at the 4.5 PFLOP/s fp8 peak (fraction 0.9982, k½ 2048, 0.60 per tile halving, 2 µs
+// per kernel; best GEMM 3279.7 TFLOP/s, 73 % of the peak against bf16's 74 %, but fp8 GEMMs need
+// a far longer k to reach it: a median 1.2× bf16's speed on the table's shapes;
+// tests/validation/test_gemm_tables.cpp). The other Blackwell parts take the same fractions of
+// their fp8 peaks (an assumption, as for bf16). Hopper keeps bf16's constants at the fp8 peak: the
+// table's sm_90 fp8 column runs its largest GEMMs above the datasheet's dense fp8 peak, so it is
+// not a measurement tally can use.
+KernelPerf blackwell_fp8_kernels(int sms, double peak_fp8) {
+  return measured(KernelPerf{.sm_count = sms}, 0.998162, 2048, 0.60, 2e-6,
+                  3279.676742e12 / 4.5e15 * peak_fp8, peak_fp8);
+}
+
 // Blackwell parts without a device query here; peaks without sparsity. Sources:
 //  - GB200 (B200 at 1200 W in GB200 NVL72): bf16 2.5, fp8 5, tf32 1.25 PFLOP/s, fp32 90 TFLOP/s
 //    (NVIDIA Blackwell architecture technical brief, as tabulated by G. Lockwood,
@@ -243,14 +256,16 @@ GpuSpec b200() {
   return GpuSpec{.name = "b200", .memory_bytes = 178.35 * kGiB, .peak_fp32_flops = 80e12,
                  .peak_tf32_flops = 1.1e15, .peak_bf16_flops = 2.25e15, .peak_fp8_flops = 4.5e15,
                  .peak_fp4_flops = 9e15, .memory_bps = 7.672e12,
-                 .kernels = blackwell_kernels(148, 2.25e15)};
+                 .kernels = blackwell_kernels(148, 2.25e15),
+                 .fp8_gemm = blackwell_fp8_kernels(148, 4.5e15)};
 }
 
 GpuSpec blackwell(std::string name, double bytes, double bps, double fp32, double tf32,
                   double bf16, double fp8, double fp4, int sms) {
   return GpuSpec{.name = std::move(name), .memory_bytes = bytes, .peak_fp32_flops = fp32,
                  .peak_tf32_flops = tf32, .peak_bf16_flops = bf16, .peak_fp8_flops = fp8,
-                 .peak_fp4_flops = fp4, .memory_bps = bps, .kernels = blackwell_kernels(sms, bf16)};
+                 .peak_fp4_flops = fp4, .memory_bps = bps, .kernels = blackwell_kernels(sms, bf16),
+                 .fp8_gemm = blackwell_fp8_kernels(sms, fp8)};
 }
 
 std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {

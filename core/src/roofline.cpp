@@ -70,9 +70,14 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
 }
 
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes) {
+  return roofline_seconds(gpu, flops, flops_per_s, bytes, gpu.kernels.kernel_overhead_s);
+}
+
+double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes,
+                        double overhead_s) {
   const double compute_s = flops > 0 ? flops / flops_per_s : 0.0;
   const double memory_s = bytes / (gpu.memory_bps * gpu.kernels.memory_fraction);
-  return std::max(compute_s, memory_s) + gpu.kernels.kernel_overhead_s;
+  return std::max(compute_s, memory_s) + overhead_s;
 }
 
 KernelPerf fit_gemm_perf(KernelPerf base, double peak_flops,

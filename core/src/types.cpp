@@ -37,6 +37,7 @@ constexpr NameTable<Recompute, 5> kRecomputes{{{Recompute::none, "none"},
                                                {Recompute::op_sac, "op-sac"}}};
 constexpr NameTable<Attention, 2> kAttentions{{
     {Attention::materialized, "materialized"}, {Attention::flash, "flash"}}};
+constexpr NameTable<Kernels, 2> kKernels{{{Kernels::fused, "fused"}, {Kernels::eager, "eager"}}};
 
 template <class E, std::size_t N>
 std::string_view name_of(const NameTable<E, N>& t, E e) {
@@ -66,6 +67,7 @@ std::string_view to_string(Precision p) { return name_of(kPrecisions, p); }
 std::string_view to_string(Optimizer o) { return name_of(kOptimizers, o); }
 std::string_view to_string(Recompute r) { return name_of(kRecomputes, r); }
 std::string_view to_string(Attention a) { return name_of(kAttentions, a); }
+std::string_view to_string(Kernels k) { return name_of(kKernels, k); }
 
 std::optional<Precision> parse_precision(std::string_view s) {
   if (s == "mixed") return Precision::bf16;  // the seed's precision="mixed"
@@ -81,6 +83,7 @@ std::optional<Attention> parse_attention(std::string_view s) {
   if (s == "materialised") return Attention::materialized;
   return parse_name(kAttentions, s);
 }
+std::optional<Kernels> parse_kernels(std::string_view s) { return parse_name(kKernels, s); }
 std::optional<SizeUnit> parse_size_unit(std::string_view s) {
   if (s == "GB" || s == "gb") return SizeUnit::GB;
   if (s == "GiB" || s == "gib") return SizeUnit::GiB;
@@ -101,6 +104,10 @@ const std::vector<std::string>& allowed_recomputes() {
 }
 const std::vector<std::string>& allowed_attentions() {
   static const auto v = names(kAttentions);
+  return v;
+}
+const std::vector<std::string>& allowed_kernels() {
+  static const auto v = names(kKernels);
   return v;
 }
 

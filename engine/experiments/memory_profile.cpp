@@ -156,12 +156,15 @@ MemoryProfileResult run_memory_profile(const MemoryProfileOptions& o) {
     adam.emplace((*model)->parameters(), kProfileAdam);
     record(Phase::optimizer_init, s.m + s.v + s.master);
 
+    // After the forward every saved tensor is alive with the loss's: core's loss phase (Note
+    // [backward phases]; one stage, the fused 4sbV log-probabilities), not the stage peak, which
+    // a layer's backward can exceed.
     auto loss = (*model)->forward(idx, targets);
-    record(Phase::forward, res.activations.peak_stage_bytes);
+    record(Phase::forward, res.activations.loss_phase_bytes);
 
     loss.backward();
     // Autograd frees the saved tensors; the gradients remain.
-    record(Phase::backward, s.grads - res.activations.peak_stage_bytes);
+    record(Phase::backward, s.grads - res.activations.loss_phase_bytes);
 
     adam->step();
     record(Phase::step, 0.0);

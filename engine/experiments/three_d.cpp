@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,7 +29,7 @@
 #include "tally/engine/process_groups.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 #include "tp_model.hpp"
-#include "zero_strategy.hpp"
+#include "zero_flat.hpp"
 
 namespace tally::engine {
 
@@ -47,7 +50,7 @@ class TpStageModel final : public StageModel {
   explicit TpStageModel(TpGpt& m) : m_(m), mask_(causal_mask(m.config().seq)) {}
   at::Tensor embed(const at::Tensor& idx) override { return m_.embed(idx); }
   at::Tensor block(int layer, const at::Tensor& x) override {
-    return m_.block_forward(std::size_t(layer), x, mask_);
+    return m_.block(std::size_t(layer), x, mask_);  // with --recompute, checkpointed
   }
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets) override {
     return m_.head_loss(x, targets);
@@ -75,67 +78,18 @@ bool stage_owns(const std::string& name, const std::set<int>& layers, bool first
 }
 
 // Note [3-D data-parallel step]
-// The stage's own parameters become views of one flat buffer (their gradients views of another),
-// as zero_strategy.hpp's Replica holds them, so the DP reduction is one collective on the flat
-// gradient: ZeRO-0 all-reduces (average) it and Adam updates everything; ZeRO-1 reduce-scatters it
-// (shard_span, core/sharding.hpp), Adam updates the rank's span in place and the all-gather fills
-// in the other ranks' updated spans (zero_stage1.cpp's steps 2–4 on the DP group). One Adam
-// (optimizer_torch.hpp), one sharding rule.
-class DpOptimizer {
- public:
-  DpOptimizer(std::vector<at::Tensor*> params, Comm& dp, int zero, const AdamOptions& adam)
-      : dp_(dp), zero_(zero) {
-    std::vector<at::Tensor> values;
-    std::vector<zero::Shape> shapes;
-    for (at::Tensor* p : params) {
-      values.push_back(*p);
-      shapes.push_back(p->sizes().vec());
-    }
-    flat_ = zero::flatten(values, values.front().scalar_type());
-    grad_ = at::zeros_like(flat_);
-    const auto views = zero::views_of(flat_, shapes);
-    const auto grads = zero::views_of(grad_, shapes);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      *params[i] = views[i].detach().requires_grad_(true);
-      params[i]->mutable_grad() = grads[i];
-    }
-    span_ = zero_ == 1 ? shard_span(flat_.numel(), dp.world_size(), dp.rank())
-                       : ShardSpan{0, flat_.numel()};
-    adam_ = Adam({flat_.narrow(0, span_.offset, span_.count)}, adam);
-  }
-
-  void zero_grad() {
-    at::NoGradGuard no_grad;
-    grad_.zero_();
-  }
-  // The averaged gradient this rank's optimizer reads: all of it (ZeRO-0) or its span (ZeRO-1).
-  at::Tensor reduce() {
-    at::NoGradGuard no_grad;
-    if (zero_ == 0) {
-      all_reduce(dp_, grad_, ReduceOp::average);
-      return grad_;
-    }
-    return reduce_scatter_in_place(dp_, grad_, ReduceOp::average);
-  }
-  void update(const at::Tensor& grad) {
-    at::NoGradGuard no_grad;
-    adam_.step_with({grad});
-  }
-  void gather() {
-    at::NoGradGuard no_grad;
-    if (zero_ == 1) all_gather_in_place(dp_, flat_);
-  }
-  const at::Tensor& flat() const { return flat_; }
-  ShardSpan span() const { return span_; }
-  StateItems held() const { return zero::held_state(flat_, grad_, adam_); }
-
- private:
-  Comm& dp_;
-  int zero_;
-  at::Tensor flat_, grad_;  // (N_r,)
-  ShardSpan span_;
-  Adam adam_;
-};
+// The stage's own parameters (its TP slice) become views of one flat buffer, their gradients
+// views of another, and zero_flat.hpp's FlatDataParallel averages them over the DP (× CP) group
+// at the run's ZeRO stage: 0 all-reduces the gradient and Adam updates everything; 1
+// reduce-scatters it (shard_span, core/sharding.hpp), Adam updates the rank's span in place and
+// an all-gather fills in the other ranks' spans; 2 does the same with the full gradient freed
+// between steps; 3 holds only the span of the parameters too and gathers the stage when it runs.
+// Stages 2–3 follow core's step_traffic: without PP the gradient is reduce-scattered after every
+// micro-batch's backward and ZeRO-3 gathers the parameters for each forward and each backward
+// (DeepSpeed, FSDP); under PP the stage's gradient accumulates whole and is reduce-scattered
+// once per step, and ZeRO-3 gathers the stage once (torchtitan: Note [sharded data parallelism
+// under PP] in core/src/comm.cpp). The per-micro-batch work runs between the schedule's
+// operations (PpOpHooks), the SP gradient sums with it. One Adam, one sharding rule.
 
 struct Data {
   at::Tensor idx, targets;  // (D·M, B, S) int64: DP rank d takes micro-batches [d·M, (d+1)·M)
@@ -155,19 +109,48 @@ Gpt reference_model(const ThreeDOptions& o, at::ScalarType dtype) {
   return model;
 }
 
-// One rank's model: the TP shards, the stage over them, the DP optimizer over its own parameters.
+double comm_seconds(const Comm& c) {
+  double s = 0;
+  for (const auto& k : c.counters().by_collective) s += k.seconds;
+  return s;
+}
+double all_bytes(const Comm& c) {
+  double b = 0;
+  for (const auto& k : c.counters().by_collective) b += k.bytes_sent;
+  return b;
+}
+double all_calls(const Comm& c) {
+  double n = 0;
+  for (const auto& k : c.counters().by_collective) n += double(k.calls);
+  return n;
+}
+
+// What one step of a rank did up to its reduced gradient.
+struct StepRecord {
+  PpStageRecord schedule;
+  at::Tensor reduced;          // the averaged gradient Adam reads (all, or the rank's span)
+  double tp_in_compute_s = 0;  // TP collectives inside the schedule's computation
+  double tied_s = 0, tied_bytes = 0;  // the tied-embedding exchange between the end stages
+};
+
+// One rank's model: the TP shards, the stage over them, the DP (ZeRO) wrapper of its parameters.
 struct RankModel {
   TpGpt tp;
   TpStageModel stage_model;
   PpStage stage;
+  Comm& pp;
   std::vector<std::string> own;  // names, in TpGpt order
-  std::unique_ptr<DpOptimizer> opt;
+  std::unique_ptr<zero::FlatDataParallel> opt;
+  PpOpHooks hooks;          // Note [3-D data-parallel step]: the per-micro-batch work
+  double hook_tp_s = 0;     // TP seconds inside the hooks (SP gradient sums), this step
+  bool die_after_op = false;  // --kill-rank: SIGKILL itself after the schedule's next operation
 
   RankModel(Gpt& ref, ProcessGroups& g, const ThreeDOptions& o, const std::vector<int>& layers)
-      : tp(ref, g.tp(), o.sp, false, &g.cp()), stage_model(tp),
-        stage(stage_model, g.pp(), layers, o.interleave) {}
+      : tp(ref, g.tp(), o.sp, o.full_recompute, &g.cp()), stage_model(tp),
+        stage(stage_model, g.pp(), layers, o.interleave), pp(g.pp()) {}
+  RankModel(const RankModel&) = delete;  // the hooks hold `this`
 
-  // The stage's own parameters into the DP optimizer's flat buffers (what its model states are);
+  // The stage's own parameters into the DP wrapper's flat buffers (what its model states are);
   // grad: the group the gradients are averaged over (DP, or DP × CP).
   void make_optimizer(Comm& grad, const ThreeDOptions& o, std::optional<AdamOptions> adam = {}) {
     const std::vector<int> mine = stage.own_layers();
@@ -179,20 +162,51 @@ struct RankModel {
         params.push_back(&p.tensor);
       }
     }
-    opt = std::make_unique<DpOptimizer>(params, grad, o.zero, adam.value_or(AdamOptions{.lr = o.lr}));
+    // Core's rule (step_traffic): stages 2–3 reduce per micro-batch only without PP.
+    opt = std::make_unique<zero::FlatDataParallel>(
+        params, grad,
+        zero::FlatDataParallelOptions{.stage = o.zero,
+                                      .reduce_each_micro_batch = o.zero >= 2 && o.pp == 1,
+                                      .adam = adam.value_or(AdamOptions{.lr = o.lr})});
+    hooks.before = [this](const PipelineOp& op) {
+      opt->before_op(op.kind == PipelineOpKind::backward);
+    };
+    hooks.after = [this](const PipelineOp& op) {
+      const bool backward = op.kind == PipelineOpKind::backward;
+      if (backward && opt->reduces_each_micro_batch()) {  // the micro-batch's SP sums first
+        const double t0 = comm_seconds(tp.tp_comm());
+        tp.sp_reduce_grads();
+        hook_tp_s += comm_seconds(tp.tp_comm()) - t0;
+      }
+      opt->after_op(backward);
+      if (die_after_op) {
+        std::fflush(nullptr);
+        ::kill(::getpid(), SIGKILL);
+      }
+    };
   }
 
   // One step on this DP rank's micro-batches: the schedule, the SP and tied-embedding gradient
-  // sums, the DP reduction. Returns the reduced gradient (all, or the ZeRO-1 span).
-  PpStageRecord backward_step(const std::vector<PipelineOp>& ops, const Data& d, int dp_index,
-                              int M, const TrackingAllocatorScope* memory, at::Tensor* reduced) {
-    opt->zero_grad();
-    const PpStageRecord rec = stage.step(ops, d.idx.narrow(0, dp_index * M, M),
-                                         d.targets.narrow(0, dp_index * M, M), memory);
-    tp.sp_reduce_grads();
+  // sums, the DP reduction (Note [3-D data-parallel step]).
+  StepRecord backward_step(const std::vector<PipelineOp>& ops, const Data& d, int dp_index, int M,
+                           const TrackingAllocatorScope* memory) {
+    StepRecord r;
+    opt->begin_step();
+    hook_tp_s = 0;
+    const double tp0 = comm_seconds(tp.tp_comm());
+    r.schedule = stage.step(ops, d.idx.narrow(0, dp_index * M, M),
+                            d.targets.narrow(0, dp_index * M, M), memory, &hooks);
+    // A TP group of one only copies (its identity "collectives"): compute, not TP comm.
+    if (tp.tp_comm().world_size() > 1)
+      r.tp_in_compute_s = comm_seconds(tp.tp_comm()) - tp0 - hook_tp_s;
+    if (!opt->reduces_each_micro_batch()) tp.sp_reduce_grads();
+    const double pp0 = all_bytes(pp);
+    const auto t = Clock::now();
     stage.reduce_tied_embedding();
-    *reduced = opt->reduce();
-    return rec;
+    r.tied_s = since(t);
+    r.tied_bytes = all_bytes(pp) - pp0;
+    r.reduced = opt->reduce();
+    return r;
   }
 
   // Flat copy, in own order, of the reference's TP slices (its parameters or their gradients).
@@ -246,35 +260,18 @@ void check_f64(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   RankModel rm(ref, g, o, layers);
   rm.make_optimizer(grad, o, kCheckAdam);
   reference_loss = reference_step(ref, d);
-  at::Tensor reduced;
-  const PpStageRecord rec = rm.backward_step(ops, d, g.coords().dp, M, nullptr, &reduced);
-  me.loss = rm.stage.last() ? rec.loss : 0;
+  const StepRecord step = rm.backward_step(ops, d, g.coords().dp, M, nullptr);
+  me.loss = rm.stage.last() ? step.schedule.loss : 0;
   const ShardSpan span = rm.opt->span();
   const at::Tensor want = rm.reference_flat(ref, true).narrow(0, span.offset, span.count);
   const at::Tensor scale = rm.reference_scale(ref, true).narrow(0, span.offset, span.count);
-  me.max_grad_rel_diff = max_scaled_diff(reduced, want, scale);
-  rm.opt->update(reduced);
+  me.max_grad_rel_diff = max_scaled_diff(step.reduced, want, scale);
+  rm.opt->update(step.reduced);
   rm.opt->gather();
   Adam ref_adam(ref->parameters(), kCheckAdam);
   ref_adam.step();
-  me.max_param_rel_diff = max_scaled_diff(rm.opt->flat(), rm.reference_flat(ref, false),
+  me.max_param_rel_diff = max_scaled_diff(rm.opt->parameters(), rm.reference_flat(ref, false),
                                           rm.reference_scale(ref, false));
-}
-
-double tp_seconds(const Comm& c) {
-  double s = 0;
-  for (const auto& k : c.counters().by_collective) s += k.seconds;
-  return s;
-}
-double all_bytes(const Comm& c) {
-  double b = 0;
-  for (const auto& k : c.counters().by_collective) b += k.bytes_sent;
-  return b;
-}
-double all_calls(const Comm& c) {
-  double n = 0;
-  for (const auto& k : c.counters().by_collective) n += double(k.calls);
-  return n;
 }
 
 StepTrafficSetup traffic_setup(const ThreeDOptions& o, double params, int M) {
@@ -292,8 +289,10 @@ StepTrafficSetup traffic_setup(const ThreeDOptions& o, double params, int M) {
           .tp = o.tp,
           .pp = o.pp,
           .cp = o.cp,
+          .interleave = o.interleave,
           .zero_stage = o.zero,
           .sequence_parallel = o.sp,
+          .recompute = o.full_recompute ? Recompute::full : Recompute::none,
           .kv_hidden = m.hidden};  // a_kv = a
 }
 
@@ -310,32 +309,22 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   const std::int64_t before_states = memory.counters().allocated_bytes;
   rm.make_optimizer(grad, o);
   me.state_bytes = double(memory.counters().allocated_bytes - before_states);
-  me.own_params = double(rm.opt->flat().numel());
+  me.own_params = double(rm.opt->numel());
   me.stage_layers = layers[std::size_t(g.coords().pp)];
   const double steps = o.steps;
   for (int s = 1; s <= o.steps; ++s) {
     const Data d = draw(o, M, 100 + std::uint64_t(s));
     rm.tp.clear_counts();
+    rm.die_after_op = o.kill_rank == g.world().rank() && o.kill_at_step == s;
     const double tp0 = all_bytes(g.tp()), dp0 = all_bytes(grad), cp0 = all_bytes(g.cp());
     const double dpc0 = all_calls(grad), cpc0 = all_calls(g.cp());
-    const double tps0 = tp_seconds(g.tp()), dps0 = tp_seconds(grad);
+    const double tps0 = comm_seconds(g.tp()), dps0 = comm_seconds(grad);
     const auto start = Clock::now();
-    rm.opt->zero_grad();
-    const PpStageRecord rec =
-        rm.stage.step(ops, d.idx.narrow(0, g.coords().dp * M, M),
-                      d.targets.narrow(0, g.coords().dp * M, M), s == 1 ? &memory : nullptr);
-    // A TP group of one only copies (its identity "collectives"): compute, not TP comm.
-    const double tp_in_schedule = o.tp > 1 ? tp_seconds(g.tp()) - tps0 : 0;
+    const StepRecord step = rm.backward_step(ops, d, g.coords().dp, M, s == 1 ? &memory : nullptr);
+    const PpStageRecord& rec = step.schedule;
     const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
-    rm.tp.sp_reduce_grads();
-    const double pp_before_tied = all_bytes(g.pp());
-    auto t = Clock::now();
-    rm.stage.reduce_tied_embedding();
-    const double tied_s = since(t);
-    const double tied_bytes = all_bytes(g.pp()) - pp_before_tied;
-    const at::Tensor reduced = rm.opt->reduce();
-    t = Clock::now();
-    rm.opt->update(reduced);
+    const auto t = Clock::now();
+    rm.opt->update(step.reduced);
     const double opt_s = since(t);
     rm.opt->gather();
     const double step_s = since(start);
@@ -345,11 +334,11 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     losses.push_back(std::accumulate(all_loss.begin(), all_loss.end(), 0.0) / (o.dp * o.cp));
 
     me.step_s += step_s / steps;
-    me.tp_comm_s += (o.tp > 1 ? tp_seconds(g.tp()) - tps0 : 0) / steps;
-    me.compute_s += (rec.compute_s - tp_in_schedule - cp_in_schedule) / steps;
+    me.tp_comm_s += (o.tp > 1 ? comm_seconds(g.tp()) - tps0 : 0) / steps;
+    me.compute_s += (rec.compute_s - step.tp_in_compute_s - cp_in_schedule) / steps;
     me.cp_comm_s += cp_in_schedule / steps;
-    me.pp_wait_s += (rec.wait_s + tied_s) / steps;
-    me.dp_comm_s += (tp_seconds(grad) - dps0) / steps;
+    me.pp_wait_s += (rec.wait_s + step.tied_s) / steps;
+    me.dp_comm_s += (comm_seconds(grad) - dps0) / steps;
     me.optimizer_s += opt_s / steps;
     me.forward_s += rec.forward_s / M / steps;
     me.backward_s += rec.backward_s / M / steps;
@@ -369,7 +358,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
         me.pp_min_send = *std::min_element(sends.begin(), sends.end());
         me.pp_max_send = *std::max_element(sends.begin(), sends.end());
       }
-      me.pp_embedding_bytes = tied_bytes;
+      me.pp_embedding_bytes = step.tied_bytes;
       me.dp_bytes = all_bytes(grad) - dp0;
       me.dp_calls = all_calls(grad) - dpc0;
       if (o.cp > 1) {  // a CP group of one runs no ring
@@ -394,7 +383,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   StepTrafficSetup exact = traffic_setup(o, me.own_params * t * p, M);
   exact.busiest_stage_layers = me.stage_layers;
   const StepTraffic mine = step_traffic(exact);
-  const StepTraffic layout = step_traffic(traffic_setup(o, double(n_params), M));
+  StepTrafficSetup layout_setup = traffic_setup(o, double(n_params), M);
+  layout_setup.busiest_stage_layers = *std::max_element(layers.begin(), layers.end());
+  const StepTraffic layout = step_traffic(layout_setup);
   me.tp_predicted_bytes = mine.tp.bytes_per_rank;
   me.tp_predicted_calls = mine.tp.calls;
   me.tp_layout_bytes = layout.tp.bytes_per_rank;
@@ -416,6 +407,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   a.tp = o.tp;
   a.sequence_parallel = o.sp;
   a.cp = o.cp;
+  a.recompute = o.full_recompute ? Recompute::full : Recompute::none;
   me.in_flight = peak_in_flight(ops);
   me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
                                   (double(me.stage_layers) / v) * me.in_flight;
@@ -504,8 +496,8 @@ void ThreeDOptions::validate(int world_size) const {
   require(model.layers >= pp, "--pp", pp,
           "must be <= --layers = " + std::to_string(model.layers) +
               " (one layer per stage at least)");
-  require(zero == 0 || zero == 1, "--zero", zero,
-          "tally run 3d runs ZeRO 0 or 1 over the DP group (stages 2 and 3: tally run zero)");
+  if (!pp_layers.empty()) check_stage_list(pp_layers, int(model.layers), pp);
+  require(zero >= 0 && zero <= 3, "--zero", zero, "must be 0, 1, 2 or 3 (over the DP x CP group)");
   require(micro_batches >= 0 && micro_batches <= 4096, "--micro-batches", micro_batches,
           "must be in [1, 4096]");
   require(interleave >= 1 && interleave <= 64, "--interleave", interleave, "must be in [1, 64]");
@@ -523,14 +515,32 @@ void ThreeDOptions::validate(int world_size) const {
     require(pp >= 2, "--pp", pp, "must be >= 2 for the interleaved schedule");
     require(M % pp == 0, "--micro-batches", M,
             "must be a multiple of --pp = " + std::to_string(pp) + " for the interleaved schedule");
-    const std::vector<int> layers = stage_layers(int(model.layers), pp);
+    const std::vector<int> layers = stage_split();
     for (int s = 0; s < pp; ++s)
       require(layers[std::size_t(s)] % interleave == 0, "--interleave", interleave,
               "must divide the layers of every stage (stage " + std::to_string(s) + " holds " +
                   std::to_string(layers[std::size_t(s)]) + " of --layers = " +
                   std::to_string(model.layers) + " over --pp = " + std::to_string(pp) + ")");
   }
+  require(kill_rank >= -1 && kill_rank < world_size, "--kill-rank", kill_rank,
+          "must be -1 (none) or a rank in [0, " + std::to_string(world_size) + ")");
+  if (kill_rank >= 0)
+    require(kill_at_step >= 1 && kill_at_step <= steps, "--kill-at-step", kill_at_step,
+            "must be in [1, --steps = " + std::to_string(steps) + "]");
 }
+
+std::vector<int> ThreeDOptions::stage_split() const {
+  return pp_layers.empty() ? stage_layers(int(model.layers), pp) : pp_layers;
+}
+
+// The byte checks are exact but for double rounding: the Comm records each call's S(k−1)/k, which
+// is not an integer when k does not divide S (a DP group of 3), and sums them in another order
+// than core's calls × bytes per call.
+constexpr double kByteRounding = 1e-12;
+
+// fp32 Adam bytes per parameter that ZeRO stage 0..3 shards: none; m, v; + the gradient; + the
+// parameter.
+constexpr double kShardedBytesPerElement[] = {0, 8, 12, 16};
 
 std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
   std::vector<ThreeDCheck> out;
@@ -545,7 +555,8 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
         kThreeDF64Tolerance);
     rel(rk + "max parameter difference f64 after one Adam step", m.max_param_rel_diff, 0,
         kThreeDF64Tolerance);
-    rel(rk + "TP bytes of its layers vs core's TP item", m.tp_layer_bytes, m.tp_predicted_bytes, 0);
+    rel(rk + "TP bytes of its layers vs core's TP item", m.tp_layer_bytes, m.tp_predicted_bytes,
+        kByteRounding);
     rel(rk + "TP calls of its layers vs core's", m.tp_layer_calls, m.tp_predicted_calls, 0);
     rel(rk + "PP sends vs the schedule's", m.pp_sends, m.pp_expected_sends, 0);
     if (m.pp_sends > 0) {
@@ -553,15 +564,19 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
       rel(rk + "largest PP send bytes vs core's per call", m.pp_max_send, m.pp_predicted_per_call, 0);
     }
     if (r.options.cp > 1) {
-      rel(rk + "CP bytes of its layers vs core's CP item", m.cp_bytes, m.cp_predicted_bytes, 0);
+      rel(rk + "CP bytes of its layers vs core's CP item", m.cp_bytes, m.cp_predicted_bytes,
+          kByteRounding);
       rel(rk + "CP sends of its layers vs core's", m.cp_sends, m.cp_predicted_sends, 0);
     }
     rel(rk + "DP bytes vs core's dp_grad + zero_param_gather on its parameters", m.dp_bytes,
-        m.dp_predicted_bytes, 0);
-    // Exact but for the shard's rounding: the first N_r mod D ranks of a DP group hold one element
-    // more of m and v (core/sharding.hpp), 8 bytes that core's N_r/D leaves fractional.
+        m.dp_predicted_bytes, kByteRounding);
+    // Exact but for the shard's rounding: the first N_r mod k ranks of a DP (× CP) group hold one
+    // element more of each sharded item (core/sharding.hpp) — fp32 m and v under ZeRO-1, the
+    // gradient too under ZeRO-2, the parameters too under ZeRO-3 — bytes that core's N_r/k
+    // leaves fractional.
+    const double sharded_bytes = kShardedBytesPerElement[std::size_t(r.options.zero)];
     rel(rk + "model-state bytes allocated vs core's model_states on its parameters", m.state_bytes,
-        m.state_predicted_bytes, 8.0 / m.state_predicted_bytes);
+        m.state_predicted_bytes, sharded_bytes / m.state_predicted_bytes);
   }
   return out;
 }
@@ -574,7 +589,7 @@ ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
   const int M = options.micro_batches_or_default();
   r.micro_batches = M;
   r.n_params = count_params(gpt_model_spec(options.model)).total();
-  r.stage_layers = stage_layers(int(options.model.layers), options.pp);
+  r.stage_layers = options.stage_split();
   Comm world(env, {.timeout_s = options.timeout_s});
   ProcessGroups g(world, ParallelLayout{.dp = options.dp, .tp = options.tp, .pp = options.pp,
                                         .cp = options.cp});

@@ -87,7 +87,8 @@ torch::Tensor PpStage::run_blocks(int j, torch::Tensor x) {
 // block in sends to each other; the schedules' dependency graphs are acyclic (core checks that
 // they complete in simulation), so every receive is eventually served.
 PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Tensor& idx,
-                            const torch::Tensor& targets, const TrackingAllocatorScope* memory) {
+                            const torch::Tensor& targets, const TrackingAllocatorScope* memory,
+                            const PpOpHooks* hooks) {
   const int P = pp_.world_size(), V = P * v_, M = int(idx.size(0));
   const auto opts = model_.options();
   const std::vector<std::int64_t> shape = model_.boundary_shape(idx.size(1), idx.size(2));
@@ -121,6 +122,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
         s.input.requires_grad_(true);
       }
       r.wait_s += since(t);
+      if (hooks && hooks->before) hooks->before(op);
       t = Clock::now();
       torch::Tensor x = j == 0 ? model_.embed(idx[op.micro_batch]) : s.input;
       x = run_blocks(j, x);
@@ -133,6 +135,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
       const double dt = since(t);
       r.compute_s += dt;
       r.forward_s += dt;
+      if (hooks && hooks->after) hooks->after(op);
       if (j < V - 1) {
         const double b0 = sent_bytes(pp_);
         sends.push_back(send_async(pp_, s.output.detach(), (j + 1) % P,
@@ -152,6 +155,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
         recv(pp_, grad, (j + 1) % P, tag(j + 1, op.micro_batch, true, M));
       }
       r.wait_s += since(t);
+      if (hooks && hooks->before) hooks->before(op);
       t = Clock::now();
       if (j < V - 1)
         s.output.backward(grad);
@@ -160,6 +164,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
       const double dt = since(t);
       r.compute_s += dt;
       r.backward_s += dt;
+      if (hooks && hooks->after) hooks->after(op);
       if (j > 0) {
         const double b0 = sent_bytes(pp_);
         sends.push_back(send_async(pp_, s.input.grad(), (j - 1) % P,

@@ -31,6 +31,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -93,6 +94,13 @@ struct PpStageRecord {
   double bytes_per_forward = 0;
 };
 
+// Called around each operation's computation, outside its timing and before its send: what a
+// data-parallel wrapper does per micro-batch (zero_flat.hpp: ZeRO-3's gathers and frees, ZeRO-2
+// and 3's reduce-scatter after each backward when there is no pipeline to defer it to).
+struct PpOpHooks {
+  std::function<void(const PipelineOp&)> before, after;
+};
+
 class PpStage {
  public:
   // full: the single-process model; pp: the PP group (rank = stage). layers_per_stage: core's
@@ -104,9 +112,10 @@ class PpStage {
   // One step: runs `ops` (this stage's list from core's pipeline_schedule) on micro-batches
   // idx[m], targets[m] (idx, targets: (M, B, T) int64); the loss of micro-batch m is scaled by
   // 1/M, so the gradients are those of the mean loss. Gradients accumulate in the model (zero
-  // them before). memory: the tracking allocator to read, or nullptr.
+  // them before). memory: the tracking allocator to read, or nullptr. hooks: or nullptr.
   PpStageRecord step(const std::vector<PipelineOp>& ops, const torch::Tensor& idx,
-                     const torch::Tensor& targets, const TrackingAllocatorScope* memory);
+                     const torch::Tensor& targets, const TrackingAllocatorScope* memory,
+                     const PpOpHooks* hooks = nullptr);
   // Stages 0 and P − 1 add each other's gradient of the tied embedding (nothing when P = 1).
   void reduce_tied_embedding();
 

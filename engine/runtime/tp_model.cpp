@@ -341,10 +341,15 @@ torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targ
   const auto mask = causal_mask(idx.size(1));
   if (observer_) observer_(0);
   for (std::size_t l = 0; l < layer_sites_.size(); ++l) {
-    x = recompute_ ? RecomputedBlock::apply(x, this, std::int64_t(l), mask) : block_forward(l, x, mask);
+    x = block(l, x, mask);
     if (observer_) observer_(l + 1);
   }
   return head_loss(x, targets);
+}
+
+torch::Tensor TpGpt::block(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask) {
+  return recompute_ ? RecomputedBlock::apply(x, this, std::int64_t(l), mask)
+                    : block_forward(l, x, mask);
 }
 
 void TpGpt::sp_reduce_grads() {

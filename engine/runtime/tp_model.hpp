@@ -129,6 +129,10 @@ class TpGpt {
 
   // Block l's forward on x (its input); with recompute, what backward replays.
   torch::Tensor block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
+  // Block l as forward() runs it: block_forward, or with full recompute its checkpointed form
+  // (Note [full recompute]). A pipeline stage's blocks (three_d.cpp) run through this.
+  torch::Tensor block(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
+  bool full_recompute() const { return recompute_; }
 
  private:
   torch::Tensor& p(std::size_t block, const char* name);

@@ -32,7 +32,6 @@
 // re-run each unit's forward inside a custom autograd function). A failure inside a hook (a
 // CommError) is recorded and rethrown from step(); it also stops autograd, so no node ever reads
 // a freed buffer.
-#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -145,14 +144,10 @@ class ZeroStage3 final : public Strategy {
   // Note [gather and free].
   void gather(Unit& u) {
     at::NoGradGuard no_grad;
-    at::native::resize_bytes_cpu(u.full.storage().unsafeGetStorageImpl(),
-                                 std::size_t(u.numel) * u.full.element_size());
-    at::Tensor target = at::empty({0}, u.full.options()).set_(u.full.storage(), 0, {u.numel}, {1});
+    at::Tensor target = regrow_storage(u.full);
     all_gather_into(u.shard, target);
   }
-  static void release(Unit& u) {
-    at::native::resize_bytes_cpu(u.full.storage().unsafeGetStorageImpl(), 0);
-  }
+  static void release(Unit& u) { free_storage(u.full); }
 
   void before_backward(std::size_t i) {
     try {

@@ -2,6 +2,8 @@
 // logged collectives.
 #include "zero_strategy.hpp"
 
+#include <ATen/native/Resize.h>
+
 #include <functional>
 #include <numeric>
 
@@ -62,6 +64,17 @@ std::vector<at::Tensor> views_of(const at::Tensor& flat, const std::vector<Shape
   }
   TALLY_INVARIANT(offset == flat.numel());
   return views;
+}
+
+void free_storage(const at::Tensor& full) {
+  at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(), 0);
+}
+
+at::Tensor regrow_storage(const at::Tensor& full) {
+  TALLY_INVARIANT(full.dim() == 1 && full.is_contiguous() && full.storage_offset() == 0);
+  at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(),
+                               std::size_t(full.numel()) * full.element_size());
+  return at::empty({0}, full.options()).set_(full.storage(), 0, {full.numel()}, {1});
 }
 
 // ---- Strategy: the logged collectives (Note [bf16 on Gloo] in ddp.cpp: float32 on the wire) ----

@@ -186,6 +186,14 @@ class ShardedOptimizerStrategy : public Strategy {
   Adam adam_;
 };
 
+// Note [gather and free] (zero_stage3.cpp), its two halves, for ZeRO-3 here and in `tally run 3d`:
+// free_storage resizes the storage under `full` to zero bytes (views of it keep their shapes and
+// hold nothing); regrow_storage resizes it back to full.numel() elements (contents unspecified)
+// and returns a tensor over the whole storage with a version counter of its own, to write the
+// gathered parameters through without autograd seeing `full` or its views modified.
+void free_storage(const at::Tensor& full);
+[[nodiscard]] at::Tensor regrow_storage(const at::Tensor& full);
+
 // Flat copy of tensors in order, in `dtype`.
 at::Tensor flatten(const std::vector<at::Tensor>& tensors, at::ScalarType dtype);
 // Views of `flat` with these shapes, laid end to end (their numels sum to flat.numel()).

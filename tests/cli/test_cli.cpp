@@ -72,6 +72,37 @@ TEST(Cli, MemoryFromConfigJson) {
 }
 
 // Seed §A2: S = 14 GB, k = 8 → 24.5 GB per rank, 0.49 s at 50 GB/s.
+// Note [JSON text for a file] (cli/flags.hpp): --model, --gpu and --calibration also take the file's
+// text itself (what `tally serve`'s page sends); the answer is the file's, and a message names the
+// text as the file it stands for.
+TEST(Cli, ModelAndGpuTakeTheFilesText) {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), TALLY_BIN);
+    return tally::subprocess::run_command(args, 50);
+  };
+  auto text_of = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  const std::string model = std::string(TALLY_TEST_DATA) + "/llama-2-7b.json";
+  const std::string cluster = std::string(TALLY_TEST_DATA) + "/cluster-custom.json";
+  const auto by_file = run({"memory", "--model", model, "--seq", "2048", "--gpu", cluster, "--json"});
+  const auto by_text = run({"memory", "--model", text_of(model), "--seq", "2048", "--gpu",
+                            "  " + text_of(cluster), "--json"});
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+  ASSERT_EQ(by_text.exit_code, 0) << by_text.err;
+  EXPECT_EQ(by_text.out, by_file.out);
+  EXPECT_NE(by_text.out.find("\"gpu\": \"my-a100\""), std::string::npos);
+  const auto bad = run({"plan", "--model", R"({"model_type": "llama", "hidden_size": 0})"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err.rfind("tally: error: config.json: hidden_size = 0: ", 0), 0u) << bad.err;
+  const auto cal = run({"plan", "--calibration", "{"});
+  EXPECT_EQ(cal.exit_code, 2);
+  EXPECT_EQ(cal.err.rfind("tally: error: calibration.json: not valid JSON: ", 0), 0u) << cal.err;
+}
+
 TEST(Cli, CommCollectiveJsonContract) {
   const auto j = json_of(tally("comm --collective all-reduce --size-gb 14 --ranks 8 "
                                "--bandwidth-gbps 50 --json"));
@@ -613,6 +644,33 @@ TEST(Cli, CompareTakesPipelineStageLayers) {
   EXPECT_NE(sum.err.find("126"), std::string::npos) << sum.err;
   EXPECT_EQ(tally(base + " --pp-layers 0,8,8,8,8,8,8,8,8,8,8,8,8,8,8,14").rc, 2);
   EXPECT_EQ(tally(base + " --pp-layers 8,8").rc, 2);  // 2 stages for --pp 16
+}
+
+// --kernels eager (Note [eager kernels] in core/operators.hpp): torchtitan's uncompiled Llama moves
+// more bytes between the same GEMMs, so the same layout takes longer; the FLOPs (hence MFU's
+// numerator) and the memory ledger are untouched, and the plan's convention names the choice.
+TEST(Cli, EagerKernelsSlowTheStepNotTheMemory) {
+  const std::string base =
+      "compare --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 --seq 8192 --zero 3 "
+      "--micro-batch 2 --recompute op-sac --json";
+  const auto fused = json_of(tally(base))["options"][0]["eval"];
+  const auto eager = json_of(tally(base + " --kernels eager"))["options"][0]["eval"];
+  EXPECT_GT(eager["step_seconds"].get<double>(), fused["step_seconds"].get<double>());
+  // At most the HBM time of the added bytes: per token and layer well under 2 MB on 3.35 TB/s.
+  const double tokens = 16.0 * 8192 / 8, layers = 32;
+  EXPECT_LT(eager["step_seconds"].get<double>() - fused["step_seconds"].get<double>(),
+            tokens * layers * 2e6 / (3.35e12 * 0.85));
+  EXPECT_EQ(eager["per_gpu_gb"], fused["per_gpu_gb"]);
+  EXPECT_LT(eager["mfu"].get<double>(), fused["mfu"].get<double>());
+  const auto plan = tally("plan --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 "
+                          "--seq 8192 --kernels eager");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("eager PyTorch kernels"), std::string::npos);
+  const auto bad = tally("plan --model llama-3-8b --kernels unfused");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--kernels: 'unfused' is not one of: fused, eager"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
 }
 
 }  // namespace

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "../support/chromium.hpp"
 #include "../support/subprocess.hpp"
+#include "tally_run.hpp"
 #include "html_report.hpp"
 #include "tally/core/types.hpp"
 
@@ -24,18 +26,14 @@ namespace {
 
 namespace html = tally::cli::html;
 namespace fs = std::filesystem;
+using tally::clitest::slurp;
+using tally::clitest::tally;
+using tally::clitest::TallyRun;
 
 std::size_t count(const std::string& s, const std::string& needle) {
   std::size_t n = 0;
   for (auto p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
   return n;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // A fresh directory per test process, removed at the end of each test that makes one.
@@ -142,18 +140,6 @@ TEST(HtmlWriter, UnwritablePathNamesTheFlag) {
     EXPECT_EQ(std::string(e.what()),
               "--html: cannot write '/nonexistent-dir/x.html': No such file or directory");
   }
-}
-
-struct TallyRun {
-  int rc = -1;
-  std::string out, err;
-};
-TallyRun tally(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{TALLY_BIN};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const auto r = tally::subprocess::run_command(argv, 50);
-  EXPECT_FALSE(r.killed_at_limit);
-  return {r.exit_code, r.out, r.err};
 }
 
 TEST(HtmlCli, UnwritablePathExitsTwoWithOneLine) {
@@ -299,38 +285,15 @@ TEST(HtmlCli, BubbleAndReliabilityPages) {
   fs::remove_all(d);
 }
 
-// Debian's chromium, or empty when it is not installed.
-std::string find_chromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser"})
-    if (access(p, X_OK) == 0) return p;
-  return "";
-}
-
-struct Browser {
-  std::string bin;
-  fs::path profile;
-  tally::subprocess::Ran run(const std::vector<std::string>& extra, const fs::path& page) {
-    std::vector<std::string> a{bin, "--headless", "--no-sandbox", "--disable-gpu",
-                               "--no-first-run", "--user-data-dir=" + profile.string(),
-                               "--enable-logging=stderr", "--v=0"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    a.push_back("file://" + page.string());
-    return tally::subprocess::run_command(a, 60);
-  }
-};
-
 // Loads each page from disk in headless chromium: the browser's DOM holds every chart (counted by
 // the page's own script, so the browser parsed the SVG), no script error was recorded and the
 // console stayed silent; then a screenshot of the plan page.
 TEST(HtmlBrowser, PagesRenderInChromium) {
-#ifdef TALLY_SANITIZED_BUILD
-  GTEST_SKIP() << "sanitizer build: the browser test runs in the plain build (build/)";
-#endif
-  const std::string bin = find_chromium();
-  if (bin.empty())
-    GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh installs it; CI runs this)";
+  if (const std::string why = tally::chromium::why_no_browser(); !why.empty()) GTEST_SKIP() << why;
+  const std::string bin = tally::chromium::find_chromium();
   const fs::path d = temp_dir("browser");
-  Browser br{bin, d / "profile"};
+  const tally::chromium::Browser br{bin, d / "profile"};
+  auto file = [&](const char* name) { return "file://" + (d / name).string(); };
   ASSERT_EQ(tally({"plan", "--html", (d / "plan.html").string()}).rc, 0);
   ASSERT_EQ(tally({"bubble", "--pp", "4", "--micro-batches", "8", "--html",
                    (d / "bubble.html").string()}).rc, 0);
@@ -346,7 +309,7 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
                                                "reasons-memory", "reliability"}},
                          Page{"bubble.html", 1, {"bubble"}}, Page{"rel.html", 1, {"reliability"}},
                          Page{"compare.html", 2, {"memory", "step"}}}) {
-    const auto r = br.run({"--dump-dom"}, d / pg.file);
+    const auto r = br.run({"--dump-dom"}, file(pg.file));
     ASSERT_FALSE(r.killed_at_limit) << pg.file;
     ASSERT_EQ(r.exit_code, 0) << pg.file << ": " << r.err;
     EXPECT_NE(r.out.find("data-tally-charts=\"" + std::to_string(pg.charts) + "\""),
@@ -359,13 +322,13 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
   }
   // The control: a page whose script fails is caught by both checks.
   std::ofstream(d / "broken.html") << html::page("broken", "<script>no_such_function();</script>");
-  const auto bad = br.run({"--dump-dom"}, d / "broken.html");
+  const auto bad = br.run({"--dump-dom"}, file("broken.html"));
   EXPECT_NE(bad.out.find("data-tally-error=\""), std::string::npos) << bad.out;
   EXPECT_NE(bad.err.find(":CONSOLE"), std::string::npos);
 
   const fs::path png = d / "plan.png";
   const auto s = br.run({"--screenshot=" + png.string(), "--window-size=900,2400",
-                         "--hide-scrollbars"}, d / "plan.html");
+                         "--hide-scrollbars"}, file("plan.html"));
   ASSERT_EQ(s.exit_code, 0) << s.err;
   const std::string img = slurp(png);
   ASSERT_GT(img.size(), 10'000u);  // a blank 900 × 2400 page compresses to a few KB

@@ -39,6 +39,14 @@ double term_bytes(const ActivationResult& r, const std::string& prefix) {
   return -1;
 }
 
+// Σ of every term whose name starts with prefix.
+double terms_bytes(const ActivationResult& r, const std::string& prefix) {
+  double sum = 0;
+  for (const auto& t : r.layer_terms)
+    if (t.name.rfind(prefix, 0) == 0) sum += t.bytes;
+  return sum;
+}
+
 // The inventory reproduces Korthikanti's closed forms for every TP / SP / recompute combination.
 TEST(Activations, InventoryMatchesKorthikantiClosedForms) {
   const auto m = gpt_like(4096, 32, 32);
@@ -75,9 +83,9 @@ TEST(Activations, SeedMaterialisedScores) {
 TEST(Activations, SeedLayerNormInputs) {
   const auto m = gpt_like(4096, 32, 32);
   auto ln = [&](std::int64_t s, int t, bool sp) {
-    return 32 * term_bytes(activations(m, {.seq = s, .micro_batch = 1, .tp = t,
-                                           .sequence_parallel = sp}),
-                           "LayerNorm inputs") / kGB;
+    return 32 * terms_bytes(activations(m, {.seq = s, .micro_batch = 1, .tp = t,
+                                            .sequence_parallel = sp}),
+                            "LayerNorm") / kGB;
   };
   EXPECT_NEAR(ln(8192, 1, false), 4.3, 0.05);
   EXPECT_NEAR(ln(8192, 8, true), 0.54, 0.005);
@@ -314,16 +322,102 @@ TEST(Activations, RejectsBadInput) {
 namespace tally {
 namespace {
 
-// Issue 10: full recompute's peak includes the layer being rematerialised — its whole inventory
-// without recompute — on top of the kept layer inputs (2sbh per layer).
-TEST(Activations, FullRecomputePeakHoldsOneReplayedLayer) {
+// Issue 10, corrected by issue 12 (Note [backward phases]): full recompute's blocks' backward holds
+// one replayed layer — its inventory without recompute, less the checkpointed input that the
+// replay reuses — on top of the kept inputs; the logits are gone by then, so the stage peak is the
+// larger phase, not the sum. By hand in units of sbh = 2048·4096 (2-byte activations, flash,
+// Korthikanti's dropout masks, fused loss): 32 kept inputs 64, the embedding-dropout mask 1;
+// the replay 34 − 2 = 32 (+ flash's fp32 log-sum-exp 4·a·s·b); the loss phase adds the final-norm
+// and head inputs 4 and the fp32 logits 4·s·V.
+TEST(Activations, FullRecomputePeakIsTheLargerPhase) {
+  const double sbh = 2048.0 * 4096, lse = 4.0 * 32 * 2048;
+  for (const std::int64_t V : {32000, 8000}) {
+    const auto m = gpt_like(4096, 32, 32, V);
+    const auto none = activations(m, {.seq = 2048, .micro_batch = 1});
+    const auto full = activations(m, {.seq = 2048, .micro_batch = 1,
+                                      .recompute = Recompute::full});
+    EXPECT_DOUBLE_EQ(full.recompute_transient_bytes, 32 * sbh + lse);
+    EXPECT_DOUBLE_EQ(full.recompute_transient_bytes, none.per_layer_bytes - 2 * sbh);
+    EXPECT_DOUBLE_EQ(full.score_gradient_bytes, 0);  // flash
+    // The attention point (8sbh + lse: QKV input, Q, K, V) is below the MLP point (the replay).
+    EXPECT_DOUBLE_EQ(full.layer_backward_bytes, 32 * sbh + lse);
+    const double loss = 69 * sbh + 4.0 * 2048 * double(V);
+    const double blocks = 97 * sbh + lse;
+    EXPECT_DOUBLE_EQ(full.loss_phase_bytes, loss);
+    EXPECT_DOUBLE_EQ(full.blocks_phase_bytes, blocks);
+    EXPECT_DOUBLE_EQ(full.peak_stage_bytes, std::max(loss, blocks));
+    // V 32000: 4sV = 31.25 sbh, the loss phase (100.25 sbh) holds the peak; V 8000: 7.8 sbh, the
+    // blocks' (97 sbh).
+    EXPECT_EQ(full.peak_phase,
+              V == 32000 ? BackwardPhase::loss_and_head : BackwardPhase::blocks);
+    EXPECT_LT(full.peak_stage_bytes, loss + blocks - 65 * sbh);  // the old sum over-counted
+    EXPECT_DOUBLE_EQ(none.recompute_transient_bytes, 0);
+    // Without recompute and with flash, a layer's backward adds nothing: the loss phase.
+    EXPECT_DOUBLE_EQ(none.layer_backward_bytes, 0);
+    EXPECT_DOUBLE_EQ(none.peak_stage_bytes, none.loss_phase_bytes);
+  }
+}
+
+// Issue 12 (b), Note [backward phases]: with materialised attention softmax's backward holds dP and
+// dS, 2·2·a·s²·b beyond the inventory, after the MLP block's and output projection's saved tensors
+// are freed. gpt_like(4096, 32, 32): a·s²·b = 16 sbh at s = 2048, b = 1 (a·s/h = 16). By hand,
+// in sbh, 2-byte activations with dropout:
+//   the layer without recompute 34 + 5·16 = 114: attention part 90 (norm-1 and QKV inputs 2 + 2,
+//   Q 2, K, V 4, softmax output 32, its mask 16, dropout output 32), MLP part 24 (projection input
+//   2, its mask 1, norm-2 and MLP inputs 2 + 2, GeLU hidden 16, mask 1); score gradients 64;
+//   none:      attention point −24 + 64 = 40 (the MLP point adds nothing)
+//   full:      MLP point 114 − 2 = 112; attention point 90 − 2 + 64 = 152
+//   selective: kept 34 (10 + 24); the a·s² terms rebuilt: 80 − 24 + 64 = 120
+TEST(Activations, MaterialisedBackwardHoldsScoreGradients) {
   const auto m = gpt_like(4096, 32, 32);
-  const auto none = activations(m, {.seq = 2048, .micro_batch = 1});
-  const auto full = activations(m, {.seq = 2048, .micro_batch = 1, .recompute = Recompute::full});
-  EXPECT_DOUBLE_EQ(full.recompute_transient_bytes, none.per_layer_bytes);
-  EXPECT_DOUBLE_EQ(full.peak_stage_bytes, 32 * 2.0 * 2048 * 4096 + full.embedding_bytes +
-                                              full.output_bytes + none.per_layer_bytes);
-  EXPECT_DOUBLE_EQ(none.recompute_transient_bytes, 0);
+  const double sbh = 2048.0 * 4096, logits = 4.0 * 2048 * 32000;
+  const auto at = [&](Recompute r) {
+    return activations(m, {.seq = 2048, .micro_batch = 1, .recompute = r,
+                           .attention = Attention::materialized});
+  };
+  const auto none = at(Recompute::none), full = at(Recompute::full);
+  const auto sel = at(Recompute::selective);
+  for (const auto* r : {&none, &full, &sel}) EXPECT_DOUBLE_EQ(r->score_gradient_bytes, 64 * sbh);
+  EXPECT_DOUBLE_EQ(none.layer_backward_bytes, 40 * sbh);
+  EXPECT_DOUBLE_EQ(full.recompute_transient_bytes, 112 * sbh);
+  EXPECT_DOUBLE_EQ(full.layer_backward_bytes, 152 * sbh);
+  EXPECT_DOUBLE_EQ(sel.layer_backward_bytes, 120 * sbh);
+  // Phases: 32 layers' saved tensors + the embedding mask (1) + the output terms (4 + logits) or
+  // the layer's backward.
+  EXPECT_DOUBLE_EQ(none.loss_phase_bytes, (32 * 114 + 1 + 4) * sbh + logits);
+  EXPECT_DOUBLE_EQ(none.blocks_phase_bytes, (32 * 114 + 1 + 40) * sbh);
+  EXPECT_EQ(none.peak_phase, BackwardPhase::blocks);  // 40 > 4 + 31.25
+  EXPECT_DOUBLE_EQ(full.peak_stage_bytes, (32 * 2 + 1 + 152) * sbh);
+  EXPECT_EQ(full.peak_phase, BackwardPhase::blocks);
+  EXPECT_DOUBLE_EQ(sel.peak_stage_bytes, (32 * 34 + 1 + 120) * sbh);
+  // Context and tensor parallelism: s/c queries × s keys, ÷ t. s = 4096, c = 2, t = 2.
+  const auto split = activations(m, {.seq = 4096, .micro_batch = 1, .tp = 2, .cp = 2,
+                                     .attention = Attention::materialized});
+  EXPECT_DOUBLE_EQ(split.score_gradient_bytes, 2 * 2.0 * 32 * 2048 * 4096 / 2);
+}
+
+// Pipeline (Note [backward phases]): the blocks' phase is reached on the fullest stage, the loss's
+// on the last. p = 4, m = 8, 8 layers per stage, full recompute, flash, V 32000, in sbh: stage 0
+// keeps 4 micro-batches × 8 × 2 = 64 and 4 embedding masks; the last 8 × 2 = 16.
+TEST(Activations, PipelinePhasesOnTheirStages) {
+  const auto m = gpt_like(4096, 32, 32);
+  const double sbh = 2048.0 * 4096, lse = 4.0 * 32 * 2048;
+  const auto r = activations(m, {.seq = 2048, .micro_batch = 1, .pp = 4, .micro_batches = 8,
+                                 .recompute = Recompute::full});
+  EXPECT_DOUBLE_EQ(r.blocks_phase_bytes, 68 * sbh + 32 * sbh + lse);
+  EXPECT_DOUBLE_EQ(r.loss_phase_bytes, 16 * sbh + 4 * sbh + 4.0 * 2048 * 32000);
+  EXPECT_EQ(r.peak_phase, BackwardPhase::blocks);
+  EXPECT_EQ(r.peak_stage, 0);
+  EXPECT_DOUBLE_EQ(r.peak_stage_bytes, r.blocks_phase_bytes);
+  // Uneven stages (20 of 32 layers on the last) move both phases to the last stage.
+  const auto u = activations(m, {.seq = 2048, .micro_batch = 1, .pp = 4, .micro_batches = 8,
+                                 .recompute = Recompute::full, .first_stage_layers = 4,
+                                 .last_stage_layers = 20});
+  // Stage 0: 4 × 4 × 2 + 4 = 36; stages 1, 2: 4 layers × 3 and 2 micro-batches; the last 20 × 2 = 40.
+  EXPECT_DOUBLE_EQ(u.blocks_phase_bytes, 40 * sbh + 32 * sbh + lse);
+  EXPECT_DOUBLE_EQ(u.loss_phase_bytes, 44 * sbh + 4.0 * 2048 * 32000);
+  EXPECT_EQ(u.peak_stage, 3);
+  EXPECT_EQ(to_string(u.peak_phase), "loss + LM-head backward");
 }
 
 }  // namespace

@@ -159,8 +159,8 @@ TEST(StepTraffic, Erratum4_ZeroOneAndTwoMoveAsMuchAsDp) {
   EXPECT_EQ(z3.zero_param_gather.calls, 2);
 }
 
-// Gradient accumulation: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so their
-// reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
+// Gradient accumulation without PP: ZeRO-0/1 sync once per step; ZeRO-2/3 shard gradients, so
+// their reduce-scatter (and ZeRO-3's gathers) recur every micro-batch.
 TEST(StepTraffic, AccumulationOnlyMultipliesShardedStages) {
   for (int z = 0; z <= 3; ++z) {
     auto one = seed_7b(8, z);
@@ -579,6 +579,24 @@ TEST(CommNccl, AllToAllOverAPartialHostIsPacedByItsSmallestDomain) {
   ASSERT_GT(8 * per_peer / nic, 7 * per_peer / nvl);  // the NIC part paces
   const double expect = c.inter_node.latency_s + 7 * c.intra_node.latency_s + 8 * per_peer / nic;
   EXPECT_DOUBLE_EQ(collective_seconds(Collective::all_to_all, bytes, 12, 1, c), expect);
+}
+
+// ZeRO-2 under pipeline parallelism: torch.distributed.pipelining runs every backward of an FSDP
+// stage without gradient sync and reduce-scatters once after the last (stage.py at 0138610331c9,
+// backward_maybe_with_nosync / _post_backward; DeepSpeed refuses ZeRO-2 with PP). Without PP,
+// DeepSpeed's stage 2 reduces every micro-batch. The parameter all-gather is once per step in both.
+TEST(StepTraffic, ZeroTwoUnderPipelineReducesOncePerStep) {
+  StepTrafficSetup s{.params = 8e9, .hidden = 4096, .layers = 32, .seq_len = 4096,
+                     .micro_batches = 8, .dp = 4, .pp = 1, .zero_stage = 2};
+  EXPECT_DOUBLE_EQ(step_traffic(s).dp_grad.calls, 8);
+  EXPECT_DOUBLE_EQ(step_traffic(s).zero_param_gather.calls, 1);
+  s.pp = 4;
+  const StepTraffic t = step_traffic(s);
+  EXPECT_DOUBLE_EQ(t.dp_grad.calls, 1);
+  EXPECT_DOUBLE_EQ(t.zero_param_gather.calls, 1);
+  // S = 2 bytes · 8e9 / 4 stages = 4e9 bytes; a reduce-scatter over 4 ranks sends 3/4 of it.
+  EXPECT_DOUBLE_EQ(t.dp_grad.bytes_per_rank, 4e9 * 3 / 4);
+  EXPECT_NE(t.dp_grad.formula.find("once per step"), std::string::npos) << t.dp_grad.formula;
 }
 
 // ZeRO-3 under pipeline parallelism (torchtitan's FSDP with torch.distributed.pipelining): the stage

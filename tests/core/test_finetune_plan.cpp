@@ -95,13 +95,13 @@ TEST(FineTunePlan, SearchAndLongestSequence) {
   EXPECT_EQ(p.max_seq % 64, 0);
   const double statics = finetune_ledger(r.model, qlora).static_bytes();
   auto fits_at = [&](std::int64_t seq) {
-    // Checkpointing keeps layer inputs; the replayed layer holds its adapters' terms too.
-    const double act = activations(r.model, ActivationSetup{.seq = seq, .micro_batch = 1,
-                                                            .recompute = Recompute::full,
-                                                            .dropout = false})
-                           .peak_stage_bytes +
-                       double(seq) * (32 + 16384 + 8192.0);
-    return check_fit(statics, act, 0, r.memory_budget()).fits;
+    // Checkpointing keeps layer inputs; the replayed layer holds its adapters' terms too
+    // (LoraActivations.SeedProgramKeepsTheAdaptersInputsRankOutputsAndMasks counts them by hand;
+    // the peak is the larger backward phase, the loss's or a replayed layer's).
+    ActivationSetup a{.seq = seq, .micro_batch = 1, .recompute = Recompute::full,
+                      .dropout = false};
+    add_lora_activations(r.model, qlora, a);
+    return check_fit(statics, activations(r.model, a).peak_stage_bytes, 0, r.memory_budget()).fits;
   };
   EXPECT_TRUE(fits_at(p.max_seq));
   EXPECT_FALSE(fits_at(p.max_seq + 64));

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "tally/core/compute.hpp"
 #include "tally/core/presets.hpp"
+#include "tally/core/roofline.hpp"
 
 namespace tally {
 namespace {
@@ -403,6 +406,118 @@ TEST(Operators, OpSacReplaysEveryOtherMatmul) {
   EXPECT_DOUBLE_EQ(flops_per_token(m, 4096, Recompute::op_sac) -
                        flops_per_token(m, 4096, Recompute::none),
                    32 * expect / 4096);
+}
+
+// Note [eager kernels]: uncompiled PyTorch as torchtitan's Llama writes it. Each kernel's bytes
+// per element are summed here from the operators named in the note (bf16, e = 2; fp32 = 4), so a
+// change to the inventory shows up against this count.
+std::map<std::string, std::pair<double, double>> memory_bytes(const std::vector<Op>& ops) {
+  std::map<std::string, std::pair<double, double>> out;  // name → (forward, backward) bytes
+  for (const Op& op : ops) {
+    if (op.kind != OpKind::memory || op.pass == Pass::recompute) continue;
+    std::string name(op.name);
+    if (op.pass == Pass::backward) name = name.substr(0, name.find(".backward"));
+    (op.pass == Pass::forward ? out[name].first : out[name].second) += op.bytes;
+  }
+  return out;
+}
+
+TEST(Operators, EagerKernelsOfTorchtitansLlama) {
+  const ModelSpec m = *model_preset("llama-3-8b");  // h 4096, 32 q / 8 kv heads, f 14336
+  const double T = 2 * 4096, h = 4096, hq = 4096, hkv = 1024, f = 14336;
+  OperatorSetup os{.seq = 4096, .micro_batch = 2, .dropout = false};
+  const auto fused_ops = layer_ops(m, os);
+  os.kernels = Kernels::eager;
+  const auto eager_ops = layer_ops(m, os);
+  // The GEMMs and attention are untouched: eager changes only what moves between them.
+  auto flops = [](const std::vector<Op>& ops) {
+    double f = 0;
+    for (const Op& op : ops) f += op.flops;
+    return f;
+  };
+  EXPECT_DOUBLE_EQ(flops(eager_ops), flops(fused_ops));
+
+  const auto fused = memory_bytes(fused_ops), eager = memory_bytes(eager_ops);
+  // RMSNorm: x.float() 2+4, pow 4+4, mean 4, × rsqrt 4+4, type_as 4+2, × weight 2+2 forward;
+  // × weight's two gradients 2+2 and 2+2+2 summed 2, cast 2+4, × rsqrt 4+4 and 4+4+4 summed 4,
+  // mean's expand 4, pow's x.pow(1) 4+4, × 2 4+4, × grad 4+4+4, the two gradients added 4+4+4,
+  // cast back 4+2.
+  const double rms_f = 6 + 8 + 4 + 8 + 6 + 4, rms_b = 4 + 8 + 6 + 8 + 16 + 4 + 8 + 8 + 12 + 12 + 6;
+  EXPECT_DOUBLE_EQ(rms_f, 36);
+  EXPECT_DOUBLE_EQ(rms_b, 92);
+  for (const char* n : {"norm-1", "norm-2"}) {
+    EXPECT_DOUBLE_EQ(eager.at(n).first, rms_f * T * h) << n;
+    EXPECT_DOUBLE_EQ(eager.at(n).second, rms_b * T * h) << n;
+    EXPECT_DOUBLE_EQ(fused.at(n).first, 4 * T * h) << n;  // one read, one write
+  }
+  // Rotary on q and k: cast 2+4, complex product 4+4, cast back 4+2, each way.
+  EXPECT_DOUBLE_EQ(eager.at("rotary").first, 20 * T * (hq + hkv));
+  EXPECT_DOUBLE_EQ(eager.at("rotary").second, 20 * T * (hq + hkv));
+  // repeat_kv of k and v to 32 heads: read 1024, write 4096 each; backward the copy of the
+  // transposed gradient (4096 read + written) and the sum over repeats (4096 read, 1024 written).
+  EXPECT_DOUBLE_EQ(eager.at("repeat-kv").first, 2 * 2 * T * (hkv + hq));
+  EXPECT_DOUBLE_EQ(eager.at("repeat-kv").second, 2 * 2 * T * (2 * hq + hq + hkv));
+  EXPECT_DOUBLE_EQ(eager.at("attention-output-copy").first, 2 * 2 * T * hq);
+  EXPECT_DOUBLE_EQ(eager.at("attention-output-copy").second, 0);
+  EXPECT_EQ(fused.count("repeat-kv"), 0u);
+  // SwiGLU: silu 2+2, product 2+2+2; backward the product's gradients (2+2+2) × 2, silu's 2+2+2.
+  EXPECT_DOUBLE_EQ(eager.at("swiglu").first, 10 * T * f);
+  EXPECT_DOUBLE_EQ(eager.at("swiglu").second, 18 * T * f);
+  EXPECT_DOUBLE_EQ(fused.at("swiglu").first, 6 * T * f);
+  // Residual adds are one kernel either way.
+  EXPECT_DOUBLE_EQ(eager.at("dropout-residual-1").first, fused.at("dropout-residual-1").first);
+
+  // A GPT layer: LayerNorm and GeLU are single native kernels eagerly too, no rotary, no GQA —
+  // only the attention output's copy is added.
+  const ModelSpec g = gpt(2048, 24, 16);
+  OperatorSetup gs{.seq = 2048, .micro_batch = 1};
+  const auto g_fused = memory_bytes(layer_ops(g, gs));
+  gs.kernels = Kernels::eager;
+  const auto g_eager = memory_bytes(layer_ops(g, gs));
+  EXPECT_EQ(g_eager.size(), g_fused.size() + 1);
+  for (const auto& [name, bytes] : g_fused) EXPECT_EQ(g_eager.at(name), bytes) << name;
+  EXPECT_DOUBLE_EQ(g_eager.at("attention-output-copy").first, 2 * 2 * 2048.0 * 2048);
+}
+
+// The loss: PyTorch's cross_entropy(logits.float()) — cast 2+4, log-softmax's three reads and a
+// write 16 forward; the NLL gradient's zero fill 4, log-softmax backward (row sum 4, read 8,
+// write 4), cast back 4+2 — against the fused vocabulary-parallel loss's 2+12 and 8+2.
+TEST(Operators, EagerLossKernels) {
+  const ModelSpec m = *model_preset("llama-3-8b");
+  OperatorSetup os{.seq = 4096, .micro_batch = 1, .dropout = false};
+  const double logits = 4096.0 * 128256;
+  EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("cross-entropy").first, 14 * logits);
+  os.eager_loss = true;
+  const auto b = memory_bytes(output_ops(m, os));
+  EXPECT_DOUBLE_EQ(b.at("cross-entropy").first, (6 + 16) * logits);
+  EXPECT_DOUBLE_EQ(b.at("cross-entropy").second, (4 + 16 + 6) * logits);
+  // The final norm is the model's RMSNorm, eager when the layers are.
+  os.kernels = Kernels::eager;
+  EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("final-norm").first, 36 * 4096.0 * 4096);
+}
+
+// GpuSpec::fp8_gemm: the B200's fp8 (and MXFP8) GEMMs take the constants fitted to its measured
+// fp8 table (presets.cpp), bf16 ones keep theirs. Worked for a 4096³ GEMM on 148 SMs: 256 × 128
+// tiles, 512 of them in ⌈512/148⌉ = 4 waves, q = 512/592; every halved tile loses more to its
+// 0.60 than it gains in quantisation; k/(k + k½) = 4096/6144; fraction 0.998162, under the 0.7288
+// ceiling; plus 2 µs.
+TEST(Operators, Fp8GemmsRunOnTheirMeasuredConstants) {
+  const GpuSpec b200 = cluster_preset("b200")->gpu;
+  const Op gemm{.name = "qkv", .kind = OpKind::gemm, .m = 4096, .n = 4096, .k = 4096,
+                .flops = 2.0 * 4096 * 4096 * 4096};
+  const double eta = 0.998162 * (512.0 / 592) * (4096.0 / 6144);
+  for (Precision p : {Precision::fp8, Precision::mxfp8})
+    EXPECT_NEAR(op_seconds(gemm, b200, p), gemm.flops / (4.5e15 * eta) + 2e-6, 1e-9)
+        << to_string(p);
+  // bf16 on the same GPU keeps bf16's constants.
+  EXPECT_NEAR(op_seconds(gemm, b200, Precision::bf16),
+              gemm.flops / (2.25e15 * gemm_efficiency(b200.kernels, 4096, 4096, 4096)) + 2e-6,
+              1e-12);
+  // Hopper has no usable fp8 table: bf16's constants at the fp8 peak.
+  const GpuSpec h100 = cluster_preset("h100-80g")->gpu;
+  EXPECT_NEAR(op_seconds(gemm, h100, Precision::fp8),
+              gemm.flops / (1978.9e12 * gemm_efficiency(h100.kernels, 4096, 4096, 4096)) + 2e-6,
+              1e-12);
 }
 
 }  // namespace

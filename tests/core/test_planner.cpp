@@ -774,6 +774,10 @@ TEST(Planner, ZeroThreeUnderPipelineKeepsTheStageUnsharded) {
   EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0), 2 * 1e9 / 10 * 2.0);
   EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0, 4), 6e9);
   EXPECT_DOUBLE_EQ(buffer_bytes(1, 1e9, 10, 2.0, 4), 2 * 25.0 * 1024 * 1024);
+  // ZeRO-2 under PP: the stage's unsharded fp32 gradients, 4 B per stage parameter; without PP
+  // two DDP buckets.
+  EXPECT_DOUBLE_EQ(buffer_bytes(2, 1e9, 10, 2.0, 4), 4e9);
+  EXPECT_DOUBLE_EQ(buffer_bytes(2, 1e9, 10, 2.0), 2 * 25.0 * 1024 * 1024);
 }
 
 }  // namespace

@@ -9,7 +9,15 @@
 //   all-reduce over 2 ranks sends S, as do reduce-scatter + all-gather);
 //   8 ranks, TP 2 + SP x PP 2 x CP 2 (zigzag ring attention): the same, with the CP sends;
 //   4 ranks through the CLI with --plan (TP 2 + SP x PP 2, taken from a plan object) and --json;
-//   bad input exits 2 with one line naming the flag or the plan field.
+//   bad input exits 2 with one line naming the flag or the plan field;
+//   4 ranks each, ZeRO-2 and ZeRO-3 (Note [3-D data-parallel step] in three_d.cpp): DP 2 x TP 2
+//   + SP without PP, ZeRO-3 gathered per micro-batch, with full recompute (6 TP collectives per
+//   layer, DESIGN.md erratum 2); DP 2 x PP 2 with ZeRO-2 reduced once per step; DP 4 with
+//   ZeRO-2 reduced per micro-batch; through the CLI a plan of DP 2 x PP 2, ZeRO-3, full
+//   recompute and uneven stages 1 + 4 (the planned depth); and a rank SIGKILLed mid-step, which
+//   `tally launch` names while the others exit non-zero. Model-state bytes by hand from ZeRO §5
+//   (fp32 Adam: ZeRO-2 4N + 12N/k, ZeRO-3 16N/k), DP bytes from the ring formulas: over k ranks a
+//   reduce-scatter or all-gather of S bytes sends S(k−1)/k.
 //
 // Tiny model: h 16, a 4, V 32, T 8, B 2, L 4 (2 layers per stage at P = 2). One fp32 step.
 #include <gtest/gtest.h>
@@ -65,9 +73,16 @@ TEST(ThreeDOptions, BadLayoutsNameTheFlag) {
   EXPECT_EQ(message(o, 3), "--tp = 3: must divide --heads = 4 and the FFN width 4 x --hidden = 64 "
                            "(allowed: 1, 2, 4)");
   o = tiny();
-  o.zero = 2;
-  EXPECT_EQ(message(o, 8), "--zero = 2: tally run 3d runs ZeRO 0 or 1 over the DP group (stages 2 "
-                           "and 3: tally run zero)");
+  o.zero = 4;
+  EXPECT_EQ(message(o, 8), "--zero = 4: must be 0, 1, 2 or 3 (over the DP x CP group)");
+  o = tiny();
+  o.pp_layers = {1, 2};
+  EXPECT_EQ(message(o, 8), "--pp-layers: the stages hold 3 layers; the model has 4");
+  o.pp_layers = {4};
+  EXPECT_EQ(message(o, 8), "--pp-layers: 1 stages given for --pp = 2");
+  o = tiny();
+  o.kill_rank = 8;
+  EXPECT_EQ(message(o, 8), "--kill-rank = 8: must be -1 (none) or a rank in [0, 8)");
   o = tiny();
   o.cp = 2, o.dp = 1, o.model.seq = 6;
   EXPECT_EQ(message(o, 8), "--seq = 6: must split into 2 x --cp = 4 equal chunks (context "
@@ -190,6 +205,95 @@ TEST(ThreeDEquivalence, Tp2SpPp2Cp2) {
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
+// ---- ZeRO-2 and ZeRO-3 in 3-D (4 ranks each) -------------------------------------------------
+
+// One block's parameters at t = 1 (C = 16): ln_1 2C + QKV 3C·C + 3C + out-proj C·C + C + ln_2 2C
+// + W1 4C·C + 4C + W2 C·4C + C = 32 + 768 + 48 + 256 + 16 + 32 + 1024 + 64 + 1024 + 16 = 3280;
+// the embedding V·C = 512, positions T·C = 128, ln_f 2C = 32.
+constexpr double kBlockT1 = 3280, kEmbed = 512 + 128, kHead = 512 + 32;
+
+void expect_all_checks(const ThreeDResult& r) {
+  EXPECT_LE(std::abs(r.loss_f64 - r.reference_loss_f64) / r.reference_loss_f64, 1e-10);
+  for (const ThreeDRank& x : r.ranks) {
+    EXPECT_LE(x.max_grad_rel_diff, 1e-10) << "rank " << x.rank;
+    EXPECT_LE(x.max_param_rel_diff, 1e-10) << "rank " << x.rank;
+  }
+  for (const ThreeDCheck& c : three_d_checks(r)) EXPECT_TRUE(c.ok) << c.what << ": " << c.measured;
+}
+
+// DP 2 x TP 2 + SP, no PP, ZeRO-3 with full recompute, M = 2. A rank holds the TP slice of the
+// whole model: n = 640 + 4·1688 + 32 = 7424. Core without PP: the parameters gathered for each
+// micro-batch's forward and backward and the gradient reduce-scattered after each backward, 3M
+// calls of S/2 = 2n bytes over 2 ranks; states 16n/2. TP: 4 layers × M × 6 all-reduce
+// equivalents (forward 2, backward 2, the replay 2), each an SP pair of S/2 + S/2, S = B·T·C·4.
+TEST(ThreeDZero, Dp2Tp2SpZero3PerMicroBatchWithFullRecompute) {
+  const auto run = harness::run_ranks(4, kLimit_s, [](const DistEnv& env) {
+    ThreeDOptions o = tiny();
+    o.pp = 1, o.sp = true, o.zero = 3, o.full_recompute = true;
+    const ThreeDResult r = run_3d(env, o);
+    ASSERT_EQ(r.ranks.size(), 4u);
+    ASSERT_EQ(r.micro_batches, 2);
+    const double n = kEmbed + 4 * kBlock + 32, M = 2, S = 2 * 8 * 16 * 4.0;
+    for (const ThreeDRank& x : r.ranks) {
+      SCOPED_TRACE("rank " + std::to_string(x.rank));
+      EXPECT_EQ(x.own_params, n);
+      EXPECT_EQ(x.dp_calls, 3 * M);
+      EXPECT_EQ(x.dp_bytes, 3 * M * 2 * n);
+      EXPECT_EQ(x.state_bytes, 16 * n / 2);
+      EXPECT_EQ(x.tp_layer_calls, 4 * M * 6 * 2);
+      EXPECT_EQ(x.tp_layer_bytes, 4 * M * 6 * S);
+      EXPECT_EQ(x.pp_sends, 0);
+    }
+    expect_all_checks(r);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+}
+
+// DP 2 x PP 2, ZeRO-2 under PP: the stage's gradient accumulates whole over the M = 4 micro-
+// batches and is reduce-scattered once, then the updated parameters all-gathered: 2 calls of 2n
+// bytes; states 4n + 12n/2 = 10n. Stage 0: n = 640 + 2·3280 = 7200; stage 1: 544 + 6560 = 7104.
+TEST(ThreeDZero, Dp2Pp2Zero2ReducesOncePerStep) {
+  const auto run = harness::run_ranks(4, kLimit_s, [](const DistEnv& env) {
+    ThreeDOptions o = tiny();
+    o.tp = 1, o.zero = 2;
+    const ThreeDResult r = run_3d(env, o);
+    ASSERT_EQ(r.ranks.size(), 4u);
+    for (const ThreeDRank& x : r.ranks) {
+      SCOPED_TRACE("rank " + std::to_string(x.rank));
+      const double n = x.pp_index == 0 ? kEmbed + 2 * kBlockT1 : kHead + 2 * kBlockT1;
+      EXPECT_EQ(x.own_params, n);
+      EXPECT_EQ(x.dp_calls, 2);
+      EXPECT_EQ(x.dp_bytes, 4 * n);
+      EXPECT_EQ(x.state_bytes, 10 * n);
+      EXPECT_EQ(x.pp_sends, 4);  // M activations forward (stage 0) or M gradients back (stage 1)
+    }
+    expect_all_checks(r);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+}
+
+// DP 4, no PP, ZeRO-2: a reduce-scatter after each of the M = 2 backwards and one all-gather, each
+// sending 3S/4 = 3n over 4 ranks (n = 640 + 4·3280 + 32 = 13792, a multiple of 4); states
+// 4n + 12n/4 = 7n.
+TEST(ThreeDZero, Dp4Zero2ReducesPerMicroBatch) {
+  const auto run = harness::run_ranks(4, kLimit_s, [](const DistEnv& env) {
+    ThreeDOptions o = tiny();
+    o.dp = 4, o.tp = 1, o.pp = 1, o.zero = 2;
+    const ThreeDResult r = run_3d(env, o);
+    ASSERT_EQ(r.ranks.size(), 4u);
+    const double n = kEmbed + 4 * kBlockT1 + 32;
+    for (const ThreeDRank& x : r.ranks) {
+      SCOPED_TRACE("rank " + std::to_string(x.rank));
+      EXPECT_EQ(x.own_params, n);
+      EXPECT_EQ(x.dp_calls, 3);
+      EXPECT_EQ(x.dp_bytes, 3 * 3 * n);
+      EXPECT_EQ(x.state_bytes, 7 * n);
+    }
+    expect_all_checks(r);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+}
+
 std::vector<std::string> as_rank0_of(int k, const std::vector<std::string>& flags) {
   return subprocess::as_rank0_of(TALLY_BINARY, "3d", k, flags);
 }
@@ -211,9 +315,19 @@ TEST(ThreeDCli, BadInputExitsTwoWithOneLine) {
   json moe = plan_object(2, 1, 1, false, 0, 1);
   moe["ep"] = 2;
   const std::string ep = write(dir.path / "ep.json", moe);
+  json sel = plan_object(4, 1, 1, false, 0, 1);
+  sel["recompute"] = "selective";
+  const std::string selective = write(dir.path / "selective.json", sel);
+  json unev = plan_object(2, 1, 2, false, 3, 2);
+  unev["stage_layers"] = {1, 4};
+  const std::string uneven = write(dir.path / "uneven.json", unev);
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--dp", "2", "--tp", "2", "--pp", "3"}, "--dp x --tp x --pp x --cp = 2 x 2 x 3 x 1 = 12"},
-      {{"--dp", "4", "--zero", "3"}, "--zero = 3: tally run 3d runs ZeRO 0 or 1"},
+      {{"--dp", "4", "--zero", "5"}, "--zero = 5: must be 0, 1, 2 or 3"},
+      {{"--dp", "2", "--pp", "2", "--pp-layers", "1,2"}, "--pp-layers: the stages hold 3 layers"},
+      {{"--plan", selective}, "recompute = selective: tally run 3d runs none or full"},
+      {{"--plan", uneven, "--layers", "4"},
+       "the plan's uneven stages 1,4 hold 5 layers, but --layers = 4"},
       {{"--plan", wide}, "dp x tp x pp x cp = 2 x 2 x 2 x 1 = 8 ranks, but the world size is 4"},
       {{"--plan", ep}, "ep = 2: tally run 3d runs dense layouts"},
       {{"--plan", wide, "--tp", "2"}, "--tp with --plan"},
@@ -260,6 +374,66 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
     EXPECT_TRUE(x["compute_s"]["predicted"].is_null());           // no --calibration
   }
   EXPECT_NE(r.err.find("3d dp=1 tp=2 pp=2 sp zero=0: step 1/1 loss "), std::string::npos) << r.err;
+}
+
+// A plan of DP 2 x PP 2 with ZeRO-3, full recompute and uneven stages 1 + 4 (the planner's form
+// for lighter end stages, or compare --pp-layers): without --layers the run takes the planned
+// depth, 5. Stage 0: n = 640 + 3280 = 3920; stage 1: 544 + 4·3280 = 13664. ZeRO-3 under PP: one
+// all-gather and one reduce-scatter per step, 2n bytes each over 2 ranks; states 16n/2. PP: M = 2
+// sends a stage of B·T·C·4 = 512 bytes (B = 1).
+TEST(ThreeDCli, UnevenZero3RecomputePlanRuns) {
+  const test::TempDir dir;
+  json p = plan_object(2, 1, 2, false, 3, 2);
+  p["recompute"] = "full";
+  p["stage_layers"] = {1, 4};
+  const std::string plan = write(dir.path / "plan.json", {{"best", p}});
+  const Ran r = run_command(
+      {TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100", "--", TALLY_BINARY, "run", "3d",
+       "--plan", plan, "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq", "8", "--steps",
+       "1", "--json", "--timeout", "90"},
+      kLimit_s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto lines = rank_lines(r.out, 0);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const json j = json::parse(lines[0]);
+  EXPECT_TRUE(j["ok"].get<bool>()) << j["failed_checks"].dump();
+  EXPECT_EQ(j["model"]["layers"], 5);
+  EXPECT_EQ(j["stage_layers"], json({1, 4}));
+  EXPECT_EQ(j["zero"], 3);
+  EXPECT_EQ(j["recompute"], "full");
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  for (const json& x : j["ranks"]) {
+    const bool first = x["pp_index"] == 0;
+    const double n = first ? kEmbed + kBlockT1 : kHead + 4 * kBlockT1;
+    EXPECT_EQ(x["stage_layers"], first ? 1 : 4);
+    EXPECT_DOUBLE_EQ(x["own_params"].get<double>(), n);
+    EXPECT_DOUBLE_EQ(x["dp_bytes"]["measured"].get<double>(), 4 * n);
+    EXPECT_DOUBLE_EQ(x["dp_calls"].get<double>(), 2);
+    EXPECT_DOUBLE_EQ(x["state_bytes"]["measured"].get<double>(), 8 * n);
+    EXPECT_DOUBLE_EQ(x["pp_bytes_per_send"]["measured"].get<double>(), 512);
+    EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 2);
+  }
+}
+
+// DESIGN.md §5: rank 0 SIGKILLs itself after its first pipeline operation of fp32 step 2 of 3;
+// the run fails, `tally launch` names it, and no rank reports (each survivor either noticed —
+// its CommError — or was stopped by the launcher: both non-zero). Rank 0 is the one the launcher
+// checks first, so a survivor exiting in the same tick cannot be named instead.
+TEST(ThreeDCli, LostRankFailsTheRunAndIsNamed) {
+  const Ran r = run_command(
+      {TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100", "--", TALLY_BINARY, "run", "3d",
+       "--dp", "2", "--pp", "2", "--zero", "3", "--layers", "4", "--hidden", "16", "--heads", "4",
+       "--vocab", "32", "--seq", "8", "--steps", "3", "--kill-rank", "0", "--kill-at-step", "2",
+       "--timeout", "10"},
+      kLimit_s);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("tally launch: rank 0 failed (killed by signal 9 (SIGKILL))"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("zero=3: step 1/3 loss "), std::string::npos) << "died mid-run: " << r.err;
+  EXPECT_EQ(r.err.find("zero=3: step 2/3 loss "), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("checks: "), std::string::npos) << r.out;
+  EXPECT_LT(r.elapsed_s, 60) << r.err;
 }
 
 }  // namespace

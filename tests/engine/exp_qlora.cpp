@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/subprocess.hpp"
@@ -265,6 +266,34 @@ TEST(QloraRun, LoraContrastMeetsEveryCheck) {
   EXPECT_LT(r.learning.last5_mean, r.learning.first5_mean);
 }
 
+// Note [check scopes]: the seed's thresholds bind for the seed's setup only; tally's own checks
+// always; the run passes when every binding check is ok.
+TEST(QloraRun, SeedThresholdsBindForTheSeedsSetupOnly) {
+  EXPECT_TRUE(seed_setup(setup(FineTune::qlora)));
+  EXPECT_TRUE(seed_setup(setup(FineTune::lora)));
+  LoraSetup s = setup(FineTune::qlora);
+  s.double_quant = false;
+  EXPECT_FALSE(seed_setup(s));
+  s.method = FineTune::lora;  // quantization does not apply to lora
+  EXPECT_TRUE(seed_setup(s));
+  LoraSetup all = setup(FineTune::qlora);
+  all.targets = {LoraTarget::q, LoraTarget::k, LoraTarget::v, LoraTarget::o, LoraTarget::up,
+                 LoraTarget::down};
+  EXPECT_FALSE(seed_setup(all));
+  LoraSetup r16 = setup(FineTune::qlora);
+  r16.rank = 16;
+  EXPECT_FALSE(seed_setup(r16));
+  const QloraCheck ok{.id = "①", .ok = true};
+  const QloraCheck own_failed{.id = "learn", .ok = false};
+  const QloraCheck seed_failed{.id = "②", .ok = false, .scope = CheckScope::seed, .binds = false};
+  QloraCheck seed_failed_binding = seed_failed;
+  seed_failed_binding.binds = true;
+  EXPECT_TRUE(qlora_passed({ok, seed_failed}));
+  EXPECT_FALSE(qlora_passed({ok, seed_failed_binding}));
+  EXPECT_FALSE(qlora_passed({own_failed, seed_failed}));
+  EXPECT_EQ(to_string(CheckScope::seed), "seed");
+}
+
 TEST(QloraRun, FitIsLeastSquares) {
   const LinearFit f = fit_line({1, 2, 3}, {2, 4, 6});
   EXPECT_DOUBLE_EQ(f.slope, 2);
@@ -323,6 +352,36 @@ TEST(QloraCli, TextReportAndLoraContrast) {
                         "7B convention", "occurs in the", "reserved − allocated"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+}
+
+// Outside the seed's setup its thresholds fail by design and are reported, labelled, without
+// failing the run: --no-double-quant is 4.5 bits (0.5625 B) per quantized parameter, not ≈ 0.5;
+// LoRA on every GPT target is 0.24 % of Llama-2-7B, not < 0.2 %. tally's own checks still bind.
+TEST(QloraCli, SeedThresholdsOutsideItsSetupAreReportedNotRequired) {
+  for (const auto& [flags, failing] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"--no-double-quant", "②"}, {"--lora-targets q,k,v,o,up,down", "①"}}) {
+    const auto r = run_tally(std::string(kTiny) + " --learn-steps 10 " + flags + " --json");
+    ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.out << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(j["ok"].get<bool>()) << flags;
+    EXPECT_FALSE(j["seed_setup"].get<bool>()) << flags;
+    int seed_failures = 0;
+    for (const auto& c : j["criteria"]) {
+      if (c["scope"] == "tally") {
+        EXPECT_TRUE(c["binds"].get<bool>()) << c.dump();
+        EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
+      } else {
+        EXPECT_EQ(c["scope"], "seed") << c.dump();
+        EXPECT_FALSE(c["binds"].get<bool>()) << c.dump();
+        if (!c["ok"].get<bool>()) {
+          ++seed_failures;
+          EXPECT_EQ(c["id"], failing) << c.dump();
+        }
+      }
+    }
+    EXPECT_EQ(seed_failures, 1) << flags << "\n" << r.out;
+  }
 }
 
 TEST(QloraCli, BadFlagsExit2) {

@@ -30,7 +30,9 @@ inline PlanRequest published_request(const nlohmann::json& run) {
                      .precision = *parse_precision(run["precision"].get<std::string>()),
                      .optimizer = Optimizer::adamw,
                      .tp_overlap = run.value("async_tp", false),
-                     .eager_loss = run["loss"].get<std::string>() == "eager"};
+                     .eager_loss = run["loss"].get<std::string>() == "eager",
+                     // Note [eager kernels]: an uncompiled run's elementwise kernels unfused
+                     .kernels = run["torch_compile"].get<bool>() ? Kernels::fused : Kernels::eager};
 }
 
 inline Layout published_layout(const nlohmann::json& run) {

@@ -23,7 +23,8 @@
 //   CP c:            s → s/c for every term; materialised scores hold (s/c)·s per head.
 //   selective:       drop the a·s² terms (softmax, its mask, dropout output) — recomputed (§5).
 //   full recompute:  keep only each layer's input, 2sbh (÷ t with SP); the layer whose backward
-//                    runs holds its whole inventory again (a transient added to the stage peak).
+//                    runs holds its whole inventory again, less that input (Note [backward
+//                    phases]: a transient of the blocks' backward, never alive with the logits).
 //   flash attention: no a·s² term; keeps the softmax log-sum-exp, 4 bytes per (a, s, b).
 //   pipeline:        the first 1F1B stage holds min(p, m) micro-batches of L/p layers; interleaved
 //                    schedules hold (1 + (p−1)/(p·m')) times that (Korthikanti §4.2.3). With
@@ -65,11 +66,48 @@
 //                    mask, sb·d_in (without dropout A reads the base layer's input, already
 //                    counted). Under bf16 autocast the fp32 adapters see bf16 copies, hence the
 //                    compute dtype's bytes; the mask is one byte.
+//
+// Note [backward phases]
+// The inventory counts what the forward saves; the stage peak is reached in the backward, which
+// frees as it goes, so the peak is the largest of its phases, never their sum. Backward runs the
+// loss and the LM head first, then the layers from the last, and in each layer the MLP block and
+// the output projection before the attention core (reverse topological order, the same under
+// Megatron-LM, Hugging Face and torchtitan, all on PyTorch's autograd). Autograd drops a node's
+// saved tensors as soon as that node's backward has run, and a gradient once its consumer has run
+// (torch/csrc/autograd/engine.cpp, Engine::evaluate_function: call_function, then
+// fn.release_variables(); pytorch/pytorch 00c0674d). The phases, per stage:
+//   loss + LM-head backward: every saved tensor of the stage (its layers' and the embedding's)
+//       + the output terms (final-norm and head inputs, the loss's fp32 logits-sized tensors).
+//       Only the last stage has it. The logits are gone before the last layer's backward starts.
+//   blocks' backward, one layer at a time: the stage's saved tensors + what that layer's backward
+//       holds beyond them, the larger of two points in it:
+//     MLP backward (the layer's backward begins): under full recompute the replay has just rebuilt
+//       the layer's whole inventory — less its input, which the checkpoint holds already: the
+//       replay runs on the saved input detached, which shares its storage (torch.utils.checkpoint
+//       CheckpointFunction.backward, detach_variable; pytorch/pytorch 0008d771; Megatron-LM's
+//       CheckpointFunction the same way). No other policy adds anything here.
+//     attention-core backward: the MLP block's and the output projection's saved tensors are freed
+//       (Part::mlp in activations.cpp); with materialised attention softmax's backward holds its
+//       saved output P, its incoming gradient dP and its result dS, a new tensor
+//       (tools/autograd/derivatives.yaml: _softmax → _softmax_backward_data(grad, result, dim, …)):
+//       the score gradients, 2·a·s²·b/t beyond the inventory (÷c: s/c queries × s keys). Under full
+//       recompute the replayed attention part is alive too; under selective recompute the
+//       attention core's a·s² terms are rebuilt here (Megatron checkpoints core_attention).
+//       With flash attention no a·s² tensor exists and this point stays below the MLP one.
+//   Not counted (as the inventory omits LayerNorm statistics): gradients h or f wide — the
+//   residual stream's, dV, the MLP hidden's — a few sbh per layer; the replay of save-matmuls' and
+//   op-sac's cheap ops at the start of a layer's backward. Megatron's fused masked softmax writes
+//   dS over dP (scaled_upper_triang_masked_softmax bwd_cuda: "backward pass is completely
+//   in-place"), one a·s²·b gradient, but attention dropout's backward holds two anyway: tally
+//   counts two. The LoRA adapters' terms are kept at the attention point whatever their targets.
+//   Pipeline: the blocks' phase is largest on the fullest stage (the first under 1F1B), the
+//   loss's on the last.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tally/core/model.hpp"
@@ -128,6 +166,10 @@ struct ActivationTerm {
   double bytes = 0;              // per layer per micro-batch, after parallelism and policy
 };
 
+// Note [backward phases]: where the stage peak is reached.
+enum class BackwardPhase { loss_and_head, blocks };
+std::string_view to_string(BackwardPhase p);  // "loss + LM-head backward", "blocks' backward"
+
 struct ActivationResult {
   std::vector<ActivationTerm> layer_terms;   // one layer, one micro-batch
   double per_layer_bytes = 0;                // Σ layer_terms (a MoE model's MoE layer)
@@ -137,9 +179,18 @@ struct ActivationResult {
   double transformer_bytes = 0;              // per_layer × layers_on_stage × in-flight
   double embedding_bytes = 0;                // first stage, × in-flight
   double output_bytes = 0;                   // last stage, one micro-batch
-  // Full recompute: one layer's whole inventory, rematerialised during its backward (0 otherwise).
+  // Note [backward phases]. One layer's backward, beyond the stage's saved tensors:
+  // full recompute: the replayed layer's inventory less its checkpointed input (0 otherwise);
   double recompute_transient_bytes = 0;
-  double peak_stage_bytes = 0;               // max over first and last stage
+  // materialised attention: softmax's incoming and outgoing gradients, 2·a·s²·b/t (0 with flash);
+  double score_gradient_bytes = 0;
+  // the larger of the layer's MLP-backward and attention-core-backward points (≥ 0).
+  double layer_backward_bytes = 0;
+  double loss_phase_bytes = 0;               // last stage: its saved tensors + output_bytes
+  double blocks_phase_bytes = 0;             // fullest stage: its saved tensors + layer_backward
+  BackwardPhase peak_phase = BackwardPhase::loss_and_head;
+  int peak_stage = 0;                        // the pipeline stage holding the peak
+  double peak_stage_bytes = 0;               // max(loss_phase_bytes, blocks_phase_bytes)
   ActivationSetup setup;
   std::string convention() const;
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tally/core/types.hpp"
@@ -85,6 +86,15 @@ struct GpuSpec {
   double peak_fp4_flops = 0;
   double memory_bps = 0;            // HBM bandwidth (datasheet), bytes/s
   KernelPerf kernels;
+  // The GEMM constants of fp8 GEMMs where a measured fp8 table gives them (B200: XLA's table,
+  // presets.cpp); unset, fp8 GEMMs take `kernels` at the fp8 peak — fast-biased, since fp8 GEMMs
+  // reach a smaller fraction of their peak than bf16 ones (B200: a median 1.2× bf16's speed on the
+  // same shapes, where the peaks are 2× apart).
+  std::optional<KernelPerf> fp8_gemm;
+  // The GEMM constants of precision p's GEMMs: fp8_gemm for fp8 and mxfp8 (the same fp8 tensor
+  // cores, MX scales applied in the MMA: an assumption, no measured MX table) when set, else
+  // `kernels`.
+  const KernelPerf& gemm_kernels(Precision p) const;
   // Tensor-core peak of a GEMM in dtype p (fp32 → tf32; fp8 and mxfp8 → fp8; nvfp4 → fp4); 0 when
   // the GPU lacks it (supports() says so first).
   double peak_flops(Precision p) const;

@@ -45,6 +45,32 @@
 // (three fp32 passes forward, two backward). Embedding (first stage): gather and its gradient.
 // The optimizer step reads gradients, m, v and master weights and writes m, v, master and the
 // 16-bit copy: bytes over memory bandwidth (optimizer_update_bytes).
+//
+// Note [eager kernels] (OperatorSetup::kernels = eager): the memory-bound kernels as uncompiled
+// PyTorch runs torchtitan's Llama (torchtitan 9dec370, torchtitan/models/llama/model.py and
+// models/norms.py), one kernel per operator, every intermediate read and written through HBM, the
+// backward bytes from autograd's formulas (tools/autograd/derivatives.yaml). Bytes per element of
+// the tensor named (e = activation bytes, fp32 = 4):
+//   RMSNorm (x·rsqrt(mean(x²) + ε) in fp32, cast back, × weight): forward x.float() e+4, pow 8,
+//       mean 4, × rsqrt 8, type_as 4+e, × weight 2e = 28 + 4e; backward × weight 6e (both
+//       operands' gradients, the weight's summed), cast 4+e, × rsqrt 24 (grad·r; Σ grad·x),
+//       mean's expand 4, pow's 2·x·grad 28 (x.pow(1) copy, × 2, × grad), the two gradients of the
+//       fp32 x added 12, cast back 4+e = 76 + 8e.  (fused: 2e forward, 3e backward; LayerNorm is
+//       one native kernel eager too, so GPT layouts keep the fused bytes)
+//   rotary on q and k (view_as_complex(x.float()) · freqs, view_as_real, type_as): forward and
+//       backward each float cast e+4, complex product 8, cast back 4+e = 16 + 2e (fused 2e, 3e)
+//   repeat_kv (a_q/t > a_kv/t: GQA): expand + reshape copies k and v to every query head:
+//       forward h_kv·e read + h_q·e written per token, each of k and v; backward the transposed
+//       gradient copied (2·h_q·e) and summed over the repeats (h_q·e + h_kv·e)
+//   attention output transpose(1, 2).contiguous(): a copy, 2e per element of h_q forward; its
+//       gradient reaches the flash backward as a view (no copy)
+//   SwiGLU silu(w1·x) · (w3·x): forward silu 2e, product 3e = 5e; backward the product's two
+//       gradients 6e, silu's 3e = 9e (fused 3e, 4.5e)
+//   residual adds and GeLU are one kernel either way.
+// The loss follows OperatorSetup::eager_loss (cross_entropy(logits.float())): forward the cast
+// e + 4, log-softmax's three reads and a write 16; backward the NLL gradient's zero fill 4,
+// log-softmax backward 12 (+ its row sum 4), the cast back 4 + e — against the fused
+// vocabulary-parallel loss's e + 12 and 8 + e.
 // FLOP conventions: executed FLOPs here (causal flash counts half); model FLOPs for MFU stay those of
 // compute.hpp (attention unmasked, as Megatron-LM and PaLM count). Summed over a GPT layer with
 // materialised attention and no recompute, the GEMM FLOPs are exactly Narayanan et al. 2021 eq. 3's
@@ -99,6 +125,8 @@ struct OperatorSetup {
   int ep = 1;
   int etp = 0;  // expert TP e_t (0 = tp): each expert f/e_t wide, on g·T_r·E_act tokens' copies
   double capacity_factor = 1;
+  Kernels kernels = Kernels::fused;  // Note [eager kernels]
+  bool eager_loss = false;           // PyTorch's cross_entropy(logits.float()), Note [eager kernels]
   void validate(const ModelSpec& m) const;  // throws InvalidInput naming the field
 };
 

@@ -117,6 +117,9 @@ struct PlanRequest {
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;
+  // The memory-bound kernels' bytes in the time model (Note [eager kernels], operators.hpp): fused
+  // (Megatron-LM, Transformer Engine, torch.compile) or eager PyTorch (torchtitan uncompiled).
+  Kernels kernels = Kernels::fused;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
   std::optional<double> run_hours;       // for expected failures (--days)
@@ -136,7 +139,9 @@ struct PlanRequest {
 // parallelism the whole stage unsharded with its fp32 gradients, (param_bytes + 4) per parameter
 // of the stage: torchtitan, the framework that runs FSDP with PP, sets reshard_after_forward =
 // False there, and torch.distributed.pipelining defers resharding and the gradient reduce-scatter
-// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch.
+// (in FSDP2's fp32 reduce dtype) to the stage's last micro-batch. ZeRO-2 under PP likewise holds
+// its stage's unsharded fp32 gradients, 4 bytes per parameter (its parameters are whole already;
+// Note [sharded data parallelism under PP] in comm.cpp).
 double buffer_bytes(int zero_stage, double params_per_gpu, std::int64_t layers_per_stage,
                     double param_bytes, int pp = 1);
 struct FitCheck {
@@ -251,8 +256,9 @@ struct PlanEval {
 //     plans on one system is the spread within one published table: at most 16.4 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.33 to 2.04, median 1.72 — the model runs much faster than these runs; within one table
-//     up to 45 % apart (Table 4: AsyncTP, which tally hides entirely, gained 6 %).
+//     1.32 to 2.04, median 1.65 (uncompiled rows with Note [eager kernels]) — the model runs much
+//     faster than these runs; within one table up to 45 % apart (Table 4: AsyncTP, which tally
+//     hides entirely, gained 6 %).
 //   any other GPU (Blackwell, a cluster file, a calibrated host): no published run checks it; the
 //     band of the newest generation checked (H100 / H200), said so in its source.
 // The model runs fast, so every band sits above 1. The tests check each figure against its rows,

@@ -42,6 +42,9 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
 // GPU's per-kernel overhead. flops_per_s is the rate the kernel's FLOPs run at (peak · η for a
 // GEMM or fused attention, the fp32 CUDA-core peak for elementwise math).
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes);
+// The same with the kernel's own fixed cost (a GEMM's from its GpuSpec::gemm_kernels).
+double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes,
+                        double overhead_s);
 
 // One measured GEMM (`tally bench gemm`, bench/gpu/probe.py): B-batched (m × k)·(k × n).
 struct GemmSample {

@@ -83,22 +83,32 @@ enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
 enum class Recompute { none, selective, full, save_matmuls, op_sac };
 inline constexpr int kRecomputePolicies = 5;
 enum class Attention { materialized, flash };
+// How the memory-bound kernels between the GEMMs run (Note [eager kernels] in operators.hpp):
+//   fused  each norm, rotary, activation and residual is one kernel reading its inputs and writing
+//          its output once (Megatron-LM / Transformer Engine fused kernels, torch.compile)
+//   eager  uncompiled PyTorch as torchtitan's Llama writes it: every operator its own kernel, every
+//          intermediate through HBM (fp32 RMSNorm in five pieces, complex fp32 rotary, GQA's
+//          repeat_kv copies, SiLU and the gate's product apart)
+enum class Kernels { fused, eager };
 
 std::string_view to_string(Precision p);
 std::string_view to_string(Optimizer o);
 std::string_view to_string(Recompute r);
 std::string_view to_string(Attention a);
+std::string_view to_string(Kernels k);
 
 // Parsers for the boundary (CLI, files). Return nullopt on unknown names; allowed_*() lists the names.
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<Recompute> parse_recompute(std::string_view s);
 std::optional<Attention> parse_attention(std::string_view s);
+std::optional<Kernels> parse_kernels(std::string_view s);
 std::optional<SizeUnit> parse_size_unit(std::string_view s);
 const std::vector<std::string>& allowed_precisions();
 const std::vector<std::string>& allowed_optimizers();
 const std::vector<std::string>& allowed_recomputes();
 const std::vector<std::string>& allowed_attentions();
+const std::vector<std::string>& allowed_kernels();
 
 // Bytes of one element of the training dtype of parameters, gradients and activations (a
 // low-precision recipe keeps them in bf16: Note [low precision]).

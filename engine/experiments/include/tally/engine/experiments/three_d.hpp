@@ -3,23 +3,31 @@
 // parallel_groups.hpp: TP fastest, then CP, then DP, then PP), each rank one TP shard (engine/
 // runtime/tp_model.hpp, optionally with SP; with CP its zigzag share of the sequence and ring
 // attention, Note [TP with context parallelism]) of one pipeline stage (engine/runtime/
-// pp_model.hpp, core's schedules), gradients averaged over the DP × CP group (ZeRO-0: all-reduce;
-// ZeRO-1: reduce-scatter, Adam on the rank's shard_span, all-gather of the updated parameters).
+// pp_model.hpp, core's schedules; uneven stages with --pp-layers), gradients averaged over the
+// DP × CP group at ZeRO stage 0–3 (Note [3-D data-parallel step] in three_d.cpp: ZeRO-0 all-
+// reduces; 1 reduce-scatters, runs Adam on the rank's shard_span and all-gathers the updated
+// parameters; 2 also frees the full gradient between steps; 3 also holds only the span of the
+// parameters and gathers them as core's step_traffic counts), optionally with full recompute of
+// every block (tp_model.hpp Note [full recompute]).
 // Checked against the single-process GPT and core:
 //   equivalence   float64, one step: the mean loss and every gradient a rank holds after the DP
-//                 reduction (its TP slice of its stage's parameters; under ZeRO-1 its shard) equal
+//                 reduction (its TP slice of its stage's parameters; under ZeRO its shard) equal
 //                 the single-process run on all D·M micro-batches to 1e-10 relative; so do the
-//                 parameters after one Adam step (the ZeRO-1 all-gather included)
+//                 parameters after one Adam step (the ZeRO all-gather included)
 //   bytes         per rank, over the first fp32 step: TP bytes of the stage's layers == core
 //                 step_traffic()'s TP item with this stage's layers (exact); every PP send ==
 //                 its PP bytes per call (b·s·h·4, /t with SP), exact, and the number of sends by
 //                 the schedule; CP bytes and sends == its CP item (3(c−1) ring sends per layer
-//                 per micro-batch); DP bytes == its dp_grad + zero_param_gather items on this rank's
-//                 own parameter count (exact). Beside them, the layout-level items (N/(t·p)
-//                 parameters, the busiest stage, 2vM sends) and their ratio
+//                 per micro-batch; 4(c−1) with full recompute); DP bytes == its dp_grad +
+//                 zero_param_gather items on this rank's own parameter count (exact; ZeRO-2/3
+//                 per micro-batch without PP, once per step under it). With full recompute the
+//                 TP item counts 6 collectives per layer (DESIGN.md erratum 2). Beside them, the
+//                 layout-level items (N/(t·p) parameters, the busiest stage, 2vM sends) and their
+//                 ratio
 //   states        the model-state bytes the tracking allocator saw allocated for the rank's flat
 //                 parameters, gradients and Adam state == core model_states() on the rank's own
-//                 parameters (exact); beside it model_states(N/(t·p)) for the layout
+//                 parameters at the ZeRO stage (exact but for the shard's rounding, < 1 element of
+//                 each sharded item); beside it model_states(N/(t·p)) for the layout
 //   activations   the peak the tracking allocator saw held during the step beside core
 //                 activations()' per-layer bytes × the stage's layers / v × peak_in_flight —
 //                 reported, not checked
@@ -54,7 +62,11 @@ namespace tally::engine {
 struct ThreeDOptions {
   int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size (cp: zigzag ring attention)
   bool sp = false;                     // sequence parallelism (needs tp > 1)
-  int zero = 0;                        // 0 or 1, over the DP × CP group
+  int zero = 0;                        // 0..3, over the DP × CP group
+  bool full_recompute = false;         // replay every block's forward in backward
+  // Layers of each stage (--pp-layers 3,5): pp entries >= 1 summing to the layers (core's
+  // check_stage_list); empty = core's even split stage_layers(L, P).
+  std::vector<int> pp_layers;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int interleave = 1;                  // v; > 1 needs the interleaved schedule
   int micro_batches = 0;               // M per DP rank per step; 0 = 2·pp
@@ -66,12 +78,17 @@ struct ThreeDOptions {
   int threads = 1;                     // torch intra-op threads per rank (0 = libtorch's)
   // A host calibration's cluster (io::host_cluster): enables the compute and comm time predictions.
   std::optional<ClusterSpec> host;
+  // Fault (--kill-rank, --kill-at-step): this global rank SIGKILLs itself after the first
+  // operation of its schedule in that fp32 step, so the others must notice (DESIGN.md §5).
+  int kill_rank = -1;
+  int kill_at_step = 1;
   // InvalidInput naming the flag, the value and the allowed range: a product ≠ the world size,
   // --tp not dividing --heads or 4·--hidden, more stages than layers, --seq not in 2·--cp equal
-  // chunks (or, with --sp, --seq/--cp not divisible by --tp), --zero > 1, interleave constraints as
-  // `run pp`'s, …
+  // chunks (or, with --sp, --seq/--cp not divisible by --tp), --zero > 3, a bad --pp-layers,
+  // interleave constraints as `run pp`'s, …
   void validate(int world_size) const;
   int micro_batches_or_default() const { return micro_batches == 0 ? 2 * pp : micro_batches; }
+  std::vector<int> stage_split() const;  // pp_layers, or core's even split
 };
 
 // One rank's figures, gathered to every rank. Bytes are per step (the first fp32 step); times the
@@ -125,7 +142,7 @@ struct ThreeDResult {
   int rank = 0, world_size = 1;
   int micro_batches = 1;             // M
   std::int64_t n_params = 0;         // N of the single-process model
-  std::vector<int> stage_layers;     // core's split
+  std::vector<int> stage_layers;     // stage_split(): --pp-layers or core's even split
   double loss_f64 = 0, reference_loss_f64 = 0;  // mean over the D·M micro-batches
   std::vector<double> losses_fp32;   // per fp32 step, mean over DP
   std::vector<ThreeDRank> ranks;     // world size, in global rank order
