@@ -10,6 +10,7 @@
 #include "tally/core/activations.hpp"
 #include "tally/core/finetune.hpp"
 #include "tally/core/model_states.hpp"
+#include "tally/core/operators.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
@@ -23,6 +24,7 @@ struct MemoryOptions {
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
   int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, interleave = 1;
   std::optional<int> etp;  // unset: --tp
+  int amax_history = kTeAmaxHistory;  // fp8 delayed scaling
   double capacity_factor = 1;
   std::string loss = "fused";
   std::optional<int> micro_batches;  // unset: --pp in flight
@@ -84,13 +86,20 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
   check_expert_split(model, ParallelLayout{.dp = o.dp, .tp = o.tp}, o.ep, etp, o.sp);
   const double n_total = state_params(model);
   const double n_gpu = n_total / (double(o.tp) * o.pp);
+  // fp8 delayed scaling: the metadata of a stage's GEMMs (Note [low precision]).
+  const double scaled_gemms =
+      precision == Precision::fp8 && !model.params_only
+          ? low_precision_gemms(model, double(model.layers) / o.pp, o.ep)
+          : 0.0;
   const auto states = model_states(n_gpu, StateSetup{.precision = precision,
                                                      .optimizer = optimizer_from(o.optimizer),
                                                      .zero_stage = o.zero,
                                                      .shard_degree = o.dp, .ep = o.ep,
                                                      .tp = o.tp, .etp = etp,
                                                      .expert_share = routed_expert_share(model),
-                                                     .gemm_weight_share = gemm_weight_share(model)});
+                                                     .gemm_weight_share = gemm_weight_share(model),
+                                                     .scaled_gemms = scaled_gemms,
+                                                     .amax_history = o.amax_history});
   const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
@@ -104,6 +113,7 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                       .recompute = recompute_from(o.recompute),
                       .attention = attention_from(o.attention),
                       .dropout = o.dropout || (!o.no_dropout && model.dropout),
+                      .linear_input_bytes = saved_linear_input_bytes(precision),
                       .etp = etp, .capacity_factor = o.capacity_factor,
                       .eager_loss = o.loss == "eager"};
     if (lora) add_lora_activations(model, *lora, a);
@@ -154,6 +164,7 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                              {"m", in_gb(b.m)},           {"v", in_gb(b.v)},
                              {"master", in_gb(b.master)}};
   if (b.low_precision > 0) items_gb["low_precision_copies"] = in_gb(b.low_precision);
+  if (b.scaling_metadata > 0) items_gb["scaling_metadata"] = in_gb(b.scaling_metadata);
   if (ft)
     items_gb = {{"quantized_weights", in_gb(ft->quantized_weight_bytes)},
                 {"quant_constants", in_gb(ft->quant_constant_bytes)},
@@ -267,6 +278,11 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
       fmt::print("  {:<12} {:>14}   ({} B per linear weight: {:.1f} % of the params)\n",
                  fmt::format("{} copies", to_string(precision)), size_str(b.low_precision, unit),
                  pp.low_precision, 100 * gemm_weight_share(model));
+    if (b.scaling_metadata > 0)
+      fmt::print("  {:<12} {:>14}   (fp8 delayed scaling: {} GEMMs × 5 tensors × fp32 amax "
+                 "history {} + scale)\n",
+                 "amax history", size_str(b.scaling_metadata, unit, 6), format_number(scaled_gemms),
+                 o.amax_history);
     fmt::print("  {:<12} {:>14}\n", "states", size_str(b.total(), unit));
   }
   if (act) {
@@ -341,6 +357,7 @@ void register_memory(CLI::App& app, const Answers& answers) {
                   "experts)")
       ->check(CLI::Range(1, 1 << 20));
   add_etp_flag(cmd, o->etp);
+  add_amax_history_flag(cmd, o->amax_history);
   cmd->add_option("--capacity-factor", o->capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
       ->check(finite_in(1, 64))

@@ -28,6 +28,7 @@ struct PlanOptions {
   int gpus = 8, top = 5, max_tp = 0, max_pp = 0, max_cp = 0, max_ep = 0;
   double capacity_factor = 1;
   int max_route_nodes = 0;
+  int amax_history = kTeAmaxHistory;
   LoraOptions lora;                              // plan --method lora|qlora
   std::string loss = "fused";
   std::string kernels = "fused";
@@ -65,6 +66,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .ep_overlap = o.ep_overlap,
                 .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
+                .amax_history = o.amax_history,
                 .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
@@ -210,6 +212,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->check(finite_in(1, 64))
       ->capture_default_str();
   add_route_flag(cmd, o.max_route_nodes);
+  add_amax_history_flag(cmd, o.amax_history);
   cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
                 "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
                 "default: overlapped with backward but for the last bucket, as PyTorch DDP)")

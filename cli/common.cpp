@@ -148,6 +148,15 @@ void add_route_flag(CLI::App* cmd, int& max_route_nodes) {
       ->capture_default_str();
 }
 
+void add_amax_history_flag(CLI::App* cmd, int& amax_history) {
+  cmd->add_option("--amax-history", amax_history,
+                  "fp8 delayed scaling: amax history entries per tensor, 5 fp32 histories and "
+                  "scales per GEMM in the state ledger (Transformer Engine's DelayedScaling "
+                  "default; Megatron-Core's --fp8-amax-history-len default is 1)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+}
+
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
                         bool sequence_parallel) {
   if (m.params_only && (ep > 1 || etp != layout.tp))

@@ -72,6 +72,9 @@ void add_etp_flag(CLI::App* cmd, std::optional<int>& etp);
 // --max-route-nodes M (`tally comm`, `plan`, `compare`): DeepSeek-V3's node-limited routing, a
 // token's copies sent to at most M nodes, once each (Note [node-limited routing]); 0 = no limit.
 void add_route_flag(CLI::App* cmd, int& max_route_nodes);
+// --amax-history N (`tally memory`, `plan`, `compare`): fp8 delayed scaling's amax history per
+// tensor (default 1024, Transformer Engine's DelayedScaling; Megatron-Core passes 1 unless told).
+void add_amax_history_flag(CLI::App* cmd, int& amax_history);
 // A layout's expert split checked with core's rules (Note [expert rank groups], Note [expert tensor
 // parallelism]): one line naming --ep or --etp when it does not hold.
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,

@@ -40,6 +40,7 @@ nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
                          {"v", in_gb(e.states.v)},
                          {"master", in_gb(e.states.master)},
                          {"low_precision_copies", in_gb(e.states.low_precision)},
+                         {"scaling_metadata", in_gb(e.states.scaling_metadata)},
                          {"total", in_gb(e.states.total())}}},
           {"activations_gb", in_gb(e.activation_bytes)},
           {"buffers_gb", in_gb(e.buffer_bytes)},
@@ -212,17 +213,21 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
                       .shard_degree = b.layout.dp * b.layout.cp, .ep = b.layout.ep,
                       .tp = b.layout.tp, .etp = b.layout.etp,
                       .expert_share = routed_expert_share(q.model),
-                      .gemm_weight_share = gemm_weight_share(q.model)};
+                      .gemm_weight_share = gemm_weight_share(q.model),
+                      .scaled_gemms = b.scaled_gemms, .amax_history = q.amax_history};
   const std::string state_conv =
       convention_with_unit(model_states(1.0, ss).convention(), u);
   fmt::print("PLAN  {}\n\n", b.layout.describe());
   fmt::print("ACCOUNTS (per GPU)\n");
-  fmt::print("  model states  {:>12}  params {} + grads {} + m {} + v {} + master {}{}  [{}]\n",
+  fmt::print("  model states  {:>12}  params {} + grads {} + m {} + v {} + master {}{}{}  [{}]\n",
              size_str(b.states.total(), u), size_str(b.states.params, u), size_str(b.states.grads, u),
              size_str(b.states.m, u), size_str(b.states.v, u), size_str(b.states.master, u),
              b.states.low_precision > 0
                  ? fmt::format(" + {} copies {}", to_string(q.precision),
                                size_str(b.states.low_precision, u))
+                 : std::string(),
+             b.states.scaling_metadata > 0
+                 ? fmt::format(" + amax history {}", size_str(b.states.scaling_metadata, u, 4))
                  : std::string(),
              state_conv);
   fmt::print("  activations   {:>12}  (the peak stage's larger backward phase, Korthikanti "

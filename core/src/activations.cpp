@@ -67,6 +67,8 @@ void ActivationSetup::validate(const ModelSpec& m) const {
   require_expert_tp(tp, etp > 0 ? etp : tp, sequence_parallel);
   require_recompute_applies(recompute, m);
   if (!(act_bytes > 0)) throw InvalidInput("act_bytes must be > 0");
+  if (!(std::isfinite(linear_input_bytes) && linear_input_bytes >= 0 && linear_input_bytes <= 8))
+    throw InvalidInput("linear_input_bytes must be in [0, 8] (0 = no low-precision recipe)");
   if (!(std::isfinite(lora_input_width) && lora_input_width >= 0 &&
         std::isfinite(lora_rank_width) && lora_rank_width >= 0))
     throw InvalidInput("LoRA activation widths must be finite and >= 0");
@@ -120,6 +122,9 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   const double mla_latent = m.is_mla() ? rq + rkv + dr : 0.0;           // saved GEMM outputs
   const double mla_latents = m.is_mla() ? 2 * rq + 2 * rkv + dr : 0.0;  // + their norm outputs
   const double mask = a.dropout ? 1.0 : 0.0;
+  // Low precision (Note [activation inventory]): q bytes per element of a saved linear input.
+  const bool lowp = a.linear_input_bytes > 0;
+  const double q = lowp ? a.linear_input_bytes : e;
 
   // Selective checkpointing keeps attention's outputs: the scores (materialised) or flash's fp32
   // log-sum-exp, and the attention-dropout mask.
@@ -136,14 +141,18 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   // The dispatched copies as the expert-TP group gathered them: g ranks' T/rep tokens each.
   const int etp = a.etp > 0 ? a.etp : a.tp;
   const double gathered = expert_gather_ranks(a.tp, etp, a.sequence_parallel) / rep;  // g/rep
-  const char* dispatched_label = gathered == 1.0 ? "2sb·E_act·c_f·h"
-                                 : rep == 1.0    ? "2sb·E_act·c_f·h ·e_t"
-                                                 : "2sb·E_act·c_f·h ·e_t/t";
+  const char* dispatched_label =
+      lowp ? (gathered == 1.0 ? "q·sb·E_act·c_f·h"
+              : rep == 1.0    ? "q·sb·E_act·c_f·h ·e_t"
+                              : "q·sb·E_act·c_f·h ·e_t/t")
+           : (gathered == 1.0 ? "2sb·E_act·c_f·h"
+              : rep == 1.0    ? "2sb·E_act·c_f·h ·e_t"
+                              : "2sb·E_act·c_f·h ·e_t/t");
   const auto moe_terms = [&] {
     if (!moe) return;
     add("router probabilities (fp32)", "4sb·E", 4.0 * tokens * double(m.experts) / rep, kMlp);
-    add("dispatched tokens (expert input)", dispatched_label, e * tokens * routed * h * gathered,
-        kMlp);
+    add(lowp ? "dispatched tokens (low-precision)" : "dispatched tokens (expert input)",
+        dispatched_label, q * tokens * routed * h * gathered, kMlp);
     add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep, kMlp);
   };
   // Note [activation inventory], LoRA adapters.
@@ -204,8 +213,15 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   }
   add("LayerNorm 1 input (the layer input)", "2sbh", e * tokens * h / rep, kAttn);
   add("LayerNorm 2 input", "2sbh", e * tokens * h / rep, kMlp);
-  add("QKV input (norm output)", "2sbh", e * tokens * h / rep, kAttn);
-  add("MLA latents and their norms", "2sb·(2r_q + 2r_kv + d_r)", e * tokens * mla_latents, kAttn);
+  if (!lowp)
+    add("QKV input (norm output)", "2sbh", e * tokens * h / rep, kAttn);
+  else if (m.is_mla())  // an unfused norm: q-down and kv-down quantize and save it each
+    add("QKV input (low-precision, q/kv-down)", "2·q·sbh", 2 * q * tokens * h / rep, kAttn);
+  else
+    add("QKV input (low-precision norm output)", "q·sbh", q * tokens * h / rep, kAttn);
+  add("MLA latents and their norms", lowp ? "2sb·(r_q + r_kv + d_r) + q·sb·(r_q + r_kv)"
+                                          : "2sb·(2r_q + 2r_kv + d_r)",
+      e * tokens * mla_latent + q * tokens * (mla_latents - mla_latent), kAttn);
   add("Q", q_label, e * tokens * hq / t, kAttn);
   add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
   if (a.attention == Attention::materialized && a.recompute != Recompute::selective) {
@@ -216,13 +232,26 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   }
   if (a.attention == Attention::flash)
     add("flash softmax log-sum-exp (fp32)", "4·a·s·b /t", 4.0 * heads * tokens / t, kAttn);
-  add("attention output (projection input)", o_label, e * tokens * ho / t, kMlp);
+  // Flash attention keeps its output for its own backward; a low-precision projection saves its
+  // quantized copy beside it (materialised attention keeps none: the copy alone).
+  const bool flash = a.attention == Attention::flash;
+  if (!lowp || flash)
+    add("attention output (projection input)", o_label, e * tokens * ho / t, kMlp);
+  if (lowp)
+    add("projection input (low-precision copy)", own_widths ? "q·sb·a·d_v /t" : "q·sbh /t",
+        q * tokens * ho / t, kMlp);
   add("projection dropout mask", "sbh", mask * tokens * h / rep, kMlp);
-  add("MLP input (norm output)", "2sbh", e * tokens * h / rep, kMlp);
+  if (!lowp || moe) add("MLP input (norm output)", "2sbh", e * tokens * h / rep, kMlp);
+  if (lowp && (!moe || m.shared_experts > 0))
+    add(moe ? "shared experts' input (low-precision copy)"
+            : "MLP input (low-precision norm output)",
+        "q·sbh", q * tokens * h / rep, kMlp);
   if (m.mlp == MlpKind::gelu)
-    add("MLP hidden: GeLU input + W2 input", "2·2sbf /t", 2 * e * tokens * f / t, kMlp);
+    add("MLP hidden: GeLU input + W2 input", lowp ? "(2 + q)·sbf /t" : "2·2sbf /t",
+        (e + q) * tokens * f / t, kMlp);
   else  // fused SwiGLU (Megatron bias_swiglu): gate and up outputs, and the down-projection input
-    add("MLP hidden: gate, up, down input (SwiGLU)", "3·2sbf /t", 3 * e * tokens * f / t, kMlp);
+    add("MLP hidden: gate, up, down input (SwiGLU)", lowp ? "(2·2 + q)·sbf /t" : "3·2sbf /t",
+        (2 * e + q) * tokens * f / t, kMlp);
   moe_terms();
   add("MLP dropout mask", "sbh", mask * tokens * h / rep, kMlp);
   lora_terms();
@@ -411,6 +440,9 @@ std::string ActivationResult::convention() const {
   c += " | micro-batch " + std::to_string(a.micro_batch) + " seq " + std::to_string(a.seq);
   if (a.capacity_factor != 1.0) c += " | MoE capacity factor " + format_number(a.capacity_factor);
   c += a.eager_loss ? " | eager fp32 loss (12sbV/t)" : " | fused loss (4sbV/t)";
+  if (a.linear_input_bytes > 0)
+    c += " | low-precision linears' saved inputs at q = " + format_number(a.linear_input_bytes) +
+         " B per element (Transformer Engine), the rest bf16";
   return c;
 }
 

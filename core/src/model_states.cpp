@@ -1,5 +1,6 @@
 #include "tally/core/model_states.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -18,6 +19,10 @@ void StateSetup::validate() const {
                        ": must divide the data-parallel degree x tp = " +
                        std::to_string(shard_degree) + " x " + std::to_string(tp) +
                        " (the expert ranks are a regrouping of the TP x DP ranks)");
+  if (!(std::isfinite(scaled_gemms) && scaled_gemms >= 0))
+    throw InvalidInput("scaled GEMMs = " + format_number(scaled_gemms) + ": must be >= 0");
+  if (amax_history < 1)
+    throw InvalidInput("--amax-history = " + std::to_string(amax_history) + ": must be >= 1");
   if (!(gemm_weight_share >= 0 && gemm_weight_share <= 1))
     throw InvalidInput("gemm weight share = " + format_number(gemm_weight_share) +
                        ": must be in [0, 1]");
@@ -68,6 +73,9 @@ ModelStateResult model_states(double n_params, const StateSetup& setup) {
   r.bytes.v = shard(r.per_param.v, s >= 1);
   r.bytes.master = shard(r.per_param.master, s >= 1);
   r.bytes.low_precision = shard(r.per_param.low_precision, s >= 3) * setup.gemm_weight_share;
+  if (setup.precision == Precision::fp8)
+    r.bytes.scaling_metadata =
+        setup.scaled_gemms * delayed_scaling_bytes_per_gemm(setup.amax_history);
   return r;
 }
 
@@ -96,6 +104,10 @@ std::string ModelStateResult::convention() const {
                                                 : "NVFP4 (e4m3 scale per 16)") +
          " copies of the linear weights, " + format_number(per_param.low_precision) +
          " B each";
+  if (setup.precision == Precision::fp8 && setup.scaled_gemms > 0)  // 0: not asked, not named
+    c += " | delayed-scaling metadata: " + format_number(setup.scaled_gemms) +
+         " GEMMs x 5 tensors x fp32 (amax history " + std::to_string(setup.amax_history) +
+         " + scale)";
   c += " | ";
   if (setup.zero_stage == 0)
     c += "no sharding (ZeRO-0)";

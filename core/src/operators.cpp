@@ -385,6 +385,17 @@ std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s) {
   return ops;
 }
 
+double low_precision_gemms(const ModelSpec& m, double layers, int ep) {
+  require_real(std::isfinite(layers) && layers >= 0, "layers", layers, "must be >= 0");
+  require_int(ep >= 1, "ep", ep, "must be >= 1");
+  if (m.params_only) return 0.0;
+  const double attention = m.is_mla() ? 5.0 - (m.q_lora_rank ? 0.0 : 1.0) : 2.0;
+  if (!m.is_moe()) return layers * (attention + 2.0);
+  const double moe = attention + 2.0 * double(m.experts / ep) + (m.shared_experts > 0 ? 2.0 : 0.0);
+  const double dense = double(m.dense_layers);
+  return layers * (dense * (attention + 2.0) + (double(m.layers) - dense) * moe) / double(m.layers);
+}
+
 double optimizer_update_bytes(Precision p, Optimizer o) {
   const StateItems b = state_bytes_per_param(p, o);
   // Read the gradient, m, v and the weights it updates (master if kept, else the parameters);

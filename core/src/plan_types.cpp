@@ -165,6 +165,7 @@ void PlanRequest::validate() const {
   if (!(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64))
     throw InvalidInput("--capacity-factor = " + format_number(capacity_factor) +
                        ": must be in [1, 64]");
+  require_int(amax_history >= 1, "--amax-history", amax_history, "must be >= 1 entry");
   require_int(max_route_nodes >= 0, "--max-route-nodes", max_route_nodes,
               "must be >= 0 (0 = no node limit)");
   require_int(max_route_nodes == 0 || model.is_moe(), "--max-route-nodes", max_route_nodes,

@@ -284,13 +284,26 @@ double params_per_gpu(const Prepared& P, const Layout& L) {
 // Memory of a layout; returns total bytes and fills the memory fields of `e`.
 // The GPU's model states: the heaviest stage's parameters split by TP, sharded by ZeRO over dp·cp,
 // the routed experts split over ep and sharded over dp·cp/ep (core/model_states.hpp).
+// The layers of the layout's fullest pipeline stage.
+int busiest_stage_layers(const Layout& L, int model_layers) {
+  int busiest = 0;
+  for (int s = 0; s < L.pp; ++s) busiest = std::max(busiest, L.layers_on_stage(model_layers, s));
+  return busiest;
+}
+
 ModelStateResult states_of(const Prepared& P, const Layout& L) {
   const PlanRequest& r = *P.req;
+  // fp8 delayed scaling: the metadata of the fullest stage's GEMMs (Note [low precision]).
+  const double gemms =
+      r.precision == Precision::fp8
+          ? low_precision_gemms(r.model, busiest_stage_layers(L, int(r.model.layers)), L.ep)
+          : 0.0;
   return model_states(params_per_gpu(P, L),
                       StateSetup{.precision = r.precision, .optimizer = r.optimizer,
                                  .zero_stage = L.zero, .shard_degree = L.dp * L.cp, .ep = L.ep,
                                  .tp = L.tp, .etp = L.etp, .expert_share = P.expert_share,
-                                 .gemm_weight_share = P.gemm_weight_share});
+                                 .gemm_weight_share = P.gemm_weight_share,
+                                 .scaled_gemms = gemms, .amax_history = r.amax_history});
 }
 
 void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
@@ -298,22 +311,20 @@ void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
   const ModelStateResult states = states_of(P, L);
   const double n_gpu = states.local_params;
   e.states = states.bytes;
+  e.scaled_gemms = states.setup.scaled_gemms;
   e.activation_bytes = activation_peak_bytes_unchecked(
       r.model, ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
                                .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
                                .interleave = L.interleave, .micro_batches = int(L.grad_accum),
                                .recompute = L.recompute, .attention = L.attention,
                                .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
+                               .linear_input_bytes = saved_linear_input_bytes(r.precision),
                                .etp = L.etp, .capacity_factor = r.capacity_factor,
                                .eager_loss = r.eager_loss,
                                .first_stage_layers = L.first_stage_layers,
                                .last_stage_layers = L.last_stage_layers,
                                .stage_layer_list = L.stage_layer_list.get()});
-  std::int64_t stage_layers_max = r.model.layers / L.pp;
-  if (L.uneven_stages())
-    for (int s = 0; s < L.pp; ++s)
-      stage_layers_max = std::max<std::int64_t>(stage_layers_max,
-                                                L.layers_on_stage(int(r.model.layers), s));
+  const std::int64_t stage_layers_max = busiest_stage_layers(L, int(r.model.layers));
   const FitCheck fit = check_fit(e.states.total(), e.activation_bytes,
                                  buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes, L.pp),
                                  r.memory_budget());
@@ -373,8 +384,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   auto layers_on = [&](int s) {
     return L.layers_on_stage(model_layers, s);
   };
-  int busiest = 0;
-  for (int s = 0; s < L.pp; ++s) busiest = std::max(busiest, layers_on(s));
+  const int busiest = busiest_stage_layers(L, model_layers);
   const auto traffic = step_traffic(StepTrafficSetup{
       .params = P.n_state, .param_bytes = P.param_bytes, .grad_bytes = P.param_bytes,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
@@ -693,7 +703,14 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
   res.convention = (is_low_precision(r.precision)
                         ? "bf16 mixed, " + std::string(to_string(r.precision)) +
                               " linear GEMMs (attention, router, LM head bf16; MFU against the "
-                              "GPU's " + std::string(to_string(r.precision)) + " peak)"
+                              "GPU's " + std::string(to_string(r.precision)) + " peak; their " +
+                              "saved inputs " +
+                              format_number(saved_linear_input_bytes(r.precision)) +
+                              " B per element" +
+                              (r.precision == Precision::fp8
+                                   ? ", amax history " + std::to_string(r.amax_history)
+                                   : std::string()) +
+                              ")"
                         : std::string(to_string(r.precision)) +
                               (r.precision == Precision::fp32 ? "" : " mixed")) +
                    " | " + std::string(to_string(r.optimizer)) + " | memory held: allocated × " +

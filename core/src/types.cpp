@@ -128,6 +128,20 @@ double low_precision_copy_bytes(Precision p) {
   }
 }
 
+double saved_linear_input_bytes(Precision p) {
+  switch (p) {
+    case Precision::fp8: return 1.0;                // e4m3 (per-tensor scale: not counted)
+    case Precision::mxfp8: return 1.0 + 1.0 / 32;   // column-wise data, an e8m0 scale per 32
+    case Precision::nvfp4: return 0.5 + 1.0 / 16;   // column-wise e2m1, an e4m3 scale per 16
+    default: return 0.0;
+  }
+}
+
+double delayed_scaling_bytes_per_gemm(int amax_history) {
+  require_int(amax_history >= 1, "--amax-history", amax_history, "must be >= 1 entry");
+  return 5.0 * 4.0 * (double(amax_history) + 1.0);
+}
+
 double parse_count(std::string_view text, std::string_view field) {
   auto fail = [&](const char* why) -> double {
     throw InvalidInput(std::string(field) + " = '" + std::string(text) + "': " + why +

@@ -16,28 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "../support/subprocess.hpp"
+#include "run_tally.hpp"
 
 namespace {
 
-struct Run {
-  int rc = -1;
-  std::string out, err;
-};
-
-// Runs tally with `args` (shell words, through /bin/sh), capturing stdout and stderr separately,
-// with a deadline (tests/support/subprocess.hpp: a hung tally fails the test instead of hanging it).
-Run tally(const std::string& args) {
-  const auto ran =
-      tally::subprocess::run_command({"/bin/sh", "-c", std::string(TALLY_BIN) + " " + args}, 50);
-  EXPECT_FALSE(ran.killed_at_limit) << "tally " << args << ": still running after 50 s";
-  return Run{.rc = ran.exit_code, .out = ran.out, .err = ran.err};
-}
-
-nlohmann::json json_of(const Run& r) {
-  EXPECT_EQ(r.rc, 0) << r.err;
-  return nlohmann::json::parse(r.out);
-}
+using tally::cli_test::json_of;
+using tally::cli_test::Run;
+using tally::cli_test::tally;
 
 // Issue 2 contract; seed §A5: ZeRO-2 over 8 ranks, N = 7e9 → 26.25 GB itemized 14/1.75/3.5/3.5/3.5.
 TEST(Cli, MemoryJsonContract) {
@@ -743,126 +728,6 @@ TEST(Cli, MemoryMaxSeq) {
   // States alone too big: a result, not an error.
   const auto none = json_of(tally("memory --model llama-2-70b --gpu a100-40g --max-seq --json"));
   EXPECT_TRUE(none["max_seq"].is_null());
-}
-
-// Expert parallelism on the command line (Note [expert parallelism]). Mixtral 8x7B: 46,702,792,704
-// params, of which the routed experts are 45,097,156,608 (32 layers × 8 × 3·4096·14336); with
-// --dp 8 --ep 4 a GPU holds the other 1,605,636,096 and 2 of the 8 experts; its all-to-alls are 4
-// per layer, 128 calls, each sending 3/4 of 4096 tokens × top-2 × 4096 × 2 B.
-TEST(Cli, ExpertParallelFlags) {
-  const auto mem = json_of(tally("memory --model mixtral-8x7b --dp 8 --ep 4 --zero 1 --json"));
-  EXPECT_NEAR(mem["params_per_gpu"].get<double>(), 1605636096.0 + 45097156608.0 / 4, 1);
-  EXPECT_NE(mem["convention"].get<std::string>().find("EP 4"), std::string::npos);
-  const auto comm = json_of(tally("comm --model mixtral-8x7b --dp 8 --ep 4 --seq 4096 --json"));
-  bool found = false;
-  for (const auto& it : comm["items"])
-    if (it["kind"] == "ep-all-to-all") {
-      found = true;
-      EXPECT_EQ(it["collective"], "all-to-all");
-      EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 128);
-      EXPECT_DOUBLE_EQ(it["bytes_per_call"].get<double>(), 4096.0 * 2 * 4096 * 2 * 3 / 4);
-    }
-  EXPECT_TRUE(found) << comm.dump();
-  const auto cmp = json_of(tally("compare --model mixtral-8x7b --gpu h100-80g --gpus 16 "
-                                 "--global-batch 64 --seq 4096 --ep 8 --zero 1 --micro-batch 1 "
-                                 "--recompute full --alternative double-gpus --json"));
-  EXPECT_EQ(cmp["options"][0]["eval"]["ep"], 8) << cmp.dump();
-  EXPECT_GT(cmp["options"][0]["eval"]["ep_seconds"].get<double>(), 0);
-  const auto plan = json_of(tally("plan --model mixtral-8x7b --gpu h100-80g --gpus 16 "
-                                  "--global-batch 64 --seq 4096 --max-ep 1 --json"));
-  EXPECT_EQ(plan["best"]["ep"], 1) << plan["best"];
-  for (const auto& p : plan["alternatives"]) EXPECT_EQ(p["ep"], 1);
-  // Refused with one line naming --ep: a dense model, EP not dividing the experts or --dp.
-  for (const char* bad : {"memory --model llama-3-8b --dp 2 --ep 2",
-                          "memory --model mixtral-8x7b --dp 16 --ep 16",
-                          "memory --model mixtral-8x7b --dp 6 --ep 4",
-                          "comm --model mixtral-8x7b --dp 6 --ep 4",
-                          "comm --model mixtral-8x7b --dp 8 --ep 4 --capacity-factor 0.5",
-                          "plan --model mixtral-8x7b --gpus 16 --capacity-factor nan"}) {
-    const auto r = tally(bad);
-    EXPECT_EQ(r.rc, 2) << bad;
-    EXPECT_TRUE(r.err.find("--ep") != std::string::npos ||
-                r.err.find("--capacity-factor") != std::string::npos)
-        << bad << ": " << r.err;
-  }
-}
-
-// Expert TP on the command line (Note [expert tensor parallelism]). Mixtral on --tp 2 --sp --dp 8:
-// with --ep 8 --etp 1 a GPU holds half of the 1,605,636,096 other params and one whole expert per
-// layer, 45,097,156,608 / 8; with the default ETP = TP 2 and --ep 4 the pair all-gathers its
-// dispatched copies, 4 calls per layer × 32, each sending 2048 tokens × top-2 × 4096 × 2 B.
-TEST(Cli, ExpertTensorParallelFlags) {
-  const auto mem = json_of(tally("memory --model mixtral-8x7b --tp 2 --sp --dp 8 --ep 8 --etp 1 "
-                                 "--zero 1 --seq 4096 --json"));
-  EXPECT_NEAR(mem["params_per_gpu"].get<double>(), 1605636096.0 / 2 + 45097156608.0 / 8, 1);
-  EXPECT_NE(mem["convention"].get<std::string>().find("ETP 1"), std::string::npos);
-  const auto comm = json_of(tally("comm --model mixtral-8x7b --tp 2 --sp --dp 8 --ep 4 --seq 4096 "
-                                  "--json"));
-  bool found = false;
-  for (const auto& it : comm["items"])
-    if (it["kind"] == "expert-tp") {
-      found = true;
-      EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 128);
-      EXPECT_DOUBLE_EQ(it["bytes_per_call"].get<double>(), 2048.0 * 2 * 4096 * 2);
-      EXPECT_EQ(it["group"], 2);
-    }
-  EXPECT_TRUE(found) << comm.dump();
-  const auto cmp = json_of(tally("compare --model mixtral-8x7b --gpu h100-80g --gpus 16 --tp 2 "
-                                 "--sp --global-batch 64 --seq 4096 --ep 8 --etp 1 --zero 1 "
-                                 "--micro-batch 1 --recompute full --alternative double-gpus "
-                                 "--json"));
-  EXPECT_EQ(cmp["options"][0]["eval"]["etp"], 1) << cmp.dump();
-  const auto plan = json_of(tally("plan --model mixtral-8x7b --gpu h100-80g --gpus 16 "
-                                  "--global-batch 64 --seq 4096 --etp tp --json"));
-  EXPECT_EQ(plan["best"]["etp"], plan["best"]["tp"]) << plan["best"];
-  for (const auto& p : plan["alternatives"]) EXPECT_EQ(p["etp"], p["tp"]);
-  // Refused with one line naming --etp: ETP other than TP without SP, an ETP not dividing the
-  // experts' width, a dense model, a plan value other than tp, 1 or any.
-  for (const char* bad : {"memory --model mixtral-8x7b --tp 2 --dp 8 --ep 8 --etp 1 --seq 4096",
-                          "comm --model mixtral-8x7b --tp 2 --sp --dp 8 --etp 3",
-                          "memory --model llama-3-8b --tp 2 --sp --etp 1 --seq 4096",
-                          "plan --model mixtral-8x7b --gpus 16 --etp 2"}) {
-    const auto r = tally(bad);
-    EXPECT_EQ(r.rc, 2) << bad;
-    EXPECT_NE(r.err.find("--etp"), std::string::npos) << bad << ": " << r.err;
-  }
-}
-
-// Node-limited routing on the command line (DeepSeek-V3 §2.1.2: each token to at most 4 nodes).
-// DeepSeek-V3 on --dp 64 --ep 64 over 8 H100 hosts, s 4096: S = 4096 · 8 · 7168 · 2 B per call, 4
-// calls per MoE layer × 58 = 232. Plain, a rank sends 56/64 of S to other hosts; with
-// --max-route-nodes 4 each token crosses once per remote target node, 4·7/8 against 8·7/8 copies:
-// half; and every copy not already on its expert's GPU crosses NVLink once, 7/8 of S.
-TEST(Cli, NodeLimitedRouting) {
-  const double S = 4096.0 * 8 * 7168 * 2;
-  const char* cmd = "comm --model deepseek-v3 --dp 64 --ep 64 --seq 4096 --gpu h100-80g --json";
-  for (const int m : {0, 4}) {
-    const auto j = json_of(tally(std::string(cmd) + " --max-route-nodes " + std::to_string(m)));
-    bool found = false;
-    for (const auto& it : j["items"])
-      if (it["kind"] == "ep-all-to-all") {
-        found = true;
-        EXPECT_EQ(it["nodes"], 8);
-        EXPECT_EQ(it["max_route_nodes"], m);
-        EXPECT_DOUBLE_EQ(it["calls"].get<double>(), 232);
-        EXPECT_NEAR(it["inter_node_bytes_per_rank"].get<double>(),
-                    232 * S * 56 / 64 * (m == 4 ? 0.5 : 1.0), 1);
-        EXPECT_NEAR(it["intra_node_bytes_per_rank"].get<double>(),
-                    232 * S * (m == 4 ? 7.0 / 8 : 7.0 / 64), 1);
-      }
-    EXPECT_TRUE(found) << j.dump();
-  }
-  const auto plan = json_of(tally("plan --model deepseek-v3 --gpus 1024 --gpu h100-80g "
-                                  "--global-batch 8192 --seq 4096 --max-pp 1 --max-cp 1 "
-                                  "--max-route-nodes 4 --json"));
-  EXPECT_NE(plan["convention"].get<std::string>().find("at most 4 nodes"), std::string::npos);
-  for (const char* bad : {"comm --model llama-3-8b --dp 8 --max-route-nodes 4",
-                          "plan --model llama-3-8b --gpus 8 --max-route-nodes 4",
-                          "comm --model deepseek-v3 --dp 8 --ep 8 --max-route-nodes -1"}) {
-    const auto r = tally(bad);
-    EXPECT_EQ(r.rc, 2) << bad;
-    EXPECT_NE(r.err.find("--max-route-nodes"), std::string::npos) << bad << ": " << r.err;
-  }
 }
 
 // `tally plan --method lora|qlora` (core/finetune_plan.hpp): the seed's QLoRA 7B on a 40 GB card.

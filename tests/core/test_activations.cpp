@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "tally/core/presets.hpp"
 
 namespace tally {
@@ -213,6 +215,64 @@ TEST(Activations, DispatchedTokensAsTheExpertTpGroupGathersThem) {
   EXPECT_DOUBLE_EQ(term_bytes(no_sp, "dispatched tokens (expert input)"), 4096.0 * 8 * 7168 * 2);
   EXPECT_NE(one.convention().find("ETP 1"), std::string::npos) << one.convention();
   EXPECT_THROW(activations(m, {.seq = 4096, .tp = 2, .etp = 1}), InvalidInput);  // needs SP
+}
+
+// Note [activation inventory], low precision (Transformer Engine v2.8 saves each low-precision
+// linear's input quantized; Megatron-Core's TE layer spec fuses the norms into qkv and fc1). A
+// Llama 3 8B layer (h 4096, f 14336), flash, no dropout, per token: bf16 keeps the QKV input 2h,
+// the attention output 2h, the MLP input 2h and SwiGLU's 3 · 2f. Under a recipe with q bytes per
+// saved input: the QKV and MLP inputs q·h each (the norm outputs exist only quantized), the
+// attention output 2h for flash plus the projection's q·h copy, and gate, up 2 · 2f plus the
+// down projection's q·f — so bf16 − recipe = 2(2 − q)h − q·h + (2 − q)f: h + f at fp8 (q = 1).
+TEST(Activations, LowPrecisionRecipesSaveQuantizedLinearInputs) {
+  const ModelSpec m = *model_preset("llama-3-8b");
+  const double T = 4096, h = 4096, f = 14336;
+  const ActivationSetup bf16{.seq = 4096, .dropout = false};
+  const double base = activations(m, bf16).per_layer_bytes;
+  for (const auto& [p, q] : {std::pair{Precision::fp8, 1.0},
+                             std::pair{Precision::mxfp8, 1.0 + 1.0 / 32},
+                             std::pair{Precision::nvfp4, 0.5 + 1.0 / 16}}) {
+    ActivationSetup a = bf16;
+    a.linear_input_bytes = saved_linear_input_bytes(p);
+    const ActivationResult r = activations(m, a);
+    EXPECT_DOUBLE_EQ(base - r.per_layer_bytes, T * (2 * (2 - q) * h - q * h + (2 - q) * f))
+        << to_string(p);
+    EXPECT_DOUBLE_EQ(term_bytes(r, "projection input (low-precision copy)"), T * q * h);
+    EXPECT_NE(r.convention().find("saved inputs at q"), std::string::npos);
+  }
+  // Materialised attention keeps no bf16 output, only the projection's fp8 copy: the attention
+  // output saves h more, 3h + f in all.
+  ActivationSetup mat = bf16;
+  mat.attention = Attention::materialized;
+  const double mat_bf16 = activations(m, mat).per_layer_bytes;
+  mat.linear_input_bytes = 1;
+  EXPECT_DOUBLE_EQ(mat_bf16 - activations(m, mat).per_layer_bytes, T * (3 * h + f));
+  // Full recompute keeps the bf16 layer input; only the replayed layer's transient shrinks.
+  ActivationSetup full = bf16;
+  full.recompute = Recompute::full;
+  const ActivationResult fb = activations(m, full);
+  full.linear_input_bytes = 1;
+  const ActivationResult f8 = activations(m, full);
+  EXPECT_DOUBLE_EQ(fb.per_layer_bytes, f8.per_layer_bytes);
+  EXPECT_DOUBLE_EQ(fb.recompute_transient_bytes - f8.recompute_transient_bytes, T * (h + f));
+}
+
+// A DeepSeek-V3 MoE layer under fp8 (q = 1), flash, no dropout, per token (compare
+// DeepSeekV3MoeLayerByHand): MLA's unfused input norm feeds q-down and kv-down, each saving its fp8
+// copy, 2·1·h; the latents stay bf16 (1536 + 512 + 64) and their fused norms' outputs are fp8 (1536
+// + 512); the attention output 128·128 bf16 plus its fp8 copy; the MoE layer's MLP input stays bf16
+// for the router, the shared expert adding its fp8 copy h; SwiGLU's gate and up bf16 and the down
+// input fp8, (2·2 + 1)·9·2048; the router's fp32 probabilities; the 8 dispatched copies fp8, 8h;
+// the 8 expert outputs bf16.
+TEST(Activations, DeepSeekV3MoeLayerInFp8ByHand) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  const ActivationSetup a{.seq = 4096, .dropout = false, .linear_input_bytes = 1};
+  const double T = 4096, h = 7168, e = 2;
+  const double per_token = e * 2 * h + 2 * h + e * (1536 + 512 + 64) + (1536 + 512) +
+                           e * 128 * 192 + e * 128 * (192 + 128) + 4.0 * 128 + e * 128 * 128 +
+                           128 * 128 + e * h + h + (2 * e + 1) * 9 * 2048.0 + 4.0 * 256 + 8 * h +
+                           e * 8 * h;
+  EXPECT_DOUBLE_EQ(activations(m, a).per_layer_bytes, T * per_token);
 }
 
 TEST(Activations, GqaShrinksKeyValueTerm) {

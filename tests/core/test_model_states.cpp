@@ -241,5 +241,30 @@ TEST(ModelStates, LowPrecisionRecipesAddWeightCopies) {
   EXPECT_NE(model_states(7e9, nv).convention().find("NVFP4"), std::string::npos);
 }
 
+// fp8 delayed scaling's metadata (Note [low precision]): Llama 3 8B's 32 layers × 4 linear GEMMs =
+// 128 GEMMs, each 5 fp32 amax histories of 1024 entries and 5 fp32 scales: 128 · 20,500 B; with
+// Megatron-Core's history of 1, 128 · 40 B. Module buffers: ZeRO-3 does not shard them; MXFP8 and
+// NVFP4 (block scales, no history) keep none.
+TEST(ModelStates, DelayedScalingKeepsAmaxHistories) {
+  StateSetup s{.precision = Precision::fp8, .gemm_weight_share = 0.87, .scaled_gemms = 128};
+  const auto r = model_states(8e9, s);
+  EXPECT_DOUBLE_EQ(r.bytes.scaling_metadata, 128 * 20500.0);
+  EXPECT_DOUBLE_EQ(r.bytes.total() - r.bytes.scaling_metadata,
+                   model_states(8e9, StateSetup{.precision = Precision::fp8,
+                                                .gemm_weight_share = 0.87})
+                       .bytes.total());
+  EXPECT_NE(r.convention().find("amax history 1024"), std::string::npos) << r.convention();
+  s.amax_history = 1;
+  EXPECT_DOUBLE_EQ(model_states(8e9, s).bytes.scaling_metadata, 128 * 40.0);
+  s.zero_stage = 3;
+  s.shard_degree = 8;
+  EXPECT_DOUBLE_EQ(model_states(8e9, s).bytes.scaling_metadata, 128 * 40.0);
+  s.precision = Precision::mxfp8;
+  EXPECT_EQ(model_states(8e9, s).bytes.scaling_metadata, 0.0);
+  s.precision = Precision::fp8;
+  s.amax_history = 0;
+  EXPECT_THROW(model_states(8e9, s), InvalidInput);
+}
+
 }  // namespace
 }  // namespace tally

@@ -322,6 +322,34 @@ TEST(Operators, ExpertTensorParallelismReshapesTheExpertGemms) {
   EXPECT_THROW(layer_ops(m, os), InvalidInput);
 }
 
+// The GEMMs whose fp8 scaling metadata a GPU holds (low_precision_gemms), by hand and against the
+// operator inventory's own forward GEMMs outside the bf16 ones (each weighted by its batch):
+//   Llama 3 8B: qkv, out-proj, gate-up, down = 4 per layer, 128 over 32 layers;
+//   DeepSeek-V3 at EP 64: a MoE layer's q-down, q-up, kv-down, kv-up, out-proj (5), 256/64 = 4
+//   local experts × 2 and the shared expert's 2 = 15 (router in bf16); a dense layer 5 + 2 = 7;
+//   3 dense and 58 MoE layers: 3·7 + 58·15 = 891.
+TEST(Operators, LowPrecisionGemmsPerGpu) {
+  EXPECT_DOUBLE_EQ(low_precision_gemms(*model_preset("llama-3-8b"), 32, 1), 128);
+  const ModelSpec ds = *model_preset("deepseek-v3");
+  EXPECT_DOUBLE_EQ(low_precision_gemms(ds, 61, 64), 891);
+  auto counted = [](const std::vector<Op>& ops) {
+    double n = 0;
+    for (const Op& op : ops)
+      if (op.pass == Pass::forward && op.kind == OpKind::gemm && !op.high_precision) n += op.batch;
+    return n;
+  };
+  OperatorSetup os{.seq = 128, .ep = 64};
+  const double moe = counted(layer_ops(ds, os));
+  os.dense_layer = true;
+  const double dense = counted(layer_ops(ds, os));
+  EXPECT_DOUBLE_EQ(moe, 15);
+  EXPECT_DOUBLE_EQ(dense, 7);
+  const ModelSpec mixtral = *model_preset("mixtral-8x7b");
+  EXPECT_DOUBLE_EQ(low_precision_gemms(mixtral, 1, 2),
+                   counted(layer_ops(mixtral, OperatorSetup{.seq = 128, .ep = 2})));
+  EXPECT_DOUBLE_EQ(low_precision_gemms(mixtral, 1, 2), 2 + 2 * 4);
+}
+
 // Note [low precision]: under an fp8 recipe the linear GEMMs run at the GPU's fp8 peak, while the
 // attention core, the router and the LM head stay at the bf16 peak — so on an H100 (fp8 peak twice
 // bf16's) a big MLP GEMM takes half the time (both compute-bound) and the others the same.

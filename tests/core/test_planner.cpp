@@ -747,8 +747,15 @@ TEST(Planner, LowPrecisionRecipes) {
   EXPECT_LT(fp8.step_s, bf16.step_s);
   EXPECT_GT(fp8.step_s, bf16.step_s / 2);  // attention, norms, head and optimizer stay
   EXPECT_GT(fp8.states.low_precision, 0);
-  EXPECT_DOUBLE_EQ(fp8.states.total() - fp8.states.low_precision, bf16.states.total());
-  EXPECT_DOUBLE_EQ(fp8.activation_bytes, bf16.activation_bytes);  // saved in bf16 (not modelled)
+  // Delayed scaling's amax histories: 32 layers × 4 GEMMs × 20,500 B (Note [low precision]).
+  EXPECT_DOUBLE_EQ(fp8.states.scaling_metadata, 128 * 20500.0);
+  EXPECT_DOUBLE_EQ(fp8.scaled_gemms, 128);
+  EXPECT_DOUBLE_EQ(
+      fp8.states.total() - fp8.states.low_precision - fp8.states.scaling_metadata,
+      bf16.states.total());
+  // The linears' saved inputs in fp8: h + f fewer bytes per token and layer (Activations.
+  // LowPrecisionRecipesSaveQuantizedLinearInputs), 8192 tokens × 32 layers, one micro-batch held.
+  EXPECT_DOUBLE_EQ(bf16.activation_bytes - fp8.activation_bytes, 32 * 8192.0 * (4096 + 14336));
   EXPECT_LE(fp8.mfu, 1.0);  // against the fp8 peak
   req.precision = Precision::nvfp4;
   try {

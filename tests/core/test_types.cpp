@@ -134,6 +134,22 @@ TEST(Types, InputChecksNameFieldValueAndRange) {
 // Formats v1.0 §5: an MX block is 32 elements sharing one 8-bit (e8m0) scale; NVFP4 (NVIDIA, "Pretraining
 // LLMs with NVFP4", 2025): 16 e2m1 (4-bit) elements share one e4m3 scale. Transformer Engine keeps a
 // row-wise and a column-wise (transposed) copy of each weight.
+// Note [low precision], Transformer Engine v2.8: a linear's saved input is its column-wise
+// quantized data — e4m3 (1 B), e4m3 with an e8m0 scale per 32 (MX v1.0), e2m1 (4 bits) with an e4m3
+// scale per 16 — and delayed scaling keeps 3 forward + 2 backward tensors per GEMM, each an fp32
+// scale and an fp32 amax history: 5 · 4 · (1024 + 1) = 20,500 B at TE's default length.
+TEST(Types, LowPrecisionSavedInputsAndScalingMetadata) {
+  EXPECT_DOUBLE_EQ(saved_linear_input_bytes(Precision::fp8), 1.0);
+  EXPECT_DOUBLE_EQ(saved_linear_input_bytes(Precision::mxfp8), 1.0 + 1.0 / 32);
+  EXPECT_DOUBLE_EQ(saved_linear_input_bytes(Precision::nvfp4), 4.0 / 8 + 1.0 / 16);
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    EXPECT_EQ(saved_linear_input_bytes(p), 0.0);
+  EXPECT_EQ(kTeAmaxHistory, 1024);
+  EXPECT_DOUBLE_EQ(delayed_scaling_bytes_per_gemm(1024), 20500);
+  EXPECT_DOUBLE_EQ(delayed_scaling_bytes_per_gemm(1), 40);  // Megatron-Core's default length
+  EXPECT_THROW(delayed_scaling_bytes_per_gemm(0), InvalidInput);
+}
+
 TEST(Types, LowPrecisionCopiesPerWeight) {
   EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::fp8), 1.0 + 1.0);
   EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::mxfp8), 2 * (1.0 + 1.0 / 32));

@@ -45,6 +45,21 @@
 //                    tensor parallelism], parallel_groups.hpp; Megatron-Core's dispatcher
 //                    all-gathers them before the TE grouped GEMM, which saves what it is given)
 //                    — 2sb·E_act·c_f·h at e_t = t.
+//   low precision:   under an fp8 / MXFP8 / NVFP4 recipe (types.hpp Note [low precision]) each of
+//                    Transformer Engine's low-precision linears saves its input for the weight
+//                    gradient in the format, q bytes per element, while a tensor another kernel
+//                    saves stays bf16 beside it (Megatron-Core's TE layer spec, core_v0.14.0
+//                    gpt_layer_specs.py): the QKV input (a fused LayerNorm-linear's output, q·sbh;
+//                    MLA's unfused norm feeds q-down and kv-down, 2·q·sbh) and a dense MLP's input
+//                    (fused, q·sbh) are saved only quantized; a MoE layer's MLP input stays bf16
+//                    for the router, shared experts adding their q·sbh copy; the down projection's
+//                    input, q·sbf (gate and up stay bf16 for the activation's backward); the
+//                    dispatched tokens, q per element; MLA's latent norms' outputs,
+//                    q·sb(r_q + r_kv);
+//                    with flash attention the attention output stays bf16 for its backward and the
+//                    projection adds a q copy (materialised: the q copy only). Selective and full
+//                    recompute follow; save-matmuls and op-sac (PyTorch's checkpointing, outside
+//                    TE) keep their bf16 figures.
 //   LoRA adapters:   (fine-tuning, core/finetune.hpp; PEFT's LoraLayer: B(A(dropout(x)))·α/r)
 //                    per adapted matrix the rank-r output of A, B's input, 2sb·r; with
 //                    lora_dropout > 0 the dropout makes A a new input, 2sb·d_in, and keeps its
@@ -113,6 +128,10 @@ struct ActivationSetup {
   Attention attention = Attention::flash;
   bool dropout = true;           // Korthikanti keeps dropout masks; Llama-style training has none
   double act_bytes = 2.0;        // bytes per activation element (bf16/fp16 = 2, fp32 = 4)
+  // q: bytes per element of the inputs a low-precision recipe's linears save for their weight
+  // gradient (saved_linear_input_bytes: fp8 1, mxfp8 1.03125, nvfp4 0.5625); 0 = no such recipe.
+  // Note [activation inventory], low precision.
+  double linear_input_bytes = 0;
   // Expert TP e_t (0 = tp): how many ranks' dispatched tokens an expert rank gathers (Note [expert
   // tensor parallelism]).
   int etp = 0;

@@ -10,7 +10,9 @@
 //   SGD                  p     p    0    0   0|4           momentum adds m = 4 (fp32)
 //   fp8 / mxfp8 / nvfp4 recipes (types.hpp Note [low precision]): bf16 mixed Adam plus the linear
 //   weights' low-precision copies, 2, 2.0625 and 1.125 B per weight (the `low_precision` item,
-//   on gemm_weight_share of the parameters; sharded with the parameters under ZeRO-3).
+//   on gemm_weight_share of the parameters; sharded with the parameters under ZeRO-3); fp8's
+//   delayed scaling also keeps per GEMM 5 fp32 amax histories and scales (`scaling_metadata`,
+//   delayed_scaling_bytes_per_gemm × the GPU's GEMMs; module buffers, never sharded).
 // ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
 // Expert parallelism over ep ranks with expert TP e_t (Note [expert parallelism],
 // core/src/comm.cpp; Note [expert rank groups], parallel_groups.hpp; Megatron-Core): the routed
@@ -39,6 +41,11 @@ struct StateSetup {
   // Share of the parameters that are transformer-layer linear weights, which a low-precision
   // recipe copies into its format (gemm_weight_share); 1 when the model is known only by size.
   double gemm_weight_share = 1;
+  // fp8 delayed scaling: the GEMMs whose scaling metadata this GPU holds (low_precision_gemms,
+  // operators.hpp; 0 = not counted and not named, e.g. a model known only by size, or the fp8
+  // run's per-tensor current scaling, which keeps no history) and TE's amax history length.
+  double scaled_gemms = 0;
+  int amax_history = kTeAmaxHistory;
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // k·t/(e_t·ep): the ranks over which ZeRO shards the routed experts.
   int expert_shard_degree() const { return shard_degree * tp / (expert_tp() * ep); }
@@ -49,7 +56,10 @@ struct StateSetup {
 struct StateItems {
   double params = 0, grads = 0, m = 0, v = 0, master = 0;
   double low_precision = 0;  // fp8 / mxfp8 / nvfp4 weight copies (Note [low precision])
-  double total() const { return params + grads + m + v + master + low_precision; }
+  double scaling_metadata = 0;  // fp8 delayed scaling's amax histories and scales (per GPU only)
+  double total() const {
+    return params + grads + m + v + master + low_precision + scaling_metadata;
+  }
 };
 
 struct ModelStateResult {

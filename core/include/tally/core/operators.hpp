@@ -137,6 +137,14 @@ std::vector<Op> embedding_ops(const ModelSpec& m, const OperatorSetup& s);
 // Last pipeline stage's extra kernels (final norm, LM head, cross-entropy), one micro-batch.
 std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s);
 
+// The low-precision GEMMs (the linear layers' forward GEMMs a recipe runs in its format, each a TE
+// module's GEMM with its own scaling metadata: Note [low precision]) of `layers` transformer layers
+// on one GPU, a MoE model's dense leading layers weighed in by their share of the layers: per layer
+// attention's projections (qkv and out; MLA's q-down, q-up or q, kv-down, kv-up, out), the MLP's 2
+// (gate-up fused, down), a MoE layer's E/ep local experts × 2 and its shared experts' 2 — not the
+// router. The count of layer_ops' forward GEMMs outside the bf16 ones, each weighted by its batch.
+double low_precision_gemms(const ModelSpec& m, double layers, int ep);
+
 // Bytes the optimizer step moves per parameter it updates (read + write; see the note above).
 double optimizer_update_bytes(Precision p, Optimizer o);
 

@@ -112,6 +112,8 @@ struct PlanRequest {
   // Node-limited routing (Note [node-limited routing] in comm.cpp; DeepSeek-V3 §2.1.2, M = 4): a
   // token's routed copies reach at most this many NVLink domains, sent once to each; 0 = no limit.
   int max_route_nodes = 0;
+  // fp8 delayed scaling's amax history per tensor (Note [low precision]: TE's default 1024).
+  int amax_history = kTeAmaxHistory;
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;
@@ -217,6 +219,7 @@ struct PlanEval {
   Layout layout;
   // memory, bytes per GPU
   StateItems states;
+  double scaled_gemms = 0;               // fp8: the GEMMs whose delayed-scaling metadata it holds
   double activation_bytes = 0;
   double buffer_bytes = 0;
   double allocated_bytes = 0;            // states + activations + buffers

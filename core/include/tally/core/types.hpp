@@ -53,7 +53,20 @@ class InvalidInput : public std::invalid_argument {
 //          2 · (1 + 1/32) B per weight
 //   nvfp4  NVIDIA NVFP4 (TE NVFP4BlockScaling, Blackwell): e2m1 elements, one e4m3 scale per 16
 //          and an fp32 scale per tensor, row-wise and column-wise, 2 · (0.5 + 1/16) B per weight
-// Per-tensor scales and amax histories are a few bytes per tensor: not counted.
+// Per-tensor scales are a few bytes per tensor: not counted. Two more stores, each labelled in
+// its ledger's convention (Transformer Engine v2.8, commit 40c69e7):
+//   saved inputs  each low-precision linear saves its input for the weight gradient in the format
+//                 (module/linear.py, layernorm_linear.py, grouped_linear.py: the quantized input,
+//                 column-wise data only — row-wise for per-tensor fp8 under SP's gather — kept by
+//                 save_for_backward), saved_linear_input_bytes per element: 1, 1 + 1/32 and
+//                 0.5 + 1/16 B; what other kernels save of the same tensor stays bf16 (the
+//                 activation ledger, Note [activation inventory])
+//   amax history  delayed scaling (fp8) keeps, per GEMM, 3 forward tensors (input, weight,
+//                 output) and 2 backward (grad output, grad input) — module/base.py — each with an
+//                 fp32 scale and an fp32 amax history of amax_history_len entries (fp8.py
+//                 DelayedScalingRecipeState; common/recipe DelayedScaling's default 1024;
+//                 Megatron-Core sets it from --fp8-amax-history-len, default 1):
+//                 delayed_scaling_bytes_per_gemm, the state ledger's scaling-metadata item
 enum class Precision { fp32, bf16, fp16, fp8, mxfp8, nvfp4 };
 enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
 // Activation recompute policies, each named after the framework that defines its saved set:
@@ -106,6 +119,14 @@ bool is_low_precision(Precision p);
 Precision compute_precision(Precision p);
 // Bytes per linear weight of its low-precision copies (Note [low precision]); 0 for fp32/bf16/fp16.
 double low_precision_copy_bytes(Precision p);
+// Bytes per element of a low-precision linear's input saved for its weight gradient (Note [low
+// precision]): 1, 1 + 1/32, 0.5 + 1/16 for fp8, mxfp8, nvfp4; 0 for fp32/bf16/fp16.
+double saved_linear_input_bytes(Precision p);
+// TE's DelayedScaling default amax_history_len, and the fp8 scaling metadata of one GEMM:
+// 5 tensors × 4 B × (history + 1) — an fp32 amax history and an fp32 scale each (Note [low
+// precision]).
+inline constexpr int kTeAmaxHistory = 1024;
+double delayed_scaling_bytes_per_gemm(int amax_history);
 
 // Parses a parameter count such as "7e9", "7B", "6.74b", "175B", "350M", "1.5T", "7000000000".
 // Throws InvalidInput naming `field` on anything else or on a non-positive value.
