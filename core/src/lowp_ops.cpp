@@ -126,9 +126,9 @@ void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op
           ((op.name == "norm-1" && !m.is_mla()) || (op.name == "norm-2" && !routed)))
         op.bytes -= (e - q1) * tokens * double(m.hidden);
   }
-  auto push = [&](std::string_view name, Pass pass, double bytes) {
+  auto push = [&](std::string_view name, Pass pass, double bytes, bool weight = false) {
     if (bytes > 0) ops.push_back(Op{.name = name, .kind = OpKind::memory, .pass = pass,
-                                    .bytes = bytes});
+                                    .bytes = bytes, .weight_cast = weight});
   };
   for (std::size_t i = 0, n = ops.size(); i < n; ++i) {
     const Op g = ops[i];  // a copy: push_back reallocates
@@ -139,7 +139,7 @@ void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op
     const double M = double(g.m), N = double(g.n), K = double(g.k);
     const QuantizeBytes b = quantize_bytes(s, o, g.batch * M * K, g.batch * K * N, g.batch * M * N);
     push(name.input, g.pass, b.input);  // a replayed GEMM (recompute) casts its operands again
-    push(name.weight, g.pass, b.weight);
+    push(name.weight, g.pass, b.weight, true);
     if (g.pass != Pass::forward) continue;
     push(name.grad, Pass::backward, b.grad);
     push(name.transposes, Pass::backward, b.transposes);
@@ -147,3 +147,12 @@ void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op
 }
 
 }  // namespace tally::detail
+
+namespace tally {
+
+bool weight_casts_cached(const OperatorSetup& s) {
+  return is_low_precision(s.recipe) &&
+         !(s.recipe == Precision::fp8 && s.kernels == Kernels::eager);
+}
+
+}  // namespace tally

@@ -436,6 +436,10 @@ OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
   for (const Op& op : ops) {
     const double s = op_seconds(op, gpu, p);
     t.flops += op.flops;
+    if (op.weight_cast) {
+      t.weight_cast_s += s;
+      if (op.pass == Pass::forward) t.weight_cast_forward_s += s;
+    }
     switch (op.pass) {
       case Pass::forward: t.forward_s += s; break;
       case Pass::backward: t.backward_s += s; break;
@@ -461,6 +465,8 @@ OpsTime mix_layer_times(const ModelSpec& m, const OpsTime& moe_layer, const OpsT
   t.forward_s += w * (d.forward_s - t.forward_s);
   t.backward_s += w * (d.backward_s - t.backward_s);
   t.recompute_s += w * (d.recompute_s - t.recompute_s);
+  t.weight_cast_forward_s += w * (d.weight_cast_forward_s - t.weight_cast_forward_s);
+  t.weight_cast_s += w * (d.weight_cast_s - t.weight_cast_s);
   t.flops += w * (d.flops - t.flops);
   return t;
 }

@@ -82,6 +82,20 @@ struct MicroTimes {
   double embedding_s = 0;       // first stage
   double output_s = 0;          // last stage
   double output_backward_s = 0;
+  // The layer's weight casts (Note [low-precision casts]), counted in the times above: in the
+  // forward, and in all passes; cached = the recipe's kernels cast each weight once per step.
+  double weight_cast_forward_s = 0, weight_cast_s = 0;
+  bool weight_casts_cached = false;
+
+  // One layer's time per micro-batch (all passes, or backward + recompute) when a step runs m
+  // micro-batches: cached weight casts happen once per step, spread over its micro-batches.
+  double layer_per_micro_batch(double m) const {
+    return weight_casts_cached ? layer_s - weight_cast_s + weight_cast_forward_s / m : layer_s;
+  }
+  double backward_per_micro_batch() const {
+    return weight_casts_cached ? layer_backward_s - (weight_cast_s - weight_cast_forward_s)
+                               : layer_backward_s;
+  }
 };
 
 // A hash of a tuple of integers (FNV-1a over the fields), for the per-shape caches below.
@@ -168,7 +182,11 @@ struct Prepared {
                  .layer_backward_s = layer.backward_s + layer.recompute_s,
                  .embedding_s = bt.embedding_s,
                  .output_s = bt.output_s,
-                 .output_backward_s = bt.output_backward_s};
+                 .output_backward_s = bt.output_backward_s,
+                 .weight_cast_forward_s = layer.weight_cast_forward_s,
+                 .weight_cast_s = layer.weight_cast_s,
+                 .weight_casts_cached =
+                     weight_casts_cached(operator_setup(b, tp, sp, cp, rc, att))};
     return micro.emplace(key, t).first->second;
   }
 };
@@ -358,20 +376,27 @@ StageTimes stage_times(const Prepared& P, const Layout& L) {
   }
   const MicroTimes& t =
       P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention, L.ep, L.etp);
-  return StageTimes{.layer_s = t.layer_s, .layer_backward_s = t.layer_backward_s,
+  return StageTimes{.layer_s = t.layer_per_micro_batch(double(L.grad_accum)),
+                    .layer_backward_s = t.backward_per_micro_batch(),
                     .first_extra_s = t.embedding_s, .last_extra_s = t.output_s,
                     .last_extra_backward_s = t.output_backward_s};
 }
 
 // The single-GPU ideal for E: one GPU, the same kernels (or u), no parallelism, B sequences, over G.
+// A MoE layout's experts run the GEMMs its EP gives them (ep micro-batches' tokens per expert, as
+// if one GPU ran the EP group's ranks one after another): token batching is the layout's choice,
+// not a parallel overhead, and an ideal whose experts see one micro-batch's b·s·k/E rows made E
+// exceed 1 (1.52 for DeepSeek-V3 at micro-batch 1, EP 8).
 double ideal_seconds(const Prepared& P, const Layout& L) {
   const PlanRequest& r = *P.req;
   if (r.time_model == TimeModel::utilisation)
     return P.model_flops / (double(r.gpus) * P.peak * P.util);
-  const MicroTimes& one = P.micro_times(L.micro_batch, 1, false, 1, L.recompute, L.attention);
+  const MicroTimes& one =
+      P.micro_times(L.micro_batch, 1, false, 1, L.recompute, L.attention, L.ep, 1);
+  const double micro_batches = double(r.global_batch) / double(L.micro_batch);
   const double single =
-      double(r.global_batch) / double(L.micro_batch) *
-          (double(r.model.layers) * one.layer_s + one.embedding_s + one.output_s) +
+      micro_batches * (double(r.model.layers) * one.layer_per_micro_batch(micro_batches) +
+                       one.embedding_s + one.output_s) +
       roofline_seconds(r.cluster.gpu, 0.0, 1.0,
                        optimizer_update_bytes(r.precision, r.optimizer) * P.n_state);
   return single / double(r.gpus);

@@ -738,5 +738,40 @@ TEST(Operators, QuantizeKernelsAddTheirRooflineTime) {
   EXPECT_DOUBLE_EQ(cast.flops, plain.flops);
 }
 
+// Weight casts are timed apart (OpsTime::weight_cast_*), so the planner can count Transformer
+// Engine's once per step (Note [low-precision casts]: TE caches the quantized weight across a
+// step's micro-batches; torchao's eager fp8 casts in every forward). On the B200 under MXFP8 each
+// of the 4 GEMMs' weights costs mx·k·n bytes at 0.85 of HBM plus one kernel's fixed cost; a full
+// recompute casts them again in the replay.
+TEST(Operators, WeightCastsAreTimedApartAndCachedByTransformerEngine) {
+  const ModelSpec m = *model_preset("llama-3-8b");
+  const GpuSpec b200 = cluster_preset("b200")->gpu;
+  OperatorSetup s{.seq = 4096, .micro_batch = 2, .dropout = false, .recipe = Precision::mxfp8};
+  const double mx = 2 + 2 * (1 + 1.0 / 32);
+  const double bw = b200.memory_bps * 0.85, launch = b200.kernels.kernel_overhead_s;
+  double weights = 0;
+  for (const LinearShape& g : kLlama8bLinears) weights += mx * g.k * g.n / bw + launch;
+  const OpsTime once = time_ops(layer_ops(m, s), b200, Precision::mxfp8);
+  EXPECT_NEAR(once.weight_cast_forward_s, weights, 1e-12);
+  EXPECT_NEAR(once.weight_cast_s, weights, 1e-12);
+  s.recompute = Recompute::full;
+  const OpsTime replayed = time_ops(layer_ops(m, s), b200, Precision::mxfp8);
+  EXPECT_NEAR(replayed.weight_cast_forward_s, weights, 1e-12);
+  EXPECT_NEAR(replayed.weight_cast_s, 2 * weights, 1e-12);
+  EXPECT_DOUBLE_EQ(time_ops(layer_ops(m, OperatorSetup{.seq = 4096, .dropout = false}), b200,
+                            Precision::bf16)
+                       .weight_cast_s,
+                   0.0);
+
+  auto cached = [](Precision p, Kernels k) {
+    return weight_casts_cached(OperatorSetup{.seq = 8, .kernels = k, .recipe = p});
+  };
+  EXPECT_TRUE(cached(Precision::fp8, Kernels::fused));     // TE
+  EXPECT_FALSE(cached(Precision::fp8, Kernels::eager));    // torchao: every forward
+  EXPECT_TRUE(cached(Precision::mxfp8, Kernels::eager));   // TE's kernels either way
+  EXPECT_TRUE(cached(Precision::nvfp4, Kernels::fused));
+  EXPECT_FALSE(cached(Precision::bf16, Kernels::fused));   // nothing to cast
+}
+
 }  // namespace
 }  // namespace tally

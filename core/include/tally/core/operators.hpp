@@ -110,9 +110,12 @@
 // float8_tensor_parallel.py); per-tensor fp8 gathers the row-wise copy only and transposes the
 // gathered m rows (2q₁ each), the block formats gather both copies. The routed experts' tokens
 // arrive by all-to-all: quantized as the GEMM sees them.
-// The weight is cast in every forward (per micro-batch): torchao casts it in each
-// Float8Linear.forward; TE under Megatron-Core caches it across a step's micro-batches
-// (is_first_microbatch), so with m micro-batches TE's weight casts are over-counted m-fold. Not
+// The weight: torchao casts it in every Float8Linear.forward (per micro-batch, and again in a
+// replay); Transformer Engine casts it once per step, since Megatron-Core passes
+// is_first_microbatch and TE's modules reuse the cached quantized weight for the step's other
+// micro-batches and for recompute (module/base.py get_weight_workspace, update_workspace only
+// on the first micro-batch): weight_casts_cached, and the planner counts one cast per step,
+// spread over the step's micro-batches (Op::weight_cast, OpsTime::weight_cast_*). Not
 // counted: scale and amax-history updates (a few bytes per tensor), an FSDP fp8 all-gather
 // (the cast then happens on the shard), the bf16 output of each GEMM (its own bytes).
 // FLOP conventions: executed FLOPs here (causal flash counts half); model FLOPs for MFU stay those of
@@ -146,6 +149,9 @@ struct Op {
   // Runs in the compute dtype even under a low-precision recipe (Note [low precision], types.hpp):
   // the attention core (flash, or materialised scores and context), the router, the LM head.
   bool high_precision = false;
+  // A low-precision weight's quantize kernel (Note [low-precision casts]): once per step where
+  // weight_casts_cached, else in every forward and replay.
+  bool weight_cast = false;
 };
 
 struct OperatorSetup {
@@ -186,6 +192,10 @@ namespace detail {
 // precision.
 void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op>& ops);
 }  // namespace detail
+// Whether the recipe's kernels cast each weight once per step (Transformer Engine: every recipe
+// under fused kernels, and MXFP8 / NVFP4, which are TE's either way) rather than in every forward
+// (torchao's eager fp8). Note [low-precision casts].
+bool weight_casts_cached(const OperatorSetup& s);
 // First pipeline stage's extra kernels (token embedding), one micro-batch.
 std::vector<Op> embedding_ops(const ModelSpec& m, const OperatorSetup& s);
 // Last pipeline stage's extra kernels (final norm, LM head, cross-entropy), one micro-batch.
@@ -208,6 +218,8 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p);
 
 struct OpsTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;
+  // Of those, the weights' quantize kernels (Op::weight_cast): in the forward, and in all passes.
+  double weight_cast_forward_s = 0, weight_cast_s = 0;
   double flops = 0;                  // executed
   double total_s() const { return forward_s + backward_s + recompute_s; }
 };
