@@ -23,6 +23,8 @@
 
 #include "common.hpp"
 #include "host_prediction.hpp"
+#include "html_engine.hpp"
+#include "html_report.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
@@ -45,6 +47,7 @@ struct BenchAllReduceFlags {
   double timeout_s = 60;
   bool json = false;
   std::string calibration_out;
+  std::optional<std::string> html;  // --html FILE, written by rank 0
 };
 
 engine::BenchAllReduceOptions to_options(const BenchAllReduceFlags& f) {
@@ -182,8 +185,9 @@ nlohmann::json fit_json(const engine::AlphaBetaFit& fit) {
           {"note", fit.note}};
 }
 
-void print_json_report(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f,
-                       bool one_host) {
+// The --json object; the --html page is drawn from it too (cli/html_engine.hpp).
+nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f,
+                           bool one_host) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : r.rows)
     rows.push_back({{"algorithm", std::string(engine::to_string(row.algorithm))},
@@ -207,7 +211,7 @@ void print_json_report(const engine::BenchAllReduceResult& r, const BenchAllRedu
                       {"state", std::string(engine::to_string(c.state))},
                       {"line", check_line(c)}});
   const auto ratio = r.ring_over_gloo_busbw();
-  print_json({{"command", "bench allreduce"},
+  return {{"command", "bench allreduce"},
               {"ranks", r.world_size},
               {"single_host", one_host},
               {"dtype", "float32"},
@@ -226,7 +230,7 @@ void print_json_report(const engine::BenchAllReduceResult& r, const BenchAllRedu
               {"ring_over_gloo_busbw", ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr)},
               {"calibration_out",
                f.calibration_out.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.calibration_out)},
-              {"ok", r.ok()}});
+              {"ok", r.ok()}};
 }
 
 void run_bench_allreduce_command(const BenchAllReduceFlags& f) {
@@ -240,6 +244,7 @@ void run_bench_allreduce_command(const BenchAllReduceFlags& f) {
       throw InvalidInput("--calibration-out = '" + f.calibration_out + "': directory " +
                          parent.string() + " does not exist");
   }
+  if (f.html && env.rank == 0) html::check_writable("--html", *f.html);  // before the run
   const engine::BenchAllReduceResult r = engine::run_bench_allreduce(env, options);
   const bool one_host = single_host(env);
   if (env.rank == 0 && !f.calibration_out.empty() && r.ok()) {
@@ -249,8 +254,10 @@ void run_bench_allreduce_command(const BenchAllReduceFlags& f) {
     write_file(f.calibration_out, io::calibration_to_json(c));
   }
   if (env.rank == 0) {
+    const nlohmann::json j = report_json(r, f, one_host);
+    if (f.html) html::write_file("--html", *f.html, html::page(allreduce_page(j)));
     if (f.json)
-      print_json_report(r, f, one_host);
+      print_json(j);
     else
       print_text(r, f, one_host);
     std::cout.flush();
@@ -302,6 +309,9 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
   cmd->add_option("--calibration-out", f->calibration_out,
                   "write the fitted alpha/beta and the measured points as a calibration JSON");
+  cmd->add_option("--html", f->html,
+                  "also write bus bandwidth and time against message size (measured and the "
+                  "fitted alpha/beta) as a self-contained HTML page to FILE (rank 0)");
   cmd->callback([f] { run_bench_allreduce_command(*f); });
 }
 

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "tally/core/types.hpp"
@@ -43,7 +44,11 @@ double nicenum(double x, bool round) {
 
 struct Scale {
   double lo, hi, px0, px1;  // value range → pixel range (px1 may be < px0: the y axis)
-  double at(double v) const { return px0 + (v - lo) / (hi - lo) * (px1 - px0); }
+  bool log = false;         // place log10(v) between log10(lo) and log10(hi)
+  double at(double v) const {
+    if (log) return px0 + std::log10(v / lo) / std::log10(hi / lo) * (px1 - px0);
+    return px0 + (v - lo) / (hi - lo) * (px1 - px0);
+  }
 };
 
 double step_of(const std::vector<double>& t) { return t.size() > 1 ? t[1] - t[0] : 1.0; }
@@ -108,16 +113,18 @@ std::string axis(const Scale& sc, const std::vector<double>& ticks, bool horizon
   const double step = step_of(ticks);
   for (double t : ticks) {
     const double p = sc.at(t);
+    const std::string text = sc.log ? power_of_ten_label(int(std::lround(std::log10(t))))
+                                    : tick_label(t, step);
     if (horizontal)
       s += fmt::format("<line class=\"grid\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/>"
                        "<text x=\"{0}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>",
                        num(p), num(plot_top), num(plot_bottom + 5), num(plot_bottom + 18),
-                       escape(tick_label(t, step)));
+                       escape(text));
     else
       s += fmt::format("<line class=\"grid\" x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\"/>"
                        "<text x=\"{3}\" y=\"{4}\" text-anchor=\"end\">{5}</text>",
                        num(kLeft - 5), num(p), num(kWidth - kRight), num(kLeft - 8), num(p + 4),
-                       escape(tick_label(t, step)));
+                       escape(text));
   }
   if (horizontal)
     s += fmt::format("<text class=\"axis-label\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
@@ -157,13 +164,31 @@ std::string figure(const std::string& id, const std::string& title, const std::s
 }
 
 std::vector<double> ticks_with(double lo, double hi, const std::vector<Guide>& guides, bool vertical,
-                               int n) {
+                               int n, bool log = false) {
   for (const Guide& g : guides)
     if (g.vertical == vertical && std::isfinite(g.value)) {
       lo = std::min(lo, g.value);
       hi = std::max(hi, g.value);
     }
-  return nice_ticks(lo, hi, n);
+  return log ? log_ticks(lo, hi) : nice_ticks(lo, hi, n);
+}
+
+// An axis' data range: its own lo and hi (on a log axis only when > 0) and every point's value.
+struct Range {
+  double lo = INFINITY, hi = -INFINITY;
+  void add(double v, const Axis& a) {
+    if (a.log && !(v > 0))
+      throw InvalidInput("chart axis '" + a.label + "': log scale needs values > 0, got " +
+                         format_number(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+};
+Range start_range(const Axis& a) {
+  Range r;
+  for (double v : {a.lo, a.hi})
+    if (!a.log || v > 0) r.add(v, a);
+  return r;
 }
 
 // "12.5", "-3", "+9.9 %", "4.7e+04": a figure, right-aligned in tables.
@@ -221,6 +246,26 @@ std::string tick_label(double v, double step) {
 
 std::string number(double v, int digits) { return fmt::format("{:.{}g}", v, digits); }
 
+std::vector<double> log_ticks(double lo, double hi) {
+  if (!(lo > 0) || !(hi > 0) || !std::isfinite(lo) || !std::isfinite(hi))
+    throw InvalidInput("chart axis: log range [" + format_number(lo) + ", " + format_number(hi) +
+                       "] needs finite values > 0");
+  if (hi < lo) std::swap(lo, hi);
+  const int first = int(std::floor(std::log10(lo) + 1e-9));
+  const int last = std::max(first + 1, int(std::ceil(std::log10(hi) - 1e-9)));
+  std::vector<double> out;
+  for (int e = first; e <= last; ++e) out.push_back(std::pow(10.0, e));
+  return out;
+}
+
+std::string power_of_ten_label(int e) {
+  static constexpr const char* kSuperscript[] = {"⁰", "¹", "²", "³", "⁴", "⁵", "⁶", "⁷", "⁸", "⁹"};
+  std::string s = "10";
+  if (e < 0) s += "⁻";
+  for (char d : std::to_string(std::abs(e))) s += kSuperscript[d - '0'];
+  return s;
+}
+
 std::string bar_chart(const BarChart& c) {
   double lo = 0, hi = 0;
   for (const auto& row : c.values) {
@@ -277,19 +322,19 @@ std::string bar_chart(const BarChart& c) {
 }
 
 std::string xy_chart(const XYChart& c) {
-  double xlo = c.x.lo, xhi = c.x.hi, ylo = c.y.lo, yhi = c.y.hi;
+  Range xr = start_range(c.x), yr = start_range(c.y);
   for (const auto& se : c.series)
     for (const auto& p : se.points) {
-      xlo = std::min(xlo, p.x);
-      xhi = std::max(xhi, p.x);
-      ylo = std::min(ylo, p.y);
-      yhi = std::max(yhi, p.y);
+      xr.add(p.x, c.x);
+      yr.add(p.y, c.y);
     }
-  const std::vector<double> xt = ticks_with(xlo, xhi, c.guides, true, 8);
-  const std::vector<double> yt = ticks_with(ylo, yhi, c.guides, false, 6);
+  if (xr.lo > xr.hi) xr = {c.x.log ? 1.0 : 0.0, c.x.log ? 10.0 : 1.0};  // nothing to draw
+  if (yr.lo > yr.hi) yr = {c.y.log ? 1.0 : 0.0, c.y.log ? 10.0 : 1.0};
+  const std::vector<double> xt = ticks_with(xr.lo, xr.hi, c.guides, true, 8, c.x.log);
+  const std::vector<double> yt = ticks_with(yr.lo, yr.hi, c.guides, false, 6, c.y.log);
   const double top = kTop, bottom = kXYHeight - kBottom;
-  const Scale sx{xt.front(), xt.back(), kLeft, kWidth - kRight};
-  const Scale sy{yt.front(), yt.back(), bottom, top};
+  const Scale sx{xt.front(), xt.back(), kLeft, kWidth - kRight, c.x.log};
+  const Scale sy{yt.front(), yt.back(), bottom, top, c.y.log};
   std::string s = svg_open(c.id, c.title, kXYHeight);
   std::vector<LegendEntry> le;
   for (std::size_t i = 0; i < c.series.size(); ++i)
@@ -359,6 +404,15 @@ std::string head(const std::string& title, std::string_view extra_css) {
 std::string page(const std::string& title, const std::string& body) {
   return "<!DOCTYPE html>\n<html lang=\"en\"><head>" + head(title) + "</head>\n<body>\n" +
          body + "<script>" + kCountChartsScript + "</script>\n</body></html>\n";
+}
+
+void check_writable(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  std::ofstream f(path, std::ios::binary | std::ios::app);
+  if (!f) throw InvalidInput(flag + ": cannot write '" + path + "': " + std::strerror(errno));
+  f.close();
+  if (!existed) std::filesystem::remove(path, ec);
 }
 
 void write_file(const std::string& flag, const std::string& path, const std::string& content) {

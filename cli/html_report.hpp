@@ -27,9 +27,17 @@ std::string tick_label(double v, double step);
 // A number for a table cell or label: `digits` significant digits (as %g).
 std::string number(double v, int digits = 4);
 
+// The powers of ten covering [lo, hi] (both > 0), at least two: [3e3, 2e5] → 1e3, 1e4, 1e5, 1e6.
+std::vector<double> log_ticks(double lo, double hi);
+// 10^e with a superscript exponent: 3 → "10³", -2 → "10⁻²".
+std::string power_of_ten_label(int e);
+
 struct Axis {
   std::string label;  // with its unit: "memory held per GPU (GB = 1e9 B)"
   double lo = 0, hi = 1;  // data range; the drawn range is the nice ticks around it
+  // Logarithmic (base 10): ticks at the powers of ten around the data, labelled 10ⁿ; every value
+  // on it must be > 0 (InvalidInput otherwise), and lo / hi <= 0 are ignored.
+  bool log = false;
 };
 
 // A reference line across the plot: the usable-memory line, Young's optimum, the bubble target.
@@ -101,5 +109,8 @@ inline constexpr const char* kCountChartsScript =
 // Writes `content` to `path`; a path that cannot be written throws InvalidInput naming the flag:
 //   --html: cannot write 'dir/x.html': No such file or directory
 void write_file(const std::string& flag, const std::string& path, const std::string& content);
+// The same refusal before a long run (`tally run … --html`): opens `path` for appending, throwing
+// what write_file would when it cannot, and removes the empty file it created.
+void check_writable(const std::string& flag, const std::string& path);
 
 }  // namespace tally::cli::html

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common.hpp"
+#include "html_engine.hpp"
+#include "html_report.hpp"
 #include "run_registry.hpp"
 #include "tally/engine/experiments/memory_profile.hpp"
 
@@ -20,6 +23,7 @@ struct ProfileFlags {
   std::string precision = "both";
   bool no_cache = false;
   OutputOptions out;
+  std::optional<std::string> html;  // --html FILE
 };
 
 constexpr const char* kAllocatorConvention =
@@ -152,6 +156,7 @@ nlohmann::json to_json(const engine::MemoryProfileResult& r) {
 }
 
 void run(const ProfileFlags& f) {
+  if (f.html) html::check_writable("--html", *f.html);  // before the run
   std::vector<Precision> precisions;
   if (f.precision == "both")
     precisions = {Precision::fp32, Precision::bf16};
@@ -170,11 +175,11 @@ void run(const ProfileFlags& f) {
       std::fflush(stdout);
     }
   }
-  if (f.out.json) {
-    nlohmann::json runs = nlohmann::json::array();
-    for (const auto& r : results) runs.push_back(to_json(r));
-    print_json({{"command", "run memory-profile"}, {"ok", ok}, {"runs", runs}});
-  }
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& r : results) runs.push_back(to_json(r));
+  const nlohmann::json j = {{"command", "run memory-profile"}, {"ok", ok}, {"runs", runs}};
+  if (f.html) html::write_file("--html", *f.html, html::page(memory_profile_page(j)));
+  if (f.out.json) print_json(j);
   if (!ok) throw std::runtime_error("memory-profile: an acceptance check failed (see the report)");
 }
 
@@ -210,6 +215,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--threads", f->run.threads, "torch intra-op threads (0 = default)")
       ->capture_default_str();
   add_output_flags(cmd, f->out);
+  cmd->add_option("--html", f->html,
+                  "also write allocated bytes after each phase beside the ledgers' prediction as "
+                  "a self-contained HTML page to FILE");
   cmd->callback([f] { run(*f); });
 }};
 

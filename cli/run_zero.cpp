@@ -15,6 +15,8 @@
 
 #include "common.hpp"
 #include "host_prediction.hpp"
+#include "html_engine.hpp"
+#include "html_report.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/bench/harness.hpp"
@@ -56,6 +58,7 @@ struct Flags {
   std::string precision = "fp32";
   bool json = false;
   std::string calibration;
+  std::optional<std::string> html;  // --html FILE, written by rank 0
 };
 
 constexpr const char* kMemoryConvention =
@@ -335,6 +338,7 @@ void run(Flags& f) {
   }
   f.run.precision = precision_from(f.precision);
   const engine::DistEnv env = engine::DistEnv::from_environment();
+  if (f.html && env.rank == 0) html::check_writable("--html", *f.html);  // before a long run
   std::optional<HostModel> model;
   if (!f.calibration.empty()) {
     if (f.run.precision != Precision::fp32)
@@ -346,8 +350,8 @@ void run(Flags& f) {
   const auto checks = engine::zero_checks(r);
   if (r.rank == 0) {
     nlohmann::json j;
-    if (f.json) j = to_json(r, checks);
-    else print_text(r, checks);
+    if (f.json || f.html) j = to_json(r, checks);
+    if (!f.json) print_text(r, checks);
     if (model) {
       if (!f.json) fmt::print("step time (rank 0, median over the {} steps):\n", f.run.steps);
       for (std::size_t i = 0; i < r.stages.size(); ++i) {
@@ -359,14 +363,14 @@ void run(Flags& f) {
                      .optimizer = Optimizer::adam,
                      // --threads 0: libtorch's default, one per hardware thread
                      .threads_per_rank = f.run.threads > 0 ? f.run.threads : host_cores()});
-        if (f.json) {
-          add_prediction_json(j["stages"][i], *model, t, measured);
-        } else {
+        if (f.json || f.html) add_prediction_json(j["stages"][i], *model, t, measured);
+        if (!f.json) {
           fmt::print("  {:<12} measured {:.2f} ms\n  {:<12} {}\n", st.name, measured * 1e3, "",
                      prediction_line(*model, t, measured).substr(2));
         }
       }
     }
+    if (f.html) html::write_file("--html", *f.html, html::page(zero_page(j)));
     if (f.json) std::cout << j.dump() << std::endl;  // one line: `tally launch` prefixes it
     std::fflush(stdout);
   }
@@ -414,6 +418,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  cmd->add_option("--html", f->html,
+                  "also write the report as a self-contained HTML page to FILE (rank 0): state "
+                  "bytes per rank and bytes per collective beside core, step phases, loss curves");
   cmd->add_option("--calibration", f->calibration,
                   "predict each stage's step time from this host calibration (`tally bench "
                   "gemm|memory|allreduce --calibration-out`) and print measured/predicted");

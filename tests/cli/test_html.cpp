@@ -117,6 +117,27 @@ TEST(HtmlWriter, XYChartPlacesPointsAndTips) {
   EXPECT_NE(s.find(">Young</text>"), std::string::npos);
 }
 
+// A log axis (Axis::log): x from 1e3 to 1e5 gives ticks at 10³, 10⁴, 10⁵ (log_ticks), 78 → 736 px,
+// so 10⁴ sits halfway, at 78 + 329 = 407; y stays linear, 0..5 → 324..40 px, 2.5 at 182.
+TEST(HtmlWriter, LogAxisByHand) {
+  const std::string s = html::xy_chart(
+      {.id = "log", .title = "t", .convention = "c",
+       .x = {.label = "size (B, log scale)", .lo = 0, .hi = 0, .log = true},
+       .y = {.label = "busbw (GB/s)", .lo = 0, .hi = 0},
+       .series = {{.label = "m", .points = {{1e3, 0, ""}, {1e4, 2.5, ""}, {1e5, 5, ""}}}}});
+  EXPECT_NE(s.find(R"(<circle cx="78.0" cy="324.0")"), std::string::npos) << s;
+  EXPECT_NE(s.find(R"(<circle cx="407.0" cy="182.0")"), std::string::npos) << s;
+  EXPECT_NE(s.find(R"(<circle cx="736.0" cy="40.0")"), std::string::npos) << s;
+  for (const char* t : {">10³<", ">10⁴<", ">10⁵<"}) EXPECT_NE(s.find(t), std::string::npos) << t;
+  EXPECT_EQ(html::log_ticks(3e3, 2e5), (std::vector<double>{1e3, 1e4, 1e5, 1e6}));
+  EXPECT_EQ(html::log_ticks(5, 5), (std::vector<double>{1, 10}));  // at least two
+  EXPECT_EQ(html::power_of_ten_label(-2), "10⁻²");
+  EXPECT_EQ(html::power_of_ten_label(12), "10¹²");
+  EXPECT_THROW(html::xy_chart({.id = "z", .x = {.label = "x", .log = true},
+                               .series = {{.label = "s", .points = {{0, 1, ""}}}}}),
+               tally::InvalidInput);  // log10(0) has no place on the axis
+}
+
 TEST(HtmlWriter, TableAndPageAreSelfContained) {
   const std::string t = html::table("cap & x", {"a", "b"}, {{"-1.5e+03", "<2>"}, {"+9.9 %", "x1"}});
   EXPECT_NE(t.find("<caption>cap &amp; x</caption>"), std::string::npos);
@@ -140,6 +161,24 @@ TEST(HtmlWriter, UnwritablePathNamesTheFlag) {
     EXPECT_EQ(std::string(e.what()),
               "--html: cannot write '/nonexistent-dir/x.html': No such file or directory");
   }
+}
+
+// The engine's pre-run check: the same message as write_file, and no file left behind or changed.
+TEST(HtmlWriter, CheckWritableLeavesNoTrace) {
+  const fs::path d = temp_dir("probe");
+  EXPECT_NO_THROW(html::check_writable("--html", (d / "new.html").string()));
+  EXPECT_FALSE(fs::exists(d / "new.html"));
+  std::ofstream(d / "old.html") << "abc";
+  EXPECT_NO_THROW(html::check_writable("--html", (d / "old.html").string()));
+  EXPECT_EQ(slurp(d / "old.html"), "abc");
+  try {
+    html::check_writable("--html", "/nonexistent-dir/x.html");
+    FAIL() << "no throw";
+  } catch (const tally::InvalidInput& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--html: cannot write '/nonexistent-dir/x.html': No such file or directory");
+  }
+  fs::remove_all(d);
 }
 
 TEST(HtmlCli, UnwritablePathExitsTwoWithOneLine) {
@@ -287,7 +326,8 @@ TEST(HtmlCli, BubbleAndReliabilityPages) {
 
 // Loads each page from disk in headless chromium: the browser's DOM holds every chart (counted by
 // the page's own script, so the browser parsed the SVG), no script error was recorded and the
-// console stayed silent; then a screenshot of the plan page.
+// console stayed silent; then a screenshot of the plan page. With tally-engine built, `tally run
+// zero --html`'s page from a 2-rank run too (all stages, 4 steps), and its screenshot.
 TEST(HtmlBrowser, PagesRenderInChromium) {
   if (const std::string why = tally::chromium::why_no_browser(); !why.empty()) GTEST_SKIP() << why;
   const std::string bin = tally::chromium::find_chromium();
@@ -305,10 +345,22 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
     int charts;
     std::vector<std::string> ids;
   };
-  for (const Page& pg : {Page{"plan.html", 6, {"memory", "step", "layouts", "reasons-time",
-                                               "reasons-memory", "reliability"}},
-                         Page{"bubble.html", 1, {"bubble"}}, Page{"rel.html", 1, {"reliability"}},
-                         Page{"compare.html", 2, {"memory", "step"}}}) {
+  std::vector<Page> pages = {Page{"plan.html", 6, {"memory", "step", "layouts", "reasons-time",
+                                                   "reasons-memory", "reliability"}},
+                             Page{"bubble.html", 1, {"bubble"}}, Page{"rel.html", 1, {"reliability"}},
+                             Page{"compare.html", 2, {"memory", "step"}}};
+  // An engine page (cli/html_engine.hpp) from a real 2-rank run, when tally-engine was built.
+  const bool engine = fs::exists(fs::path(TALLY_BIN).parent_path() / "tally-engine");
+  if (engine) {
+    const auto z = tally::subprocess::run_command(
+        {TALLY_BIN, "launch", "--nproc", "2", "--timeout", "100", "--", TALLY_BIN, "run", "zero",
+         "--widths", "6,33,19,5", "--batch", "8", "--steps", "4", "--timeout", "60", "--html",
+         (d / "zero.html").string()},
+        110);
+    ASSERT_EQ(z.exit_code, 0) << z.out << z.err;
+    pages.push_back(Page{"zero.html", 4, {"states", "traffic", "phases", "loss"}});
+  }
+  for (const Page& pg : pages) {
     const auto r = br.run({"--dump-dom"}, file(pg.file));
     ASSERT_FALSE(r.killed_at_limit) << pg.file;
     ASSERT_EQ(r.exit_code, 0) << pg.file << ": " << r.err;
@@ -333,6 +385,14 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
   const std::string img = slurp(png);
   ASSERT_GT(img.size(), 10'000u);  // a blank 900 × 2400 page compresses to a few KB
   EXPECT_EQ(img.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  if (engine) {  // and of the engine page (docs/zero-html.png is one)
+    const auto e = br.run({"--screenshot=" + (d / "zero.png").string(), "--window-size=900,2400",
+                           "--hide-scrollbars"}, file("zero.html"));
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+    const std::string zimg = slurp(d / "zero.png");
+    EXPECT_GT(zimg.size(), 10'000u);
+    EXPECT_EQ(zimg.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  }
   fs::remove_all(d);
 }
 
