@@ -30,6 +30,7 @@ namespace {
 struct Flags {
   engine::ThreeDOptions run;
   std::string schedule = "1f1b";
+  std::string recompute = "none";
   std::string plan, calibration;
   bool json = false;
   // Whether a layout flag was given (--plan takes the layout, so it refuses them).
@@ -107,9 +108,10 @@ void apply_plan(Flags& f, int world_size) {
   if (ep != 1)
     throw InvalidInput(flag + ": ep = " + std::to_string(ep) +
                        ": tally run 3d runs dense layouts (expert parallelism: tally run moe)");
-  if (recompute != "none" && recompute != "full")
-    throw InvalidInput(flag + ": recompute = " + recompute +
-                       ": tally run 3d runs none or full (every block replayed)");
+  std::string policy_name = recompute;
+  if (const std::string why = one_of(allowed_recomputes())(policy_name); !why.empty())
+    throw InvalidInput(flag + ": recompute: " + why);
+  const std::optional<Recompute> policy = parse_recompute(recompute);
   if (dp * tp * pp * cp != world_size)
     throw InvalidInput(fmt::format("{}: dp x tp x pp x cp = {} x {} x {} x {} = {} ranks, but the "
                                    "world size is {} (tally launch --nproc {})",
@@ -129,7 +131,7 @@ void apply_plan(Flags& f, int world_size) {
   f.run.sp = j["sp"].get<bool>();
   f.run.model.micro_batch = small("micro_batch", b, 4096);
   f.run.micro_batches = small("grad_accum", m, 4096);
-  f.run.full_recompute = recompute == "full";
+  f.run.recompute = *policy;
   if (f.run.interleave > 1) f.run.schedule = PipelineSchedule::interleaved;
   apply_plan_stages(f, j, flag);
 }
@@ -146,7 +148,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
                       {"cp", o.cp},
                       {"sp", o.sp},
                       {"zero", o.zero},
-                      {"recompute", o.full_recompute ? "full" : "none"},
+                      {"recompute", std::string(to_string(o.recompute))},
                       {"schedule", std::string(to_string(o.schedule))},
                       {"interleave", o.interleave},
                       {"micro_batches", r.micro_batches},
@@ -159,7 +161,11 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
                       {"loss_f64", vs(r.loss_f64, r.reference_loss_f64)},
                       {"losses_fp32", r.losses_fp32}};
   nlohmann::json ranks = nlohmann::json::array();
-  for (const engine::ThreeDRank& x : r.ranks)
+  for (const engine::ThreeDRank& x : r.ranks) {
+    nlohmann::json by_policy;
+    for (int i = 0; i < kRecomputePolicies; ++i)
+      by_policy[std::string(to_string(Recompute(i)))] =
+          vs(x.layer_activation_bytes[i], x.layer_activation_predicted[i]);
     ranks.push_back(
         {{"rank", x.rank},
          {"dp_index", x.dp_index},
@@ -174,6 +180,8 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"state_bytes_layout", vs(x.state_bytes, x.state_layout_bytes)},
          {"peak_activation_bytes", vs(x.peak_activation_bytes, x.predicted_activation_bytes)},
          {"in_flight_predicted", x.in_flight},
+         {"activation_bytes_per_layer", by_policy},
+         {"layer_norm_stat_bytes_per_layer", x.layer_norm_stat_bytes},
          {"tp_bytes", vs(x.tp_layer_bytes, x.tp_predicted_bytes)},
          {"tp_bytes_layout", vs(x.tp_layer_bytes, x.tp_layout_bytes)},
          {"tp_calls", vs(x.tp_layer_calls, x.tp_predicted_calls)},
@@ -197,6 +205,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"optimizer_s", x.optimizer_s},
          {"forward_s_per_micro_batch", x.forward_s},
          {"backward_s_per_micro_batch", x.backward_s}});
+  }
   j["ranks"] = ranks;
   add_checks_json(j, checks);
   return j;
@@ -212,6 +221,20 @@ std::string ms_cell(double measured, double predicted) {
                      ratio(measured, predicted));
 }
 
+// Note [activations per recompute policy] (three_d.cpp): every policy, whatever the run's.
+void print_policy_table(const engine::ThreeDResult& r) {
+  fmt::print("activation bytes per layer by recompute policy (one forward of the rank's layers, "
+             "less LayerNorm statistics), measured/core=ratio:\n  {:>4}", "rank");
+  for (int i = 0; i < kRecomputePolicies; ++i) fmt::print(" {:>21}", to_string(Recompute(i)));
+  fmt::print(" {:>9}\n", "LN stats");
+  for (const auto& x : r.ranks) {
+    fmt::print("  {:>4}", x.rank);
+    for (int i = 0; i < kRecomputePolicies; ++i)
+      fmt::print(" {:>21}", cell(x.layer_activation_bytes[i], x.layer_activation_predicted[i]));
+    fmt::print(" {:>9.0f}\n", x.layer_norm_stat_bytes);
+  }
+}
+
 void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDCheck>& checks) {
   const auto& o = r.options;
   const auto& m = o.model;
@@ -222,7 +245,9 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
              "(N = {})\n",
              o.dp, o.tp, o.sp ? " + SP" : "", o.pp,
              o.cp > 1 ? fmt::format(" x CP {} (zigzag ring attention)", o.cp) : "", r.world_size,
-             o.zero, o.cp > 1 ? " x CP" : "", o.full_recompute ? ", full recompute" : "",
+             o.zero, o.cp > 1 ? " x CP" : "",
+             o.recompute == Recompute::none ? ""
+                                            : fmt::format(", recompute {}", to_string(o.recompute)),
              to_string(o.schedule), o.interleave > 1 ? fmt::format(" v = {}", o.interleave) : "",
              r.micro_batches, split, m.hidden, m.layers, m.heads, m.vocab, m.seq, m.micro_batch,
              r.n_params);
@@ -277,6 +302,7 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                ms_cell(x.pp_wait_s, o.pp > 1 ? x.predicted_pp_wait_s : 0),
                ms_cell(x.dp_comm_s, x.predicted_dp_comm_s), 1e3 * x.optimizer_s,
                cp ? fmt::format(" {:>22}", ms_cell(x.cp_comm_s, x.predicted_cp_comm_s)) : "");
+  print_policy_table(r);
   int failed = 0;
   for (const auto& c : checks) failed += c.ok ? 0 : 1;
   fmt::print("checks: {} of {} passed\n", int(checks.size()) - failed, int(checks.size()));
@@ -297,6 +323,7 @@ void run(Flags& f) {
   } else if (f.run.interleave > 1 && f.schedule_flag->count() == 0) {
     f.run.schedule = PipelineSchedule::interleaved;  // --interleave v alone means interleaved
   }
+  if (f.plan.empty()) f.run.recompute = recompute_from(f.recompute);
   if (!f.calibration.empty())
     f.run.host = load_host_model("--calibration", f.calibration, env.world_size).host;
   const engine::ThreeDResult r = engine::run_3d(env, f.run);
@@ -309,7 +336,7 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       "3d",
       "data x tensor (+ sequence) x pipeline (x context) parallelism on the engine's GPT, every "
       "rank one TP shard of one pipeline stage (with --cp its zigzag share of the sequence, ring "
-      "attention), ZeRO 0-3 over the DP (x CP) group, optionally full recompute and uneven "
+      "attention), ZeRO 0-3 over the DP (x CP) group, optionally a recompute policy and uneven "
       "stages: float64 loss, gradients and "
       "updated parameters vs the single-process model; per rank state, activation and per-group "
       "bytes and the step time split vs core; start it with `tally launch --nproc D*T*P -- tally "
@@ -330,8 +357,11 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   layout(cmd->add_flag("--sp", f->run.sp, "sequence parallelism in the TP groups"));
   layout(cmd->add_option("--zero", f->run.zero, "ZeRO stage over the DP (x CP) group: 0-3")
              ->capture_default_str());
-  layout(cmd->add_flag("--recompute", f->run.full_recompute,
-                       "full recompute: every block's forward replayed in backward"));
+  layout(cmd->add_option("--recompute", f->recompute,
+                         "none | selective (attention core) | full (every block) | save-matmuls | "
+                         "op-sac: the saved set core's ledger names for the policy")
+             ->check(one_of(allowed_recomputes()))
+             ->capture_default_str());
   layout(cmd->add_option("--pp-layers", f->run.pp_layers,
                          "layers of each stage, e.g. 3,5 (default: core's even split)")
              ->delimiter(','));

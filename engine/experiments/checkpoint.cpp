@@ -292,22 +292,12 @@ CheckpointRunResult run_checkpoint(const DistEnv& env, const CheckpointRunOption
     res.optimizer_crc32c = crc32c_of(at::cat({t.adam.flat_m(), t.adam.flat_v()}));
     comm.barrier();  // every rank is done with the directory
   } catch (const CommError& e) {
-    liveness.mark_failed();
-    const std::vector<int> lost = liveness.lost_ranks(kLostRankProbe_s);
-    std::string who;
-    for (int q : lost) who += (who.empty() ? "" : ", ") + std::to_string(q);
-    // The Comm's message starts "rank r: " too; say it once.
-    std::string what = e.what();
-    if (const std::string self = "rank " + std::to_string(r) + ": "; what.rfind(self, 0) == 0)
-      what.erase(0, self.size());
-    const std::string message =
-        "rank " + std::to_string(r) + ": " +
-        (lost.empty() ? "no rank has exited (a hung peer or a network failure)"
-                      : std::string(lost.size() == 1 ? "lost rank " : "lost ranks ") + who) +
-        " at step " + std::to_string(current_step) + ": " + what;
+    const LostRankReport lost = report_lost_ranks(liveness, r, e,
+                                                  "step " + std::to_string(current_step),
+                                                  kLostRankProbe_s);
     emit({.kind = CheckpointEvent::Kind::comm_failure, .step = current_step,
-          .consumed_samples = t.consumed, .lost_ranks = lost, .message = message});
-    throw CommError(e.op(), lost.empty() ? e.peer_rank() : lost.front(), message);
+          .consumed_samples = t.consumed, .lost_ranks = lost.lost, .message = lost.message});
+    throw lost.error(e);
   }
   if (r == 0) liveness.remove_all();
   if (r == 0 && temporary && !o.keep_dir) {  // every rank is past the final barrier

@@ -13,12 +13,14 @@
 #include <cstdio>
 #include <numeric>
 #include <optional>
+#include <filesystem>
 #include <set>
 
 #include "comm_torch.hpp"
 #include "gpt_model.hpp"
 #include "optimizer_torch.hpp"
 #include "pp_model.hpp"
+#include "rank_liveness.hpp"
 #include "tally/core/activations.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/compute.hpp"
@@ -27,6 +29,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/memory_profile.hpp"
 #include "tally/engine/process_groups.hpp"
+#include "tally/engine/temp_directory.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 #include "tp_model.hpp"
 #include "zero_flat.hpp"
@@ -146,7 +149,7 @@ struct RankModel {
   bool die_after_op = false;  // --kill-rank: SIGKILL itself after the schedule's next operation
 
   RankModel(Gpt& ref, ProcessGroups& g, const ThreeDOptions& o, const std::vector<int>& layers)
-      : tp(ref, g.tp(), o.sp, o.full_recompute, &g.cp()), stage_model(tp),
+      : tp(ref, g.tp(), o.sp, o.recompute, &g.cp()), stage_model(tp),
         stage(stage_model, g.pp(), layers, o.interleave), pp(g.pp()) {}
   RankModel(const RankModel&) = delete;  // the hooks hold `this`
 
@@ -292,16 +295,58 @@ StepTrafficSetup traffic_setup(const ThreeDOptions& o, double params, int M) {
           .interleave = o.interleave,
           .zero_stage = o.zero,
           .sequence_parallel = o.sp,
-          .recompute = o.full_recompute ? Recompute::full : Recompute::none,
+          .recompute = o.recompute,
           .kv_hidden = m.hidden};  // a_kv = a
 }
 
+// Note [activations per recompute policy]
+// For each of core's recompute policies a TpGpt of that policy runs one forward of the stage's own
+// layers on a (B, s_local, C) input (s_local: the sequence this rank's blocks see, ÷c with CP, ÷t
+// with SP) under the tracking allocator. What the layers leave alive, divided by their number, is
+// a layer's saved set (its output stands for the first layer's input, allocated before; tp.cpp's
+// measure_activations), less the LayerNorm statistics core's inventory omits (mean and rstd of
+// both norms, fp32 per token; none under full recompute). No backward: the graph is dropped, so
+// its replays never run. Every rank of a TP (and CP) group runs the same forwards, so their
+// collectives pair up; no PP traffic, and outside the steps whose bytes are checked.
+void measure_policies(const ThreeDOptions& o, ProcessGroups& g, const std::vector<int>& own,
+                      ThreeDRank& me) {
+  Gpt ref = reference_model(o, at::kFloat);
+  const at::Tensor mask = causal_mask(o.model.seq);
+  ActivationSetup a = gpt_activation_setup(o.model, Precision::fp32);
+  a.tp = o.tp;
+  a.sequence_parallel = o.sp;
+  a.cp = o.cp;
+  for (int i = 0; i < kRecomputePolicies; ++i) {
+    const auto policy = Recompute(i);
+    TpGpt tp(ref, g.tp(), o.sp, policy, &g.cp());
+    at::manual_seed(std::int64_t(o.seed) + 7);
+    const at::Tensor x =
+        at::randn({o.model.micro_batch, tp.local_seq(), o.model.hidden}).requires_grad_(true);
+    std::int64_t grown = 0;
+    {
+      TrackingAllocatorScope memory({.cache = false});
+      const std::int64_t before = memory.counters().allocated_bytes;
+      at::Tensor h = x;
+      for (const int l : own) h = tp.block(std::size_t(l), h, mask);
+      grown = memory.counters().allocated_bytes - before;
+    }
+    const double tokens = double(o.model.micro_batch * tp.local_seq());
+    const double stats = policy == Recompute::full ? 0.0 : 2 * 2 * 4.0 * tokens;
+    if (policy == Recompute::none) me.layer_norm_stat_bytes = stats;
+    me.layer_activation_bytes[i] = double(grown) / double(own.size()) - stats;
+    a.recompute = policy;
+    me.layer_activation_predicted[i] = activations(gpt_model_spec(o.model), a).per_layer_bytes;
+  }
+}
+
 // fp32: `steps` Adam steps; the first one's bytes and memory, every one's time.
+// step: the fp32 step under way (for the lost-rank message).
 void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::vector<int>& layers,
                const std::vector<PipelineOp>& ops, int M, std::int64_t n_params, ThreeDRank& me,
-               std::vector<double>& losses, bool progress) {
+               std::vector<double>& losses, bool progress, int& step) {
   Gpt ref = reference_model(o, at::kFloat);
   RankModel rm(ref, g, o, layers);
+  measure_policies(o, g, rm.stage.own_layers(), me);
   // Opened after the TP shards are cut (every layer's, the engine's models being tiny) and before
   // the stage's own ones move into the optimizer's flat buffers: what it sees allocated then is
   // the rank's model states.
@@ -313,6 +358,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.stage_layers = layers[std::size_t(g.coords().pp)];
   const double steps = o.steps;
   for (int s = 1; s <= o.steps; ++s) {
+    step = s;
     const Data d = draw(o, M, 100 + std::uint64_t(s));
     rm.tp.clear_counts();
     rm.die_after_op = o.kill_rank == g.world().rank() && o.kill_at_step == s;
@@ -407,7 +453,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   a.tp = o.tp;
   a.sequence_parallel = o.sp;
   a.cp = o.cp;
-  a.recompute = o.full_recompute ? Recompute::full : Recompute::none;
+  a.recompute = o.recompute;
   me.in_flight = peak_in_flight(ops);
   me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
                                   (double(me.stage_layers) / v) * me.in_flight;
@@ -448,6 +494,9 @@ void fields(ThreeDRank& m, F&& f) {
   f(m.dp_bytes), f(m.dp_calls), f(m.dp_predicted_bytes), f(m.dp_layout_bytes);
   f(m.state_bytes), f(m.state_predicted_bytes), f(m.state_layout_bytes);
   f(m.peak_activation_bytes), f(m.predicted_activation_bytes), f(m.in_flight);
+  for (int i = 0; i < kRecomputePolicies; ++i)
+    f(m.layer_activation_bytes[i]), f(m.layer_activation_predicted[i]);
+  f(m.layer_norm_stat_bytes);
   f(m.step_s), f(m.compute_s), f(m.tp_comm_s), f(m.pp_wait_s), f(m.dp_comm_s), f(m.optimizer_s);
   f(m.forward_s), f(m.backward_s), f(m.predicted_pp_wait_s), f(m.predicted_compute_s);
   f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s);
@@ -465,6 +514,32 @@ std::vector<ThreeDRank> gather_ranks(Comm& world, ThreeDRank me) {
     fields(out[r], [&](auto& x) { x = std::remove_reference_t<decltype(x)>(all[i++]); });
   }
   return out;
+}
+
+// Note [naming a lost rank]
+// The ranks take liveness locks (rank_liveness.hpp, Note [liveness locks]) in a temporary directory
+// rank 0 makes and every rank must see (one host, or a shared file system; without one the run
+// goes on without them, and a lost rank ends it with the Comm's own message). A rank whose
+// collective, send or receive fails probes the locks and names, in its one line, the ranks that
+// died without a word — as `tally run checkpoint` does (report_lost_ranks). The locks are taken
+// after the Comm (the directory's path travels over it), so a dead rank's sockets may close
+// before its lock is dropped: the probe waits up to kLostRankProbe_s for it.
+constexpr double kLostRankProbe_s = 2.0;
+
+struct Liveness {
+  std::filesystem::path dir;
+  std::unique_ptr<RankLiveness> locks;  // null without a shared directory
+};
+
+Liveness take_liveness_locks(Comm& world) {
+  Liveness l;
+  try {
+    l.dir = shared_temp_directory(world, "tally-3d");
+    l.locks = std::make_unique<RankLiveness>(l.dir / "ranks", world.rank(), world.world_size());
+  } catch (const InvalidInput&) {  // the ranks see no common directory
+  }
+  world.barrier();  // every lock is held before any rank can fail
+  return l;
 }
 
 std::string divisors_of(std::int64_t n) {
@@ -581,16 +656,11 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
   return out;
 }
 
-ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
-  env.validate();
-  options.validate(env.world_size);
-  if (options.threads > 0) at::set_num_threads(options.threads);
-  ThreeDResult r{.options = options, .rank = env.rank, .world_size = env.world_size};
-  const int M = options.micro_batches_or_default();
-  r.micro_batches = M;
-  r.n_params = count_params(gpt_model_spec(options.model)).total();
-  r.stage_layers = options.stage_split();
-  Comm world(env, {.timeout_s = options.timeout_s});
+namespace {
+
+// run_3d's work on its world: the groups, the float64 check, the fp32 steps, the gathered figures.
+void run_layout(const DistEnv& env, const ThreeDOptions& options, Comm& world, int M,
+                ThreeDResult& r, int& step) {
   ProcessGroups g(world, ParallelLayout{.dp = options.dp, .tp = options.tp, .pp = options.pp,
                                         .cp = options.cp});
   // Gradients are averaged over DP × CP (Megatron-LM's "dp-cp" group; core's dp_grad over dp·cp):
@@ -614,7 +684,7 @@ ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
                 .pp_index = g.coords().pp, .cp_index = g.coords().cp};
   check_f64(options, g, grad, r.stage_layers, ops, M, me, r.reference_loss_f64);
   train_f32(options, g, grad, r.stage_layers, ops, M, r.n_params, me, r.losses_fp32,
-            env.rank == 0);
+            env.rank == 0, step);
   r.ranks = gather_ranks(world, me);
   // The f64 loss: the mean over DP and CP of the last stage's (TP rank 0's) mean over its
   // micro-batches and tokens.
@@ -622,6 +692,36 @@ ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
     if (m.pp_index == options.pp - 1 && m.tp_index == 0)
       r.loss_f64 += m.loss / (options.dp * options.cp);
   world.barrier();  // no rank tears its groups down while a peer still receives
+}
+
+}  // namespace
+
+ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options) {
+  env.validate();
+  options.validate(env.world_size);
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  ThreeDResult r{.options = options, .rank = env.rank, .world_size = env.world_size};
+  const int M = options.micro_batches_or_default();
+  r.micro_batches = M;
+  r.n_params = count_params(gpt_model_spec(options.model)).total();
+  r.stage_layers = options.stage_split();
+  Comm world(env, {.timeout_s = options.timeout_s});
+  const Liveness liveness = take_liveness_locks(world);
+  int step = 0;  // 0: the float64 check
+  try {
+    run_layout(env, options, world, M, r, step);
+  } catch (const CommError& e) {  // Note [naming a lost rank]
+    if (!liveness.locks) throw;
+    throw report_lost_ranks(*liveness.locks, env.rank, e,
+                            step == 0 ? "the float64 check" : "fp32 step " + std::to_string(step),
+                            kLostRankProbe_s)
+        .error(e);
+  }
+  if (liveness.locks && env.rank == 0) {  // every rank is past the final barrier
+    liveness.locks->remove_all();
+    std::error_code ec;
+    std::filesystem::remove_all(liveness.dir, ec);
+  }
   return r;
 }
 

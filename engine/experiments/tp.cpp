@@ -20,6 +20,10 @@ namespace tally::engine {
 
 namespace {
 
+Recompute policy_of(const TpVariant& v) {
+  return v.full_recompute ? Recompute::full : Recompute::none;
+}
+
 void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
   if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
 }
@@ -73,7 +77,7 @@ void check_f64(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v) 
   Gpt ref = reference_model(o, at::kDouble);
   const at::Tensor ref_loss = ref->forward(data.idx[0], data.targets[0]);
   ref_loss.backward();
-  TpGpt model(ref, tp, v.sequence_parallel, v.full_recompute);
+  TpGpt model(ref, tp, v.sequence_parallel, policy_of(v));
   const at::Tensor loss = model.forward(data.idx[0], data.targets[0]);
   loss.backward();
   model.sp_reduce_grads();
@@ -103,7 +107,7 @@ void sgd(std::vector<at::Tensor> params, double lr) {
 // fp32: `steps` SGD steps of both models on batches 1…steps; the first step's collectives kept.
 void train_f32(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v, bool progress) {
   Gpt ref = reference_model(o, at::kFloat);
-  TpGpt model(ref, tp, v.sequence_parallel, v.full_recompute);
+  TpGpt model(ref, tp, v.sequence_parallel, policy_of(v));
   std::vector<at::Tensor> tp_params;
   for (auto& p : model.parameters()) tp_params.push_back(p.tensor);
   for (int s = 1; s <= o.steps; ++s) {
@@ -155,7 +159,7 @@ void train_f32(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v, 
 // over the L blocks is (allocated after the last − allocated before the first) / L.
 void measure_activations(const TpOptions& o, Comm& tp, const Batches& data, TpVariant& v) {
   Gpt ref = reference_model(o, at::kFloat);
-  TpGpt model(ref, tp, v.sequence_parallel, v.full_recompute);
+  TpGpt model(ref, tp, v.sequence_parallel, policy_of(v));
   std::vector<std::int64_t> allocated;
   at::Tensor loss;
   {
@@ -171,7 +175,7 @@ void measure_activations(const TpOptions& o, Comm& tp, const Batches& data, TpVa
   ActivationSetup a = gpt_activation_setup(o.model, Precision::fp32);
   a.tp = tp.world_size();
   a.sequence_parallel = v.sequence_parallel;
-  a.recompute = v.full_recompute ? Recompute::full : Recompute::none;
+  a.recompute = policy_of(v);
   v.predicted_activation_bytes_per_layer = activations(gpt_model_spec(o.model), a).per_layer_bytes;
   const double tokens = double(o.model.micro_batch * o.model.seq) / (v.sequence_parallel ? a.tp : 1);
   v.layer_norm_stat_bytes = v.full_recompute ? 0.0 : 2 * 2 * 4.0 * tokens;

@@ -94,4 +94,25 @@ void RankLiveness::remove_all() const {
   fs::remove_all(dir_, ec);
 }
 
+LostRankReport report_lost_ranks(const RankLiveness& liveness, int rank, const CommError& e,
+                                 const std::string& at, double wait_s) {
+  liveness.mark_failed();
+  LostRankReport r{.lost = liveness.lost_ranks(wait_s)};
+  std::string who;
+  for (int q : r.lost) who += (who.empty() ? "" : ", ") + std::to_string(q);
+  // The Comm's message starts "rank r: " too; say it once.
+  std::string what = e.what();
+  if (const std::string self = "rank " + std::to_string(rank) + ": "; what.rfind(self, 0) == 0)
+    what.erase(0, self.size());
+  const std::string lost =
+      r.lost.empty() ? "no rank has exited (a hung peer or a network failure)"
+                     : std::string(r.lost.size() == 1 ? "lost rank " : "lost ranks ") + who;
+  r.message = "rank " + std::to_string(rank) + ": " + lost + " at " + at + ": " + what;
+  return r;
+}
+
+CommError LostRankReport::error(const CommError& e) const {
+  return CommError(e.op(), lost.empty() ? e.peer_rank() : lost.front(), message);
+}
+
 }  // namespace tally::engine

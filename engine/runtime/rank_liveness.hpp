@@ -18,7 +18,10 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 #include <vector>
+
+#include "tally/engine/comm.hpp"
 
 namespace tally::engine {
 
@@ -52,5 +55,18 @@ class RankLiveness {
   int world_size_ = 1;
   int fd_ = -1;
 };
+
+// What a rank says after `e`, one of its collectives failing: it marks itself failed, probes for
+// the lost ranks (lost_ranks(wait_s)) and words its one line, "rank r: lost rank q at <at>:
+// <e's message without its own leading "rank r: ">", or "no rank has exited (a hung peer or a
+// network failure)" in place of the lost ranks.
+struct LostRankReport {
+  std::vector<int> lost;
+  std::string message;
+  // The CommError to rethrow: e's operation, the first lost rank as the peer (else e's), message.
+  CommError error(const CommError& e) const;
+};
+LostRankReport report_lost_ranks(const RankLiveness& liveness, int rank, const CommError& e,
+                                 const std::string& at, double wait_s);
 
 }  // namespace tally::engine

@@ -2,7 +2,9 @@
 #include "tp_model.hpp"
 
 #include <cmath>
+#include <limits>
 
+#include "activation_replay.hpp"
 #include "comm_torch.hpp"
 #include "ring_attention.hpp"
 #include "tally/core/types.hpp"
@@ -254,9 +256,9 @@ std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads) {
   return out;
 }
 
-TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute, Comm* cp)
+TpGpt::TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, Recompute recompute, Comm* cp)
     : config_(full->config), comm_(tp_comm), cp_(cp && cp->world_size() > 1 ? cp : nullptr),
-      sp_(sequence_parallel), recompute_(full_recompute) {
+      sp_(sequence_parallel), recompute_(recompute) {
   const int t = comm_.world_size();
   if (cp_) {
     const int c = cp_->world_size();
@@ -298,14 +300,83 @@ torch::Tensor TpGpt::block_forward(std::size_t l, const torch::Tensor& x, const 
   auto row_out = [&](const torch::Tensor& o) {  // g, or g̅ with SP
     return sp_ ? ReduceScatterToSeq::apply(o, site) : ReduceFromTp::apply(o, site);
   };
+  // Note [selective recompute policies]: which tensors this block frees and replays.
+  const bool op_sac = recompute_ == Recompute::op_sac;
+  const bool norms = op_sac || recompute_ == Recompute::save_matmuls;  // + GeLU
+  const bool softmax = norms || recompute_ == Recompute::selective;
+  ActivationReplay replay;
+  const torch::Tensor ln1_w = p(l, "ln1_w").detach(), ln1_b = p(l, "ln1_b").detach();
   const auto a = torch::layer_norm(x, {C}, p(l, "ln1_w"), p(l, "ln1_b"));
   const auto qkv = column(a, "qkv_w", "qkv_b");
-  const auto y = cp_ ? ring_self_attention(qkv, local_heads, cp_, &cp_shift_s_)
-                     : causal_self_attention(qkv, local_heads, mask);
-  const auto h = x + (row_out(torch::linear(y, p(l, "proj_w"))) + p(l, "proj_b"));
+  const int a_entry = norms ? replay.add(a, [x = x.detach(), ln1_w, ln1_b, C] {
+    return torch::layer_norm(x, {C}, ln1_w, ln1_b);
+  }) : -1;
+  replay.before_backward(qkv, {a_entry});
+  torch::Tensor y;
+  if (cp_) {
+    y = ring_self_attention(qkv, local_heads, cp_, &cp_shift_s_);
+  } else if (!softmax || !replay.active()) {
+    y = causal_self_attention(qkv, local_heads, mask);
+  } else {  // causal_self_attention's steps (gpt_model.cpp), with q, k, v, QKᵀ and softmax named
+    const std::int64_t B = qkv.size(0), T = qkv.size(1), Cl = qkv.size(2) / 3;
+    const std::int64_t d = Cl / local_heads;
+    const auto parts = qkv.split(Cl, 2);
+    auto heads_of = [B, T, local_heads, d](const torch::Tensor& t) {  // (B, a', T, d), own storage
+      return t.view({B, T, local_heads, d}).transpose(1, 2).clone(at::MemoryFormat::Contiguous);
+    };
+    const auto q = heads_of(parts[0]), k = heads_of(parts[1]), v = heads_of(parts[2]);
+    auto probs_of = [mask, d](const torch::Tensor& scores) {
+      return torch::softmax((scores * (1.0 / std::sqrt(double(d))))
+                                .masked_fill(mask, -std::numeric_limits<double>::infinity()),
+                            -1);
+    };
+    const auto scores = torch::matmul(q, k.transpose(-2, -1));  // (B, a', T, T)
+    const auto probs = probs_of(scores);
+    const auto context = torch::matmul(probs, v);  // (B, a', T, d)
+    y = context.transpose(1, 2).contiguous().view({B, T, Cl});
+    // selective keeps Q and K and replays QKᵀ; the others keep the scores (a matmul output).
+    const int p_entry =
+        recompute_ == Recompute::selective
+            ? replay.add(probs, [q = q.detach(), k = k.detach(), probs_of] {
+                return probs_of(torch::matmul(q, k.transpose(-2, -1)));
+              })
+            : replay.add(probs, [s = scores.detach(), probs_of] { return probs_of(s); });
+    replay.before_backward(context, {p_entry});
+    if (op_sac) {  // K: the QKV GEMM's k rows on the replayed norm output (gathered under SP)
+      const torch::Tensor wk = p(l, "qkv_w").narrow(0, Cl, Cl).detach();
+      const torch::Tensor bk = p(l, "qkv_b").narrow(0, Cl, Cl).detach();
+      const int k_entry = replay.add(k, [this, regather, a = a.detach(), wk, bk, heads_of] {
+        return heads_of(torch::linear(sp_ ? seq_all_gather(*regather, a) : a, wk, bk));
+      });
+      replay.before_backward(scores, {a_entry, k_entry});
+    }
+  }
+  const torch::Tensor proj_w = p(l, "proj_w"), proj_b = p(l, "proj_b");
+  const auto r = row_out(torch::linear(y, proj_w));
+  const auto h = x + (r + proj_b);
+  const torch::Tensor ln2_w = p(l, "ln2_w").detach(), ln2_b = p(l, "ln2_b").detach();
   const auto m = torch::layer_norm(h, {C}, p(l, "ln2_w"), p(l, "ln2_b"));
-  const auto z = torch::gelu(column(m, "fc_w", "fc_b"), "tanh");
-  return h + (row_out(torch::linear(z, p(l, "mlp_w"))) + p(l, "mlp_b"));
+  const auto u = column(m, "fc_w", "fc_b");
+  const auto z = torch::gelu(u, "tanh");
+  const auto o = torch::linear(z, p(l, "mlp_w"));
+  const auto out = h + (row_out(o) + p(l, "mlp_b"));
+  if (norms) {
+    std::vector<int> before_up;  // the MLP block input (op-sac), then LayerNorm 2's output
+    const bool one = comm_.world_size() == 1;  // t = 1: replay the GEMM; else keep its sum
+    if (op_sac)
+      before_up.push_back(replay.add(
+          h, [x = x.detach(), y = y.detach(), kept = one ? torch::Tensor() : r.detach(), one,
+              w = proj_w.detach(), b = proj_b.detach()] {
+            return x + ((one ? torch::linear(y, w) : kept) + b);
+          }));
+    before_up.push_back(replay.add(m, [h = h.detach(), ln2_w, ln2_b, C] {
+      return torch::layer_norm(h, {C}, ln2_w, ln2_b);
+    }));
+    replay.before_backward(u, before_up);
+    replay.before_backward(o, {replay.add(z, [u = u.detach()] { return torch::gelu(u, "tanh"); })});
+  }
+  replay.release();
+  return out;
 }
 
 std::int64_t TpGpt::local_seq() const {
@@ -348,7 +419,7 @@ torch::Tensor TpGpt::forward(const torch::Tensor& idx, const torch::Tensor& targ
 }
 
 torch::Tensor TpGpt::block(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask) {
-  return recompute_ ? RecomputedBlock::apply(x, this, std::int64_t(l), mask)
+  return recompute_ == Recompute::full ? RecomputedBlock::apply(x, this, std::int64_t(l), mask)
                     : block_forward(l, x, mask);
 }
 

@@ -56,6 +56,33 @@
 // backward it is replayed from that input (issuing its forward collectives again: core's 6 instead
 // of 4 per layer, DESIGN.md erratum 2) and backpropagated through at once — the reentrant
 // checkpoint of torch.utils.checkpoint and Megatron-LM's CheckpointFunction.
+//
+// Note [selective recompute policies]
+// The other policies of core (types.hpp Recompute) keep the saved set core's activation ledger
+// names for them (Note [activation inventory]) and recompute the rest just before the backward
+// that reads it (activation_replay.hpp, Note [replayed activations]). Per block, of what the
+// forward saves (gpt_model.cpp Note [what eager PyTorch saves]):
+//   selective     Megatron's attention core (Korthikanti 2022 §5): the softmax output is freed and
+//                 recomputed from the kept Q and K (QKᵀ, scale, mask, softmax) before the
+//                 attention's backward; Q, K, V stay
+//   save-matmuls  the outputs of the matmuls and of the attention are kept — Q, K, V, the QKᵀ
+//                 scores, the attention output, the up projection — with the layer input and the
+//                 MLP block input; LayerNorm 1's and 2's outputs (the QKV and W1 inputs), the
+//                 softmax output (from the scores) and GeLU's output (the W2 input) are replayed
+//   op-sac        torchtitan's op-level SAC on this layout: also K (the QKV GEMM's k rows replayed
+//                 on the recomputed LayerNorm output) and the MLP block input (the residual sum
+//                 x + out-projection + bias, replayed) are freed; Q, V, the scores, the attention
+//                 output and the up projection stay with the layer input. At t = 1 the out-
+//                 projection GEMM is replayed; at t > 1 its collective's output (the all-reduced
+//                 sum, or the reduce-scattered shard under SP) is kept instead, as torchtitan's
+//                 policy saves collective outputs (h·s·b/t under SP, h·s·b without, beyond core's
+//                 inventory). Under SP the k replay all-gathers the norm output on the layer's
+//                 re-gather site (Note [SP re-gather]), outside core's TP item.
+// No replay issues a collective of core's TP item: with these three policies a layer's TP
+// traffic is the 4 collectives of no recompute, as core's step_traffic counts. Under CP the
+// attention is ring attention, which keeps its own q, k, v, output and log-sum-exp and has no
+// materialised softmax: the attention-core replays do not apply (the norm, GeLU and residual ones
+// do).
 #pragma once
 
 #include <torch/torch.h>
@@ -66,6 +93,7 @@
 #include <vector>
 
 #include "gpt_model.hpp"
+#include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
 
 namespace tally::engine {
@@ -90,9 +118,10 @@ std::vector<NamedTensor> tp_shards(Gpt& full, int tp, int rank, bool grads);
 class TpGpt {
  public:
   // Copies of tp_shards(full, comm.world_size(), comm.rank(), false), leaves requiring grad.
-  // With sequence_parallel, T must be divisible by t. full_recompute: Note [full recompute].
-  // cp: Note [TP with context parallelism] (nullptr: the whole sequence; s divisible by 2c).
-  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, bool full_recompute = false,
+  // With sequence_parallel, T must be divisible by t. recompute: Note [full recompute], Note
+  // [selective recompute policies]. cp: Note [TP with context parallelism] (nullptr: the whole
+  // sequence; s divisible by 2c).
+  TpGpt(Gpt& full, Comm& tp_comm, bool sequence_parallel, Recompute recompute = Recompute::none,
         Comm* cp = nullptr);
 
   // Called by forward() at each block boundary: 0 before the first block (after the embedding and
@@ -127,12 +156,13 @@ class TpGpt {
   // Seconds ring attention spent in its K,V (and dK,dV) shifts since clear_counts (CP only).
   double cp_shift_seconds() const { return cp_shift_s_; }
 
-  // Block l's forward on x (its input); with recompute, what backward replays.
+  // Block l's forward on x (its input), with the selective policies' replays; with full
+  // recompute, what backward replays.
   torch::Tensor block_forward(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
   // Block l as forward() runs it: block_forward, or with full recompute its checkpointed form
   // (Note [full recompute]). A pipeline stage's blocks (three_d.cpp) run through this.
   torch::Tensor block(std::size_t l, const torch::Tensor& x, const torch::Tensor& mask);
-  bool full_recompute() const { return recompute_; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   torch::Tensor& p(std::size_t block, const char* name);
@@ -141,7 +171,8 @@ class TpGpt {
   Comm& comm_;
   Comm* cp_;
   torch::Tensor cp_positions_;  // (s/c,) int64: the global positions this CP rank holds
-  bool sp_, recompute_;
+  bool sp_;
+  Recompute recompute_;
   std::vector<NamedTensor> params_;
   std::vector<TpSite> layer_sites_, regather_sites_;
   std::function<void(std::size_t)> observer_;

@@ -71,10 +71,10 @@ void free_storage(const at::Tensor& full) {
 }
 
 at::Tensor regrow_storage(const at::Tensor& full) {
-  TALLY_INVARIANT(full.dim() == 1 && full.is_contiguous() && full.storage_offset() == 0);
+  TALLY_INVARIANT(full.is_non_overlapping_and_dense() && full.storage_offset() == 0);
   at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(),
                                std::size_t(full.numel()) * full.element_size());
-  return at::empty({0}, full.options()).set_(full.storage(), 0, {full.numel()}, {1});
+  return at::empty({0}, full.options()).set_(full.storage(), 0, full.sizes(), full.strides());
 }
 
 // ---- Strategy: the logged collectives (Note [bf16 on Gloo] in ddp.cpp: float32 on the wire) ----

@@ -17,7 +17,13 @@
 //   recompute and uneven stages 1 + 4 (the planned depth); and a rank SIGKILLed mid-step, which
 //   `tally launch` names while the others exit non-zero. Model-state bytes by hand from ZeRO §5
 //   (fp32 Adam: ZeRO-2 4N + 12N/k, ZeRO-3 16N/k), DP bytes from the ring formulas: over k ranks a
-//   reduce-scatter or all-gather of S bytes sends S(k−1)/k.
+//   reduce-scatter or all-gather of S bytes sends S(k−1)/k;
+//   4 ranks each, the selective recompute policies (selective on TP 2 x PP 2, save-matmuls on
+//   TP 2 + SP x PP 2, op-sac on DP 2 x TP 2 + SP and on TP 2 + SP x CP 2, and op-sac at t = 1
+//   through a plan): float64 equivalence, TP bytes as without recompute (their replays issue no
+//   collective of core's item), and every policy's saved bytes per layer by hand (without CP),
+//   against core's and in its order;
+//   and, without the launcher, the survivors of a rank SIGKILLed mid-step naming it themselves.
 //
 // Tiny model: h 16, a 4, V 32, T 8, B 2, L 4 (2 layers per stage at P = 2). One fp32 step.
 #include <gtest/gtest.h>
@@ -32,6 +38,7 @@
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "rank_harness.hpp"
+#include "tally/engine/comm.hpp"
 #include "tally/engine/experiments/three_d.hpp"
 
 #ifndef TALLY_BINARY
@@ -229,7 +236,7 @@ void expect_all_checks(const ThreeDResult& r) {
 TEST(ThreeDZero, Dp2Tp2SpZero3PerMicroBatchWithFullRecompute) {
   const auto run = harness::run_ranks(4, kLimit_s, [](const DistEnv& env) {
     ThreeDOptions o = tiny();
-    o.pp = 1, o.sp = true, o.zero = 3, o.full_recompute = true;
+    o.pp = 1, o.sp = true, o.zero = 3, o.recompute = Recompute::full;
     const ThreeDResult r = run_3d(env, o);
     ASSERT_EQ(r.ranks.size(), 4u);
     ASSERT_EQ(r.micro_batches, 2);
@@ -294,6 +301,111 @@ TEST(ThreeDZero, Dp4Zero2ReducesPerMicroBatch) {
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
+// ---- Recompute policies in 3-D (tp_model.hpp Note [selective recompute policies]) ------------
+
+// A layer's saved fp32 bytes per policy, by hand from each policy's definition (Korthikanti 2022
+// §4.1 and §5, without dropout; PyTorch's save-matmuls and torchtitan's op-level SAC as
+// core/types.hpp defines them), for this tiny model: BTC = B·T·C = 256 elements of the whole
+// sequence (÷t for the terms inside the TP region, ÷rep = t with SP for the replicated ones) and
+// aT²B = 512 score elements (÷t):
+//   none          LN-1 input, QKV input, LN-2 input, W1 input (4/rep); Q, K, V, out-proj input,
+//                 GeLU input and W2 input (3 + 1 + 4 + 4 = 12/t); the softmax output
+//   selective     none less the softmax output
+//   save-matmuls  layer input, MLP block input (2/rep); Q, K, V, out-proj input, up output (8/t);
+//                 the QKᵀ output
+//   op-sac        layer input (1/rep); Q, V, out-proj input, up output (7/t); the QKᵀ output; at
+//                 t > 1 also the out-projection collective's output (1/rep) — beyond core's set
+//   full          the layer input (1/rep)
+double saved_bytes(Recompute r, int t, bool sp) {
+  const double BTC = 256, aT2B = 512, rep = sp ? t : 1;
+  switch (r) {
+    case Recompute::none: return 4 * ((4 / rep + 12.0 / t) * BTC + aT2B / t);
+    case Recompute::selective: return 4 * (4 / rep + 12.0 / t) * BTC;
+    case Recompute::save_matmuls: return 4 * ((2 / rep + 8.0 / t) * BTC + aT2B / t);
+    case Recompute::op_sac:
+      return 4 * ((1 / rep + 7.0 / t + (t > 1 ? 1 / rep : 0)) * BTC + aT2B / t);
+    case Recompute::full: return 4 * BTC / rep;
+  }
+  return 0;
+}
+
+// Every policy's measured bytes per layer on every rank: the hand figures above exactly; core's
+// per-layer bytes exactly but for op-sac's kept collective output at t > 1; and the policies in
+// core's order (a policy saves less than another in the measurement iff it does in core).
+void expect_policy_activations(const ThreeDResult& r) {
+  const int t = r.options.tp;
+  const bool sp = r.options.sp;
+  for (const ThreeDRank& x : r.ranks) {
+    SCOPED_TRACE("rank " + std::to_string(x.rank));
+    EXPECT_DOUBLE_EQ(x.layer_norm_stat_bytes, 2 * 2 * 4.0 * 16 / (sp ? t : 1));  // B·T = 16
+    for (int i = 0; i < kRecomputePolicies; ++i) {
+      const auto policy = Recompute(i);
+      SCOPED_TRACE(std::string(to_string(policy)));
+      EXPECT_DOUBLE_EQ(x.layer_activation_bytes[i], saved_bytes(policy, t, sp));
+      const double kept = policy == Recompute::op_sac && t > 1 ? 4 * 256.0 / (sp ? t : 1) : 0;
+      EXPECT_DOUBLE_EQ(x.layer_activation_bytes[i], x.layer_activation_predicted[i] + kept);
+      for (int j = 0; j < kRecomputePolicies; ++j)
+        EXPECT_EQ(x.layer_activation_bytes[i] < x.layer_activation_bytes[j],
+                  x.layer_activation_predicted[i] < x.layer_activation_predicted[j])
+            << "vs " << to_string(Recompute(j));
+    }
+  }
+}
+
+// One policy on a 4-rank layout: the float64 loss, gradients and updated parameters equal the
+// single-process model's (every check of the run, TP bytes against core's item included), and
+// the TP bytes by hand: the replays issue no collective of core's item, so each layer moves the
+// 4 all-reduce equivalents of S = B·(T/c)·C·4 = 1024/c bytes per micro-batch, as without
+// recompute — all-reduces of 2S(t−1)/t = S, or with SP 8 all-gathers and reduce-scatters of S/2.
+// With CP the attention is ring attention (no materialised softmax, its own saved set), which the
+// per-layer figures by hand do not describe: those are checked without CP.
+void run_policy(ThreeDOptions o) {
+  const auto run = harness::run_ranks(4, kLimit_s, [o](const DistEnv& env) {
+    const ThreeDResult r = run_3d(env, o);
+    ASSERT_EQ(r.ranks.size(), 4u);
+    const double S = 2 * (8 / o.cp) * 16 * 4.0;
+    for (const ThreeDRank& x : r.ranks) {
+      SCOPED_TRACE("rank " + std::to_string(x.rank));
+      const double lm = x.stage_layers * r.micro_batches;
+      EXPECT_EQ(x.tp_layer_bytes, lm * 4 * S);
+      EXPECT_EQ(x.tp_layer_calls, lm * (o.sp ? 8 : 4));
+    }
+    expect_all_checks(r);
+    if (o.cp == 1) expect_policy_activations(r);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+}
+
+// TP 2 x PP 2, selective (M = 4, 2 layers per stage).
+TEST(ThreeDRecompute, SelectiveTp2Pp2) {
+  ThreeDOptions o = tiny();
+  o.dp = 1, o.recompute = Recompute::selective;
+  run_policy(o);
+}
+
+// TP 2 + SP x PP 2, save-matmuls.
+TEST(ThreeDRecompute, SaveMatmulsTp2SpPp2) {
+  ThreeDOptions o = tiny();
+  o.dp = 1, o.sp = true, o.recompute = Recompute::save_matmuls;
+  run_policy(o);
+}
+
+// TP 2 + SP x CP 2, op-sac (M = 2, 4 layers): the norm, GeLU and residual replays around ring
+// attention; CP bytes against core's item in the run's checks.
+TEST(ThreeDRecompute, OpSacTp2SpCp2) {
+  ThreeDOptions o = tiny();
+  o.dp = 1, o.pp = 1, o.cp = 2, o.sp = true, o.recompute = Recompute::op_sac;
+  run_policy(o);
+}
+
+// DP 2 x TP 2 + SP, op-sac with ZeRO-1 (M = 2, 4 layers): K replayed on the re-gathered norm
+// output, the MLP block input from the kept reduce-scattered shard.
+TEST(ThreeDRecompute, OpSacDp2Tp2SpZero1) {
+  ThreeDOptions o = tiny();
+  o.pp = 1, o.sp = true, o.zero = 1, o.recompute = Recompute::op_sac;
+  run_policy(o);
+}
+
 std::vector<std::string> as_rank0_of(int k, const std::vector<std::string>& flags) {
   return subprocess::as_rank0_of(TALLY_BINARY, "3d", k, flags);
 }
@@ -316,8 +428,8 @@ TEST(ThreeDCli, BadInputExitsTwoWithOneLine) {
   moe["ep"] = 2;
   const std::string ep = write(dir.path / "ep.json", moe);
   json sel = plan_object(4, 1, 1, false, 0, 1);
-  sel["recompute"] = "selective";
-  const std::string selective = write(dir.path / "selective.json", sel);
+  sel["recompute"] = "partial";
+  const std::string unknown_policy = write(dir.path / "partial.json", sel);
   json unev = plan_object(2, 1, 2, false, 3, 2);
   unev["stage_layers"] = {1, 4};
   const std::string uneven = write(dir.path / "uneven.json", unev);
@@ -325,7 +437,9 @@ TEST(ThreeDCli, BadInputExitsTwoWithOneLine) {
       {{"--dp", "2", "--tp", "2", "--pp", "3"}, "--dp x --tp x --pp x --cp = 2 x 2 x 3 x 1 = 12"},
       {{"--dp", "4", "--zero", "5"}, "--zero = 5: must be 0, 1, 2 or 3"},
       {{"--dp", "2", "--pp", "2", "--pp-layers", "1,2"}, "--pp-layers: the stages hold 3 layers"},
-      {{"--plan", selective}, "recompute = selective: tally run 3d runs none or full"},
+      {{"--plan", unknown_policy},
+       "recompute: 'partial' is not one of: none, selective, full, save-matmuls, op-sac"},
+      {{"--dp", "4", "--recompute", "partial"}, "--recompute"},
       {{"--plan", uneven, "--layers", "4"},
        "the plan's uneven stages 1,4 hold 5 layers, but --layers = 4"},
       {{"--plan", wide}, "dp x tp x pp x cp = 2 x 2 x 2 x 1 = 8 ranks, but the world size is 4"},
@@ -376,6 +490,26 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
   EXPECT_NE(r.err.find("3d dp=1 tp=2 pp=2 sp zero=0: step 1/1 loss "), std::string::npos) << r.err;
 }
 
+// `tally run 3d --plan FILE` on 4 ranks at the tiny width (h 16, a 4, V 32, T 8), one fp32 step,
+// --json: rank 0's object once the run has passed (exit 0, one line, every check ok); an empty
+// object after a failure.
+json run_plan(const std::string& plan, const std::vector<std::string>& flags) {
+  std::vector<std::string> command{TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100",
+                                   "--", TALLY_BINARY, "run", "3d", "--plan", plan, "--hidden",
+                                   "16", "--heads", "4", "--vocab", "32", "--seq", "8", "--steps",
+                                   "1", "--json", "--timeout", "90"};
+  command.insert(command.end(), flags.begin(), flags.end());
+  const Ran r = run_command(command, kLimit_s);
+  const auto lines = rank_lines(r.out, 0);
+  if (r.exit_code != 0 || lines.size() != 1) {
+    ADD_FAILURE() << "exit " << r.exit_code << ": " << r.out << r.err;
+    return json::object();
+  }
+  const json j = json::parse(lines[0]);
+  EXPECT_TRUE(j["ok"].get<bool>()) << j["failed_checks"].dump();
+  return j;
+}
+
 // A plan of DP 2 x PP 2 with ZeRO-3, full recompute and uneven stages 1 + 4 (the planner's form
 // for lighter end stages, or compare --pp-layers): without --layers the run takes the planned
 // depth, 5. Stage 0: n = 640 + 3280 = 3920; stage 1: 544 + 4·3280 = 13664. ZeRO-3 under PP: one
@@ -386,17 +520,8 @@ TEST(ThreeDCli, UnevenZero3RecomputePlanRuns) {
   json p = plan_object(2, 1, 2, false, 3, 2);
   p["recompute"] = "full";
   p["stage_layers"] = {1, 4};
-  const std::string plan = write(dir.path / "plan.json", {{"best", p}});
-  const Ran r = run_command(
-      {TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100", "--", TALLY_BINARY, "run", "3d",
-       "--plan", plan, "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq", "8", "--steps",
-       "1", "--json", "--timeout", "90"},
-      kLimit_s);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const auto lines = rank_lines(r.out, 0);
-  ASSERT_EQ(lines.size(), 1u) << r.out;
-  const json j = json::parse(lines[0]);
-  EXPECT_TRUE(j["ok"].get<bool>()) << j["failed_checks"].dump();
+  const json j = run_plan(write(dir.path / "plan.json", {{"best", p}}), {});
+  ASSERT_TRUE(j.contains("ranks"));
   EXPECT_EQ(j["model"]["layers"], 5);
   EXPECT_EQ(j["stage_layers"], json({1, 4}));
   EXPECT_EQ(j["zero"], 3);
@@ -413,6 +538,29 @@ TEST(ThreeDCli, UnevenZero3RecomputePlanRuns) {
     EXPECT_DOUBLE_EQ(x["pp_bytes_per_send"]["measured"].get<double>(), 512);
     EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 2);
   }
+}
+
+// A plan of DP 2 x PP 2 with op-sac (t = 1: the out-projection GEMM replayed, nothing beyond
+// core's saved set kept) through the CLI: every check passes (float64 equivalence, bytes), the
+// JSON names the policy, and each rank's per-layer bytes of every policy equal the hand figures
+// and core's.
+TEST(ThreeDCli, OpSacPlanRunsAtTp1) {
+  const test::TempDir dir;
+  json p = plan_object(2, 1, 2, false, 1, 2);
+  p["recompute"] = "op-sac";
+  p["micro_batch"] = 2;  // B = 2, as saved_bytes counts
+  const json j = run_plan(write(dir.path / "plan.json", {{"best", p}}), {"--layers", "4"});
+  ASSERT_TRUE(j.contains("ranks"));
+  EXPECT_EQ(j["recompute"], "op-sac");
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  for (const json& x : j["ranks"])
+    for (int i = 0; i < kRecomputePolicies; ++i) {
+      const auto policy = Recompute(i);
+      const json& cell = x["activation_bytes_per_layer"][std::string(to_string(policy))];
+      EXPECT_DOUBLE_EQ(cell["measured"].get<double>(), saved_bytes(policy, 1, false))
+          << to_string(policy);
+      EXPECT_DOUBLE_EQ(cell["ratio"].get<double>(), 1.0) << to_string(policy);
+    }
 }
 
 // DESIGN.md §5: rank 0 SIGKILLs itself after its first pipeline operation of fp32 step 2 of 3;
@@ -434,6 +582,34 @@ TEST(ThreeDCli, LostRankFailsTheRunAndIsNamed) {
   EXPECT_EQ(r.err.find("zero=3: step 2/3 loss "), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("checks: "), std::string::npos) << r.out;
   EXPECT_LT(r.elapsed_s, 60) << r.err;
+}
+
+// Note [naming a lost rank] (three_d.cpp): the survivors name the lost rank themselves. Rank 0 of
+// DP 2 x PP 2 SIGKILLs itself in fp32 step 2; every other rank's run_3d throws a CommError whose
+// line names rank 0 and the step (whichever of its collectives, sends or receives failed first:
+// its own peer's, or a survivor's that had already given up), with rank 0 as the peer.
+TEST(ThreeDFault, SurvivorsNameTheLostRank) {
+  const auto run = harness::run_ranks(4, kLimit_s, [](const DistEnv& env) {
+    ThreeDOptions o = tiny();
+    o.tp = 1, o.zero = 3, o.steps = 3, o.kill_rank = 0, o.kill_at_step = 2, o.timeout_s = 20;
+    try {
+      run_3d(env, o);
+      ADD_FAILURE() << "rank " << env.rank << ": no failure";
+    } catch (const CommError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("rank " + std::to_string(env.rank) + ": lost rank 0 at fp32 step 2: ",
+                           0),
+                0u)
+          << what;
+      EXPECT_EQ(e.peer_rank(), 0) << what;
+      EXPECT_EQ(std::count(what.begin(), what.end(), '\n'), 0) << what;
+    }
+  });
+  ASSERT_EQ(run.ranks.size(), 4u);
+  EXPECT_TRUE(WIFSIGNALED(run.ranks[0].status) && WTERMSIG(run.ranks[0].status) == SIGKILL)
+      << run.describe();
+  for (int q = 1; q < 4; ++q) EXPECT_TRUE(run.ranks[std::size_t(q)].ok()) << run.describe();
+  EXPECT_LT(run.elapsed_s, 60) << run.describe();
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 // DP × CP group at ZeRO stage 0–3 (Note [3-D data-parallel step] in three_d.cpp: ZeRO-0 all-
 // reduces; 1 reduce-scatters, runs Adam on the rank's shard_span and all-gathers the updated
 // parameters; 2 also frees the full gradient between steps; 3 also holds only the span of the
-// parameters and gathers them as core's step_traffic counts), optionally with full recompute of
-// every block (tp_model.hpp Note [full recompute]).
+// parameters and gathers them as core's step_traffic counts), optionally with a recompute policy
+// (tp_model.hpp Note [full recompute], Note [selective recompute policies]).
 // Checked against the single-process GPT and core:
 //   equivalence   float64, one step: the mean loss and every gradient a rank holds after the DP
 //                 reduction (its TP slice of its stage's parameters; under ZeRO its shard) equal
@@ -21,7 +21,8 @@
 //                 per micro-batch; 4(c−1) with full recompute); DP bytes == its dp_grad +
 //                 zero_param_gather items on this rank's own parameter count (exact; ZeRO-2/3
 //                 per micro-batch without PP, once per step under it). With full recompute the
-//                 TP item counts 6 collectives per layer (DESIGN.md erratum 2). Beside them, the
+//                 TP item counts 6 collectives per layer (DESIGN.md erratum 2), with the
+//                 selective policies 4 (their replays issue none). Beside them, the
 //                 layout-level items (N/(t·p) parameters, the busiest stage, 2vM sends) and their
 //                 ratio
 //   states        the model-state bytes the tracking allocator saw allocated for the rank's flat
@@ -29,8 +30,10 @@
 //                 parameters at the ZeRO stage (exact but for the shard's rounding, < 1 element of
 //                 each sharded item); beside it model_states(N/(t·p)) for the layout
 //   activations   the peak the tracking allocator saw held during the step beside core
-//                 activations()' per-layer bytes × the stage's layers / v × peak_in_flight —
-//                 reported, not checked
+//                 activations()' per-layer bytes × the stage's layers / v × peak_in_flight; and
+//                 per layer, for each of core's five recompute policies, the bytes one forward of
+//                 the stage's layers leaves alive beside core's per-layer bytes — reported, not
+//                 checked
 //   time          per rank, mean over the fp32 steps: compute, TP comm (the TP Comm's seconds),
 //                 CP comm (the ring's shifts), PP wait (receives, posted sends, the tied-
 //                 embedding exchange), DP comm (the DP × CP Comm's seconds), beside
@@ -49,6 +52,7 @@
 
 #include "tally/core/hardware.hpp"
 #include "tally/core/pipeline.hpp"
+#include "tally/core/types.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/engine/gpt.hpp"
 
@@ -63,7 +67,9 @@ struct ThreeDOptions {
   int dp = 1, tp = 1, pp = 1, cp = 1;  // dp·tp·pp·cp = the world size (cp: zigzag ring attention)
   bool sp = false;                     // sequence parallelism (needs tp > 1)
   int zero = 0;                        // 0..3, over the DP × CP group
-  bool full_recompute = false;         // replay every block's forward in backward
+  // none; full (every block's forward replayed in backward); selective, save-matmuls, op-sac
+  // (core's saved sets: tp_model.hpp Note [selective recompute policies])
+  Recompute recompute = Recompute::none;
   // Layers of each stage (--pp-layers 3,5): pp entries >= 1 summing to the layers (core's
   // check_stage_list); empty = core's even split stage_layers(L, P).
   std::vector<int> pp_layers;
@@ -128,6 +134,12 @@ struct ThreeDRank {
   double peak_activation_bytes = 0;
   double predicted_activation_bytes = 0;
   double in_flight = 0;              // core's peak_in_flight of this stage's schedule
+  // Per layer, by recompute policy (index: Recompute), one forward of the stage's layers (Note
+  // [activations per recompute policy] in three_d.cpp): the bytes the tracking allocator saw a
+  // layer leave alive less the LayerNorm statistics, and core's activations().per_layer_bytes.
+  double layer_activation_bytes[kRecomputePolicies] = {};
+  double layer_activation_predicted[kRecomputePolicies] = {};
+  double layer_norm_stat_bytes = 0;  // subtracted above (none under full recompute)
   // Time (s)
   double step_s = 0, compute_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0;
   double optimizer_s = 0;
@@ -158,7 +170,10 @@ struct ThreeDCheck {
 };
 std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r);
 
-// Runs the layout on this rank. Progress: one line per fp32 step on stderr (rank 0).
+// Runs the layout on this rank. Progress: one line per fp32 step on stderr (rank 0). A failed
+// collective, send or receive (a lost peer) throws CommError naming the ranks that died when the
+// ranks share a temporary directory (Note [naming a lost rank] in three_d.cpp): "rank r: lost
+// rank q at fp32 step s: …".
 ThreeDResult run_3d(const DistEnv& env, const ThreeDOptions& options);
 
 }  // namespace tally::engine
