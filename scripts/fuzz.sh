@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer harnesses of tests/fuzz (one per io reader) for SECONDS each, one after the
-# other, under ASan + UBSan. Builds them first in build-fuzz/ with clang (-DTALLY_FUZZ=ON).
+# other, under ASan + UBSan. Builds them first in build-asan/ with clang (-DTALLY_FUZZ=ON).
 #
 #   scripts/fuzz.sh                    20 s per reader: the smoke run scripts/test.sh does in CI
 #   scripts/fuzz.sh 600                10 minutes per reader
 #   scripts/fuzz.sh 3600 checkpoint    one hour on the checkpoint reader alone
 #
 # Readers: safetensors checkpoint hf_config cluster calibration (default: all).
-# The corpus each run grows is kept in build-fuzz/fuzz-corpus/<reader>/, so longer runs build on
+# The corpus each run grows is kept in build-asan/fuzz-corpus/<reader>/, so longer runs build on
 # earlier ones; it starts from the seeds fuzz_make_seeds writes (tally's own writer and the fixtures
 # of tests/io/data) and from tests/fuzz/regressions/<reader>/.
 #
 # A finding (crash, sanitizer report, leak, timeout, out-of-memory, or a broken harness check) is
-# saved under build-fuzz/fuzz-findings/<reader>/; the script runs the remaining readers, then prints
+# saved under build-asan/fuzz-findings/<reader>/; the script runs the remaining readers, then prints
 # each finding and exits 1. To keep one as a regression test:
-#   cp build-fuzz/fuzz-findings/<reader>/crash-<sha1> tests/fuzz/regressions/<reader>/<what-it-is>
+#   cp build-asan/fuzz-findings/<reader>/crash-<sha1> tests/fuzz/regressions/<reader>/<what-it-is>
 # ctest then replays it (fuzz_replay_<reader>) in every build.
 #
-# Environment: BUILD_DIR (build-fuzz), FUZZ_CXX (clang++-14), JOBS (ninja jobs, nproc), FUZZ_ARGS
+# Environment: BUILD_DIR (build-asan), FUZZ_CXX (clang++-14), JOBS (ninja jobs, nproc), FUZZ_ARGS
 # (extra libFuzzer flags: "-fork=2" runs two processes at once, "-seed=1" fixes the random seed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ SECONDS_EACH=${1:-20}
 shift || true
 READERS=("$@")
 [ ${#READERS[@]} -gt 0 ] || READERS=(safetensors checkpoint hf_config cluster calibration)
-BUILD_DIR=${BUILD_DIR:-build-fuzz}
+BUILD_DIR=${BUILD_DIR:-build-asan}
 FUZZ_CXX=${FUZZ_CXX:-clang++-14}
 JOBS=${JOBS:-$(nproc)}
 

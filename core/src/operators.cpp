@@ -302,6 +302,8 @@ void OperatorSetup::validate(const ModelSpec& m) const {
               "the model has no dense leading layers (first_k_dense_replace = 0)");
   require_int(cp >= 1 && seq % cp == 0, "cp", cp, "must be >= 1 and divide seq");
   require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
+  require_real(!is_low_precision(recipe) || act_bytes == 2, "act_bytes", act_bytes,
+               "must be 2 (bf16) under a low-precision recipe (Note [low precision])");
   require_recompute_applies(recompute, m);
   require_expert_split(m, ep, etp > 0 ? etp : tp, tp);
   require_expert_tp(tp, etp > 0 ? etp : tp, sequence_parallel);
@@ -343,6 +345,7 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
     }
   }
   mark_high_precision(ops);
+  detail::add_quantize_ops(m, s, ops);  // Note [low-precision casts]
   return ops;
 }
 

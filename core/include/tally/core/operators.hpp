@@ -71,6 +71,50 @@
 // e + 4, log-softmax's three reads and a write 16; backward the NLL gradient's zero fill 4,
 // log-softmax backward 12 (+ its row sum 4), the cast back 4 + e — against the fused
 // vocabulary-parallel loss's e + 12 and 8 + e.
+// Note [low-precision casts] (OperatorSetup::recipe fp8, mxfp8, nvfp4): each low-precision GEMM's
+// operands are made by memory-bound quantize kernels, added per GEMM as <gemm>.quantize-input and
+// .quantize-weight (forward, and again in a replay of that GEMM), .quantize-grad and, where a copy
+// is transposed after it was made, .transpose-copies (backward). Per element of the tensor named,
+// X the input (m·k), W the weight (k·n), G the output gradient (m·n); e = activation bytes (bf16,
+// 2), q = low_precision_copy_bytes (both copies, 2 · the row-wise one: fp8 2, MXFP8 2.0625, NVFP4
+// 1.125), q₁ = q/2. Hopper's fp8 GEMMs take TN layouts only and the block formats scale along the
+// inner dimension, so every operand is needed row-wise and column-wise: each tensor is read once
+// and written twice.
+//   fp8, fused  Transformer Engine v2.8 (40c69e7), delayed scaling, the amax taken inside the cast
+//               (pytorch/csrc/quantizer.cpp Float8Quantizer::quantize → nvte_quantize_v2: cast +
+//               transpose in one kernel): X, W, G e + q each. X of a LayerNormLinear (Megatron-Core's
+//               qkv and dense fc1, TELayerNormColumnParallelLinear) comes out of the norm kernel in
+//               fp8 (extensions/normalization.cpp: Float8Quantizer → FULLY_FUSED), whose write
+//               shrinks from e to q₁ per element, then rmsnorm_fwd's nvte_transpose reads q₁ and
+//               writes q₁: 2q₁
+//   fp8, eager  torchao eab345c's Float8Linear, dynamic tensorwise scaling, uncompiled (the
+//               torchtitan stack of Note [eager kernels]): per cast float8_utils.tensor_to_amax
+//               abs 2e + max e, float8_tensor._ToFloat8ConstrFunc to(float32) e + 4, × scale 8,
+//               clamp 8, to(float8) 4 + q₁ = 4e + 24 + q₁; then float8_ops.preprocess_addmm copies
+//               each transposed operand (the wgrad's X and G, the dgrad's W) contiguous, 2q₁ per mm
+//               that uses it. torchtitan's wq, wk, wv and w1, w3 are separate Linears: X of qkv is
+//               cast 3 times and of gate-up twice (once with TP: PrepareFloat8ModuleInput casts it
+//               before the gather), its transposed copy made by each mm
+//   mxfp8       TE MXFP8Quantizer: one nvte_quantize_v2 kernel writes both copies with their e8m0
+//               scales per 32, e + q each; the norm is not fused (normalization.cpp: UNFUSED
+//               unless NVTE_NORM_FWD_USE_CUDNN)
+//   nvfp4       TE NVFP4Quantizer, NVFP4BlockScaling's defaults (common/recipe): X and G with the
+//               random Hadamard transform on the column-wise copy — nvte_hadamard_transform_amax
+//               reads e, the row-wise quantize reads e, the fused RHT cast reads e: 3e + q; W
+//               without RHT — nvte_compute_amax e, one quantize for both copies e: 2e + q
+//   mxfp8 and nvfp4 are TE's kernels under either OperatorSetup::kernels.
+// Sequence parallelism (t > 1): the inputs of the column-parallel GEMMs fed by the sequence-split
+// norms (qkv, MLA's q-down, kv-down, q-proj, the dense and shared MLPs' up) and the output
+// gradients of the row-parallel ones (out-proj, the dense and shared down) are quantized on the
+// rank's m/t rows and gathered in the format (TE distributed.py _all_gather_fp8/_mxfp8, torchao
+// float8_tensor_parallel.py); per-tensor fp8 gathers the row-wise copy only and transposes the
+// gathered m rows (2q₁ each), the block formats gather both copies. The routed experts' tokens
+// arrive by all-to-all: quantized as the GEMM sees them.
+// The weight is cast in every forward (per micro-batch): torchao casts it in each
+// Float8Linear.forward; TE under Megatron-Core caches it across a step's micro-batches
+// (is_first_microbatch), so with m micro-batches TE's weight casts are over-counted m-fold. Not
+// counted: scale and amax-history updates (a few bytes per tensor), an FSDP fp8 all-gather
+// (the cast then happens on the shard), the bf16 output of each GEMM (its own bytes).
 // FLOP conventions: executed FLOPs here (causal flash counts half); model FLOPs for MFU stay those of
 // compute.hpp (attention unmasked, as Megatron-LM and PaLM count). Summed over a GPT layer with
 // materialised attention and no recompute, the GEMM FLOPs are exactly Narayanan et al. 2021 eq. 3's
@@ -127,11 +171,21 @@ struct OperatorSetup {
   double capacity_factor = 1;
   Kernels kernels = Kernels::fused;  // Note [eager kernels]
   bool eager_loss = false;           // PyTorch's cross_entropy(logits.float()), Note [eager kernels]
+  // The precision recipe: fp8, mxfp8 and nvfp4 add their quantize kernels (Note [low-precision
+  // casts]) and then need e = 2 (bf16 activations, Note [low precision]); others add nothing.
+  Precision recipe = Precision::bf16;
   void validate(const ModelSpec& m) const;  // throws InvalidInput naming the field
 };
 
 // One transformer layer, one micro-batch, on one rank: forward, backward and recompute kernels.
 std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s);
+namespace detail {
+// layer_ops' second half (core/src/lowp_ops.cpp): appends to one layer's `ops` the quantize kernels
+// of Note [low-precision casts] for its low-precision GEMMs (Op::high_precision already marked) and
+// makes the norms that feed a fused fp8 LayerNormLinear write fp8. No-op unless s.recipe is low
+// precision.
+void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op>& ops);
+}  // namespace detail
 // First pipeline stage's extra kernels (token embedding), one micro-batch.
 std::vector<Op> embedding_ops(const ModelSpec& m, const OperatorSetup& s);
 // Last pipeline stage's extra kernels (final norm, LM head, cross-entropy), one micro-batch.

@@ -256,9 +256,9 @@ struct PlanEval {
 //     plans on one system is the spread within one published table: at most 16.4 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.32 to 2.04, median 1.65 (uncompiled rows with Note [eager kernels]) — the model runs much
-//     faster than these runs; within one table up to 45 % apart (Table 4: AsyncTP, which tally
-//     hides entirely, gained 6 %).
+//     1.29 to 1.89, median 1.54 (uncompiled rows with Note [eager kernels], Float8 rows with Note
+//     [low-precision casts]) — the model runs much faster than these runs; within one table up to
+//     41 % apart (Table 4: AsyncTP, which tally hides entirely, gained 6 %).
 //   any other GPU (Blackwell, a cluster file, a calibrated host): no published run checks it; the
 //     band of the newest generation checked (H100 / H200), said so in its source.
 // The model runs fast, so every band sits above 1. The tests check each figure against its rows,
