@@ -1,12 +1,14 @@
-// A recorded measurement in tests/data, parsed once. Returned by reference to one object that
-// outlives every loop: a range-for over a member of a returned temporary would read freed memory
-// (ASan: heap-use-after-free).
+// A recorded measurement in tests/data, parsed once (and the median the validation tests print).
+// Returned by reference to one object that outlives every loop: a range-for over a member of a
+// returned temporary would read freed memory (ASan: heap-use-after-free).
 #pragma once
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace tally {
 
@@ -18,6 +20,14 @@ inline const nlohmann::json& fixture(const std::string& file) {
     it = cache.emplace(file, nlohmann::json::parse(f)).first;
   }
   return it->second;
+}
+
+// The median of the validation tests' errors and ratios (the mean of the middle two for an even
+// count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace tally

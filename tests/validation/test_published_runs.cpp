@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "fixture.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/operators.hpp"
 #include "tally/core/planner.hpp"
@@ -33,12 +34,6 @@ ModelSpec gpt(std::int64_t h, std::int64_t L, std::int64_t a) {
                    .ffn = 4 * h, .vocab = 51200, .max_positions = 2048, .tied_embeddings = true,
                    .linear_bias = true, .mlp = MlpKind::gelu, .norm = NormKind::layernorm,
                    .position = PositionKind::learned};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Table 4: one transformer layer of the 22B model (h 6144, 64 heads, t = 8, b = 4, s = 2048),

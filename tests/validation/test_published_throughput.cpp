@@ -60,12 +60,6 @@ std::vector<Throughput> all_rows() {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 TEST(PublishedThroughput, TorchtitanTablesKeptAside) {
   const auto rows = all_rows();
   std::printf("  %-44s %8s %9s %8s   step s = compute + TP + CP + PP + DP exposed + bubble\n",
