@@ -82,7 +82,12 @@ MemoryBudget PlanRequest::memory_budget() const {
                       .allocator_allowance = allocator_allowance, .runtime_bytes = runtime_bytes};
 }
 
-std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu) {
+LayoutFamily layout_family(const Layout& l) {
+  return l.tp == 1 && l.pp == 1 && l.cp == 1 && l.ep == 1 ? LayoutFamily::data_parallel
+                                                          : LayoutFamily::model_parallel;
+}
+
+std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutFamily family) {
   if (t != TimeModel::operators) return std::nullopt;
   const ErrorBand a100{.low = 0.994, .median = 1.10, .high = 1.21, .rank_spread = 0.164,
                        .source = "measured / predicted step time of 28 published Megatron-LM "
@@ -94,8 +99,14 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu) {
                                    "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
                                    "2025 tables; kept aside, nothing fitted)",
                          .runs = "torchtitan runs on H100/H200"};
+  const ErrorBand a100_fsdp{.low = 1.05, .median = 1.35, .high = 1.75, .rank_spread = 0.541,
+                            .source = "measured / predicted step time of 139 published FSDP runs "
+                                      "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
+                                      "125M-70B; kept aside, nothing fitted)",
+                            .runs = "llm-foundry FSDP runs on A100"};
   const std::string_view name = gpu.name;
-  if (name.starts_with("a100")) return a100;
+  if (name.starts_with("a100"))
+    return family == LayoutFamily::data_parallel ? a100_fsdp : a100;
   if (name.starts_with("h100") || name.starts_with("h200")) return hopper;
   ErrorBand nearest = hopper;  // Blackwell, a cluster file, a calibrated host
   nearest.source = "no published run checks this GPU: the band of the newest generation checked, "

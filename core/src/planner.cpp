@@ -708,7 +708,10 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
   res.points = points.points();
   res.points_sampled = points.sampled();
   res.frontier_thinned = points.frontier_thinned();
-  res.band = step_time_band(r.time_model, r.cluster.gpu);
+  // The best plan's family picks the band (Note [error band]); no plan: the model-parallel one.
+  res.band = step_time_band(r.time_model, r.cluster.gpu,
+                            res.best.empty() ? LayoutFamily::model_parallel
+                                             : layout_family(res.best.front().layout));
   if (!res.best.empty()) {
     const double spread = 1.0 + (res.band ? res.band->rank_spread : 0.0);
     res.indistinguishable = 1;

@@ -3,12 +3,16 @@
 // returned temporary would read freed memory (ASan: heap-use-after-free).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "tally/core/planner.hpp"
 
 namespace tally {
 
@@ -28,6 +32,20 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Note [error band]: a printed band is its rows' observed measured / predicted — the range, the
+// median and the largest spread within one table — rounded outward, and tight (it moves with the
+// model).
+inline void expect_band_is(const ErrorBand& band, double lo, double hi, double med,
+                           double rank_spread) {
+  EXPECT_LE(band.low, lo);
+  EXPECT_GE(band.high, hi);
+  EXPECT_GT(band.low, lo - 0.01);
+  EXPECT_LT(band.high, hi + 0.01);
+  EXPECT_NEAR(band.median, med, 0.01);
+  EXPECT_GE(band.rank_spread, rank_spread);
+  EXPECT_LT(band.rank_spread, rank_spread + 0.005);
 }
 
 }  // namespace tally

@@ -160,6 +160,44 @@ TEST(PublishedFsdp, LlmFoundryTablesKeptAside) {
   }
 }
 
+// Note [error band]: an A100 plan of data parallelism alone prints exactly these rows' range of
+// measured / predicted (the two A100 tables), its median, and the largest spread within one table;
+// a model-parallel A100 plan keeps the Megatron dev set's band, and Hopper's bands do not split.
+TEST(PublishedFsdp, A100DataParallelBandIsTheseRows) {
+  std::vector<double> ratios;
+  std::map<std::string, std::vector<double>> by_table;
+  for (const Row& r : all_rows()) {
+    if ((*r.run)["cluster"].get<std::string>().rfind("a100", 0) != 0) continue;
+    ratios.push_back(r.ratio());
+    by_table[(*r.run)["table"].get<std::string>()].push_back(r.ratio());
+  }
+  ASSERT_EQ(ratios.size(), 139u);
+  double rank_spread = 0;
+  for (const auto& [table, v] : by_table) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    rank_spread = std::max(rank_spread, *hi / *lo - 1);
+  }
+  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+  std::printf("  A100 FSDP rows: %.4f-%.4f, median %.4f, rank spread %.4f\n", *lo, *hi,
+              median(ratios), rank_spread);
+  for (const char* gpu : {"a100-80g", "a100-40g"}) {
+    SCOPED_TRACE(gpu);
+    const GpuSpec g = cluster_preset(gpu)->gpu;
+    const auto band = step_time_band(TimeModel::operators, g, LayoutFamily::data_parallel);
+    ASSERT_TRUE(band.has_value());
+    expect_band_is(*band, *lo, *hi, median(ratios), rank_spread);
+    const auto megatron = step_time_band(TimeModel::operators, g, LayoutFamily::model_parallel);
+    ASSERT_TRUE(megatron.has_value());
+    EXPECT_NE(std::string(megatron->runs), std::string(band->runs));
+  }
+  const GpuSpec h100 = cluster_preset("h100-80g")->gpu;
+  EXPECT_EQ(step_time_band(TimeModel::operators, h100, LayoutFamily::data_parallel)->high,
+            step_time_band(TimeModel::operators, h100, LayoutFamily::model_parallel)->high);
+  EXPECT_EQ(layout_family(Layout{.dp = 8, .zero = 3}), LayoutFamily::data_parallel);
+  EXPECT_EQ(layout_family(Layout{.dp = 4, .tp = 2}), LayoutFamily::model_parallel);
+  EXPECT_EQ(layout_family(Layout{.dp = 8, .ep = 8}), LayoutFamily::model_parallel);
+}
+
 // The trends, each a median of predicted / published over the rows sharing one value: sequence
 // length, model size, activation checkpointing, GPU count — per GPU type.
 TEST(PublishedFsdp, TrendsOfTheRatio) {

@@ -118,13 +118,7 @@ TEST(PublishedThroughput, HopperErrorBandIsTheseRows) {
     SCOPED_TRACE(gpu);
     const auto band = step_time_band(TimeModel::operators, cluster_preset(gpu)->gpu);
     ASSERT_TRUE(band.has_value());
-    EXPECT_LE(band->low, *lo);
-    EXPECT_GE(band->high, *hi);
-    EXPECT_GT(band->low, *lo - 0.01);  // tight: moves with the model
-    EXPECT_LT(band->high, *hi + 0.01);
-    EXPECT_NEAR(band->median, median(ratios), 0.01);
-    EXPECT_GE(band->rank_spread, rank_spread);
-    EXPECT_LT(band->rank_spread, rank_spread + 0.005);
+    expect_band_is(*band, *lo, *hi, median(ratios), rank_spread);
   }
   // A GPU no published run checks gets the newest checked generation's band, and says so.
   const auto b200 = step_time_band(TimeModel::operators, cluster_preset("b200")->gpu);
