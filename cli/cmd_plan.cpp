@@ -97,6 +97,8 @@ void run_finetune_plan(const PlanOptions& o, const PlanRequest& req, const LoraS
   const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const nlohmann::json j = finetune_plan_json(p, search_s);
   require_finite(j);  // Note [no inf or nan in output], for the text report too
+  // The page first: an unwritable path fails before anything is printed.
+  if (o.html) answers.page(*o.html, finetune_page(p, o.out.size_unit()));
   if (o.out.json)
     answers.json(j);
   else
@@ -297,9 +299,6 @@ void register_plan(CLI::App& app, const Answers& answers) {
   add_lora_flags(cmd, o->lora);
   cmd->callback([o, cmd, answers] {
     note_lora_flags(cmd, o->lora);
-    if (o->html && o->lora.method != "full")
-      throw InvalidInput("--html: the page draws the full-training plan; --method " +
-                         o->lora.method + " has none yet");
     run_plan(*o, answers);
   });
 }

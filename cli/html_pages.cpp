@@ -436,4 +436,74 @@ html::Page reliability_page(const ReliabilityReport& r) {
                      escape(r.convention()) + "</p>\n" + reliability_section(r)};
 }
 
+html::Page finetune_page(const FineTunePlan& p, SizeUnit u) {
+  const Units U{u};
+  const PlanRequest& q = p.request;
+  const std::string title =
+      fmt::format("tally plan — {} fine-tune of {} on {} × {}", to_string(p.lora.method),
+                  q.model.name, q.gpus, q.cluster.gpu.name);
+  std::string body = "<h1>" + escape(title) + "</h1>\n<p class=\"convention\">convention: " +
+                     escape(p.convention) + "</p>\n";
+  body += p.max_seq > 0
+              ? fmt::format("<p>Longest sequence that fits at micro-batch 1 with gradient "
+                            "checkpointing: <strong>{}</strong> tokens.</p>\n", p.max_seq)
+              : std::string("<p>No sequence fits: the static bytes alone overflow.</p>\n");
+  const std::vector<FineTuneEval>& evals = p.feasible() ? p.best : p.near_misses;
+  if (!p.feasible()) body += "<p><strong>No configuration fits.</strong> The closest:</p>\n";
+  if (evals.empty()) return {title, body};
+  // Memory per GPU (Note [does it fit]): the items sum to what the GPU holds.
+  auto memory = [](const FineTuneEval& e) -> std::vector<std::pair<const char*, double>> {
+    const FineTuneLedger& f = e.ledger;
+    return {{"quantized weights", f.quantized_weight_bytes},
+            {"quant constants", f.quant_constant_bytes},
+            {"frozen", f.frozen_bytes},
+            {"adapters + grads + optimizer", f.adapter_total_bytes()},
+            {"dequantized layer", f.dequant_transient_bytes},
+            {"activations", e.activation_bytes},
+            {"allocator cache", e.fit.allocator_bytes},
+            {"CUDA runtime", e.fit.runtime_bytes}};
+  };
+  auto time = [](const FineTuneEval& e) -> std::vector<std::pair<const char*, double>> {
+    return {{"kernels", e.compute_s - e.dequant_s},
+            {"dequantization", e.dequant_s},
+            {"adapters' optimizer step", e.optimizer_s},
+            {"adapters' all-reduce", e.allreduce_s}};
+  };
+  html::BarChart mem{.id = "memory", .title = "Memory per GPU", .convention = p.convention +
+                     " | " + U.label(), .unit = "memory per GPU (" + U.label() + ")"};
+  html::BarChart step{.id = "step", .title = "Step time: where the seconds go",
+                      .convention = p.convention, .unit = "time per optimizer step (s)"};
+  for (const auto& [name, v] : memory(evals.front())) mem.segments.push_back(name);
+  for (const auto& [name, v] : time(evals.front())) step.segments.push_back(name);
+  for (std::size_t i = 0; i < std::min<std::size_t>(evals.size(), 4); ++i) {
+    const FineTuneEval& e = evals[i];
+    const std::string row = (i == 0 ? (p.feasible() ? "chosen: " : "closest: ")
+                                    : fmt::format("alternative {}: ", i + 1)) + e.describe();
+    mem.rows.push_back(row);
+    step.rows.push_back(row);
+    std::vector<double> m, t;
+    for (const auto& [name, v] : memory(e)) m.push_back(U.per(v));
+    for (const auto& [name, v] : time(e)) t.push_back(v);
+    mem.values.push_back(m);
+    step.values.push_back(t);
+  }
+  const FineTuneEval& b = evals.front();
+  mem.guides = {{.label = "usable", .value = U.per(b.fit.usable_bytes)},
+                {.label = "capacity", .value = U.per(q.cluster.gpu.memory_bytes)}};
+  step.guides = {{.label = "step time", .value = b.step_s}};
+  std::vector<std::vector<std::string>> mrows, trows;
+  for (const auto& [name, v] : memory(b)) mrows.push_back({name, number(U.per(v))});
+  mrows.push_back({"total held", number(U.per(b.fit.total_bytes))});
+  mrows.push_back({"usable", number(U.per(b.fit.usable_bytes))});
+  for (const auto& [name, v] : time(b)) trows.push_back({name, number(v), pct(v / b.step_s)});
+  trows.push_back({"step time", number(b.step_s), "100.0 %"});
+  body += "<h2>Memory per GPU</h2>\n" + html::bar_chart(mem) +
+          html::table("Memory per GPU of " + b.describe() + " (" + U.label() + ")",
+                      {"item", U.name()}, mrows) +
+          "<h2>Step time</h2>\n" + html::bar_chart(step) +
+          html::table("Step time of " + b.describe() + " (s)", {"part", "seconds", "share of step"},
+                      trows);
+  return {title, body};
+}
+
 }  // namespace tally::cli

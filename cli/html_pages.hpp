@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "html_report.hpp"
+#include "tally/core/finetune_plan.hpp"
 #include "tally/core/pipeline.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/reliability.hpp"
@@ -36,5 +37,12 @@ html::Page compare_page(const std::vector<Comparison>& options, SizeUnit u);
 
 // The lost fraction of wall-clock against the checkpoint interval (Young's and Daly's optima).
 html::Page reliability_page(const ReliabilityReport& r);
+
+// `tally plan --method lora|qlora`: per-GPU memory of the chosen configuration and its
+// alternatives (or the closest misses) as stacked bars — the fine-tune ledger's items, the
+// activations, the allocator's cache and the CUDA runtime against the usable and capacity lines —
+// the step's parts (kernels, QLoRA's dequantization, the adapters' optimizer step and all-reduce),
+// and the longest sequence that fits; tables hold the numbers of --json.
+html::Page finetune_page(const FineTunePlan& p, SizeUnit u);
 
 }  // namespace tally::cli

@@ -195,6 +195,13 @@ TEST(HtmlCli, UnwritablePathExitsTwoWithOneLine) {
   }
 }
 
+// A figure as the pages' tables print it: 4 significant digits (html::number).
+std::string sig4(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return std::string(buf);
+}
+
 std::string cell_after(const std::string& page, const std::string& first_cell) {
   const std::regex re("<td>" + first_cell + "</td><td class=\"n\">([^<]*)</td>");
   std::smatch m;
@@ -217,11 +224,6 @@ TEST(HtmlCli, PlanPageHoldsTheChartsAndTheJsonFigures) {
                             ">chosen plan<", ">Daly<", "Young √(2·C·MTBF)"})
     EXPECT_NE(p.find(label), std::string::npos) << label;
   const auto& b = j["best"];
-  auto sig4 = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.4g", v);
-    return std::string(buf);
-  };
   EXPECT_EQ(cell_after(p, "total held"), sig4(b["per_gpu_gb"].get<double>()));
   EXPECT_EQ(cell_after(p, "params"), sig4(b["states_gb"]["params"].get<double>()));
   EXPECT_EQ(cell_after(p, "activations"), sig4(b["activations_gb"].get<double>()));
@@ -282,11 +284,29 @@ TEST(HtmlCli, PlanPageWhenNothingFitsAndForFineTunes) {
   EXPECT_NE(p.find("<strong>No layout fits.</strong>"), std::string::npos);
   EXPECT_NE(p.find("<caption>Closest layouts (GB = 1e9 B)</caption>"), std::string::npos);
   EXPECT_EQ(p.find("id=\"memory\""), std::string::npos);  // no chosen plan to draw
-  const TallyRun f = tally({"plan", "--method", "lora", "--html", (d / "lora.html").string()});
-  EXPECT_EQ(f.rc, 2);
-  EXPECT_EQ(f.err.rfind("tally: error: --html: ", 0), 0u) << f.err;
-  EXPECT_EQ(std::count(f.err.begin(), f.err.end(), '\n'), 1);
-  EXPECT_FALSE(fs::exists(d / "lora.html"));
+  // A fine-tune's page (issue 13): its memory and step bars, the numbers beside them those of
+  // --json, the items summing to what the GPU holds; and a fine-tune that nothing fits.
+  const TallyRun f = tally({"plan", "--method", "qlora", "--model", "llama-2-7b", "--json",
+                            "--html", (d / "qlora.html").string()});
+  ASSERT_EQ(f.rc, 0) << f.err;
+  const auto j = nlohmann::json::parse(f.out);
+  const std::string q = slurp(d / "qlora.html");
+  for (const char* id : {"memory", "step"})
+    EXPECT_NE(q.find(std::string("<svg class=\"chart\" id=\"") + id + "\""), std::string::npos);
+  const auto& b = j["best"];
+  EXPECT_EQ(cell_after(q, "total held"), sig4(b["per_gpu_gb"].get<double>()));
+  EXPECT_EQ(cell_after(q, "activations"), sig4(b["activations_gb"].get<double>()));
+  EXPECT_EQ(cell_after(q, "dequantization"), sig4(b["dequant_seconds"].get<double>()));
+  EXPECT_EQ(cell_after(q, "step time"), sig4(b["step_seconds"].get<double>()));
+  EXPECT_NE(q.find("<strong>" + std::to_string(j["max_seq"].get<long>()) + "</strong> tokens"),
+            std::string::npos);
+  const TallyRun none = tally({"plan", "--method", "lora", "--model", "llama-2-70b", "--gpus",
+                               "1", "--gpu", "a100-40g", "--html", (d / "lora.html").string()});
+  ASSERT_EQ(none.rc, 0) << none.err;
+  const std::string l = slurp(d / "lora.html");
+  EXPECT_NE(l.find("<strong>No configuration fits.</strong>"), std::string::npos);
+  EXPECT_NE(l.find("No sequence fits"), std::string::npos);
+  EXPECT_NE(l.find("closest: "), std::string::npos);
   fs::remove_all(d);
 }
 
