@@ -185,6 +185,8 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"tp_bytes", vs(x.tp_layer_bytes, x.tp_predicted_bytes)},
          {"tp_bytes_layout", vs(x.tp_layer_bytes, x.tp_layout_bytes)},
          {"tp_calls", vs(x.tp_layer_calls, x.tp_predicted_calls)},
+         {"tp_regather_bytes", vs(x.tp_regather_bytes, x.tp_regather_predicted_bytes)},
+         {"tp_regather_calls", vs(x.tp_regather_calls, x.tp_regather_predicted_calls)},
          {"tp_other_bytes", x.tp_other_bytes},
          {"pp_bytes", vs(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call)},
          {"pp_bytes_layout", vs(x.pp_send_bytes, x.pp_layout_bytes)},
@@ -279,10 +281,17 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                cell(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call),
                cell(x.dp_bytes, x.dp_predicted_bytes),
                cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
+  if (o.sp && o.tp > 1) {
+    fmt::print("SP re-gathers in backward (core's tp_regather, overlapped with the input-gradient "
+               "GEMM), bytes per step, measured/core=ratio:");
+    for (const auto& x : r.ranks)
+      fmt::print(" rank {} {}", x.rank, cell(x.tp_regather_bytes, x.tp_regather_predicted_bytes));
+    fmt::print("\n");
+  }
   fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2vM "
              "sends), measured/core=ratio:\n");
   fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside core's items: TP (SP edges, "
-             "re-gathers, SP grads), PP (tied embedding)\n",
+             "SP grads), PP (tied embedding)\n",
              "rank", "states", "TP", "PP", "DP");
   for (const auto& x : r.ranks)
     fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  {:.0f}, {:.0f}\n", x.rank,

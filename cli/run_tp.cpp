@@ -88,6 +88,14 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
          {"sp_edges", collectives_json(v.edges)},
          {"sp_grad_reduce", collectives_json(v.sp_grad_reduce)},
          {"sp_regather", collectives_json(v.sp_regather)},
+         {"sp_regather_bytes_per_step",
+          measured_json(
+              [&] {
+                double b = 0;
+                for (const auto& m : v.sp_regather) b += m.bytes_sent;
+                return b;
+              }(),
+              v.predicted.tp_regather.bytes_per_rank)},
          {"tp_comm_bytes_per_step", v.tp_comm_bytes},
          {"predicted_tp", {{"collective", std::string(to_string(t.collective))},
                            {"calls_per_step", t.calls},
@@ -140,10 +148,15 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
       for (const auto& c : v.sp_grad_reduce) grads += c.bytes_sent;
       double regather = 0;
       for (const auto& c : v.sp_regather) regather += c.bytes_sent;
+      fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n",
+                 "backward re-gather bytes per step", regather,
+                 v.predicted.tp_regather.bytes_per_rank,
+                 ratio(regather, v.predicted.tp_regather.bytes_per_rank));
+      fmt::print("  (core's tp_regather: the column-parallel inputs' shards gathered again for the "
+                 "weight gradients, as Megatron does, overlapped)\n");
       fmt::print("  outside core's ledger: SP edges (embedding split, final gather) {:.0f} bytes, "
-                 "sequence-sharded parameter gradients all-reduce {:.0f} bytes, backward re-gather "
-                 "of the column-parallel inputs (Megatron; overlapped) {:.0f} bytes per step\n",
-                 edge, grads, regather);
+                 "sequence-sharded parameter gradients all-reduce {:.0f} bytes per step\n",
+                 edge, grads);
     }
   }
   for (const auto& c : checks)

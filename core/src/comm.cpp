@@ -160,6 +160,7 @@ std::string_view to_string(TrafficKind k) {
     case TrafficKind::dp_grad: return "dp-grad";
     case TrafficKind::zero_param_gather: return "zero-param-gather";
     case TrafficKind::tp: return "tp";
+    case TrafficKind::tp_regather: return "tp-sp-regather";
     case TrafficKind::pp: return "pp";
     case TrafficKind::cp: return "cp";
     case TrafficKind::ep: return "ep-all-to-all";
@@ -380,7 +381,31 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
         t.formula = std::string(full ? "6" : "4") +
                     " all-reduces x 2S(t-1)/t per layer per micro-batch, S = b*(s/cp)*h*act_bytes";
     }
+    // Note [SP re-gather]
+    // Under SP a column-parallel linear (QKV; the MLP's first, gate and up fused) keeps only its
+    // input's shard b·(s/t)·h — the 34/t·sbh of Korthikanti 2022 §4.2.2 and of core's activation
+    // ledger — and all-gathers it again in backward for the weight gradient (Megatron-LM
+    // LinearWithGradAccumulationAndAsyncCommunication, sequence_parallel=True; TE's LayerNormLinear
+    // alike). One all-gather of S per such linear per micro-batch in backward, whatever the
+    // recompute policy: a full-recompute replay keeps the shard too, and torchtitan's op-level SAC
+    // (which saves no all-gather output) gathers each input once in backward for both its replayed
+    // matmul and the weight gradient. Megatron issues it asynchronously beside the input-gradient
+    // GEMM, so the time model keeps it off the critical path (planner.cpp costs `tp` only); the
+    // bytes are sent all the same.
+    if (st.sequence_parallel) {
+      auto& rg = r.tp_regather;
+      rg.collective = Collective::all_gather;
+      rg.calls = (layers_stage + mlp_layers) * m;
+      rg.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, s_act, st.tp);
+      if (st.formulas)
+        rg.formula = "2 all-gathers x S(t-1)/t per layer per micro-batch in backward (the column-"
+                     "parallel inputs' shards, re-gathered for the weight gradients; overlapped), "
+                     "S = b*(s/cp)*h*act_bytes";
+    }
   }
+  r.tp_regather.kind = TrafficKind::tp_regather;
+  r.tp_regather.group = st.tp;
+  r.tp_regather.stride = 1;
 
   // PP.
   auto& p = r.pp;
@@ -457,18 +482,20 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
                   "*top_k*capacity*h*act_bytes";
   }
 
-  for (TrafficItem* it : {&g, &z, &t, &p, &c, &e, &x, &r.expert_grad, &r.expert_param_gather})
+  for (TrafficItem* it : {&g, &z, &t, &r.tp_regather, &p, &c, &e, &x, &r.expert_grad,
+                          &r.expert_param_gather})
     it->bytes_per_rank = it->calls * it->bytes_per_call;
   return r;
 }
 
 double StepTraffic::total_bytes() const {
-  return dp_total_bytes() + tp.bytes_per_rank + pp.bytes_per_rank + cp.bytes_per_rank +
-         ep.bytes_per_rank + expert_tp.bytes_per_rank;
+  return dp_total_bytes() + tp.bytes_per_rank + tp_regather.bytes_per_rank + pp.bytes_per_rank +
+         cp.bytes_per_rank + ep.bytes_per_rank + expert_tp.bytes_per_rank;
 }
 
 std::vector<TrafficItem> StepTraffic::items() const {
-  return {dp_grad, zero_param_gather, tp, pp, cp, ep, expert_tp, expert_grad, expert_param_gather};
+  return {dp_grad,  zero_param_gather, tp,        tp_regather, pp,
+          cp,       ep,                expert_tp, expert_grad, expert_param_gather};
 }
 
 std::string StepTraffic::convention() const {

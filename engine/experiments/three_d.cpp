@@ -395,7 +395,12 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
           me.tp_layer_bytes += c.bytes_sent;
           if (o.tp > 1) me.tp_layer_calls += double(c.calls);
         }
-      me.tp_other_bytes = all_bytes(g.tp()) - tp0 - me.tp_layer_bytes;
+      for (int l : rm.stage.own_layers())  // Note [SP re-gather]: core's tp_regather
+        for (const auto& c : rm.tp.regather_sites()[std::size_t(l)].issued.by_collective) {
+          me.tp_regather_bytes += c.bytes_sent;
+          if (o.tp > 1) me.tp_regather_calls += double(c.calls);
+        }
+      me.tp_other_bytes = all_bytes(g.tp()) - tp0 - me.tp_layer_bytes - me.tp_regather_bytes;
       std::vector<double> sends = rec.activation_send_bytes;
       sends.insert(sends.end(), rec.gradient_send_bytes.begin(), rec.gradient_send_bytes.end());
       me.pp_sends = double(sends.size());
@@ -434,6 +439,8 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   const StepTraffic layout = step_traffic(layout_setup);
   me.tp_predicted_bytes = mine.tp.bytes_per_rank;
   me.tp_predicted_calls = mine.tp.calls;
+  me.tp_regather_predicted_bytes = mine.tp_regather.bytes_per_rank;
+  me.tp_regather_predicted_calls = mine.tp_regather.calls;
   me.tp_layout_bytes = layout.tp.bytes_per_rank;
   me.pp_predicted_per_call = mine.pp.bytes_per_call;
   me.cp_predicted_bytes = mine.cp.bytes_per_rank;
@@ -489,6 +496,8 @@ void fields(ThreeDRank& m, F&& f) {
   f(m.max_grad_rel_diff), f(m.max_param_rel_diff), f(m.loss);
   f(m.tp_layer_bytes), f(m.tp_layer_calls), f(m.tp_other_bytes), f(m.tp_predicted_bytes);
   f(m.tp_predicted_calls), f(m.tp_layout_bytes);
+  f(m.tp_regather_bytes), f(m.tp_regather_calls), f(m.tp_regather_predicted_bytes);
+  f(m.tp_regather_predicted_calls);
   f(m.pp_sends), f(m.pp_min_send), f(m.pp_max_send), f(m.pp_send_bytes), f(m.pp_expected_sends);
   f(m.pp_predicted_per_call), f(m.pp_layout_bytes), f(m.pp_embedding_bytes);
   f(m.dp_bytes), f(m.dp_calls), f(m.dp_predicted_bytes), f(m.dp_layout_bytes);
@@ -633,6 +642,10 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
     rel(rk + "TP bytes of its layers vs core's TP item", m.tp_layer_bytes, m.tp_predicted_bytes,
         kByteRounding);
     rel(rk + "TP calls of its layers vs core's", m.tp_layer_calls, m.tp_predicted_calls, 0);
+    rel(rk + "SP re-gather bytes of its layers vs core's tp_regather", m.tp_regather_bytes,
+        m.tp_regather_predicted_bytes, kByteRounding);
+    rel(rk + "SP re-gather calls of its layers vs core's", m.tp_regather_calls,
+        m.tp_regather_predicted_calls, 0);
     rel(rk + "PP sends vs the schedule's", m.pp_sends, m.pp_expected_sends, 0);
     if (m.pp_sends > 0) {
       rel(rk + "smallest PP send bytes vs core's per call", m.pp_min_send, m.pp_predicted_per_call, 0);

@@ -266,6 +266,13 @@ std::vector<TpCheck> tp_checks(const TpResult& r) {
       }
       if (r.world_size > 1) rel(layer + "calls", double(calls), v.predicted_calls_per_layer(), 0);
     }
+    if (v.sequence_parallel && r.world_size > 1) {  // Note [SP re-gather]: core's tp_regather
+      double calls = 0;
+      for (const auto& m : v.sp_regather) calls += double(m.calls);
+      rel(sp + "backward re-gather bytes (core tp_regather)", bytes_of(v.sp_regather),
+          v.predicted.tp_regather.bytes_per_rank, kTpBytesTolerance);
+      rel(sp + "backward re-gather calls", calls, v.predicted.tp_regather.calls, 0);
+    }
   }
   // Seed plan 2: the SP-on / SP-off activation ratio against core's, for each recompute setting.
   for (const TpVariant& off : r.variants)

@@ -129,7 +129,13 @@ struct SeqParallelColumnLinear : torch::autograd::Function<SeqParallelColumnLine
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &shard = saved[0], &w = saved[1];
     auto* regather = reinterpret_cast<TpSite*>(ctx->saved_data["regather"].toInt());
-    const torch::Tensor full = seq_all_gather(*regather, shard);  // (B, T, C)
+    torch::Tensor full;  // (B, T, C)
+    if (regather->gathered.defined()) {  // op-sac's k replay gathered it (Note [selective …])
+      full = regather->gathered;
+      regather->gathered = torch::Tensor();
+    } else {
+      full = seq_all_gather(*regather, shard);
+    }
     const torch::Tensor go = g[0].reshape({-1, w.size(0)});       // (B·T, out)
     const torch::Tensor grad_w = go.t().mm(full.reshape({-1, w.size(1)}));
     const torch::Tensor grad_b = go.sum(0);
@@ -346,7 +352,9 @@ torch::Tensor TpGpt::block_forward(std::size_t l, const torch::Tensor& x, const 
       const torch::Tensor wk = p(l, "qkv_w").narrow(0, Cl, Cl).detach();
       const torch::Tensor bk = p(l, "qkv_b").narrow(0, Cl, Cl).detach();
       const int k_entry = replay.add(k, [this, regather, a = a.detach(), wk, bk, heads_of] {
-        return heads_of(torch::linear(sp_ ? seq_all_gather(*regather, a) : a, wk, bk));
+        if (!sp_) return heads_of(torch::linear(a, wk, bk));
+        regather->gathered = seq_all_gather(*regather, a);  // the QKV weight gradient's too
+        return heads_of(torch::linear(regather->gathered, wk, bk));
       });
       replay.before_backward(scores, {a_entry, k_entry});
     }

@@ -39,8 +39,8 @@
 // the shard (B, T/t, C) and all-gathers it again in backward, overlapped with the input-gradient
 // GEMM; Korthikanti 2022 §4.2.2's 34/t·sbh counts the shard, and so does core's activation
 // ledger. TpGpt does the same: per layer two extra all-gathers of S in backward, on their own site
-// (TpGpt::regather_sites), outside core's TP traffic item, which counts the collectives on the
-// critical path (comm.cpp).
+// (TpGpt::regather_sites): core's tp_regather item (comm.cpp Note [SP re-gather]), apart from the
+// TP item, which holds the collectives on the critical path.
 //
 // Note [TP with context parallelism]
 // With a CP group of c ranks (tally run 3d --cp), the rank holds s/c of every sequence: the two
@@ -77,7 +77,10 @@
 //                 sum, or the reduce-scattered shard under SP) is kept instead, as torchtitan's
 //                 policy saves collective outputs (h·s·b/t under SP, h·s·b without, beyond core's
 //                 inventory). Under SP the k replay all-gathers the norm output on the layer's
-//                 re-gather site (Note [SP re-gather]), outside core's TP item.
+//                 re-gather site and leaves it there (TpSite::gathered) for the QKV weight
+//                 gradient, which then gathers nothing: one re-gather per column-parallel input,
+//                 as core's tp_regather counts (torchtitan's op SAC saves no all-gather output
+//                 and gathers each input once in backward, for the replay and the gradient).
 // No replay issues a collective of core's TP item: with these three policies a layer's TP
 // traffic is the 4 collectives of no recompute, as core's step_traffic counts. Under CP the
 // attention is ring attention, which keeps its own q, k, v, output and log-sum-exp and has no
@@ -104,6 +107,9 @@ namespace tally::engine {
 struct TpSite {
   Comm* comm = nullptr;
   CommCounters issued;
+  // A re-gather site's input already gathered in this backward (op-sac's k replay under SP), for
+  // the next SeqParallelColumnLinear backward on the site to take instead of gathering again.
+  torch::Tensor gathered;
 };
 
 struct NamedTensor {

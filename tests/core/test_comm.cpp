@@ -213,6 +213,29 @@ TEST(StepTraffic, SequenceParallelSameBytesTwiceTheCalls) {
   EXPECT_EQ(sp.tp.paired_with, Collective::reduce_scatter);
 }
 
+// Megatron-LM's SP column-parallel linear keeps the input's shard and all-gathers it again in
+// backward for the weight gradient (Note [SP re-gather] in comm.cpp): one all-gather of S =
+// b·s·h·e = 67,108,864 B per column-parallel linear (QKV, MLP fc1), two per layer per micro-batch,
+// whatever the recompute; S(t−1)/t = 58,720,256 B each. Seed 7B, t = 8, 32 layers, m = 1.
+TEST(StepTraffic, SequenceParallelReGathersEachColumnInputInBackward) {
+  for (Recompute rc : {Recompute::none, Recompute::full, Recompute::op_sac}) {
+    const auto sp = step_traffic(seed_tp(rc, true));
+    EXPECT_EQ(sp.tp_regather.collective, Collective::all_gather);
+    EXPECT_EQ(sp.tp_regather.calls, 2 * 32);
+    EXPECT_DOUBLE_EQ(sp.tp_regather.bytes_per_call, 58720256.0);
+    EXPECT_DOUBLE_EQ(sp.tp_regather.bytes_per_rank, 64 * 58720256.0);
+    EXPECT_EQ(sp.tp_regather.group, 8);
+    EXPECT_DOUBLE_EQ(sp.total_bytes() - sp.tp.bytes_per_rank - sp.dp_total_bytes(),
+                     sp.tp_regather.bytes_per_rank);
+    // Without SP every rank keeps the whole input: nothing to re-gather.
+    EXPECT_EQ(step_traffic(seed_tp(rc)).tp_regather.calls, 0);
+  }
+  auto mb = seed_tp(Recompute::none, true);  // 4 micro-batches on a stage of 8 layers
+  mb.pp = 4;
+  mb.micro_batches = 4;
+  EXPECT_EQ(step_traffic(mb).tp_regather.calls, 2 * 8 * 4);
+}
+
 TEST(StepTraffic, PipelineSendsActivationAndGradientPerMicroBatch) {
   auto s = seed_tp(Recompute::none);
   s.tp = 1;
@@ -269,7 +292,7 @@ TEST(StepTraffic, ContextParallelRingOfKV) {
 TEST(StepTraffic, SingleRankMovesNothing) {
   const auto r = step_traffic(StepTrafficSetup{.params = 7e9});
   EXPECT_EQ(r.total_bytes(), 0.0);
-  EXPECT_EQ(r.items().size(), 9u);
+  EXPECT_EQ(r.items().size(), 10u);
   for (const auto& it : r.items()) EXPECT_EQ(it.calls, 0.0) << to_string(it.kind);
 }
 
@@ -479,8 +502,13 @@ TEST(StepTraffic, ExpertTensorParallelMixtralByHand) {
   EXPECT_DOUBLE_EQ(r.expert_tp.bytes_per_call, a2a);
   EXPECT_EQ(r.expert_grad.group, 2);
   EXPECT_NEAR(r.expert_grad.bytes_per_rank, 2 * routed / 8, 1);
+  // SP's backward re-gather: only the attention's QKV input (a MoE layer without shared experts
+  // has no column-parallel MLP), one per layer, 32 of S(t−1)/t = 4096 · 4096 B.
+  EXPECT_DOUBLE_EQ(r.tp_regather.calls, 32);
+  EXPECT_DOUBLE_EQ(r.tp_regather.bytes_per_call, 4096.0 * 4096);
   EXPECT_NEAR(r.total_bytes(), 128 * a2a * 3 / 4 + 128 * a2a + 128 * 4096.0 * 4096 +
-                                   2 * (n - routed) * 7 / 8 + 2 * routed / 8, 64);
+                                   32 * 4096.0 * 4096 + 2 * (n - routed) * 7 / 8 + 2 * routed / 8,
+              64);
   // Full recompute replays the forward pair; shared experts keep the MLP-side TP pair under SP.
   StepTrafficSetup full = s;
   full.recompute = Recompute::full;

@@ -127,8 +127,8 @@ struct RouteLimit {
   std::int64_t copies_per_token = 1;  // k: its routed copies (top-k)
 };
 
-enum class TrafficKind { dp_grad, zero_param_gather, tp, pp, cp, ep, expert_tp, expert_grad,
-                         expert_param_gather };
+enum class TrafficKind { dp_grad, zero_param_gather, tp, tp_regather, pp, cp, ep, expert_tp,
+                         expert_grad, expert_param_gather };
 std::string_view to_string(TrafficKind k);
 
 // One line of the per-step ledger. bytes_per_rank = calls · bytes_per_call.
@@ -151,6 +151,9 @@ struct StepTraffic {
   TrafficItem dp_grad;           // DP all-reduce, or ZeRO reduce-scatter of gradients
   TrafficItem zero_param_gather; // ZeRO all-gather of parameters (stages 1–3)
   TrafficItem tp;
+  // Note [SP re-gather] (comm.cpp): under SP, the all-gathers in backward that rebuild each
+  // column-parallel linear's input for its weight gradient. Sent, but off the critical path.
+  TrafficItem tp_regather;
   TrafficItem pp;
   TrafficItem cp;
   TrafficItem ep;                // MoE token dispatch and combine all-to-alls
@@ -171,7 +174,7 @@ struct StepTraffic {
            expert_grad.bytes_per_rank + expert_param_gather.bytes_per_rank;
   }
   double total_bytes() const;
-  std::vector<TrafficItem> items() const;  // the nine items in ledger order
+  std::vector<TrafficItem> items() const;  // the ten items in ledger order
   std::string convention() const;
 };
 

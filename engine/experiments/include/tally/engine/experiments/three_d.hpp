@@ -109,7 +109,9 @@ struct ThreeDRank {
   double loss = 0;                   // last stages: mean over this DP rank's M micro-batches
   // TP group
   double tp_layer_bytes = 0, tp_layer_calls = 0;  // the stage's layers (core's item)
-  double tp_other_bytes = 0;         // SP edges, SP re-gathers, SP gradient all-reduce
+  double tp_regather_bytes = 0, tp_regather_calls = 0;  // its layers' SP re-gathers
+  double tp_regather_predicted_bytes = 0, tp_regather_predicted_calls = 0;  // core's tp_regather
+  double tp_other_bytes = 0;         // SP edges, SP gradient all-reduce
   double tp_predicted_bytes = 0;     // step_traffic TP item, this stage's layers
   double tp_predicted_calls = 0;
   double tp_layout_bytes = 0;        // step_traffic TP item, the layout (busiest stage)
