@@ -1,0 +1,156 @@
+// One row of tests/data/megatron_bridge_perf.json (NVIDIA Megatron-Bridge's performance summary,
+// 26.04.01 NeMo container, docs/performance-summary.md at v0.4.2 = c8101293) as tally's request
+// and layout: the published layout fixed, the rest read from the performance recipe the row ran
+// (the row's "recipe", scripts/performance at the same commit), nothing fitted. The pattern of
+// torchtitan_rows.hpp and llm_foundry_rows.hpp; read by test_published_bridge.cpp.
+//
+// A row tally cannot express gets a reason instead (bridge_skip_reason, or the InvalidInput that
+// evaluate_layout throws for its layout): it is listed, never dropped.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tally/core/planner.hpp"
+#include "tally/core/presets.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+// The table's model names and tally's presets. Megatron-Bridge builds each model from its Hugging
+// Face config (recipes: AutoBridge.from_hf_pretrained): meta-llama/Meta-Llama-3-70B,
+// meta-llama/Llama-3.1-405B, deepseek-ai/DeepSeek-V3, openai/gpt-oss-120b, Qwen/Qwen3-30B-A3B,
+// Qwen/Qwen3-235B-A22B — the configs the presets cite (core/src/presets.cpp).
+inline std::optional<std::string> bridge_model_preset(const std::string& table_model) {
+  if (table_model == "LLAMA3_70B") return "llama-3-70b";
+  if (table_model == "LLAMA3.1_405B") return "llama-3.1-405b";
+  if (table_model == "DeepSeekV3") return "deepseek-v3";
+  if (table_model == "GPT OSS 120B") return "gpt-oss-120b";
+  if (table_model == "Qwen3_30B_a3B") return "qwen3-30b-a3b";
+  if (table_model == "Qwen3_235B_a22B") return "qwen3-235b-a22b";
+  return std::nullopt;
+}
+
+// The systems: DGX-GB300 and DGX-GB200 are the NVL72 racks (18 trays of 4 GPUs on one NVLink
+// domain), DGX-B300 and DGX-B200 eight-GPU HGX nodes, DGX-H100 the eight-GPU H100 SXM node.
+inline std::string bridge_cluster(const std::string& system) {
+  if (system == "DGX-GB300") return "gb300-nvl72";
+  if (system == "DGX-GB200") return "gb200-nvl72";
+  if (system == "DGX-B300") return "b300";
+  if (system == "DGX-B200") return "b200";
+  if (system == "DGX-H100") return "h100-80g";
+  return "";
+}
+
+// FP8 is the recipes' fp8_cs (per-tensor current scaling, Transformer Engine): tally's per-tensor
+// fp8 recipe. MXFP8 (fp8_mx) and NVFP4 are TE's block-scaled recipes, tally's mxfp8 and nvfp4.
+inline Precision bridge_precision(const std::string& p) {
+  if (p == "BF16") return Precision::bf16;
+  if (p == "FP8") return Precision::fp8;
+  if (p == "MXFP8") return Precision::mxfp8;
+  if (p == "NVFP4") return Precision::nvfp4;
+  throw InvalidInput("precision " + p + ": not one of the table's BF16, FP8, MXFP8, NVFP4");
+}
+
+inline int bridge_int(const nlohmann::json& v, int if_na) { return v.is_null() ? if_na : v.get<int>(); }
+inline int bridge_dp(const nlohmann::json& run) {
+  return run["gpus"].get<int>() / (run["tp"].get<int>() * run["pp"].get<int>() * run["cp"].get<int>());
+}
+
+// Why a row is not predicted, before its layout is tried; empty = try it.
+inline std::string bridge_skip_reason(const nlohmann::json& run) {
+  const std::string model = run["model"];
+  if (!bridge_model_preset(model)) {
+    if (model == "Kimi_K2")
+      return "no tally preset for Kimi K2 (1T parameters, 384 experts), and the table says it "
+             "trained with the Muon optimizer, which tally's optimizer ledger does not have";
+    return "no tally preset for " + model + ": a hybrid Mamba-2 / attention MoE model, and tally "
+           "has no Mamba (state-space) layers";
+  }
+  if (!run.contains("recipe")) return "no recipe read for this row";
+  const auto& rc = run["recipe"];
+  if (rc.value("mtp_num_layers", 0) > 0)
+    return "the recipe trains DeepSeek-V3's multi-token-prediction module with it (mtp_num_layers "
+           "1: one more MoE layer and a second LM-head pass); tally's deepseek-v3 preset leaves "
+           "the MTP module out";
+  for (const auto& m : rc.value("recompute", nlohmann::json::array())) {
+    const std::string mod = m;
+    if (mod != "layernorm" && mod != "moe_act")
+      return "recompute module " + mod + ": no tally recompute policy replays it alone";
+  }
+  return "";
+}
+
+// Megatron-Core's recompute_modules ["layernorm", "moe_act"] replays the norms and the experts'
+// activation from saved GEMM outputs: tally's save_matmuls (norms, activation and rotary replayed;
+// Megatron's fused rotary is not, a memory-bound kernel counted once more). [] = none.
+inline Recompute bridge_recompute(const nlohmann::json& recipe) {
+  return recipe.value("recompute", nlohmann::json::array()).empty() ? Recompute::none
+                                                                     : Recompute::save_matmuls;
+}
+
+// Layers per pipeline stage as Megatron-Core splits them (an explicit list for tally, so that
+// the planner's choose_split does not move layers the run did not move): even, or with
+// account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split (Llama 3.1 405B,
+// Qwen3 235B): the embedding and the loss each take one layer's slot, (L + 2) / (pp·v) slots per
+// virtual stage, so the first stage holds one layer fewer and the last one fewer. Empty for an
+// even split that tally's interleaved schedule takes as it is (v > 1) and for pp = 1.
+inline std::vector<int> bridge_stage_layers(const nlohmann::json& run, std::int64_t layers) {
+  const int pp = run["pp"], v = bridge_int(run["vp"], 1);
+  if (pp == 1) return {};
+  const bool slots = run["recipe"]["pipeline_split"] == "embedding and loss each count as a layer";
+  if (!slots && v > 1) return {};
+  const std::int64_t total = layers + (slots ? 2 : 0), chunks = std::int64_t(pp) * v;
+  if (total % chunks != 0)
+    throw InvalidInput(std::to_string(total) + " layer slots do not split evenly over pp·vp = " +
+                       std::to_string(chunks) + " stages");
+  std::vector<int> per(std::size_t(pp), int(total / pp));
+  if (slots) {
+    per.front() -= 1;  // the embedding's slot
+    per.back() -= 1;   // the loss's slot
+  }
+  return per;
+}
+
+// The request: the system's preset, the row's GPUs, GBS and sequence, its precision; AdamW (the
+// recipes' distributed fused Adam with weight decay); Megatron-Core's overlaps as the recipes set
+// them (overlap_grad_reduce and overlap_param_gather True: tally's defaults; TP comm overlap where
+// tp_comm_overlap is set and TP > 1; the MoE all-to-all overlap where moe_a2a_overlap is set);
+// TE's fused kernels and fused cross-entropy; dropless balanced routing (capacity factor 1, the
+// page's footnote); fp8 current scaling keeps no amax history (memory only).
+inline PlanRequest bridge_request(const nlohmann::json& run) {
+  const auto& rc = run["recipe"];
+  const Precision p = bridge_precision(run["precision"]);
+  return PlanRequest{.model = *model_preset(*bridge_model_preset(run["model"])),
+                     .cluster = *cluster_preset(bridge_cluster(run["system"])),
+                     .gpus = run["gpus"], .global_batch = run["gbs"], .seq = run["seq"],
+                     .precision = p, .optimizer = Optimizer::adamw,
+                     .tp_overlap = rc.value("tp_comm_overlap", false) && run["tp"].get<int>() > 1,
+                     .ep_overlap = rc.value("moe_a2a_overlap", false),
+                     .amax_history = p == Precision::fp8 ? 1 : kTeAmaxHistory,
+                     .eager_loss = false, .kernels = Kernels::fused};
+}
+
+// The layout: the row's TP, PP, CP, VP and EP; DP the rest; SP with TP (the perf configs'
+// sequence_parallel = TP > 1); ETP as the recipe sets it (1 for every MoE model here); FSDP > 0
+// (Megatron FSDP, optim_grads_params) = ZeRO-3 over dp, otherwise Megatron's distributed optimizer
+// = ZeRO-1; GA = GBS / (MBS · DP); flash attention (TE / cuDNN fused attention).
+inline Layout bridge_layout(const nlohmann::json& run, const ModelSpec& m) {
+  const auto& rc = run["recipe"];
+  const int dp = bridge_dp(run);
+  const std::int64_t mbs = run["mbs"];
+  Layout L{.dp = dp, .tp = run["tp"], .pp = run["pp"], .cp = run["cp"],
+           .interleave = bridge_int(run["vp"], 1), .ep = bridge_int(run["ep"], 1),
+           .etp = m.is_moe() ? bridge_int(rc["expert_tensor_parallel"], 0) : 0,
+           .sp = run["tp"].get<int>() > 1, .zero = run["fsdp"].get<int>() > 0 ? 3 : 1,
+           .micro_batch = mbs, .grad_accum = run["gbs"].get<std::int64_t>() / (dp * mbs),
+           .recompute = bridge_recompute(rc), .attention = Attention::flash};
+  const std::vector<int> stages = bridge_stage_layers(run, m.layers);
+  if (!stages.empty()) L.stage_layer_list = std::make_shared<const std::vector<int>>(stages);
+  return L;
+}
+
+}  // namespace tally
