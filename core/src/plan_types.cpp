@@ -104,11 +104,20 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                       "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
                                       "125M-70B; kept aside, nothing fitted)",
                             .runs = "llm-foundry FSDP runs on A100"};
+  const ErrorBand blackwell{.low = 1.015, .median = 1.287, .high = 2.295, .rank_spread = 0.801,
+                            .source = "measured / predicted step time of 16 published Megatron-"
+                                      "Bridge runs on B200, B300, GB200 and GB300 (26.04.01 "
+                                      "performance summary: Llama 3 70B, GPT-OSS 120B, Qwen3 MoE; "
+                                      "FP8, MXFP8, NVFP4, BF16; kept aside, nothing fitted)",
+                            .runs = "Megatron-Bridge runs on B200/B300/GB200/GB300"};
   const std::string_view name = gpu.name;
+  if (name.starts_with("b200") || name.starts_with("b300") || name.starts_with("gb200") ||
+      name.starts_with("gb300"))
+    return blackwell;
   if (name.starts_with("a100"))
     return family == LayoutFamily::data_parallel ? a100_fsdp : a100;
   if (name.starts_with("h100") || name.starts_with("h200")) return hopper;
-  ErrorBand nearest = hopper;  // Blackwell, a cluster file, a calibrated host
+  ErrorBand nearest = hopper;  // a cluster file's GPU, a calibrated host
   nearest.source = "no published run checks this GPU: the band of the newest generation checked, "
                    "19 torchtitan runs on H100 and H200 (kept aside, nothing fitted)";
   nearest.runs = "no published run on this GPU; torchtitan runs on H100/H200";

@@ -175,8 +175,13 @@ TEST(Cli, PlanBandNamesTheRunsBehindIt) {
       << megatron.out;
   const auto b200 = tally("plan --gpu b200");
   EXPECT_EQ(b200.rc, 0) << b200.err;
-  EXPECT_NE(b200.out.find("(no published run on this GPU; torchtitan runs on H100/H200 took "
-                          "1.290–1.900×"), std::string::npos) << b200.out;
+  EXPECT_NE(b200.out.find("(Megatron-Bridge runs on B200/B300/GB200/GB300 took 1.015–2.295×"),
+            std::string::npos) << b200.out;
+  const auto own =
+      tally(std::string("plan --gpu ") + TALLY_TEST_DATA + "/../../../docs/clusters/rtx-4090.json");
+  EXPECT_EQ(own.rc, 0) << own.err;
+  EXPECT_NE(own.out.find("(no published run on this GPU; torchtitan runs on H100/H200 took "
+                         "1.290–1.900×"), std::string::npos) << own.out;
 }
 
 // Interleaved stages (Narayanan 2021 §2.2.2): v = 3 chunks send 3× the PP bytes of v = 1. Seed 7B,

@@ -46,6 +46,8 @@
 #include "fixture.hpp"
 #include "megatron_bridge_rows.hpp"
 #include "tally/core/compute.hpp"
+#include "tally/core/planner.hpp"
+#include "tally/core/presets.hpp"
 
 namespace tally {
 namespace {
@@ -221,6 +223,47 @@ TEST(PublishedBridge, MegatronBridgeTablesKeptAside) {
   // expressible must be seen here, not dropped silently.
   EXPECT_EQ(all.size(), 19u);
   EXPECT_EQ(skipped.size(), 28u);
+}
+
+// Note [error band] in planner.hpp: a plan on a Blackwell GPU prints exactly these rows' band
+// (measured / predicted step = tally's tokens/s over the published); the spread within one
+// system's table is what can reorder two plans there. The tables' H100 rows are not Hopper's band
+// (torchtitan's): they lie inside its range but for its low end, as the Note says.
+TEST(PublishedBridge, BlackwellErrorBandIsTheseRows) {
+  std::vector<double> ratios, hopper;
+  std::map<std::string, std::vector<double>> by_system;
+  for (const Row& r : all_rows()) {
+    if (!r.why.empty()) continue;
+    const std::string system = short_system((*r.run)["system"]);
+    if (system == "H100") {
+      hopper.push_back(r.ratio());
+      continue;
+    }
+    ratios.push_back(r.ratio());
+    by_system[system].push_back(r.ratio());
+  }
+  ASSERT_EQ(ratios.size(), 16u);
+  ASSERT_EQ(by_system.size(), 4u);  // B200, B300, GB200, GB300
+  double rank_spread = 0;
+  for (const auto& [system, r] : by_system) {
+    const auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+    rank_spread = std::max(rank_spread, *hi / *lo - 1);
+  }
+  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+  std::printf("  Blackwell rows: measured / predicted %.4f to %.4f, median %.4f, within one system "
+              "up to %.4f apart\n", *lo, *hi, median(ratios), rank_spread);
+  for (const char* cluster : {"b200", "b300", "gb200-nvl72", "gb300-nvl72"}) {
+    SCOPED_TRACE(cluster);
+    const auto band = step_time_band(TimeModel::operators, cluster_preset(cluster)->gpu);
+    ASSERT_TRUE(band.has_value());
+    expect_band_is(*band, *lo, *hi, median(ratios), rank_spread);
+    EXPECT_NE(std::string(band->runs).find("Megatron-Bridge"), std::string::npos);
+  }
+  const auto h100 = step_time_band(TimeModel::operators, cluster_preset("h100-80g")->gpu);
+  ASSERT_TRUE(h100.has_value());
+  ASSERT_EQ(hopper.size(), 3u);
+  EXPECT_LE(*std::max_element(hopper.begin(), hopper.end()), h100->high);
+  EXPECT_LT(*std::min_element(hopper.begin(), hopper.end()), h100->low);
 }
 
 }  // namespace

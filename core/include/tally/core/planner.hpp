@@ -264,8 +264,15 @@ struct PlanEval {
 //     80GB and 40GB, 139 FSDP runs, 125M-70B, sequence 512-65536): 1.05 to 1.75, median 1.35,
 //     within one table up to 54 % apart. The Megatron band above does not cover these layouts
 //     (the default plan, a 7B on 8 A100s with ZeRO-3, printed 85 % MFU beside it).
-//   any other GPU (Blackwell, a cluster file, a calibrated host): no published run checks it; the
-//     band of the newest generation checked (H100 / H200), said so in its source.
+//   B200 / B300 / GB200 / GB300 (kept aside, tests/validation/test_published_bridge.cpp: NVIDIA
+//     Megatron-Bridge's 26.04.01 performance summary, the 16 Blackwell rows tally can express —
+//     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 1.015 to 2.295,
+//     median 1.287; within one system's table up to 80 % apart (GB200: GPT-OSS's BF16 MoE row, whose
+//     token permutation kernels tally does not count, 2.29 beside Llama's 1.27). The same tables'
+//     3 H100 rows read 1.00-1.78, inside the Hopper band's range but for its low end (1.00 < 1.29):
+//     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
+//   any other GPU (a cluster file, a calibrated host): no published run checks it; the band of
+//     the newest generation checked by torchtitan (H100 / H200), said so in its source.
 // The model runs fast, so every band sits above 1. The tests check each figure against its rows,
 // so the bands move with the model.
 struct ErrorBand {
@@ -279,8 +286,8 @@ struct ErrorBand {
 enum class LayoutFamily { data_parallel, model_parallel };
 LayoutFamily layout_family(const Layout& layout);
 // The band of a time model on a GPU (by the preset names' generation: "a100…", "h100…"/"h200…",
-// else the newest checked) for a layout family (only A100's bands differ by family); none for the
-// utilisation model (not validated against any run).
+// "b200"/"b300"/"gb200"/"gb300", else Hopper's) for a layout family (only A100's bands differ by
+// family); none for the utilisation model (not validated against any run).
 std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu,
                                         LayoutFamily family = LayoutFamily::model_parallel);
 
