@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "html_engine_parts.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
 
@@ -16,58 +17,7 @@ namespace {
 using html::escape;
 using html::number;
 using nlohmann::json;
-
-double num(const json& v) { return v.get<double>(); }
-std::string str(const json& v) { return v.get<std::string>(); }
-
-// Whole bytes, as the JSON holds them: 15632 → "15632".
-std::string bytes_cell(double b) { return fmt::format("{:.0f}", b); }
-
-// A decimal unit for a chart of byte figures up to `max_bytes` (tables stay in whole bytes).
-struct ByteUnit {
-  double bytes = 1;
-  const char* label = "B";  // the unit as the axis names it
-  std::string axis(const std::string& what) const { return what + " (" + label + ")"; }
-};
-ByteUnit byte_unit(double max_bytes) {
-  if (max_bytes >= 1e9) return {1e9, "GB = 1e9 B"};
-  if (max_bytes >= 1e6) return {1e6, "MB = 1e6 B"};
-  if (max_bytes >= 1e3) return {1e3, "kB = 1e3 B"};
-  return {};
-}
-
-double max_of(const std::vector<std::vector<double>>& rows) {
-  double m = 0;
-  for (const auto& r : rows) {
-    double sum = 0;
-    for (double v : r) sum += v;
-    m = std::max(m, sum);
-  }
-  return m;
-}
-
-// A bar chart of byte figures (values in bytes), scaled to one ByteUnit for drawing.
-std::string byte_bars(html::BarChart c, const std::string& what) {
-  double top = max_of(c.values);
-  for (const auto& g : c.guides) top = std::max(top, g.value);
-  const ByteUnit u = byte_unit(top);
-  for (auto& row : c.values)
-    for (double& v : row) v /= u.bytes;
-  for (auto& g : c.guides) g.value /= u.bytes;
-  c.unit = u.axis(what);
-  return html::bar_chart(c);
-}
-
-std::string heading(const std::string& title, const std::string& convention) {
-  return "<h1>" + escape(title) + "</h1>\n<p class=\"convention\">convention: " +
-         escape(convention) + "</p>\n";
-}
-
-std::string list(const std::vector<std::string>& items) {
-  std::string s = "<ul>";
-  for (const auto& i : items) s += "<li>" + escape(i) + "</li>";
-  return s + "</ul>\n";
-}
+using namespace engine_html;
 
 // ---- bench allreduce ------------------------------------------------------------------------
 
@@ -229,6 +179,49 @@ std::string states_section(const json& j) {
          list(conventions);
 }
 
+// Note [zero memory phases] (engine/experiments/zero.cpp): the JSON's keys and the rows' words.
+constexpr std::pair<const char*, const char*> kMemoryPhases[] = {
+    {"setup_allocator_bytes", "after setup"},
+    {"peak_forward_backward_bytes", "peak fwd+bwd"},
+    {"peak_update_bytes", "peak update"},
+    {"allocator_bytes", "after steps"}};
+
+// "DP" for stage 0, else the stage's name: row labels stay within the chart's 150 px.
+std::string short_stage(const json& st) {
+  return st["stage"].get<int>() == 0 ? "DP" : str(st["name"]);
+}
+
+std::string memory_phases_section(const json& j) {
+  html::BarChart c{.id = "memory-phases",
+                   .title = "Allocated bytes by phase (rank 0) beside core's model states",
+                   .convention = str(j["memory_phases_convention"]),
+                   .segments = {"measured allocated, rank 0", "core model_states"}};
+  std::vector<std::vector<std::string>> rows;
+  for (const json& st : j["stages"]) {
+    const double core = num(st["predicted_state_bytes"]["total"]);
+    const json& rank0 = st["ranks"].at(0);
+    for (const auto& [key, words] : kMemoryPhases) {
+      c.rows.push_back(short_stage(st) + ": " + words);
+      c.values.push_back({num(rank0[key]), 0});
+    }
+    c.rows.push_back(short_stage(st) + ": core states");
+    c.values.push_back({0, core});
+    for (const json& q : st["ranks"]) {
+      std::vector<std::string> row{str(st["name"]), fmt::format("rank {}", q["rank"].get<int>())};
+      for (const auto& [key, words] : kMemoryPhases) row.push_back(bytes_cell(num(q[key])));
+      row.insert(row.end(), {bytes_cell(core), ratio_cell(num(q["setup_allocator_bytes"]) / core),
+                             ratio_cell(num(q["allocator_bytes"]) / core)});
+      rows.push_back(row);
+    }
+  }
+  return "<h2>Memory by phase</h2>\n" + byte_bars(c, "allocated bytes per rank") +
+         html::table("Allocated bytes by phase, every rank (B); the peaks are maxima over the "
+                     "steps, core predicts the states only",
+                     {"stage", "who", "after setup", "peak fwd+bwd", "peak update", "after steps",
+                      "core model_states", "setup ÷ core", "after ÷ core"},
+                     rows);
+}
+
 std::string traffic_section(const json& j) {
   html::BarChart c{.id = "traffic", .title = "Bytes sent per optimizer step, by collective",
                    .convention = str(j["traffic_convention"])};
@@ -375,7 +368,8 @@ html::Page zero_page(const json& j) {
                       j["checks"].size());
   if (const std::string c = str(j["conclusion"]); !c.empty())
     body += "<p>conclusion: " + escape(c) + "</p>\n";
-  body += states_section(j) + traffic_section(j) + phases_section(j) + loss_section(j);
+  body += states_section(j) + memory_phases_section(j) + traffic_section(j) + phases_section(j) +
+          loss_section(j);
   return {title, body};
 }
 

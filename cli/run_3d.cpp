@@ -17,6 +17,8 @@
 
 #include "common.hpp"
 #include "experiment_report.hpp"
+#include "html_engine.hpp"
+#include "html_report.hpp"
 #include "host_prediction.hpp"
 #include "run_registry.hpp"
 #include "tally/core/pipeline.hpp"
@@ -33,6 +35,7 @@ struct Flags {
   std::string recompute = "none";
   std::string plan, calibration;
   bool json = false;
+  std::optional<std::string> html;  // --html FILE, written by rank 0
   // Whether a layout flag was given (--plan takes the layout, so it refuses them).
   std::vector<CLI::Option*> layout_flags;
   CLI::Option* schedule_flag = nullptr;
@@ -335,8 +338,12 @@ void run(Flags& f) {
   if (f.plan.empty()) f.run.recompute = recompute_from(f.recompute);
   if (!f.calibration.empty())
     f.run.host = load_host_model("--calibration", f.calibration, env.world_size).host;
+  if (f.html && env.rank == 0) html::check_writable("--html", *f.html);  // before the run
   const engine::ThreeDResult r = engine::run_3d(env, f.run);
-  report_and_check("3d", r, engine::three_d_checks(r), f.json, to_json, print_text);
+  const auto checks = engine::three_d_checks(r);
+  if (f.html && r.rank == 0)  // before a failed check ends the run: the page shows it
+    html::write_file("--html", *f.html, html::page(three_d_page(to_json(r, checks))));
+  report_and_check("3d", r, checks, f.json, to_json, print_text);
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {
@@ -418,6 +425,10 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
                   "fault: the fp32 step, after the rank's first pipeline operation")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  cmd->add_option("--html", f->html,
+                  "also write the report as a self-contained HTML page to FILE (rank 0): every "
+                  "rank's states, activations, bytes per group and step time beside core, "
+                  "activations by recompute policy, the loss");
   cmd->callback([f] { run(*f); });
 }};
 

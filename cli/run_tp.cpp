@@ -7,11 +7,14 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "common.hpp"
 #include "experiment_report.hpp"
+#include "html_engine.hpp"
+#include "html_report.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/tp.hpp"
@@ -23,6 +26,7 @@ namespace {
 struct Flags {
   engine::TpOptions run;
   bool sp = false, compare_sp = false, recompute = false, compare_recompute = false, json = false;
+  std::optional<std::string> html;  // --html FILE, written by rank 0
 };
 
 double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
@@ -176,8 +180,13 @@ void run(Flags& f) {
                     : f.recompute       ? engine::RecomputeMode::full
                                         : engine::RecomputeMode::none;
   f.run.sp = f.compare_sp ? engine::SpMode::both : f.sp ? engine::SpMode::on : engine::SpMode::off;
-  const engine::TpResult r = engine::run_tp(engine::DistEnv::from_environment(), f.run);
-  report_and_check("tp", r, engine::tp_checks(r), f.json, to_json, print_text);
+  const engine::DistEnv env = engine::DistEnv::from_environment();
+  if (f.html && env.rank == 0) html::check_writable("--html", *f.html);  // before the run
+  const engine::TpResult r = engine::run_tp(env, f.run);
+  const auto checks = engine::tp_checks(r);
+  if (f.html && r.rank == 0)  // before a failed check ends the run: the page shows it
+    html::write_file("--html", *f.html, html::page(tp_page(to_json(r, checks))));
+  report_and_check("tp", r, checks, f.json, to_json, print_text);
 }
 
 const RegisterRun reg{[](CLI::App& run_cmd) {
@@ -215,6 +224,10 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  cmd->add_option("--html", f->html,
+                  "also write the report as a self-contained HTML page to FILE (rank 0): bytes "
+                  "per layer by collective and activation bytes per layer beside core, the loss "
+                  "against the single-process model");
   cmd->callback([f] { run(*f); });
 }};
 

@@ -64,6 +64,12 @@ struct Flags {
 constexpr const char* kMemoryConvention =
     "bytes per rank after the last step; held = Σ nbytes of the strategy's own tensors; allocator "
     "= tracking allocator's allocated bytes − those before the model was built";
+constexpr const char* kMemoryPhasesConvention =
+    "tracking allocator's allocated bytes per rank − those before the model was built: after "
+    "setup (settled; bf16 DP's gradients appear at the first step's end), the peak from a "
+    "step's start to its optimizer update (forward, backward, gradient reduction), the peak of "
+    "the update (Adam; ZeRO-1/2: and the all-gather), both max over the steps, and after the last "
+    "step; core predicts the states (model_states) only";
 constexpr const char* kTrafficConvention =
     "bytes this rank sent per optimizer step; Comm counters = core formula on the real S of each "
     "call (ring all-reduce: its actual sends); wire = what the algorithms put on the wire (chunk "
@@ -257,6 +263,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
                        {"allocator_ratio", ratio(m.allocator_bytes, mem_pred)},
                        {"held_ratio", ratio(m.held.total(), mem_pred)},
                        {"peak_bytes", m.peak_bytes},
+                       {"setup_allocator_bytes", m.setup_bytes},
+                       {"peak_forward_backward_bytes", m.peak_forward_backward_bytes},
+                       {"peak_update_bytes", m.peak_update_bytes},
                        {"bytes_per_step", t.total_bytes()},
                        {"bytes_ratio", ratio(t.total_bytes(), bytes_pred)},
                        {"wire_bytes_per_step", t.wire_bytes},
@@ -320,6 +329,7 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
           {"steps", o.steps},
           {"lr", o.lr},
           {"memory_convention", kMemoryConvention},
+          {"memory_phases_convention", kMemoryPhasesConvention},
           {"traffic_convention", kTrafficConvention},
           {"stages", stages},
           {"conclusion", zero_conclusion(r)},
@@ -420,7 +430,8 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
   cmd->add_option("--html", f->html,
                   "also write the report as a self-contained HTML page to FILE (rank 0): state "
-                  "bytes per rank and bytes per collective beside core, step phases, loss curves");
+                  "bytes per rank and bytes per collective beside core, memory and time by "
+                  "phase, loss curves");
   cmd->add_option("--calibration", f->calibration,
                   "predict each stage's step time from this host calibration (`tally bench "
                   "gemm|memory|allreduce --calibration-out`) and print measured/predicted");

@@ -19,6 +19,25 @@
 // transients (Note [transient full gradient] in zero_stage2.cpp; one or two gathered units in
 // ZeRO-3).
 //
+// Note [zero memory phases]
+// The allocator's readings by phase, each less the stage's baseline, for every rank:
+//   setup              allocated once setup returned (settled): the states before any step — all
+//                      of core model_states(), since every strategy builds its parameters,
+//                      gradient buffer and Adam's m, v (master) at setup, but for bf16 DP, whose
+//                      bf16 gradients the reducer rounds out of its float32 bucket at the end of
+//                      each step (Note [bucket buffers] in ddp.cpp): 2N fewer bytes
+//   forward_backward   the peak from a step's start to its optimizer update: activations, the
+//                      gradients, each stage's transients (ZeRO-2's full gradient, ZeRO-3's
+//                      gathered unit) and the gradient reduction
+//   update             the peak from the update to the step's end: Adam's temporaries (ZeRO-1/2:
+//                      and the all-gather of the updated shards)
+//   after the steps    allocator_bytes above
+// A step is split where Strategy::timed_update begins (the context's before_update, once per
+// step: the peak so far is read and restarted there); the two peaks are maxima over the steps,
+// and peak_bytes is the larger of the two (or what happened between steps, were it larger).
+// Core predicts the states alone: the peaks' excess over them is what the page shows, not a
+// prediction.
+//
 // Note [wire bytes]
 // The Comm counters hold, per collective, the core formula collective_bytes_per_rank(c, S, k) on
 // the real S of each call (comm.hpp), so for reduce-scatter and all-gather they agree with core
@@ -86,7 +105,7 @@ std::string stage_name(int stage) {
 }
 
 // One rank's figures for one stage, packed into doubles for the all-gather.
-constexpr std::size_t kPackedFixed = 15;
+constexpr std::size_t kPackedFixed = 18;
 
 std::vector<double> pack(const RankMemory& m, const RankTraffic& t,
                          const std::vector<double>& losses) {
@@ -104,7 +123,10 @@ std::vector<double> pack(const RankMemory& m, const RankTraffic& t,
                            double(t.all_gather.calls),
                            t.all_gather.bytes_sent,
                            t.wire_bytes,
-                           t.steady ? 1.0 : 0.0};
+                           t.steady ? 1.0 : 0.0,
+                           m.setup_bytes,
+                           m.peak_forward_backward_bytes,
+                           m.peak_update_bytes};
   v.insert(v.end(), losses.begin(), losses.end());
   return v;
 }
@@ -119,6 +141,9 @@ void unpack(const double* v, RankMemory& m, RankTraffic& t, std::vector<double>&
   t.all_gather = {std::int64_t(v[11]), v[12]};
   t.wire_bytes = v[13];
   t.steady = v[14] != 0;
+  m.setup_bytes = v[15];
+  m.peak_forward_backward_bytes = v[16];
+  m.peak_update_bytes = v[17];
   losses.assign(v + kPackedFixed, v + kPackedFixed + steps);
 }
 
@@ -268,11 +293,18 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
   const zero::Batch batch{.x = x_all.slice(0, r, options.batch, k).contiguous(),
                           .y = y_all.slice(0, r, options.batch, k).contiguous()};
 
+  // The step's peak up to its optimizer update, -1 before it (Note [zero memory phases]).
+  std::int64_t peak_to_update = -1;
   const zero::StrategyContext ctx{
       .comm = &comm,
       .param_dtype = dtype,
       .adam = {
-          .lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps}};
+          .lr = options.lr, .beta1 = options.beta1, .beta2 = options.beta2, .eps = options.eps},
+      .before_update =
+          [&] {
+            peak_to_update = scope.counters().peak_allocated_bytes;
+            scope.reset_peak();
+          }};
   std::vector<at::Tensor> final_params;              // per stage, flat float64
   std::vector<std::vector<double>> all_rank_losses;  // per stage: k × steps, rank-major
   for (int stage : options.stages) {
@@ -290,7 +322,9 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       res.n_params = model.numel();
       strategy->setup(std::move(model));
     }
+    const std::int64_t after_setup = settled_allocated_bytes(comm, scope);
     scope.reset_peak();
+    std::int64_t peak = 0, peak_forward_backward = 0, peak_update = 0;  // absolute bytes
     std::vector<double> losses;
     RankTraffic first;
     bool steady = true;
@@ -298,10 +332,21 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     for (int i = 0; i < options.steps; ++i) {
       const CommCounters before = comm.counters();
       strategy->begin_step();
+      peak = std::max(peak, scope.counters().peak_allocated_bytes);  // since the last reading
+      scope.reset_peak();
+      peak_to_update = -1;
       const auto s0 = std::chrono::steady_clock::now();
       losses.push_back(strategy->step(batch));
       const double step_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      const std::int64_t rest = scope.counters().peak_allocated_bytes;
+      if (peak_to_update >= 0) {
+        peak_forward_backward = std::max(peak_forward_backward, peak_to_update);
+        peak_update = std::max(peak_update, rest);
+      } else {  // no update marked: the whole step is the first phase
+        peak_forward_backward = std::max(peak_forward_backward, rest);
+      }
+      peak = std::max({peak, peak_forward_backward, peak_update});
       st.step_seconds.push_back(step_s);
       const double collectives_s = collective_seconds(comm.counters()) - collective_seconds(before);
       const double optimizer_s = strategy->optimizer_seconds();
@@ -318,11 +363,14 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     }
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     first.steady = steady;
-    const std::int64_t peak = scope.counters().peak_allocated_bytes;
+    peak = std::max(peak, scope.counters().peak_allocated_bytes);
     const RankMemory mine{
         .held = strategy->measure(),
         .allocator_bytes = double(settled_allocated_bytes(comm, scope) - baseline),
-        .peak_bytes = double(peak - baseline)};
+        .peak_bytes = double(peak - baseline),
+        .setup_bytes = double(after_setup - baseline),
+        .peak_forward_backward_bytes = double(peak_forward_backward - baseline),
+        .peak_update_bytes = peak_update > 0 ? double(peak_update - baseline) : 0.0};
     final_params.push_back(strategy->gather_parameters());
     strategy.reset();
 

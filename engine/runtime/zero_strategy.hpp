@@ -71,6 +71,9 @@ struct StrategyContext {
   Comm* comm = nullptr;
   at::ScalarType param_dtype = at::kFloat;  // kFloat or kBFloat16 (mixed)
   AdamOptions adam;
+  // Called as the step's optimizer update begins (run_zero's memory phase marker, Note [zero
+  // memory phases] in zero.cpp); empty: nothing.
+  std::function<void()> before_update;
 };
 
 class Strategy {
@@ -122,9 +125,11 @@ class Strategy {
     return shard_span(n, comm_.world_size(), comm_.rank());
   }
 
-  // Runs the optimizer update `update`, charged to the step's optimizer phase.
+  // Runs the optimizer update `update`, charged to the step's optimizer phase (once per step;
+  // the context's before_update marks its start).
   template <class F>
   void timed_update(F&& update) {
+    if (ctx_.before_update) ctx_.before_update();
     const auto start = std::chrono::steady_clock::now();
     update();
     optimizer_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -346,8 +346,9 @@ TEST(HtmlCli, BubbleAndReliabilityPages) {
 
 // Loads each page from disk in headless chromium: the browser's DOM holds every chart (counted by
 // the page's own script, so the browser parsed the SVG), no script error was recorded and the
-// console stayed silent; then a screenshot of the plan page. With tally-engine built, `tally run
-// zero --html`'s page from a 2-rank run too (all stages, 4 steps), and its screenshot.
+// console stayed silent; then a screenshot of the plan page. With tally-engine built, the pages
+// of `tally run zero --html` (all stages, 4 steps), `run tp` and `run 3d` from 2-rank runs too,
+// and the zero page's screenshot.
 TEST(HtmlBrowser, PagesRenderInChromium) {
   if (const std::string why = tally::chromium::why_no_browser(); !why.empty()) GTEST_SKIP() << why;
   const std::string bin = tally::chromium::find_chromium();
@@ -378,7 +379,24 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
          (d / "zero.html").string()},
         110);
     ASSERT_EQ(z.exit_code, 0) << z.out << z.err;
-    pages.push_back(Page{"zero.html", 4, {"states", "traffic", "phases", "loss"}});
+    pages.push_back(
+        Page{"zero.html", 5, {"states", "memory-phases", "traffic", "phases", "loss"}});
+    // run tp (TP and TP + SP) and run 3d (PP 2) at the tiny width of test_html_engine.cpp.
+    const auto t = tally::subprocess::run_command(
+        {TALLY_BIN, "launch", "--nproc", "2", "--timeout", "100", "--", TALLY_BIN, "run", "tp",
+         "--compare-sp", "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq", "8",
+         "--steps", "3", "--timeout", "60", "--html", (d / "tp.html").string()},
+        110);
+    ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
+    pages.push_back(Page{"tp.html", 3, {"tp-bytes", "tp-activations", "tp-loss"}});
+    const auto x = tally::subprocess::run_command(
+        {TALLY_BIN, "launch", "--nproc", "2", "--timeout", "100", "--", TALLY_BIN, "run", "3d",
+         "--pp", "2", "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq", "8", "--layers",
+         "2", "--steps", "2", "--timeout", "60", "--html", (d / "3d.html").string()},
+        110);
+    ASSERT_EQ(x.exit_code, 0) << x.out << x.err;
+    pages.push_back(
+        Page{"3d.html", 5, {"3d-memory", "3d-traffic", "3d-time", "3d-policies", "3d-loss"}});
   }
   for (const Page& pg : pages) {
     const auto r = br.run({"--dump-dom"}, file(pg.file));

@@ -1,5 +1,5 @@
 // `--html FILE` on the engine's runs (issue 13, cli/html_engine.hpp): `tally bench allreduce`,
-// `tally run zero` and `tally run memory-profile` at tiny sizes through the real binary (ranks
+// `tally run zero`, `run tp`, `run 3d` and `run memory-profile` at tiny sizes through the real binary (ranks
 // started by `tally launch`), each page checked against the same run's --json object — charts
 // present, axes with units, every table figure equal to the JSON's (the α–β line recomputed here
 // from the fitted α and β) — and a bad path refused before the run (exit 2, one line). Skipped,
@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -96,15 +97,17 @@ TEST(HtmlEngine, ZeroPageHoldsTheRunsFigures) {
       110));
   ASSERT_EQ(j.value("experiment", ""), "zero");
   const std::string p = slurp(file);
-  for (const char* id : {"states", "traffic", "phases", "loss"}) EXPECT_TRUE(has_chart(p, id)) << id;
+  for (const char* id : {"states", "memory-phases", "traffic", "phases", "loss"})
+    EXPECT_TRUE(has_chart(p, id)) << id;
   // 977 parameters × 16 B = 15.6 kB at most per rank: the kB axis.
   for (const char* label : {">bytes per rank (kB = 1e3 B)<", ">bytes sent per rank per step (",
                             ">time per optimizer step (ms)<", ">optimizer step<",
                             ">loss (cross-entropy, nats)<", ">params<", ">master<",
                             ">reduce-scatter<", ">all-gather<", ">forward_backward<",
-                            ">DP (ZeRO-0)<", ">ZeRO-3<"})
+                            ">DP (ZeRO-0)<", ">ZeRO-3<", ">allocated bytes per rank (",
+                            ">DP: peak fwd+bwd<", ">ZeRO-3: after setup<", ">ZeRO-3: core states<"})
     EXPECT_NE(p.find(label), std::string::npos) << label;
-  for (const char* conv : {"memory_convention", "traffic_convention"})
+  for (const char* conv : {"memory_convention", "memory_phases_convention", "traffic_convention"})
     EXPECT_NE(p.find("convention: " + html::escape(j[conv].get<std::string>())), std::string::npos)
         << conv;
   ASSERT_EQ(j["stages"].size(), 2u);
@@ -131,6 +134,25 @@ TEST(HtmlEngine, ZeroPageHoldsTheRunsFigures) {
       EXPECT_EQ(sent[7], whole(q["all_gather"]["bytes"])) << name << who;
       EXPECT_EQ(sent[8], whole(q["bytes_per_step"])) << name << who;
       EXPECT_EQ(sent[9], whole(q["wire_bytes_per_step"])) << name << who;
+      // Memory by phase (Note [zero memory phases]): the four readings, core's states, and the
+      // two ratios recomputed here.
+      const auto mem = row_after(p, {name, who});
+      ASSERT_EQ(mem.size(), 9u) << name << who;
+      EXPECT_EQ(mem[2], whole(q["setup_allocator_bytes"])) << name << who;
+      EXPECT_EQ(mem[3], whole(q["peak_forward_backward_bytes"])) << name << who;
+      EXPECT_EQ(mem[4], whole(q["peak_update_bytes"])) << name << who;
+      EXPECT_EQ(mem[5], whole(q["allocator_bytes"])) << name << who;
+      EXPECT_EQ(mem[6], whole(core["total"])) << name << who;
+      EXPECT_EQ(mem[7], fmt_g("%.4f", q["setup_allocator_bytes"].get<double>() /
+                                          core["total"].get<double>()));
+      EXPECT_EQ(mem[8], fmt_g("%.4f", q["allocator_bytes"].get<double>() /
+                                          core["total"].get<double>()));
+      // The peaks: the larger is the run's peak; the step's first phase holds at least the states.
+      EXPECT_EQ(std::max(q["peak_forward_backward_bytes"].get<double>(),
+                         q["peak_update_bytes"].get<double>()),
+                q["peak_bytes"].get<double>()) << name << who;
+      EXPECT_GE(q["peak_forward_backward_bytes"].get<double>(),
+                q["setup_allocator_bytes"].get<double>()) << name << who;
     }
     const auto pred = row_after(p, {name, "core step_traffic"});
     ASSERT_EQ(pred.size(), 10u) << name;
@@ -223,6 +245,157 @@ TEST(HtmlEngine, MemoryProfilePageHoldsTheRunsFigures) {
   fs::remove_all(d);
 }
 
+// The part of the page from its heading `h2` on ("<h2>Activations</h2>"), so a table's rows are
+// found in their own section.
+std::string section(const std::string& page, const std::string& h2) {
+  const auto at = page.find("<h2>" + h2 + "</h2>");
+  EXPECT_NE(at, std::string::npos) << h2;
+  return at == std::string::npos ? std::string() : page.substr(at);
+}
+// The chart `id`'s SVG alone.
+std::string chart(const std::string& page, const std::string& id) {
+  const auto at = page.find("<svg class=\"chart\" id=\"" + id + "\"");
+  return at == std::string::npos ? std::string() : page.substr(at, page.find("</svg>", at) - at);
+}
+
+// 2 ranks, TP without and with SP at h 16 (run tp's JSON test's model): each layout's bytes per
+// layer, every layer's collectives, the activations and the losses equal the JSON's; the bytes
+// outside core's ledger are the SP traffic summed here.
+TEST(HtmlEngine, TpPageHoldsTheRunsFigures) {
+  if (!engine_built()) GTEST_SKIP() << "tally-engine not built (TALLY_ENGINE=OFF)";
+  const fs::path d = temp_dir("tp");
+  const std::string file = (d / "tp.html").string();
+  const json j = rank0_json(run_command(
+      launch(2, {"run", "tp", "--compare-sp", "--hidden", "16", "--heads", "4", "--vocab", "32",
+                 "--seq", "8", "--steps", "3", "--timeout", "60", "--json", "--html", file}),
+      110));
+  ASSERT_EQ(j.value("experiment", ""), "tp");
+  const std::string p = slurp(file);
+  for (const char* id : {"tp-bytes", "tp-activations", "tp-loss"}) EXPECT_TRUE(has_chart(p, id)) << id;
+  for (const char* label : {">bytes sent per layer per step (", ">bytes per layer (",
+                            ">training step<", ">loss (cross-entropy, nats)<", ">all-reduce<",
+                            ">all-gather<", ">reduce-scatter<", ">core step_traffic TP item<",
+                            ">TP+SP: measured<", ">TP: core<", ">core activations<"})
+    EXPECT_NE(p.find(label), std::string::npos) << label;
+  EXPECT_NE(p.find("<p>checks: " + std::to_string(j["checks"].get<int>()) + " of " +
+                   std::to_string(j["checks"].get<int>()) + " ok.</p>"),
+            std::string::npos);
+  ASSERT_EQ(j["variants"].size(), 2u);
+  const std::string acts = section(p, "Activations"), loss = section(p, "Loss");
+  for (const json& v : j["variants"]) {
+    const std::string name = v["sequence_parallel"].get<bool>() ? "TP + SP" : "TP";
+    const auto t = row_after(p, {name});
+    ASSERT_EQ(t.size(), 10u) << name;
+    EXPECT_EQ(t[1], whole(v["bytes_per_layer"]["measured"])) << name;
+    EXPECT_EQ(t[2], whole(v["bytes_per_layer"]["predicted"])) << name;
+    EXPECT_EQ(t[4], whole(v["calls_per_layer"]["measured"])) << name;
+    EXPECT_EQ(t[7], whole(v["tp_comm_bytes_per_step"])) << name;
+    EXPECT_EQ(t[8], whole(v["predicted_tp"]["bytes_per_step"])) << name;
+    double outside = 0;
+    for (const char* key : {"sp_edges", "sp_grad_reduce", "sp_regather"})
+      for (const json& m : v[key]) outside += m["bytes_sent"].get<double>();
+    EXPECT_EQ(t[9], whole(outside)) << name;
+    EXPECT_EQ(outside > 0, name == "TP + SP");
+    for (std::size_t l = 0; l < v["layers"].size(); ++l)
+      for (const json& m : v["layers"][l]) {
+        const std::string coll = m["collective"];
+        const auto c = row_at(p, "<tr><td>" + html::escape(name) + "</td><td class=\"n\">" +
+                                     std::to_string(l) + "</td><td>" + coll + "</td>");
+        ASSERT_EQ(c.size(), 8u) << name << l << coll;
+        EXPECT_EQ(c[3], std::to_string(m["calls"].get<int>())) << name << l << coll;
+        EXPECT_EQ(c[4], whole(m["bytes_sent"])) << name << l << coll;
+        EXPECT_EQ(c[6], whole(v["predicted_tp"]["bytes_per_call"])) << name << l << coll;
+      }
+    const auto a = row_at(acts, "<tr><td>" + html::escape(name) + "</td>");
+    ASSERT_EQ(a.size(), 6u) << name;
+    EXPECT_EQ(a[1], whole(v["allocated_bytes_per_layer"])) << name;
+    EXPECT_EQ(a[2], whole(v["layer_norm_stat_bytes_per_layer"])) << name;
+    EXPECT_EQ(a[3], whole(v["activation_bytes_per_layer"]["measured"])) << name;
+    EXPECT_EQ(a[4], whole(v["activation_bytes_per_layer"]["predicted"])) << name;
+    const auto f = row_at(loss, "<tr><td>" + html::escape(name) + "</td>");
+    ASSERT_EQ(f.size(), 6u) << name;
+    EXPECT_EQ(f[1], fmt_g("%.12g", v["loss_f64"]["measured"])) << name;
+    EXPECT_EQ(f[2], fmt_g("%.12g", v["loss_f64"]["predicted"])) << name;
+  }
+  // The fp32 loss table: step i's row holds each layout's loss, then the single process's.
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto r = row_at(loss, "<tr><td class=\"n\">" + std::to_string(i + 1) + "</td>");
+    ASSERT_EQ(r.size(), 5u) << i;
+    for (std::size_t v = 0; v < 2; ++v) {
+      EXPECT_EQ(r[1 + 2 * v], fmt_g("%.6g", j["variants"][v]["losses_fp32"][i])) << i << v;
+      EXPECT_EQ(r[2 + 2 * v], fmt_g("%.6g", j["variants"][v]["reference_losses_fp32"][i])) << i;
+    }
+  }
+  fs::remove_all(d);
+}
+
+// 2 ranks, PP 2 (1F1B, M = 4) at h 16: every rank's states, activations, bytes by group, step
+// parts and activations per recompute policy equal the JSON's; without --calibration the step
+// chart has no core rows.
+TEST(HtmlEngine, ThreeDPageHoldsTheRunsFigures) {
+  if (!engine_built()) GTEST_SKIP() << "tally-engine not built (TALLY_ENGINE=OFF)";
+  const fs::path d = temp_dir("3d");
+  const std::string file = (d / "3d.html").string();
+  const json j = rank0_json(run_command(
+      launch(2, {"run", "3d", "--pp", "2", "--hidden", "16", "--heads", "4", "--vocab", "32",
+                 "--seq", "8", "--layers", "2", "--steps", "2", "--timeout", "60", "--json",
+                 "--html", file}),
+      110));
+  ASSERT_EQ(j.value("experiment", ""), "3d");
+  const std::string p = slurp(file);
+  for (const char* id : {"3d-memory", "3d-traffic", "3d-time", "3d-policies", "3d-loss"})
+    EXPECT_TRUE(has_chart(p, id)) << id;
+  for (const char* label : {">bytes per rank (", ">bytes sent per rank per step (",
+                            ">time per step, mean over the fp32 steps (ms)<", ">bytes per layer (",
+                            ">model states<", ">peak activations<", ">PP wait<", ">PP<",
+                            ">rank 1: core<", ">op-sac: core<", ">training step<"})
+    EXPECT_NE(p.find(label), std::string::npos) << label;
+  EXPECT_EQ(chart(p, "3d-time").find(": core<"), std::string::npos) << "no --calibration";
+  EXPECT_NE(chart(p, "3d-time").find(">rank 1: measured<"), std::string::npos);
+  const std::string bytes = section(p, "Bytes per step"), time = section(p, "Step time"),
+                    policies = section(p, "Activations by recompute policy");
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const json& x : j["ranks"]) {
+    const std::string who = "rank " + std::to_string(x["rank"].get<int>());
+    const auto m = row_after(p, {who, "0,0," + std::to_string(x["pp_index"].get<int>())});
+    ASSERT_EQ(m.size(), 12u) << who;
+    EXPECT_EQ(m[2], std::to_string(x["stage_layers"].get<int>())) << who;
+    EXPECT_EQ(m[4], whole(x["state_bytes"]["measured"])) << who;
+    EXPECT_EQ(m[5], whole(x["state_bytes"]["predicted"])) << who;
+    EXPECT_EQ(m[8], whole(x["peak_activation_bytes"]["measured"])) << who;
+    EXPECT_EQ(m[9], whole(x["peak_activation_bytes"]["predicted"])) << who;
+    const auto b = row_after(bytes, {who});
+    ASSERT_EQ(b.size(), 15u) << who;  // rank, TP, PP, DP × 3, then 5
+    EXPECT_EQ(b[4], whole(x["pp_bytes"]["measured"])) << who;
+    EXPECT_EQ(b[5], whole(x["pp_bytes"]["predicted"])) << who;
+    EXPECT_EQ(b[7], whole(x["dp_bytes"]["measured"])) << who;
+    EXPECT_EQ(b[11], whole(x["pp_embedding_bytes"])) << who;
+    EXPECT_EQ(b[12], whole(x["pp_sends"]["measured"])) << who;
+    const auto t = row_after(time, {who});
+    ASSERT_EQ(t.size(), 13u) << who;  // rank, step, 5 × (measured, core), optimizer
+    EXPECT_EQ(t[1], sig4(x["step_s"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[2], sig4(x["compute_s"]["measured"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[3], "") << who << ": compute needs --calibration";
+    EXPECT_EQ(t[8], sig4(x["pp_wait_s"]["measured"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[9], sig4(x["pp_wait_s"]["predicted"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[12], sig4(x["optimizer_s"].get<double>() * 1e3)) << who;
+    const auto a = row_after(policies, {who});
+    ASSERT_EQ(a.size(), 17u) << who;  // rank, 5 policies × 3, LayerNorm stats
+    const char* order[] = {"none", "selective", "full", "save-matmuls", "op-sac"};
+    for (std::size_t i = 0; i < 5; ++i) {
+      const json& v = x["activation_bytes_per_layer"][order[i]];
+      EXPECT_EQ(a[1 + 3 * i], whole(v["measured"])) << who << order[i];
+      EXPECT_EQ(a[2 + 3 * i], whole(v["predicted"])) << who << order[i];
+    }
+  }
+  for (std::size_t i = 0; i < j["losses_fp32"].size(); ++i)
+    EXPECT_NE(p.find("<tr><td class=\"n\">" + std::to_string(i + 1) + "</td><td class=\"n\">" +
+                     fmt_g("%.6g", j["losses_fp32"][i]) + "</td></tr>"),
+              std::string::npos)
+        << i;
+  fs::remove_all(d);
+}
+
 // A path that cannot be written is refused before the run: exit 2 and the chart writer's one
 // line, as rank 0 without its peers (no rendezvous is attempted) and as a one-process run; under
 // `tally launch` the launcher reports the rank's failure (exit 1) with the same line.
@@ -233,6 +406,8 @@ TEST(HtmlEngine, UnwritablePathIsRefusedBeforeTheRun) {
       "tally: error: --html: cannot write '" + bad + "': No such file or directory\n";
   std::vector<std::vector<std::string>> cases = {
       tally::subprocess::as_rank0_of(TALLY_BIN, "zero", 2, {"--html", bad}),
+      tally::subprocess::as_rank0_of(TALLY_BIN, "tp", 2, {"--html", bad}),
+      tally::subprocess::as_rank0_of(TALLY_BIN, "3d", 2, {"--html", bad}),
       {TALLY_BIN, "run", "memory-profile", "--html", bad}};
   auto bench = tally::subprocess::as_rank0_of(TALLY_BIN, "allreduce", 2, {"--html", bad});
   bench[bench.size() - 4] = "bench";  // `bench allreduce`, not `run allreduce`

@@ -11,6 +11,7 @@
 // Ranks are forked children (rank_harness.hpp) or `tally launch` children, each with a deadline.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -236,6 +237,20 @@ TEST_P(ZeroMeasured, MemoryAndBytesMatchTheCoreLedgers) {
         // Shard rounding only: at most one element per shard and item (ZeRO-3: per unit too).
         EXPECT_NEAR(m.held.total(), expected_total, 3 * 16 + 1) << "rank " << q;
         EXPECT_GE(m.peak_bytes, m.allocator_bytes);
+        // By phase (Note [zero memory phases]): the states exist once setup returns (bf16 DP's
+        // gradients, 2N bytes, from the first step's end); the step's first phase holds them plus
+        // the gradient being reduced — ZeRO-2 its transient full gradient of N elements beside
+        // the shard, ZeRO-3 one gathered unit (the largest, 509 × 251 + 251 elements, beside its
+        // shard) — and the update runs on all of them.
+        const double late_grads = st.stage == 0 && sw.precision == Precision::bf16 ? 2 * N : 0;
+        EXPECT_NEAR(m.setup_bytes / (expected_total - late_grads), 1, kZeroMemoryTolerance)
+            << "rank " << q;
+        const double largest_unit = 509 * 251 + 251;
+        const double transient = st.stage == 2 ? elem * N : st.stage == 3 ? elem * largest_unit : 0;
+        EXPECT_GE(m.peak_forward_backward_bytes, m.setup_bytes + transient) << "rank " << q;
+        EXPECT_GE(m.peak_update_bytes, m.held.total()) << "rank " << q;
+        EXPECT_DOUBLE_EQ(m.peak_bytes, std::max(m.peak_forward_backward_bytes, m.peak_update_bytes))
+            << "rank " << q;
         // Bytes: the counters are the core formula on the real S (ring all-reduce: real sends).
         const RankTraffic& t = st.traffic[q];
         const double S = 4 * N;  // float32 on the wire, both precisions (Note [bf16 on Gloo])

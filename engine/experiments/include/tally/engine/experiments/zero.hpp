@@ -72,6 +72,13 @@ struct RankMemory {
                                  // model was built (everything the strategy left alive)
   double peak_bytes = 0;         // peak allocated during the steps − that baseline (+ activations,
                                  // transient full gradients / gathered parameters, temporaries)
+  // The same readings by phase (Note [zero memory phases] in zero.cpp), each − the baseline:
+  double setup_bytes = 0;        // allocated once setup returned: the states before any step
+  double peak_forward_backward_bytes = 0;  // peak from a step's start to its optimizer update
+                                           // (forward, backward, gradient reduction), max over
+                                           // the steps
+  double peak_update_bytes = 0;  // peak from the update to the step's end (Adam; ZeRO-1/2: the
+                                 // all-gather of the updated shards), max over the steps
 };
 
 // Bytes one rank sent in one optimizer step, by collective. all_reduce is tally's ring all-reduce:
