@@ -91,6 +91,8 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
       precision == Precision::fp8 && !model.params_only
           ? low_precision_gemms(model, double(model.layers) / o.pp, o.ep)
           : 0.0;
+  std::optional<ClusterSpec> gpu;
+  if (o.gpu) gpu = resolve_cluster(ClusterOptions{.gpu = *o.gpu});
   const auto states = model_states(n_gpu, StateSetup{.precision = precision,
                                                      .optimizer = optimizer_from(o.optimizer),
                                                      .zero_stage = o.zero,
@@ -99,7 +101,9 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                                                      .expert_share = routed_expert_share(model),
                                                      .gemm_weight_share = gemm_weight_share(model),
                                                      .scaled_gemms = scaled_gemms,
-                                                     .amax_history = o.amax_history});
+                                                     .amax_history = o.amax_history,
+                                                     .compute_capability =
+                                                         gpu ? gpu->gpu.compute_capability : 0});
   const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
@@ -120,8 +124,6 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
     return activations(model, a);
   };
   const double states_total = ft ? ft->static_bytes() : states.bytes.total();
-  std::optional<ClusterSpec> gpu;
-  if (o.gpu) gpu = resolve_cluster(ClusterOptions{.gpu = *o.gpu});
   const bool layers_known = !model.params_only;
   const double buffers =
       ft || (o.zero == 3 && !layers_known)
@@ -384,7 +386,9 @@ void register_memory(CLI::App& app, const Answers& answers) {
                 "do not count dropout masks (default: the model's config; Llama-family: none)")
       ->excludes(cmd->add_flag("--dropout", o->dropout,
                                "count dropout masks even if the model's config has none"));
-  cmd->add_option("--gpu", o->gpu, "GPU preset or cluster JSON: compare the total to its memory");
+  cmd->add_option("--gpu", o->gpu,
+                  "GPU preset or cluster JSON: compare the total to its memory (and its compute "
+                  "capability sets fp8's weight copies: one on Blackwell, two without --gpu)");
   add_memory_budget_flags(cmd, o->memory);  // with --gpu
   add_loss_flag(cmd, o->loss);
   add_lora_flags(cmd, o->lora);

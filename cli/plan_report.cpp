@@ -149,6 +149,10 @@ nlohmann::json plan_json(const PlanResult& r, double search_s,
                        {"global_batch", q.global_batch},
                        {"seq", q.seq},
                        {"precision", std::string(to_string(q.precision))},
+                       {"compute_capability", q.cluster.gpu.compute_capability},
+                       {"weight_copy_bytes_per_param",
+                        low_precision_copy_bytes(
+                            q.precision, fp8_gemm_layouts(q.cluster.gpu.compute_capability))},
                        {"optimizer", std::string(to_string(q.optimizer))},
                        {"headroom", q.headroom},
                        {"allocator_allowance", q.allocator_allowance},
@@ -214,7 +218,8 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
                       .tp = b.layout.tp, .etp = b.layout.etp,
                       .expert_share = routed_expert_share(q.model),
                       .gemm_weight_share = gemm_weight_share(q.model),
-                      .scaled_gemms = b.scaled_gemms, .amax_history = q.amax_history};
+                      .scaled_gemms = b.scaled_gemms, .amax_history = q.amax_history,
+                      .compute_capability = q.cluster.gpu.compute_capability};
   const std::string state_conv =
       convention_with_unit(model_states(1.0, ss).convention(), u);
   fmt::print("PLAN  {}\n\n", b.layout.describe());

@@ -45,7 +45,8 @@ nlohmann::json to_json(const engine::Fp8Result& r, const std::vector<engine::Fp8
       {"convention", r.convention()},
       {"memory",
        {{"copy_bytes", measured_json(r.copy_bytes, r.predicted_copy_bytes)},
-        {"copy_bytes_per_weight", low_precision_copy_bytes(r.options.format)},
+        {"copy_bytes_per_weight",
+         low_precision_copy_bytes(r.options.format, Fp8GemmLayouts::tn_only)},
         {"tensor_scales", r.tensor_scales},
         {"tensor_scale_bytes", r.scale_bytes},
         {"params_bytes", measured_json(s.params, p.params)},
@@ -91,7 +92,8 @@ void print_text(const engine::Fp8Result& r, const std::vector<engine::Fp8Check>&
   row("copies: codes + block scales", r.copy_bytes, r.predicted_copy_bytes);
   fmt::print("    core: {} B x {} linear weights; plus {} fp32 tensor scales = {:.0f} B (metadata "
              "core leaves out)\n",
-             format_number(low_precision_copy_bytes(r.options.format)), r.linear_weights,
+             format_number(low_precision_copy_bytes(r.options.format, Fp8GemmLayouts::tn_only)),
+             r.linear_weights,
              r.tensor_scales, r.scale_bytes);
   row("parameters (bf16)", s.params, p.params);
   row("gradients (bf16, after step 1)", s.grads, p.grads);

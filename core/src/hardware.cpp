@@ -58,6 +58,9 @@ void ClusterSpec::validate() const {
     check(gpu.peak_fp8_flops, kPeakFlopsBounds, "gpu peak_fp8_flops", "FLOP/s (or 0: none)");
   if (gpu.peak_fp4_flops != 0)
     check(gpu.peak_fp4_flops, kPeakFlopsBounds, "gpu peak_fp4_flops", "FLOP/s (or 0: none)");
+  if (gpu.compute_capability < 0 || gpu.compute_capability > 999)
+    throw InvalidInput("gpu compute_capability = " + std::to_string(gpu.compute_capability) +
+                       ": must be 10 * major + minor in [0, 999] (90 for 9.0; 0 = not known)");
   if (gpus_per_node < 1)
     throw InvalidInput("gpus_per_node = " + std::to_string(gpus_per_node) + ": must be >= 1");
   if (nvlink_domain != 0 && (nvlink_domain < gpus_per_node || nvlink_domain % gpus_per_node != 0))

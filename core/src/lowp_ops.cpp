@@ -83,7 +83,12 @@ struct QuantizeBytes {
 
 QuantizeBytes quantize_bytes(const OperatorSetup& s, const Operands& o, double X, double W,
                              double G) {
-  const double e = s.act_bytes, q = low_precision_copy_bytes(s.recipe), q1 = q / 2;
+  // q₁ one copy, q the copies kept; t the transposes TE makes of a per-tensor fp8 tensor: 1 on a
+  // TN-only GPU, 0 where any layout is taken (Note [fp8 operand layouts]).
+  const Fp8GemmLayouts layouts = fp8_gemm_layouts(s.compute_capability);
+  const double e = s.act_bytes, q1 = quantized_element_bytes(s.recipe),
+               q = low_precision_copy_bytes(s.recipe, layouts),
+               t = double(low_precision_layouts(s.recipe, layouts) - 1);
   const double Xl = o.gathered_input ? X / s.tp : X, Gl = o.gathered_grad ? G / s.tp : G;
   switch (s.recipe) {
     case Precision::fp8:
@@ -93,12 +98,13 @@ QuantizeBytes quantize_bytes(const OperatorSetup& s, const Operands& o, double X
         return {.input = casts * cast * Xl, .weight = cast * W, .grad = cast * Gl,
                 .transposes = 2 * q1 * (o.projections * X + W + G)};
       }
-      // Transformer Engine: cast + transpose in one kernel; a fused norm writes fp8 itself.
-      return {.input = o.norm_fed ? (o.gathered_input ? 0 : 2 * q1 * X)
+      // Transformer Engine: cast (+ transpose) in one kernel; a fused norm writes fp8 itself.
+      return {.input = o.norm_fed ? (o.gathered_input ? 0 : t * 2 * q1 * X)
                                   : (o.gathered_input ? (e + q1) * Xl : (e + q) * X),
               .weight = (e + q) * W,
               .grad = o.gathered_grad ? (e + q1) * Gl : (e + q) * G,
-              .transposes = 2 * q1 * ((o.gathered_input ? X : 0) + (o.gathered_grad ? G : 0))};
+              .transposes =
+                  t * 2 * q1 * ((o.gathered_input ? X : 0) + (o.gathered_grad ? G : 0))};
     case Precision::mxfp8:
       return {.input = (e + q) * Xl, .weight = (e + q) * W, .grad = (e + q) * Gl};
     case Precision::nvfp4:
@@ -118,7 +124,7 @@ void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op
   if (fused_fp8) {
     // The norm of a LayerNormLinear writes q₁ instead of e per element (forward and replays):
     // norm-1 before qkv (MLA keeps a separate norm), norm-2 before a dense fc1.
-    const double e = s.act_bytes, q1 = low_precision_copy_bytes(s.recipe) / 2;
+    const double e = s.act_bytes, q1 = quantized_element_bytes(s.recipe);
     const double tokens = double(s.micro_batch) * double(s.seq / s.cp) /
                           (s.sequence_parallel ? s.tp : 1);
     for (Op& op : ops)

@@ -21,6 +21,9 @@ void StateSetup::validate() const {
                        " (the expert ranks are a regrouping of the TP x DP ranks)");
   if (!(std::isfinite(scaled_gemms) && scaled_gemms >= 0))
     throw InvalidInput("scaled GEMMs = " + format_number(scaled_gemms) + ": must be >= 0");
+  if (compute_capability < 0)
+    throw InvalidInput("compute capability = " + std::to_string(compute_capability) +
+                       ": must be >= 0 (10 * major + minor; 0 = not known)");
   if (amax_history < 1)
     throw InvalidInput("--amax-history = " + std::to_string(amax_history) + ": must be >= 1");
   if (!(gemm_weight_share >= 0 && gemm_weight_share <= 1))
@@ -31,7 +34,7 @@ void StateSetup::validate() const {
                        ": needs a mixture-of-experts model (routed experts to shard)");
 }
 
-StateItems state_bytes_per_param(Precision p, Optimizer o) {
+StateItems state_bytes_per_param(Precision p, Optimizer o, Fp8GemmLayouts layouts) {
   StateItems b;
   b.params = b.grads = dtype_bytes(p);
   b.master = p == Precision::fp32 ? 0.0 : 4.0;  // fp32 parameters are their own master copy
@@ -42,7 +45,7 @@ StateItems state_bytes_per_param(Precision p, Optimizer o) {
     case Optimizer::sgd: b.m = b.v = 0.0; break;
     case Optimizer::sgd_momentum: b.m = 4.0; b.v = 0.0; break;
   }
-  b.low_precision = low_precision_copy_bytes(p);
+  b.low_precision = low_precision_copy_bytes(p, layouts);
   return b;
 }
 
@@ -53,7 +56,8 @@ ModelStateResult model_states(double n_params, const StateSetup& setup) {
   ModelStateResult r;
   r.setup = setup;
   r.n_params = n_params;
-  r.per_param = state_bytes_per_param(setup.precision, setup.optimizer);
+  r.per_param = state_bytes_per_param(setup.precision, setup.optimizer,
+                                      fp8_gemm_layouts(setup.compute_capability));
 
   const double k = setup.zero_stage == 0 ? 1.0 : double(setup.shard_degree);
   const double k_expert = setup.zero_stage == 0 ? 1.0 : double(setup.expert_shard_degree());
@@ -103,7 +107,7 @@ std::string ModelStateResult::convention() const {
           : setup.precision == Precision::mxfp8 ? "MXFP8 (e8m0 scale per 32)"
                                                 : "NVFP4 (e4m3 scale per 16)") +
          " copies of the linear weights, " + format_number(per_param.low_precision) +
-         " B each";
+         " B each: " + low_precision_copies_label(setup.precision, setup.compute_capability);
   if (setup.precision == Precision::fp8 && setup.scaled_gemms > 0)  // 0: not asked, not named
     c += " | delayed-scaling metadata: " + format_number(setup.scaled_gemms) +
          " GEMMs x 5 tensors x fp32 (amax history " + std::to_string(setup.amax_history) +

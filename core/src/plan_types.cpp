@@ -192,4 +192,53 @@ void PlanRequest::validate() const {
               model.name + " is not a mixture-of-experts model");
 }
 
+std::string plan_convention(const PlanRequest& r) {
+  return (is_low_precision(r.precision)
+              ? "bf16 mixed, " + std::string(to_string(r.precision)) +
+                    " linear GEMMs (attention, router, LM head bf16; MFU against the "
+                    "GPU's " + std::string(to_string(r.precision)) + " peak; their " +
+                    "saved inputs " +
+                    format_number(saved_linear_input_bytes(r.precision)) +
+                    " B per element" +
+                    (r.precision == Precision::fp8
+                         ? ", amax history " + std::to_string(r.amax_history)
+                         : std::string()) +
+                    "; weight copies: " +
+                    low_precision_copies_label(r.precision,
+                                               r.cluster.gpu.compute_capability) +
+                    ")"
+              : std::string(to_string(r.precision)) +
+                    (r.precision == Precision::fp32 ? "" : " mixed")) +
+         " | " + std::string(to_string(r.optimizer)) + " | memory held: allocated × " +
+         format_number(1 + r.allocator_allowance) + " + " +
+         format_number(r.runtime_bytes / kMiB) + " MiB runtime, usable " +
+         std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
+         " % of capacity | activations: Korthikanti 2022 inventory" +
+         (r.eager_loss ? ", eager fp32 loss" : "") +
+         (r.uses_dropout() ? " with dropout masks" : " without dropout") +
+         " | time: " +
+         (r.time_model == TimeModel::operators
+              ? "operator model (kernels on the " + r.cluster.gpu.name +
+                    " roofline, " + (r.causal ? "causal" : "full") + " attention" +
+                    (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
+                    ")"
+              : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
+         ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
+                                                              : "flat ring") +
+         ", TP/CP/PP exposed, DP/ZeRO " +
+         (r.overlap_dp ? "gradients overlapped with backward" : "gradients exposed") +
+         (r.overlap_param_gather ? ", ZeRO-1/2 gather overlapped with forward" : "") +
+         (r.tp_overlap ? ", TP overlapped with GEMMs" : "") +
+         (r.model.is_moe() ? (r.ep_overlap ? ", EP all-to-all overlapped"
+                                           : ", EP all-to-all exposed")
+                           : "") +
+         (r.capacity_factor != 1.0
+              ? ", MoE capacity factor " + format_number(r.capacity_factor)
+              : std::string()) +
+         (r.max_route_nodes > 0
+              ? ", tokens routed to at most " + std::to_string(r.max_route_nodes) +
+                    " nodes, sent once to each (DeepSeek-V3 node-limited routing)"
+              : std::string());
+}
+
 }  // namespace tally

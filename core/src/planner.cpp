@@ -144,7 +144,8 @@ struct Prepared {
     return {.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp, .cp = cp,
             .recompute = rc, .attention = att, .causal = r.causal, .dropout = r.uses_dropout(),
             .act_bytes = act_bytes, .capacity_factor = r.capacity_factor, .kernels = r.kernels,
-            .eager_loss = r.eager_loss, .recipe = r.precision};
+            .eager_loss = r.eager_loss, .recipe = r.precision,
+            .compute_capability = r.cluster.gpu.compute_capability};
   }
 
   const BaseTimes& base_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
@@ -321,7 +322,8 @@ ModelStateResult states_of(const Prepared& P, const Layout& L) {
                                  .zero_stage = L.zero, .shard_degree = L.dp * L.cp, .ep = L.ep,
                                  .tp = L.tp, .etp = L.etp, .expert_share = P.expert_share,
                                  .gemm_weight_share = P.gemm_weight_share,
-                                 .scaled_gemms = gemms, .amax_history = r.amax_history});
+                                 .scaled_gemms = gemms, .amax_history = r.amax_history,
+                                 .compute_capability = r.cluster.gpu.compute_capability});
 }
 
 void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
@@ -728,49 +730,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
       .gpus = double(r.gpus), .failure_rate_per_hour = r.cluster.failure_rate_per_hour,
       .state_bytes = ckpt, .write_bps = r.cluster.checkpoint_write_bps_for(r.gpus),
       .restart_hours = r.restart_hours, .run_hours = run_hours});
-  res.convention = (is_low_precision(r.precision)
-                        ? "bf16 mixed, " + std::string(to_string(r.precision)) +
-                              " linear GEMMs (attention, router, LM head bf16; MFU against the "
-                              "GPU's " + std::string(to_string(r.precision)) + " peak; their " +
-                              "saved inputs " +
-                              format_number(saved_linear_input_bytes(r.precision)) +
-                              " B per element" +
-                              (r.precision == Precision::fp8
-                                   ? ", amax history " + std::to_string(r.amax_history)
-                                   : std::string()) +
-                              ")"
-                        : std::string(to_string(r.precision)) +
-                              (r.precision == Precision::fp32 ? "" : " mixed")) +
-                   " | " + std::string(to_string(r.optimizer)) + " | memory held: allocated × " +
-                   format_number(1 + r.allocator_allowance) + " + " +
-                   format_number(r.runtime_bytes / kMiB) + " MiB runtime, usable " +
-                   std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
-                   " % of capacity | activations: Korthikanti 2022 inventory" +
-                   (r.eager_loss ? ", eager fp32 loss" : "") +
-                   (r.uses_dropout() ? " with dropout masks" : " without dropout") +
-                   " | time: " +
-                   (r.time_model == TimeModel::operators
-                        ? "operator model (kernels on the " + r.cluster.gpu.name +
-                              " roofline, " + (r.causal ? "causal" : "full") + " attention" +
-                              (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
-                              ")"
-                        : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
-                   ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
-                                                                        : "flat ring") +
-                   ", TP/CP/PP exposed, DP/ZeRO " +
-                   (r.overlap_dp ? "gradients overlapped with backward" : "gradients exposed") +
-                   (r.overlap_param_gather ? ", ZeRO-1/2 gather overlapped with forward" : "") +
-                   (r.tp_overlap ? ", TP overlapped with GEMMs" : "") +
-                   (r.model.is_moe() ? (r.ep_overlap ? ", EP all-to-all overlapped"
-                                                     : ", EP all-to-all exposed")
-                                     : "") +
-                   (r.capacity_factor != 1.0
-                        ? ", MoE capacity factor " + format_number(r.capacity_factor)
-                        : std::string()) +
-                   (r.max_route_nodes > 0
-                        ? ", tokens routed to at most " + std::to_string(r.max_route_nodes) +
-                              " nodes, sent once to each (DeepSeek-V3 node-limited routing)"
-                        : std::string());
+  res.convention = plan_convention(r);
   return res;
 }
 

@@ -179,7 +179,7 @@ KernelPerf anchored(KernelPerf k, std::int64_t m, std::int64_t n, std::int64_t k
 GpuSpec a100(std::string name, double mib, double hbm_bps) {
   return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 19.5e12,
                  .peak_tf32_flops = 156e12, .peak_bf16_flops = 312e12, .peak_fp8_flops = 0,
-                 .memory_bps = hbm_bps,
+                 .memory_bps = hbm_bps, .compute_capability = 80,
                  .kernels = anchored(KernelPerf{.sm_count = 108, .gemm_half_k = 128,
                                                 .half_tile_efficiency = 0.9,
                                                 .attention_forward_fraction = 0.6,
@@ -202,7 +202,7 @@ KernelPerf measured(KernelPerf k, double fraction, double half_k, double tile, d
 GpuSpec hopper(std::string name, double mib, double hbm_bps) {
   return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 67e12,
                  .peak_tf32_flops = 494.7e12, .peak_bf16_flops = 989.4e12,
-                 .peak_fp8_flops = 1978.9e12, .memory_bps = hbm_bps,
+                 .peak_fp8_flops = 1978.9e12, .memory_bps = hbm_bps, .compute_capability = 90,
                  .kernels = measured(KernelPerf{.sm_count = 132,
                                                 .attention_forward_fraction = 0.35,
                                                 .attention_backward_fraction = 0.3,
@@ -252,19 +252,23 @@ KernelPerf blackwell_fp8_kernels(int sms, double peak_fp8) {
 // Dense FP4 peaks (no sparsity): B200 9 PFLOP/s (DGX B200 datasheet: 144 PFLOP/s FP4 inference
 // over 8 GPUs, with sparsity); GB200 10 (GB200 NVL72: 1,440 PFLOP/s FP4 with sparsity over 72);
 // B300 and GB300 15 (NVIDIA Blackwell Ultra: 15 PFLOP/s dense NVFP4 per GPU).
+// Compute capability (NVIDIA's table, developer.nvidia.com/cuda-gpus): A100 8.0; H100, H200 9.0;
+// B200, GB200 10.0; B300, GB300 10.3.
 GpuSpec b200() {
   return GpuSpec{.name = "b200", .memory_bytes = 178.35 * kGiB, .peak_fp32_flops = 80e12,
                  .peak_tf32_flops = 1.1e15, .peak_bf16_flops = 2.25e15, .peak_fp8_flops = 4.5e15,
-                 .peak_fp4_flops = 9e15, .memory_bps = 7.672e12,
+                 .peak_fp4_flops = 9e15, .memory_bps = 7.672e12, .compute_capability = 100,
                  .kernels = blackwell_kernels(148, 2.25e15),
                  .fp8_gemm = blackwell_fp8_kernels(148, 4.5e15)};
 }
 
 GpuSpec blackwell(std::string name, double bytes, double bps, double fp32, double tf32,
-                  double bf16, double fp8, double fp4, int sms) {
+                  double bf16, double fp8, double fp4, int sms, int compute_capability) {
   return GpuSpec{.name = std::move(name), .memory_bytes = bytes, .peak_fp32_flops = fp32,
                  .peak_tf32_flops = tf32, .peak_bf16_flops = bf16, .peak_fp8_flops = fp8,
-                 .peak_fp4_flops = fp4, .memory_bps = bps, .kernels = blackwell_kernels(sms, bf16),
+                 .peak_fp4_flops = fp4, .memory_bps = bps,
+                 .compute_capability = compute_capability,
+                 .kernels = blackwell_kernels(sms, bf16),
                  .fp8_gemm = blackwell_fp8_kernels(sms, fp8)};
 }
 
@@ -296,13 +300,13 @@ std::vector<std::pair<std::string, ClusterSpec>> build_clusters() {
       // DGX B200: NVLink 5, 1.8 TB/s per GPU bidirectional; eight ConnectX-7 400 Gb/s NICs. NVLink's
       // achieved bus fraction, the latencies and u are Hopper's (assumed until measured).
       {"b200", make(b200(), nvlink5, ndr, 370.0 / 450, 0.94, 0.4)},
-      {"b300", make(blackwell("b300", 288e9, 8e12, 75e12, 1.125e15, 2.25e15, 4.5e15, 15e15, 160), nvlink5,
+      {"b300", make(blackwell("b300", 288e9, 8e12, 75e12, 1.125e15, 2.25e15, 4.5e15, 15e15, 160, 103), nvlink5,
                     xdr, 370.0 / 450, 0.94, 0.4)},
       // Rack systems: 18 hosts (compute trays) of 4 GPUs, one NIC per GPU (GB200: ConnectX-7
       // 400 Gb/s; GB300: ConnectX-8 800 Gb/s), all 72 GPUs on one NVLink 5 switch fabric.
-      {"gb200-nvl72", rack(make(blackwell("gb200", 186e9, 8e12, 90e12, 1.25e15, 2.5e15, 5e15, 10e15, 148),
+      {"gb200-nvl72", rack(make(blackwell("gb200", 186e9, 8e12, 90e12, 1.25e15, 2.5e15, 5e15, 10e15, 148, 100),
                                 nvlink5, ndr, 370.0 / 450, 0.94, 0.4))},
-      {"gb300-nvl72", rack(make(blackwell("gb300", 287.5e9, 8e12, 75e12, 1.125e15, 2.5e15, 5e15, 15e15, 160),
+      {"gb300-nvl72", rack(make(blackwell("gb300", 287.5e9, 8e12, 75e12, 1.125e15, 2.5e15, 5e15, 15e15, 160, 103),
                                 nvlink5, xdr, 370.0 / 450, 0.94, 0.4))},
   };
 }

@@ -119,23 +119,50 @@ bool is_low_precision(Precision p) {
 
 Precision compute_precision(Precision p) { return is_low_precision(p) ? Precision::bf16 : p; }
 
-double low_precision_copy_bytes(Precision p) {
+Fp8GemmLayouts fp8_gemm_layouts(int compute_capability) {
+  require_int(compute_capability >= 0, "compute capability", compute_capability,
+              "must be >= 0 (10 * major + minor, e.g. 90 for 9.0; 0 = not known)");
+  const int cc = compute_capability;
+  return (cc >= 100 && cc < 120) || cc >= 130 ? Fp8GemmLayouts::any : Fp8GemmLayouts::tn_only;
+}
+
+std::string compute_capability_name(int compute_capability) {
+  if (compute_capability <= 0) return "unknown";
+  return std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
+}
+
+double quantized_element_bytes(Precision p) {
   switch (p) {
-    case Precision::fp8: return 2.0;                        // e4m3 weight + its transpose
-    case Precision::mxfp8: return 2.0 * (1.0 + 1.0 / 32);   // two copies, an e8m0 scale per 32
-    case Precision::nvfp4: return 2.0 * (0.5 + 1.0 / 16);   // two copies, an e4m3 scale per 16
+    case Precision::fp8: return 1.0;                // e4m3 / e5m2 (per-tensor scale: not counted)
+    case Precision::mxfp8: return 1.0 + 1.0 / 32;   // e4m3, an e8m0 scale per 32
+    case Precision::nvfp4: return 0.5 + 1.0 / 16;   // e2m1, an e4m3 scale per 16
     default: return 0.0;
   }
 }
 
-double saved_linear_input_bytes(Precision p) {
-  switch (p) {
-    case Precision::fp8: return 1.0;                // e4m3 (per-tensor scale: not counted)
-    case Precision::mxfp8: return 1.0 + 1.0 / 32;   // column-wise data, an e8m0 scale per 32
-    case Precision::nvfp4: return 0.5 + 1.0 / 16;   // column-wise e2m1, an e4m3 scale per 16
-    default: return 0.0;
-  }
+int low_precision_layouts(Precision p, Fp8GemmLayouts l) {
+  if (!is_low_precision(p)) return 0;
+  return p == Precision::fp8 && l == Fp8GemmLayouts::any ? 1 : 2;
 }
+
+double low_precision_copy_bytes(Precision p, Fp8GemmLayouts l) {
+  return low_precision_layouts(p, l) * quantized_element_bytes(p);
+}
+
+std::string low_precision_copies_label(Precision p, int compute_capability) {
+  if (!is_low_precision(p)) return {};
+  if (p != Precision::fp8) return "row-wise and column-wise (scaling blocks along each GEMM's inner "
+                                  "dimension)";
+  const std::string cc = compute_capability_name(compute_capability);
+  if (compute_capability <= 0)
+    return "the weight and its transpose (TN-only fp8 GEMMs assumed: no GPU given)";
+  return fp8_gemm_layouts(compute_capability) == Fp8GemmLayouts::any
+             ? "the weight alone (compute capability " + cc +
+                   " takes fp8 GEMMs in any layout, TE keeps no transpose)"
+             : "the weight and its transpose (TN-only fp8 GEMMs, compute capability " + cc + ")";
+}
+
+double saved_linear_input_bytes(Precision p) { return quantized_element_bytes(p); }
 
 double delayed_scaling_bytes_per_gemm(int amax_history) {
   require_int(amax_history >= 1, "--amax-history", amax_history, "must be >= 1 entry");

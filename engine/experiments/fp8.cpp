@@ -359,7 +359,9 @@ Fp8Result run_fp8(const Fp8Options& options) {
   r.linear_layers = 4 * L;
   r.linear_weights = 12 * C * C * L;
   r.linear_biases = 9 * C * L;
-  r.predicted_copy_bytes = low_precision_copy_bytes(o.format) * double(r.linear_weights);
+  // The engine keeps both copies (Note [low-precision copies]), as TE does on a TN-only GPU.
+  r.predicted_copy_bytes =
+      low_precision_copy_bytes(o.format, Fp8GemmLayouts::tn_only) * double(r.linear_weights);
   r.predicted_states = model_states(double(r.n_params),
                                     StateSetup{.precision = o.format,
                                                .optimizer = Optimizer::adam,

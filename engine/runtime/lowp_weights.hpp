@@ -11,7 +11,8 @@
 // every optimizer step:
 //   row  the forward GEMM's operand, W as stored (blocks along in, the forward's inner dimension)
 //   col  the backward dgrad's operand, Wᵀ (in, out) (blocks along out, dgrad's inner dimension);
-//        per-tensor fp8 needs it because Hopper's fp8 GEMMs take TN layouts only
+//        per-tensor fp8 needs it because Hopper's fp8 GEMMs take TN layouts only (on Blackwell
+//        TE keeps the row copy alone, Note [fp8 operand layouts]; the engine keeps Hopper's two)
 // and per format (bytes per element of one copy as core's ledger counts them):
 //   fp8    e4m3 codes (1); one fp32 scale_inv per weight, shared by W and Wᵀ (TE's Float8Tensor)
 //   mxfp8  e4m3 codes + an e8m0 scale per 32 (1 + 1/32); no tensor scale. The scale follows MX

@@ -1,5 +1,6 @@
 #include "tally/io/cluster_file.hpp"
 
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -50,7 +51,7 @@ std::optional<double> get(const ObjectReader& r, std::string_view key, Range ran
 void read_gpu(const ObjectReader& g, bool required, GpuSpec& gpu) {
   g.allow_only({"name", "memory_gib", "memory_gb", "peak_bf16_tflops", "peak_tf32_tflops",
                 "peak_fp32_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "memory_bandwidth_gbps",
-                "sm_count"});
+                "sm_count", "compute_capability"});
   if (const auto name = g.opt_string("name", kMaxNameChars)) gpu.name = *name;
   if (g.has("memory_gib") && g.has("memory_gb"))
     detail::fail(g.source(), g.field("memory_gb"), detail::show(*g.find("memory_gb")),
@@ -72,6 +73,16 @@ void read_gpu(const ObjectReader& g, bool required, GpuSpec& gpu) {
   if (const auto v = g.opt_number("memory_bandwidth_gbps", kBandwidthGbps))
     gpu.memory_bps = *v * kGBBytes;
   if (const auto v = g.opt_integer("sm_count", 1, 1'000'000)) gpu.kernels.sm_count = int(*v);
+  // major.minor as NVIDIA writes it (9.0, 10.3): per-tensor fp8's weight copies (Note [fp8
+  // operand layouts]); without it, and without a preset, TN-only fp8 GEMMs are assumed.
+  if (const auto v = g.opt_number("compute_capability", Range{0, 99.9})) {
+    const double tenths = *v * 10;
+    if (std::abs(tenths - std::round(tenths)) > 1e-6)
+      detail::fail(g.source(), g.field("compute_capability"),
+                   detail::show(*g.find("compute_capability")),
+                   "major.minor with one digit after the point, e.g. 9.0 or 10.3");
+    gpu.compute_capability = int(std::lround(tenths));
+  }
 }
 
 void read_link(const ObjectReader& r, std::string_view key, bool required, LinkSpec& link) {

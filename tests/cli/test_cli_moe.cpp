@@ -1,7 +1,8 @@
 // End-to-end tests of the `tally` binary for mixture-of-experts layouts and low-precision recipes
 // (issue 15): expert parallelism and expert TP, node-limited routing, fp8's saved inputs and amax
-// histories — each figure worked by hand in the comment above its test (the CLI must print what
-// core computes), and exit code 2 with one line naming the flag for bad input.
+// histories and fp8's weight copies by GPU — each figure worked by hand in the comment above its
+// test (the CLI must print what core computes), and exit code 2 with one line naming the flag for
+// bad input.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -160,6 +161,24 @@ TEST(Cli, Fp8SavedInputsAndAmaxHistory) {
     EXPECT_EQ(r.rc, 2) << bad;
     EXPECT_NE(r.err.find("--amax-history"), std::string::npos) << bad << ": " << r.err;
   }
+}
+
+// Note [fp8 operand layouts] on the command line, in the label and in --json. Llama 3 8B's
+// 6,979,321,856 linear weights (counted by hand in test_comm.cpp): with --gpu b200 (compute
+// capability 10.0) fp8 keeps 1 B of copies per weight, without a GPU 2 B (TN only assumed).
+TEST(Cli, Fp8WeightCopiesFollowTheGpu) {
+  const auto none = json_of(tally("memory --model llama-3-8b --precision fp8 --json"));
+  const auto b200 = json_of(tally("memory --model llama-3-8b --precision fp8 --gpu b200 --json"));
+  EXPECT_EQ(none["bytes_per_param"]["low_precision_copies"].get<double>(), 2.0);
+  EXPECT_EQ(b200["bytes_per_param"]["low_precision_copies"].get<double>(), 1.0);
+  EXPECT_NEAR(b200["items_gb"]["low_precision_copies"].get<double>(), 6.979321856, 1e-9);
+  const std::string b200_label = b200["convention"];
+  EXPECT_NE(b200_label.find("the weight alone (compute capability 10.0"), std::string::npos);
+  EXPECT_NE(none["convention"].get<std::string>().find("assumed"), std::string::npos);
+  const auto plan = json_of(tally("plan --model llama-3-8b --gpu b200 --gpus 8 --global-batch 64 "
+                                  "--seq 8192 --precision fp8 --json"));
+  EXPECT_EQ(plan["request"]["compute_capability"].get<int>(), 100);
+  EXPECT_EQ(plan["request"]["weight_copy_bytes_per_param"].get<double>(), 1.0);
 }
 
 }  // namespace

@@ -241,6 +241,28 @@ TEST(ModelStates, LowPrecisionRecipesAddWeightCopies) {
   EXPECT_NE(model_states(7e9, nv).convention().find("NVFP4"), std::string::npos);
 }
 
+// Note [fp8 operand layouts]: on compute capability 10.0 (B200) TE keeps the fp8 weight alone,
+// 1 B per linear weight — 0.95 · 7e9 B, half Hopper's; MXFP8 keeps both copies there, 2.0625 B.
+// The label says which copies were counted and why.
+TEST(ModelStates, BlackwellKeepsOneFp8WeightCopy) {
+  StateSetup s{.precision = Precision::fp8, .gemm_weight_share = 0.95, .compute_capability = 100};
+  const auto b200 = model_states(7e9, s);
+  EXPECT_DOUBLE_EQ(b200.per_param.low_precision, 1.0);
+  EXPECT_DOUBLE_EQ(b200.bytes.low_precision, 0.95 * 7e9);
+  EXPECT_NE(b200.convention().find("the weight alone"), std::string::npos) << b200.convention();
+  EXPECT_NE(b200.convention().find("10.0"), std::string::npos) << b200.convention();
+  s.compute_capability = 90;
+  const auto h100 = model_states(7e9, s);
+  EXPECT_DOUBLE_EQ(h100.bytes.low_precision, 2 * 0.95 * 7e9);
+  EXPECT_NE(h100.convention().find("its transpose"), std::string::npos) << h100.convention();
+  EXPECT_DOUBLE_EQ(h100.bytes.total() - b200.bytes.total(), 0.95 * 7e9);  // nothing else moves
+  s.precision = Precision::mxfp8;
+  s.compute_capability = 100;
+  EXPECT_DOUBLE_EQ(model_states(7e9, s).bytes.low_precision, 2 * (1 + 1.0 / 32) * 0.95 * 7e9);
+  s.compute_capability = -1;
+  EXPECT_THROW(model_states(7e9, s), InvalidInput);
+}
+
 // fp8 delayed scaling's metadata (Note [low precision]): Llama 3 8B's 32 layers × 4 linear GEMMs =
 // 128 GEMMs, each 5 fp32 amax histories of 1024 entries and 5 fp32 scales: 128 · 20,500 B; with
 // Megatron-Core's history of 1, 128 · 40 B. Module buffers: ZeRO-3 does not shard them; MXFP8 and

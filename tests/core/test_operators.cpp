@@ -698,6 +698,28 @@ TEST(Operators, SequenceParallelQuantizesBeforeTheGather) {
   EXPECT_EQ(quantize_bytes_by_name(mx, Pass::backward).count("qkv.transpose-copies"), 0u);
 }
 
+// Note [fp8 operand layouts]: on compute capability 10.0 TE's per-tensor fp8 keeps no transposes —
+// a cast reads 2 and writes 1 (Hopper 2 + 1 + 1), the fused norm's fp8 output is not transposed
+// (Hopper 1 + 1) nor are SP's gathered rows (Hopper 2·T·h); MXFP8 writes both copies on either GPU.
+TEST(Operators, BlackwellFp8CastsWriteOneCopy) {
+  const ModelSpec m = *model_preset("llama-3-70b");
+  OperatorSetup s{.seq = 8192, .micro_batch = 1, .dropout = false, .recipe = Precision::fp8,
+                  .compute_capability = 100};
+  const double T = 8192, h = 8192;
+  auto q = [&](Pass p) { return quantize_bytes_by_name(layer_ops(m, s), p); };
+  EXPECT_EQ(q(Pass::forward).count("qkv.quantize-input"), 0u);
+  EXPECT_DOUBLE_EQ(q(Pass::forward).at("out-proj.quantize-weight"), (2 + 1) * h * h);
+  EXPECT_DOUBLE_EQ(q(Pass::backward).at("mlp-down.quantize-grad"), (2 + 1) * T * h);
+  s.tp = 8;
+  s.sequence_parallel = true;
+  EXPECT_EQ(q(Pass::backward).count("qkv.transpose-copies"), 0u);
+  EXPECT_DOUBLE_EQ(q(Pass::backward).at("out-proj.quantize-grad"), 3 * T / 8 * h);  // as Hopper
+  s.recipe = Precision::mxfp8;
+  const auto blackwell = q(Pass::forward);
+  s.compute_capability = 90;
+  EXPECT_EQ(q(Pass::forward), blackwell);
+}
+
 // Replays cast again: full recompute replays every forward cast; op SAC the casts of the three
 // GEMMs it replays (k, out-proj, w3), the k projection's input and weight among them.
 TEST(Operators, ReplayedGemmsQuantizeTheirOperandsAgain) {

@@ -735,39 +735,6 @@ TEST(Planner, NodeLimitedRoutingShortensTheAllToAlls) {
   EXPECT_THROW(plan(dense), InvalidInput);
 }
 
-// A low-precision plan: fp8 on H100 makes the step faster and adds the weight copies; the GPU
-// must have the format's tensor cores (one line naming --precision otherwise).
-TEST(Planner, LowPrecisionRecipes) {
-  PlanRequest req{.model = *model_preset("llama-3-8b"), .cluster = *cluster_preset("h100-80g"),
-                  .gpus = 8, .global_batch = 64, .seq = 8192};
-  const Layout l{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 8};
-  const PlanEval bf16 = evaluate_layout(req, l);
-  req.precision = Precision::fp8;
-  const PlanEval fp8 = evaluate_layout(req, l);
-  EXPECT_LT(fp8.step_s, bf16.step_s);
-  EXPECT_GT(fp8.step_s, bf16.step_s / 2);  // attention, norms, head and optimizer stay
-  EXPECT_GT(fp8.states.low_precision, 0);
-  // Delayed scaling's amax histories: 32 layers × 4 GEMMs × 20,500 B (Note [low precision]).
-  EXPECT_DOUBLE_EQ(fp8.states.scaling_metadata, 128 * 20500.0);
-  EXPECT_DOUBLE_EQ(fp8.scaled_gemms, 128);
-  EXPECT_DOUBLE_EQ(
-      fp8.states.total() - fp8.states.low_precision - fp8.states.scaling_metadata,
-      bf16.states.total());
-  // The linears' saved inputs in fp8: h + f fewer bytes per token and layer (Activations.
-  // LowPrecisionRecipesSaveQuantizedLinearInputs), 8192 tokens × 32 layers, one micro-batch held.
-  EXPECT_DOUBLE_EQ(bf16.activation_bytes - fp8.activation_bytes, 32 * 8192.0 * (4096 + 14336));
-  EXPECT_LE(fp8.mfu, 1.0);  // against the fp8 peak
-  req.precision = Precision::nvfp4;
-  try {
-    evaluate_layout(req, l);
-    ADD_FAILURE() << "nvfp4 on an H100";
-  } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("--precision nvfp4"), std::string::npos) << e.what();
-  }
-  req.cluster = *cluster_preset("b200");
-  EXPECT_NO_THROW(evaluate_layout(req, l));
-}
-
 // ZeRO-3's buffers: two gathered layers without PP; under PP the stage unsharded in the parameter
 // dtype plus its fp32 gradients (planner.hpp buffer_bytes): 2 + 4 B per stage parameter.
 TEST(Planner, ZeroThreeUnderPipelineKeepsTheStageUnsharded) {

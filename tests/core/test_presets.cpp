@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <set>
 #include <string>
+#include <utility>
 
 namespace tally {
 namespace {
@@ -81,6 +83,17 @@ TEST(Presets, BlackwellPeaksAndRackShares) {
   EXPECT_NEAR(gb300.memory_bytes * 72, 20.7e12, 1e3);
   EXPECT_NEAR(gb300.memory_bps * 72, 576e12, 1e3);
   EXPECT_NEAR(cluster_preset("gb200-nvl72")->gpu.memory_bytes * 72, 13.4e12, 1e10);
+}
+
+// Compute capabilities as NVIDIA lists them (developer.nvidia.com/cuda-gpus): A100 8.0, H100 and
+// H200 9.0, B200 and GB200 10.0, B300 and GB300 10.3 — the Blackwell parts keep one fp8 weight copy.
+TEST(Presets, ComputeCapabilities) {
+  const std::pair<const char*, int> want[] = {
+      {"a100-40g", 80}, {"a100-80g", 80}, {"h100-80g", 90},     {"h200", 90},
+      {"b200", 100},    {"b300", 103},    {"gb200-nvl72", 100}, {"gb300-nvl72", 103}};
+  for (const auto& [name, cc] : want)
+    EXPECT_EQ(cluster_preset(name)->gpu.compute_capability, cc) << name;
+  EXPECT_EQ(std::size(want), cluster_preset_names().size());  // every preset named above
 }
 
 }  // namespace

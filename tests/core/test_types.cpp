@@ -150,12 +150,19 @@ TEST(Types, LowPrecisionSavedInputsAndScalingMetadata) {
   EXPECT_THROW(delayed_scaling_bytes_per_gemm(0), InvalidInput);
 }
 
+// Note [low precision], Note [fp8 operand layouts]: e4m3 weight + its transpose on a TN-only GPU,
+// the weight alone where any layout is taken; the block formats keep both copies everywhere.
 TEST(Types, LowPrecisionCopiesPerWeight) {
-  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::fp8), 1.0 + 1.0);
-  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::mxfp8), 2 * (1.0 + 1.0 / 32));
-  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::nvfp4), 2 * (4.0 / 8 + 1.0 / 16));
+  constexpr Fp8GemmLayouts tn_only = Fp8GemmLayouts::tn_only, any = Fp8GemmLayouts::any;
+  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::fp8, tn_only), 1.0 + 1.0);
+  EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::fp8, any), 1.0);
+  for (Fp8GemmLayouts l : {tn_only, any}) {
+    EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::mxfp8, l), 2 * (1.0 + 1.0 / 32));
+    EXPECT_DOUBLE_EQ(low_precision_copy_bytes(Precision::nvfp4, l), 2 * (4.0 / 8 + 1.0 / 16));
+  }
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
-    EXPECT_EQ(low_precision_copy_bytes(p), 0.0);
+    EXPECT_EQ(low_precision_copy_bytes(p, tn_only), 0.0);
+    EXPECT_EQ(quantized_element_bytes(p), 0.0);
     EXPECT_FALSE(is_low_precision(p));
     EXPECT_EQ(compute_precision(p), p);
   }
@@ -164,6 +171,29 @@ TEST(Types, LowPrecisionCopiesPerWeight) {
     EXPECT_EQ(compute_precision(p), Precision::bf16);
     EXPECT_EQ(dtype_bytes(p), 2.0);  // parameters, gradients, activations stay bf16
   }
+}
+
+// TE's is_non_tn_fp8_gemm_supported (pytorch/utils.py at 40c69e7): (10, 0) <= cc < (12, 0) or
+// cc >= (13, 0). Ada (8.9), Hopper (9.0) and consumer Blackwell (12.0) take TN only; an unknown
+// GPU (0) is counted as TN only.
+TEST(Types, Fp8GemmLayoutsFollowTransformerEngine) {
+  for (int cc : {0, 80, 89, 90, 120, 121})
+    EXPECT_EQ(fp8_gemm_layouts(cc), Fp8GemmLayouts::tn_only) << cc;
+  for (int cc : {100, 103, 110, 130})
+    EXPECT_EQ(fp8_gemm_layouts(cc), Fp8GemmLayouts::any) << cc;
+  EXPECT_THROW(fp8_gemm_layouts(-1), InvalidInput);
+  EXPECT_EQ(compute_capability_name(103), "10.3");
+  EXPECT_EQ(compute_capability_name(90), "9.0");
+  EXPECT_EQ(compute_capability_name(0), "unknown");
+  // The label names what is kept, and why.
+  EXPECT_NE(low_precision_copies_label(Precision::fp8, 100).find("the weight alone"),
+            std::string::npos);
+  EXPECT_NE(low_precision_copies_label(Precision::fp8, 90).find("its transpose"),
+            std::string::npos);
+  EXPECT_NE(low_precision_copies_label(Precision::fp8, 0).find("assumed"), std::string::npos);
+  EXPECT_NE(low_precision_copies_label(Precision::mxfp8, 100).find("column-wise"),
+            std::string::npos);
+  EXPECT_EQ(low_precision_copies_label(Precision::bf16, 100), "");
 }
 
 }  // namespace

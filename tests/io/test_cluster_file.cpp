@@ -173,5 +173,19 @@ TEST(ClusterFile, RooflineAndPerNodeCheckpointFields) {
                        {"sm_count"});
 }
 
+// Compute capability as NVIDIA writes it, stored as 10·major + minor; a preset keeps its own.
+TEST(ClusterFile, ComputeCapabilityIsMajorDotMinor) {
+  EXPECT_EQ(parse_cluster(R"({"preset": "h100-80g", "gpu": {"compute_capability": 10.3}})", "t")
+                .gpu.compute_capability,
+            103);
+  EXPECT_EQ(parse_cluster(R"({"preset": "b200"})", "t").gpu.compute_capability, 100);
+  test::expect_invalid(
+      [] { parse_cluster(R"({"preset": "h200", "gpu": {"compute_capability": 9.05}})", "t"); },
+      {"compute_capability", "9.0 or 10.3"});
+  test::expect_invalid(
+      [] { parse_cluster(R"({"preset": "h200", "gpu": {"compute_capability": 100}})", "t"); },
+      {"compute_capability"});
+}
+
 }  // namespace
 }  // namespace tally::io

@@ -85,6 +85,10 @@ struct GpuSpec {
   // run on the same 5th-generation tensor cores, so mxfp8 needs it too (Note [low precision]).
   double peak_fp4_flops = 0;
   double memory_bps = 0;            // HBM bandwidth (datasheet), bytes/s
+  // CUDA compute capability, 10·major + minor (A100 80, H100/H200 90, B200/GB200 100, B300/GB300
+  // 103; NVIDIA, developer.nvidia.com/cuda-gpus); 0 = not known. Decides whether per-tensor fp8
+  // keeps transposed copies (Note [fp8 operand layouts], types.hpp).
+  int compute_capability = 0;
   KernelPerf kernels;
   // The GEMM constants of fp8 GEMMs where a measured fp8 table gives them (B200: XLA's table,
   // presets.cpp); unset, fp8 GEMMs take `kernels` at the fp8 peak — fast-biased, since fp8 GEMMs

@@ -9,8 +9,10 @@
 //                                                          quantisation constants not counted)
 //   SGD                  p     p    0    0   0|4           momentum adds m = 4 (fp32)
 //   fp8 / mxfp8 / nvfp4 recipes (types.hpp Note [low precision]): bf16 mixed Adam plus the linear
-//   weights' low-precision copies, 2, 2.0625 and 1.125 B per weight (the `low_precision` item,
-//   on gemm_weight_share of the parameters; sharded with the parameters under ZeRO-3); fp8's
+//   weights' low-precision copies, 2, 2.0625 and 1.125 B per weight — fp8 1 B where the GPU
+//   takes fp8 GEMMs in any layout (Note [fp8 operand layouts]: compute capability 10.x) — (the
+//   `low_precision` item, on gemm_weight_share of the parameters; sharded with the parameters
+//   under ZeRO-3); fp8's
 //   delayed scaling also keeps per GEMM 5 fp32 amax histories and scales (`scaling_metadata`,
 //   delayed_scaling_bytes_per_gemm × the GPU's GEMMs; module buffers, never sharded).
 // ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
@@ -46,6 +48,9 @@ struct StateSetup {
   // run's per-tensor current scaling, which keeps no history) and TE's amax history length.
   double scaled_gemms = 0;
   int amax_history = kTeAmaxHistory;
+  // The GPU's compute capability (GpuSpec::compute_capability): whether per-tensor fp8 keeps the
+  // weight's transpose (Note [fp8 operand layouts]); 0 = no GPU given: kept, as on Hopper.
+  int compute_capability = 0;
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // k·t/(e_t·ep): the ranks over which ZeRO shards the routed experts.
   int expert_shard_degree() const { return shard_degree * tp / (expert_tp() * ep); }
@@ -74,8 +79,10 @@ struct ModelStateResult {
   std::string convention() const;
 };
 
-// Bytes per parameter of each item (unsharded) for a precision and optimizer.
-StateItems state_bytes_per_param(Precision p, Optimizer o);
+// Bytes per parameter of each item (unsharded) for a precision and optimizer; the low-precision
+// copies at the GPU's fp8 operand layouts (Note [fp8 operand layouts]; TN only unless given).
+StateItems state_bytes_per_param(Precision p, Optimizer o,
+                                 Fp8GemmLayouts layouts = Fp8GemmLayouts::tn_only);
 
 // The per-GPU model-state ledger for n_params parameters. Throws InvalidInput on bad setup.
 ModelStateResult model_states(double n_params, const StateSetup& setup);

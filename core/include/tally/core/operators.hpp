@@ -76,17 +76,20 @@
 // .quantize-weight (forward, and again in a replay of that GEMM), .quantize-grad and, where a copy
 // is transposed after it was made, .transpose-copies (backward). Per element of the tensor named,
 // X the input (m·k), W the weight (k·n), G the output gradient (m·n); e = activation bytes (bf16,
-// 2), q = low_precision_copy_bytes (both copies, 2 · the row-wise one: fp8 2, MXFP8 2.0625, NVFP4
-// 1.125), q₁ = q/2. Hopper's fp8 GEMMs take TN layouts only and the block formats scale along the
-// inner dimension, so every operand is needed row-wise and column-wise: each tensor is read once
-// and written twice.
+// 2), q₁ = quantized_element_bytes (one copy: fp8 1, MXFP8 1.03125, NVFP4 0.5625), q =
+// low_precision_copy_bytes (the copies kept, Note [fp8 operand layouts]: 2q₁, but q₁ for
+// per-tensor fp8 on a GPU that takes any layout). Hopper's fp8 GEMMs take TN layouts only and the
+// block formats scale along the inner dimension, so there every operand is needed row-wise and
+// column-wise: each tensor is read once and written twice. On datacenter Blackwell (compute
+// capability 10.x) TE's per-tensor fp8 writes the row-wise copy alone: e + q₁ per element, and
+// the transposes below (a fused norm's, a gathered tensor's) are not made.
 //   fp8, fused  Transformer Engine v2.8 (40c69e7), delayed scaling, the amax taken inside the cast
 //               (pytorch/csrc/quantizer.cpp Float8Quantizer::quantize → nvte_quantize_v2: cast +
 //               transpose in one kernel): X, W, G e + q each. X of a LayerNormLinear (Megatron-Core's
 //               qkv and dense fc1, TELayerNormColumnParallelLinear) comes out of the norm kernel in
 //               fp8 (extensions/normalization.cpp: Float8Quantizer → FULLY_FUSED), whose write
 //               shrinks from e to q₁ per element, then rmsnorm_fwd's nvte_transpose reads q₁ and
-//               writes q₁: 2q₁
+//               writes q₁: 2q₁ (none where no transpose is kept)
 //   fp8, eager  torchao eab345c's Float8Linear, dynamic tensorwise scaling, uncompiled (the
 //               torchtitan stack of Note [eager kernels]): per cast float8_utils.tensor_to_amax
 //               abs 2e + max e, float8_tensor._ToFloat8ConstrFunc to(float32) e + 4, × scale 8,
@@ -107,8 +110,8 @@
 // norms (qkv, MLA's q-down, kv-down, q-proj, the dense and shared MLPs' up) and the output
 // gradients of the row-parallel ones (out-proj, the dense and shared down) are quantized on the
 // rank's m/t rows and gathered in the format (TE distributed.py _all_gather_fp8/_mxfp8, torchao
-// float8_tensor_parallel.py); per-tensor fp8 gathers the row-wise copy only and transposes the
-// gathered m rows (2q₁ each), the block formats gather both copies. The routed experts' tokens
+// float8_tensor_parallel.py); per-tensor fp8 gathers the row-wise copy only and, on TN-only GPUs,
+// transposes the gathered m rows (2q₁ each), the block formats gather both copies. The routed experts' tokens
 // arrive by all-to-all: quantized as the GEMM sees them.
 // The weight: torchao casts it in every Float8Linear.forward (per micro-batch, and again in a
 // replay); Transformer Engine casts it once per step, since Megatron-Core passes
@@ -180,6 +183,9 @@ struct OperatorSetup {
   // The precision recipe: fp8, mxfp8 and nvfp4 add their quantize kernels (Note [low-precision
   // casts]) and then need e = 2 (bf16 activations, Note [low precision]); others add nothing.
   Precision recipe = Precision::bf16;
+  // The GPU's compute capability: whether TE's per-tensor fp8 casts write a transpose (Note [fp8
+  // operand layouts], types.hpp); 0 = not known: they do, as on Hopper.
+  int compute_capability = 0;
   void validate(const ModelSpec& m) const;  // throws InvalidInput naming the field
 };
 

@@ -338,6 +338,9 @@ struct PlanResult {
 // near_misses say which wall each closest layout hits. A request for which no layout passes the
 // divisibility and topology rules throws InvalidInput explaining which rule excluded what.
 PlanResult plan(const PlanRequest& request, const SearchSpace& space = {});
+// PlanResult::convention of a request: precision, optimizer, memory held, activations, time and
+// communication conventions, as inputs, never typed by hand.
+std::string plan_convention(const PlanRequest& request);
 
 // Costs one given layout (checks its divisibility and topology; throws InvalidInput if broken).
 PlanEval evaluate_layout(const PlanRequest& request, const Layout& layout);

@@ -46,8 +46,9 @@ class InvalidInput : public std::invalid_argument {
 // core, norms, router, embedding and LM head stay bf16; master weights and Adam moments fp32. Each
 // linear weight also keeps its low-precision copies for the step (TE's weight workspaces):
 //   fp8    per-tensor scaling (TE "delayed scaling": e4m3 forward, e5m2 gradients, an amax
-//          history per tensor): the fp8 weight and its transpose for the backward GEMMs (Hopper's
-//          fp8 GEMMs take TN layouts only), 2 B per weight
+//          history per tensor): the fp8 weight and, where the GPU's fp8 GEMMs take TN layouts
+//          only (Hopper), its transpose for the backward GEMMs — 2 B per weight, 1 B on
+//          datacenter Blackwell (Note [fp8 operand layouts])
 //   mxfp8  OCP Microscaling MXFP8 (TE MXFP8BlockScaling, Blackwell): e4m3 elements with one e8m0
 //          scale per 32 along the GEMM's inner dimension, a row-wise and a column-wise copy,
 //          2 · (1 + 1/32) B per weight
@@ -68,6 +69,31 @@ class InvalidInput : public std::invalid_argument {
 //                 Megatron-Core sets it from --fp8-amax-history-len, default 1):
 //                 delayed_scaling_bytes_per_gemm, the state ledger's scaling-metadata item
 enum class Precision { fp32, bf16, fp16, fp8, mxfp8, nvfp4 };
+// Note [fp8 operand layouts] — which copies of a low-precision tensor its GEMMs need. The forward
+// Y = X·Wᵀ reduces over the input features, the inner axis of X's and W's rows; the backward
+// GEMMs reduce over another axis (dgrad dX = dY·W over W's output rows, wgrad dW = dYᵀ·X over the
+// tokens). Hopper's fp8 tensor cores (and Ada's, and consumer Blackwell's sm_120) take fp8
+// operands in TN layout only (both K-major), so Transformer Engine keeps each per-tensor fp8
+// tensor a backward GEMM reads as row-wise data and its transpose, which it passes as the
+// column-wise data (common/gemm/cublaslt_gemm.cu CanonicalizeGemmInput). Datacenter
+// Blackwell takes any layout: TE then keeps the row-wise data alone and the transposed GEMMs
+// read it as it is — pytorch/csrc/quantizer.cpp Float8Quantizer and
+// Float8CurrentScalingQuantizer::create_tensor allocate the transpose only when column-wise usage
+// is asked and !nvte_is_non_tn_fp8_gemm_supported(), and the row-wise data whenever it is;
+// rmsnorm_api.cpp's fp8 transpose and distributed.py _all_gather_fp8's transpose of the
+// gathered rows follow (Transformer Engine v2.8, commit 40c69e7). The rule, TE's
+// is_non_tn_fp8_gemm_supported (pytorch/utils.py; common/transformer_engine.cpp): compute
+// capability 10.x, 11.x or >= 13.0 — B200 and GB200 10.0, B300 and GB300 10.3; H100 and H200
+// 9.0, A100 8.0 (NVIDIA, developer.nvidia.com/cuda-gpus). MXFP8 and NVFP4 keep a row-wise and a
+// column-wise copy on every GPU: their scaling blocks run along the GEMM's inner dimension,
+// which is a different axis of the tensor in the forward and the backward GEMMs
+// (MXFP8Quantizer::create_tensor allocates each usage asked for, whatever the GPU).
+enum class Fp8GemmLayouts { tn_only, any };
+// TE's rule above; compute capability as 10·major + minor (90 = 9.0, 103 = 10.3); 0 = not known,
+// which takes TN only (every GPU before Blackwell: the larger ledger).
+Fp8GemmLayouts fp8_gemm_layouts(int compute_capability);
+// "9.0", "10.3"; "unknown" for 0.
+std::string compute_capability_name(int compute_capability);
 enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
 // Activation recompute policies, each named after the framework that defines its saved set:
 //   selective     Megatron-LM --recompute-granularity selective (Korthikanti et al. 2022 §5):
@@ -117,10 +143,23 @@ double dtype_bytes(Precision p);
 bool is_low_precision(Precision p);
 // The dtype of everything a low-precision recipe leaves out of the format (bf16); p otherwise.
 Precision compute_precision(Precision p);
-// Bytes per linear weight of its low-precision copies (Note [low precision]); 0 for fp32/bf16/fp16.
-double low_precision_copy_bytes(Precision p);
+// Bytes per element of one quantized copy, its block scales included (per-tensor scales are not
+// counted): 1, 1 + 1/32, 0.5 + 1/16 for fp8, mxfp8, nvfp4; 0 for fp32/bf16/fp16.
+double quantized_element_bytes(Precision p);
+// Copies kept of a low-precision tensor that transposed GEMMs read (Note [fp8 operand layouts]):
+// 2 (row-wise and column-wise), but 1 for per-tensor fp8 where the GPU takes any layout; 0 for
+// fp32/bf16/fp16.
+int low_precision_layouts(Precision p, Fp8GemmLayouts l);
+// Bytes per linear weight of its low-precision copies (Note [low precision]):
+// low_precision_layouts × quantized_element_bytes — fp8 2 (TN only) or 1, mxfp8 2.0625, nvfp4
+// 1.125; 0 for fp32/bf16/fp16.
+double low_precision_copy_bytes(Precision p, Fp8GemmLayouts l);
+// The copies named for a convention label, e.g. "the weight and its transpose (TN-only fp8
+// GEMMs, compute capability 9.0)"; empty for fp32/bf16/fp16.
+std::string low_precision_copies_label(Precision p, int compute_capability);
 // Bytes per element of a low-precision linear's input saved for its weight gradient (Note [low
-// precision]): 1, 1 + 1/32, 0.5 + 1/16 for fp8, mxfp8, nvfp4; 0 for fp32/bf16/fp16.
+// precision]): one copy, quantized_element_bytes — 1, 1 + 1/32, 0.5 + 1/16 for fp8, mxfp8, nvfp4;
+// 0 for fp32/bf16/fp16.
 double saved_linear_input_bytes(Precision p);
 // TE's DelayedScaling default amax_history_len, and the fp8 scaling metadata of one GEMM:
 // 5 tensors × 4 B × (history + 1) — an fp32 amax history and an fp32 scale each (Note [low

@@ -5,7 +5,8 @@
 //     "gpu": {"name": "a100-80g",
 //             "memory_gib": 80,             GiB = 2^30 bytes  (or "memory_gb": GB = 1e9 bytes)
 //             "peak_bf16_tflops": 312,      dense TFLOP/s = 1e12 FLOP/s
-//             "peak_tf32_tflops": 156, "peak_fp32_tflops": 19.5, "peak_fp8_tflops": 0},
+//             "peak_tf32_tflops": 156, "peak_fp32_tflops": 19.5, "peak_fp8_tflops": 0,
+//             "compute_capability": 8.0},   major.minor; 0 = not known
 //     "gpus_per_node": 8,
 //     "intra_node": {"bandwidth_gbps": 300, "latency_us": 3},
 //     "inter_node": {"bandwidth_gbps": 50, "latency_us": 10},

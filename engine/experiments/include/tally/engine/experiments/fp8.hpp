@@ -94,7 +94,7 @@ struct Fp8Result {
 
   // (a) tracking allocator, bytes
   double copy_bytes = 0;              // increment when the codes and block scales were created
-  double predicted_copy_bytes = 0;    // low_precision_copy_bytes(format) × linear_weights
+  double predicted_copy_bytes = 0;    // low_precision_copy_bytes(format, tn_only) × weights
   double scale_bytes = 0;             // increment when the fp32 tensor scales were created
   StateItems measured_states;         // increments: params, grads, m+v+master (in master), copies
   double measured_state_bytes = 0;    // allocated after step 1 and its refresh, loss released
