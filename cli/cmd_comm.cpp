@@ -27,7 +27,7 @@ struct CommOptions {
   int max_route_nodes = 0;
   int interleave = 1;  // v, model chunks per pipeline stage
   double capacity_factor = 1;
-  bool sp = false;
+  bool sp = false, fsdp_float8_all_gather = false;
   std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
   std::string precision = "bf16", recompute = "none";
 };
@@ -83,9 +83,13 @@ void run_step(const CommOptions& o) {
     throw InvalidInput("--interleave = " + std::to_string(o.interleave) +
                        ": needs --pp > 1 (chunks of a pipeline stage)");
   const ClusterSpec c = resolve_cluster(o.cluster);
-  const double elem = dtype_bytes(precision_from(o.precision));
+  const Precision precision = precision_from(o.precision);
+  if (o.fsdp_float8_all_gather) require_float8_all_gather(precision);
+  const double elem = dtype_bytes(precision);
   const StepTrafficSetup setup{
-      .params = state_params(m), .param_bytes = elem, .grad_bytes = elem, .act_bytes = elem,
+      .params = state_params(m), .param_bytes = elem,
+      .fp8_gather_share = o.fsdp_float8_all_gather ? float8_gather_share(m) : 0.0,
+      .grad_bytes = elem, .act_bytes = elem,
       .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
       .interleave = o.interleave,
@@ -137,6 +141,8 @@ void run_step(const CommOptions& o) {
                             {"bytes_per_rank", t.total_bytes()},
                             {"dp_total_bytes", t.dp_total_bytes()},
                             {"seed_reduce_scatter_only_bytes", t.reduce_scatter_only_bytes},
+                            {"fsdp_float8_all_gather", o.fsdp_float8_all_gather},
+                            {"fp8_gather_share", t.setup.fp8_gather_share},
                             {"seconds_unoverlapped", total_s}};
   require_finite(j);  // Note [no inf or nan in output], for the text report too
   if (o.out.json) {
@@ -209,6 +215,7 @@ void register_comm(CLI::App& app) {
       ->check(finite_in(1, 64))
       ->capture_default_str();
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
+  add_fsdp_float8_flag(cmd, o->fsdp_float8_all_gather);
   cmd->add_flag("--sp", o->sp, "sequence parallelism");
   cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));

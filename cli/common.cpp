@@ -157,6 +157,13 @@ void add_amax_history_flag(CLI::App* cmd, int& amax_history) {
       ->capture_default_str();
 }
 
+void add_fsdp_float8_flag(CLI::App* cmd, bool& fsdp_float8_all_gather) {
+  cmd->add_flag("--fsdp-float8-all-gather", fsdp_float8_all_gather,
+                "--precision fp8, ZeRO-3: all-gather the layers' linear weights in float8, 1 B "
+                "instead of 2 (torchao enable_fsdp_float8_all_gather, as torchtitan's Float8 "
+                "benchmarks ran; default: off, torchao's default)");
+}
+
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
                         bool sequence_parallel) {
   if (m.params_only && (ep > 1 || etp != layout.tp))

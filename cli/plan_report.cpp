@@ -153,6 +153,7 @@ nlohmann::json plan_json(const PlanResult& r, double search_s,
                        {"weight_copy_bytes_per_param",
                         low_precision_copy_bytes(
                             q.precision, fp8_gemm_layouts(q.cluster.gpu.compute_capability))},
+                       {"fsdp_float8_all_gather", q.fsdp_float8_all_gather},
                        {"optimizer", std::string(to_string(q.optimizer))},
                        {"headroom", q.headroom},
                        {"allocator_allowance", q.allocator_allowance},

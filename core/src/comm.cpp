@@ -214,6 +214,13 @@ void StepTrafficSetup::validate() const {
               "must be >= 0 (0 = no node limit)");
   require_int(max_route_nodes == 0 || (expert_share > 0 && moe_layers > 0), "--max-route-nodes",
               max_route_nodes, "needs a mixture-of-experts model (routed tokens)");
+  require_real(std::isfinite(fp8_gather_share) && fp8_gather_share >= 0 &&
+                   fp8_gather_share <= 1 - expert_share,
+               "fp8_gather_share", fp8_gather_share,
+               "must be in [0, 1 - expert_share = " + format_number(1 - expert_share) +
+                   "] (torchao gathers Float8Linear weights in fp8, not the routed experts)");
+  require_int(fp8_gather_share == 0 || zero_stage == 3, "zero", zero_stage,
+              "a float8 all-gather (--fsdp-float8-all-gather) is FSDP's: needs ZeRO-3");
 }
 
 // Rules and sources (DESIGN.md §1, errata 2 and 4):
@@ -225,7 +232,8 @@ void StepTrafficSetup::validate() const {
 //   so they cannot accumulate unsharded: one reduce-scatter per micro-batch (DeepSpeed's stage 2).
 //   ZeRO-3: parameters all-gathered for each micro-batch's forward and again for its backward,
 //   gradients reduce-scattered per micro-batch: 3S(k−1)/k per micro-batch, 1.5× DP at m = 1.
-//   Under PP both change (Note [sharded data parallelism under PP]).
+//   Under PP both change (Note [sharded data parallelism under PP]). ZeRO-3's gather of float8
+//   weights: Note [fp8 all-gather].
 //  TP (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4): per layer per micro-batch 2 all-reduces
 //   forward (attention out-projection, MLP W2) and 2 backward (their conjugates f) of
 //   S_act = b·(s/cp)·h·act_bytes; full recompute replays the forward 2. Sequence parallel turns each
@@ -254,6 +262,33 @@ void StepTrafficSetup::validate() const {
 // stage is gathered once per step (torchtitan sets reshard_after_forward = False under PP), ZeRO-2
 // all-gathers its updated parameters once per step as ZeRO-1 does. The planner holds the unsharded
 // pieces as buffers (planner.hpp buffer_bytes); `tally run 3d` executes both.
+// Note [fp8 all-gather]
+// torchao's Float8 training under FSDP2 can all-gather the weights already in float8
+// (Float8LinearConfig.enable_fsdp_float8_all_gather; torchtitan --float8.enable_fsdp_float8_all_
+// gather): each Float8Linear weight is a WeightWithDynamicFloat8CastTensor whose
+// fsdp_pre_all_gather casts the rank's shard to e4m3 and hands FSDP the fp8 data alone, its
+// scale travelling as metadata, and fsdp_post_all_gather wraps the gathered bytes as the
+// Float8Tensor the GEMM takes (torchao eab345c, float8/fsdp_utils.py). The scale comes from the
+// weight's amax all-reduced over the shard group: one small all-reduce per weight in every
+// pre-all-gather, or, with precompute_float8_dynamic_scale_for_fsdp, one all-reduce of all the
+// weights' amaxes per step after the optimizer (4 B per weight tensor: 224 tensors, under 1 kB,
+// for Llama 3 8B's 7.0e9 linear weights; not counted). So the all-gather carries 1 B per
+// Float8Linear weight element where FSDP's mixed precision would gather param_dtype (bf16, 2 B)
+// and cast after — half; the norms, embeddings and the output layer (torchtitan leaves `output`
+// in bf16) stay at param_bytes, and so do MoE's grouped experts (no Float8Linear; torchao's
+// float8 MoE training is rowwise, and config.py allows the fp8 all-gather with tensorwise scaling
+// only). The gradients are unchanged: the weight's gradient is the high-precision parameter's,
+// reduce-scattered by FSDP in its reduce dtype (grad_bytes). Only FSDP (ZeRO-3) gathers this way,
+// S_param = N/(tp·pp)·((1 − f')·param_bytes + f'·1), f' = f/(1 − e) the fp8 share of the dense
+// item when the routed experts are apart (ep > 1 or e_t ≠ t), f otherwise. Off by default, as in
+// torchao (Float8LinearConfig.enable_fsdp_float8_all_gather = False, config.py at eab345c) and
+// torchtitan (config_manager.py at 9dec370: a store_true flag). torchtitan's published Float8 runs
+// turn it on: its llama3_405b.toml at 9dec370 (the Dec 2024 benchmark's commit) sets it and
+// precompute_float8_dynamic_scale_for_fsdp, the June 2025 H200 runs pass both on the command line
+// (benchmarks/llama3_8b_h200_2025-06_torchtitan.md at bcdeaa3), and docs/float8.md at 9dec370
+// gives the Float8 launch line with both. Later torchtitan (commit 6348d93, 2026) dropped
+// tensorwise scaling and with it the fp8 all-gather: rowwise float8 communicates in high
+// precision.
 // Note [expert parallelism]
 // Megatron-Core's MoE layout ("MoE parallel folding", Liu et al. 2025; megatron/core/
 // parallel_state.py): attention runs on TP × CP × DP × PP, the MoE layers on ETP × EP × EDP × PP
@@ -298,15 +333,22 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
                                                        .cp = st.cp}, st.etp, st.ep);
   const bool experts_apart = st.ep > 1 || ex.etp != st.tp;  // their own data-parallel group
   const double dense_share = experts_apart ? 1.0 - st.expert_share : 1.0;
-  auto data_parallel = [&](TrafficItem& g, TrafficItem& z, double params, int ranks, int stride,
-                           const char* what) {
+  // fp8: the share of `params` all-gathered in float8 (Note [fp8 all-gather]).
+  auto data_parallel = [&](TrafficItem& g, TrafficItem& z, double params, double fp8, int ranks,
+                           int stride, const char* what) {
     const double s_grad = st.grad_bytes * params;
-    const double s_param = st.param_bytes * params;
+    const double s_param =
+        (st.param_bytes * (1 - fp8) + quantized_element_bytes(Precision::fp8) * fp8) * params;
     g.group = z.group = ranks;
     g.stride = z.stride = stride;
     z.collective = Collective::all_gather;
     if (ranks <= 1) return;
     const std::string S = st.formulas ? std::string(what) : std::string();
+    const std::string S_param =
+        !st.formulas ? std::string()
+        : fp8 > 0    ? "(param_bytes*(1-f) + 1 B*f)*" + S + ", f = " + format_number(fp8) +
+                        " gathered in float8"
+                     : "param_bytes*" + S;
     if (st.zero_stage == 0) {
       g.collective = Collective::all_reduce;
       g.calls = 1;
@@ -323,12 +365,11 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
                                  : "reduce-scatter S(k-1)/k per micro-batch, S = grad_bytes*" + S;
         z.formula = st.zero_stage == 3 && st.pp > 1
                         ? "all-gather S(k-1)/k once per step (the stage stays unsharded under "
-                          "PP), S = param_bytes*" + S
+                          "PP), S = " + S_param
                     : st.zero_stage == 3
                         ? "all-gather S(k-1)/k for forward and backward of each micro-batch, "
-                          "S = param_bytes*" + S
-                        : "all-gather of updated params S(k-1)/k once per step, "
-                          "S = param_bytes*" + S;
+                          "S = " + S_param
+                        : "all-gather of updated params S(k-1)/k once per step, S = " + S_param;
       }
     }
     g.bytes_per_call = collective_bytes_per_rank(g.collective, s_grad, ranks);
@@ -336,7 +377,8 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   const double shard = double(st.tp) * st.pp;
   r.dp_grad.kind = TrafficKind::dp_grad;
   r.zero_param_gather.kind = TrafficKind::zero_param_gather;
-  data_parallel(r.dp_grad, r.zero_param_gather, st.params * dense_share / shard, k, st.tp,
+  data_parallel(r.dp_grad, r.zero_param_gather, st.params * dense_share / shard,
+                st.fp8_gather_share / dense_share, k, st.tp,
                 experts_apart ? "N(1-e)/(tp*pp), e = routed experts' share" : "N/(tp*pp)");
   r.reduce_scatter_only_bytes = collective_bytes_per_rank(
       Collective::reduce_scatter, st.grad_bytes * st.params * dense_share / shard, k);
@@ -344,7 +386,7 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   r.expert_param_gather.kind = TrafficKind::expert_param_gather;
   if (experts_apart)
     data_parallel(r.expert_grad, r.expert_param_gather,
-                  st.params * st.expert_share / (double(ex.etp) * st.pp * st.ep), ex.edp,
+                  st.params * st.expert_share / (double(ex.etp) * st.pp * st.ep), 0.0, ex.edp,
                   ex.stride(ExpertGroupKind::edp),
                   "N*e/(etp*pp*ep), over tp*cp*dp/(etp*ep) ranks");
   auto& g = r.dp_grad;
@@ -488,6 +530,13 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   return r;
 }
 
+void require_float8_all_gather(Precision p) {
+  if (p != Precision::fp8)
+    throw InvalidInput("--fsdp-float8-all-gather needs --precision fp8 (torchao gathers its "
+                       "tensorwise float8 weights; got --precision " + std::string(to_string(p)) +
+                       ")");
+}
+
 double StepTraffic::total_bytes() const {
   return dp_total_bytes() + tp.bytes_per_rank + tp_regather.bytes_per_rank + pp.bytes_per_rank +
          cp.bytes_per_rank + ep.bytes_per_rank + expert_tp.bytes_per_rank;
@@ -504,7 +553,12 @@ std::string StepTraffic::convention() const {
                   std::to_string(st.dp * st.cp) + " ";
   c += st.zero_stage == 0 ? std::string("all-reduce")
                           : "ZeRO-" + std::to_string(st.zero_stage) +
-                                " reduce-scatter grads + all-gather params";
+                                " reduce-scatter grads + all-gather params" +
+                                (st.fp8_gather_share > 0
+                                     ? " (" + format_number(100 * st.fp8_gather_share) +
+                                           " % of them in float8: FSDP float8 all-gather, "
+                                           "torchao enable_fsdp_float8_all_gather)"
+                                     : std::string());
   c += " | TP t=" + std::to_string(st.tp) + (st.sequence_parallel ? " SP" : "") +
        ", recompute " + std::string(to_string(st.recompute)) + " | PP p=" +
        std::to_string(st.pp) + " | CP c=" + std::to_string(st.cp) +

@@ -165,6 +165,10 @@ double routed_expert_share(const ModelSpec& m) {
   return c.routed_experts / c.total();
 }
 
+double float8_gather_share(const ModelSpec& m) {
+  return gemm_weight_share(m) - routed_expert_share(m);
+}
+
 std::int64_t expert_capacity(double tokens, std::int64_t top_k, std::int64_t experts,
                              double capacity_factor) {
   require_real(std::isfinite(tokens) && tokens >= 0, "tokens", tokens, "must be >= 0");

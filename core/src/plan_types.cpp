@@ -190,6 +190,7 @@ void PlanRequest::validate() const {
               "must be >= 0 (0 = no node limit)");
   require_int(max_route_nodes == 0 || model.is_moe(), "--max-route-nodes", max_route_nodes,
               model.name + " is not a mixture-of-experts model");
+  if (fsdp_float8_all_gather) require_float8_all_gather(precision);
 }
 
 std::string plan_convention(const PlanRequest& r) {
@@ -228,6 +229,10 @@ std::string plan_convention(const PlanRequest& r) {
          ", TP/CP/PP exposed, DP/ZeRO " +
          (r.overlap_dp ? "gradients overlapped with backward" : "gradients exposed") +
          (r.overlap_param_gather ? ", ZeRO-1/2 gather overlapped with forward" : "") +
+         (r.fsdp_float8_all_gather
+              ? ", ZeRO-3 gathers the linear weights in float8 (torchao "
+                "enable_fsdp_float8_all_gather)"
+              : "") +
          (r.tp_overlap ? ", TP overlapped with GEMMs" : "") +
          (r.model.is_moe() ? (r.ep_overlap ? ", EP all-to-all overlapped"
                                            : ", EP all-to-all exposed")

@@ -1,8 +1,8 @@
 // End-to-end tests of the `tally` binary for mixture-of-experts layouts and low-precision recipes
 // (issue 15): expert parallelism and expert TP, node-limited routing, fp8's saved inputs and amax
-// histories and fp8's weight copies by GPU — each figure worked by hand in the comment above its
-// test (the CLI must print what core computes), and exit code 2 with one line naming the flag for
-// bad input.
+// histories, fp8's weight copies by GPU and FSDP's float8 all-gather — each figure worked by hand
+// in the comment above its test (the CLI must print what core computes), and exit code 2 with one
+// line naming the flag for bad input.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -179,6 +179,40 @@ TEST(Cli, Fp8WeightCopiesFollowTheGpu) {
                                   "--seq 8192 --precision fp8 --json"));
   EXPECT_EQ(plan["request"]["compute_capability"].get<int>(), 100);
   EXPECT_EQ(plan["request"]["weight_copy_bytes_per_param"].get<double>(), 1.0);
+}
+
+// Note [fp8 all-gather] on the command line: `comm` at ZeRO-3 over 8 with
+// --fsdp-float8-all-gather gathers 2N − L bytes where bf16 gathers 2N (N = 8,030,261,248, L the
+// linear weights above); the label and --json say so; only --precision fp8 at ZeRO-3 may ask.
+TEST(Cli, FsdpGathersFloat8) {
+  const char* comm = "comm --model llama-3-8b --dp 8 --zero 3 --precision fp8 --json";
+  const auto bf16 = json_of(tally(comm));
+  const auto fp8 = json_of(tally(std::string(comm) + " --fsdp-float8-all-gather"));
+  auto gather = [](const nlohmann::json& j) {
+    for (const auto& it : j["items"])
+      if (it["kind"] == "zero-param-gather") return it["bytes_per_call"].get<double>();
+    return -1.0;
+  };
+  const double N = 8030261248.0, L = 6979321856.0;
+  EXPECT_NEAR(gather(fp8) / gather(bf16), (2 * N - L) / (2 * N), 1e-12);
+  EXPECT_NEAR(fp8["fp8_gather_share"].get<double>(), L / N, 1e-15);
+  EXPECT_NE(fp8["convention"].get<std::string>().find("float8"), std::string::npos);
+  const auto plan = json_of(tally("plan --model llama-3-8b --gpu b200 --gpus 8 --global-batch 64 "
+                                  "--seq 8192 --precision fp8 --fsdp-float8-all-gather --json"));
+  EXPECT_TRUE(plan["request"]["fsdp_float8_all_gather"].get<bool>());
+  EXPECT_NE(plan["convention"].get<std::string>().find("enable_fsdp_float8_all_gather"),
+            std::string::npos);
+  for (const char* bad : {"comm --model llama-3-8b --dp 8 --zero 3 --precision mxfp8 "
+                          "--fsdp-float8-all-gather",
+                          "comm --model llama-3-8b --dp 8 --zero 1 --precision fp8 "
+                          "--fsdp-float8-all-gather",
+                          "plan --model llama-3-8b --gpu b200 --fsdp-float8-all-gather"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_TRUE(r.err.find("--fsdp-float8-all-gather") != std::string::npos ||
+                r.err.find("zero") != std::string::npos)
+        << bad << ": " << r.err;
+  }
 }
 
 }  // namespace

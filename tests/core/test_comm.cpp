@@ -640,5 +640,49 @@ TEST(StepTraffic, ZeroThreeUnderPipelineGathersOncePerStep) {
   EXPECT_NE(step_traffic(s).zero_param_gather.formula.find("once per step"), std::string::npos);
 }
 
+// Note [fp8 all-gather]: torchao's FSDP float8 all-gather moves 1 B per Float8Linear weight where
+// bf16 moves 2. Llama 3 8B by hand (config.json: h 4096, kv 1024, f 14336, 32 layers, V 128256):
+// per layer q 4096², k and v 4096·1024, o 4096², gate, up, down 4096·14336 each = 218,103,808
+// linear weights, 6,979,321,856 in 32 layers, of N = 8,030,261,248 (the rest: two 128256 × 4096
+// embeddings and the norms). On 8 GPUs, ZeRO-3, one micro-batch: each gather S = 2N − L bytes
+// instead of 2N (0.565×), sent S·7/8 per rank, twice; the gradients still 2N·7/8.
+TEST(StepTraffic, Float8AllGatherHalvesTheLinearWeightsOnly) {
+  const double N = 8030261248.0;
+  const double L = 32 * (2 * 4096.0 * 4096 + 2 * 4096.0 * 1024 + 3 * 4096.0 * 14336);
+  EXPECT_DOUBLE_EQ(L, 6979321856.0);
+  const double tol = 1e-12 * N;  // f = L/N and back: rounding only
+  StepTrafficSetup st{.params = N, .param_bytes = 2, .grad_bytes = 2, .dp = 8, .zero_stage = 3};
+  const auto bf16 = step_traffic(st);
+  st.fp8_gather_share = L / N;
+  const auto fp8 = step_traffic(st);
+  EXPECT_NEAR(fp8.zero_param_gather.bytes_per_call, (2 * N - L) * 7 / 8, tol);
+  EXPECT_NEAR(fp8.zero_param_gather.bytes_per_rank, 2 * (2 * N - L) * 7 / 8, tol);
+  EXPECT_NEAR(fp8.zero_param_gather.bytes_per_call / bf16.zero_param_gather.bytes_per_call,
+              0.5654, 1e-4);
+  EXPECT_EQ(fp8.zero_param_gather.calls, bf16.zero_param_gather.calls);
+  EXPECT_DOUBLE_EQ(fp8.dp_grad.bytes_per_rank, 2 * N * 7 / 8);  // gradients stay bf16
+  EXPECT_NE(fp8.convention().find("float8"), std::string::npos) << fp8.convention();
+  EXPECT_NE(fp8.zero_param_gather.formula.find("1 B*f"), std::string::npos);
+  EXPECT_EQ(bf16.convention().find("float8"), std::string::npos);
+  // Routed experts apart (EP 2 over 8): the dense item's share is f/(1 − e); the experts' gather is
+  // untouched. N 1e9, e 0.5, f 0.3: the dense gather S = 2·0.2e9 + 1·0.3e9 = 0.7e9.
+  StepTrafficSetup moe{.params = 1e9, .param_bytes = 2, .grad_bytes = 2, .hidden = 4096,
+                       .layers = 1, .seq_len = 4096, .dp = 8, .zero_stage = 3, .ep = 2,
+                       .expert_share = 0.5, .moe_layers = 1};
+  const auto moe_bf16 = step_traffic(moe);
+  moe.fp8_gather_share = 0.3;
+  const auto moe_fp8 = step_traffic(moe);
+  EXPECT_NEAR(moe_fp8.zero_param_gather.bytes_per_call, 0.7e9 * 7 / 8, 1e-3);
+  EXPECT_DOUBLE_EQ(moe_fp8.expert_param_gather.bytes_per_call,
+                   moe_bf16.expert_param_gather.bytes_per_call);
+  // Only FSDP gathers this way, never more than the non-expert weights, only for fp8.
+  moe.fp8_gather_share = 0.6;
+  EXPECT_THROW(step_traffic(moe), InvalidInput);
+  st.zero_stage = 2;
+  EXPECT_THROW(step_traffic(st), InvalidInput);
+  EXPECT_THROW(require_float8_all_gather(Precision::mxfp8), InvalidInput);
+  EXPECT_NO_THROW(require_float8_all_gather(Precision::fp8));
+}
+
 }  // namespace
 }  // namespace tally

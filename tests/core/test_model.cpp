@@ -27,6 +27,18 @@ TEST(Model, Llama3Counts) {
   // Llama 3.1 405B model card / Dubey et al. 2024 Table 3: 405B (405.85B counted from config.json).
   EXPECT_NEAR(params_b("llama-3.1-405b"), 405.85, 0.05);
 }
+// The share torchao's FSDP float8 all-gather gathers in fp8 (Note [fp8 all-gather]): the layers'
+// linears but the routed experts. Llama 3 8B by hand: 32 · (2·4096² + 2·4096·1024 + 3·4096·14336)
+// = 6,979,321,856 of 8,030,261,248; Mixtral-8x7B (MixtralExact's terms): 32 layers of attention
+// 2·4096² + 2·4096·1024 and the 4096 × 8 router, over its total — its experts stay bf16.
+TEST(Model, Float8GatherShareIsTheNonExpertLinears) {
+  EXPECT_DOUBLE_EQ(float8_gather_share(*model_preset("llama-3-8b")),
+                   6979321856.0 / 8030261248.0);
+  const double h = 4096, attention = 2 * h * h + 2 * h * 1024, router = 8 * h;
+  const ModelSpec mixtral = *model_preset("mixtral-8x7b");
+  EXPECT_NEAR(float8_gather_share(mixtral),
+              32 * (attention + router) / count_params(mixtral).total(), 1e-15);
+}
 // Mistral 7B paper / model card: 7.24B.
 TEST(Model, MistralCount) { EXPECT_NEAR(params_b("mistral-7b"), 7.24, 0.005); }
 // Mixtral of Experts (Jiang et al. 2024): 46.7B total, 12.9B active per token.

@@ -5,7 +5,9 @@
 // tables print TPS/GPU beside the peak memory. Each is predicted with its published layout fixed
 // (torchtitan_rows.hpp, the same reading the memory test uses) and tally's defaults otherwise:
 // overlap as the frameworks do it (FSDP's reduce-scatter behind backward, its all-gathers ahead of
-// use), AsyncTP where the table names it (tp_overlap), Float8 as --precision fp8, flash attention.
+// use), AsyncTP where the table names it (tp_overlap), Float8 as --precision fp8 with FSDP's
+// float8 all-gather where the run's configuration or its documented launch sets it
+// (fsdp_float8_all_gather_source on each row), flash attention.
 // No constant, preset or switch was chosen by looking at these rows' throughput.
 //
 // TPS/GPU as torchtitan logs it: global tokens per second over all GPUs (train.py at 9dec370:

@@ -30,6 +30,8 @@ inline PlanRequest published_request(const nlohmann::json& run) {
                      .precision = *parse_precision(run["precision"].get<std::string>()),
                      .optimizer = Optimizer::adamw,
                      .tp_overlap = run.value("async_tp", false),
+                     // the row's fsdp_float8_all_gather_source gives where it was set
+                     .fsdp_float8_all_gather = run.value("fsdp_float8_all_gather", false),
                      .eager_loss = run["loss"].get<std::string>() == "eager",
                      // Note [eager kernels]: an uncompiled run's elementwise kernels unfused
                      .kernels = run["torch_compile"].get<bool>() ? Kernels::fused : Kernels::eager};

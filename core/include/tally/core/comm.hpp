@@ -82,6 +82,11 @@ LinkSpec link_for_group(const ClusterSpec& cluster, int group_size, int stride =
 struct StepTrafficSetup {
   double params = 0;                  // N, total parameters of the model
   double param_bytes = 2;             // bytes per parameter element (2 bf16, 4 fp32)
+  // f: the share of N that ZeRO-3 all-gathers in float8, 1 B per element instead of param_bytes
+  // (Note [fp8 all-gather] in comm.cpp: torchao's enable_fsdp_float8_all_gather, its Float8Linear
+  // weights — the transformer layers' linears but the routed experts); 0 = none (torchao's and
+  // torchtitan's default). Needs zero_stage 3; f <= 1 − expert_share.
+  double fp8_gather_share = 0;
   double grad_bytes = 2;              // bytes per gradient element
   double act_bytes = 2;               // bytes per activation element
   std::int64_t hidden = 0;            // h
@@ -180,6 +185,10 @@ struct StepTraffic {
 
 // Per-rank bytes per optimizer step of each parallel dimension. Sources in comm.cpp.
 StepTraffic step_traffic(const StepTrafficSetup& setup);
+
+// The FSDP float8 all-gather is torchao's tensorwise fp8 recipe's (Note [fp8 all-gather]): throws
+// InvalidInput naming --fsdp-float8-all-gather unless p is fp8.
+void require_float8_all_gather(Precision p);
 
 // α–β time of one ledger item on a link: calls·steps·α + bytes_per_rank/β.
 double traffic_seconds(const TrafficItem& item, const LinkSpec& link);

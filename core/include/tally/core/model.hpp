@@ -117,6 +117,11 @@ double gemm_weight_share(const ModelSpec& m);
 // (0 for a dense or params-only model). One rule for the planner, `memory` and `comm`.
 double routed_expert_share(const ModelSpec& m);
 
+// gemm_weight_share − routed_expert_share: the share of N that torchao's FSDP float8 all-gather
+// gathers in fp8, its Float8Linear weights — every linear of the layers but MoE's grouped routed
+// experts (Note [fp8 all-gather], core/src/comm.cpp). One rule for the planner and `comm`.
+double float8_gather_share(const ModelSpec& m);
+
 // Note [expert capacity]
 // Slots one expert holds for the routed copies of `tokens` tokens, top_k choices each, spread over
 // `experts` experts at capacity factor c_f (token dropping: copies past the slots are dropped):

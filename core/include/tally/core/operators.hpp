@@ -119,8 +119,9 @@
 // micro-batches and for recompute (module/base.py get_weight_workspace, update_workspace only
 // on the first micro-batch): weight_casts_cached, and the planner counts one cast per step,
 // spread over the step's micro-batches (Op::weight_cast, OpsTime::weight_cast_*). Not
-// counted: scale and amax-history updates (a few bytes per tensor), an FSDP fp8 all-gather
-// (the cast then happens on the shard), the bf16 output of each GEMM (its own bytes).
+// counted: scale and amax-history updates (a few bytes per tensor), the cast of torchao's FSDP
+// float8 all-gather (Note [fp8 all-gather], comm.cpp: made on the 1/k shard before the gather,
+// not on the gathered weight), the bf16 output of each GEMM (its own bytes).
 // FLOP conventions: executed FLOPs here (causal flash counts half); model FLOPs for MFU stay those of
 // compute.hpp (attention unmasked, as Megatron-LM and PaLM count). Summed over a GPT layer with
 // materialised attention and no recompute, the GEMM FLOPs are exactly Narayanan et al. 2021 eq. 3's

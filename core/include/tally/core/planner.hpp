@@ -114,6 +114,11 @@ struct PlanRequest {
   int max_route_nodes = 0;
   // fp8 delayed scaling's amax history per tensor (Note [low precision]: TE's default 1024).
   int amax_history = kTeAmaxHistory;
+  // ZeRO-3 layouts gather the transformer linears' weights in float8, 1 B instead of bf16's 2
+  // (Note [fp8 all-gather] in comm.cpp: torchao's enable_fsdp_float8_all_gather, with
+  // precompute_float8_dynamic_scale_for_fsdp); --precision fp8 only. Off, as torchao's and
+  // torchtitan's default; torchtitan's published Float8 runs turn it on.
+  bool fsdp_float8_all_gather = false;
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;
