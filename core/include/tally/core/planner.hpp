@@ -272,7 +272,7 @@ struct PlanEval {
 //   B200 / B300 / GB200 / GB300 (kept aside, tests/validation/test_published_bridge.cpp: NVIDIA
 //     Megatron-Bridge's 26.04.01 performance summary, the 16 Blackwell rows tally can express —
 //     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 1.015 to 2.295,
-//     median 1.287; within one system's table up to 80 % apart (GB200: GPT-OSS's BF16 MoE row, whose
+//     median 1.294; within one system's table up to 80 % apart (GB200: GPT-OSS's BF16 MoE row, whose
 //     token permutation kernels tally does not count, 2.29 beside Llama's 1.27). The same tables'
 //     3 H100 rows read 1.00-1.78, inside the Hopper band's range but for its low end (1.00 < 1.29):
 //     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
