@@ -34,6 +34,27 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The median and range of predicted / published over a group of judged rows, and the goal the
+// kept-aside judgements wrote down before their first prediction (test_published_fsdp.cpp,
+// test_published_bridge.cpp): median |error| <= 25 % and every row within a factor 2.
+struct Spread {
+  std::size_t n = 0;
+  double median_ratio = 0, median_abs_error = 0, low = 0, high = 0;
+  bool met() const { return median_abs_error <= 0.25 && low >= 0.5 && high <= 2; }
+};
+inline Spread spread(const std::vector<double>& ratios) {
+  Spread s{.n = ratios.size()};
+  if (ratios.empty()) return s;
+  std::vector<double> err;
+  for (double r : ratios) err.push_back(r > 1 ? r - 1 : 1 - r);
+  s.median_ratio = median(ratios);
+  s.median_abs_error = median(err);
+  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+  s.low = *lo;
+  s.high = *hi;
+  return s;
+}
+
 // Note [error band]: a printed band is its rows' observed measured / predicted — the range, the
 // median and the largest spread within one table — rounded outward, and tight (it moves with the
 // model).

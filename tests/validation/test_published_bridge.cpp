@@ -96,25 +96,6 @@ std::vector<Row> all_rows() {
   return out;
 }
 
-// The median and range of predicted / published over a group of rows.
-struct Spread {
-  std::size_t n = 0;
-  double median_ratio = 0, median_abs_error = 0, low = 0, high = 0;
-  bool met() const { return median_abs_error <= 0.25 && low >= 0.5 && high <= 2; }
-};
-Spread spread(const std::vector<double>& ratios) {
-  Spread s{.n = ratios.size()};
-  if (ratios.empty()) return s;
-  std::vector<double> err;
-  for (double r : ratios) err.push_back(std::fabs(r - 1));
-  s.median_ratio = median(ratios);
-  s.median_abs_error = median(err);
-  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
-  s.low = *lo;
-  s.high = *hi;
-  return s;
-}
-
 // The fixture holds every pre-training row of the 26.04.01 tables (counted on the page: 7 Llama
 // 3 70B, 7 Llama 3.1 405B, 4 DeepSeek-V3, 5 GPT-OSS 120B, 5 Qwen3 30B, 5 Qwen3 235B, 1 Kimi K2,
 // 5 Nemotron 3 Nano, 8 Nemotron 3 Super), each consistent with itself and with its recipe.
