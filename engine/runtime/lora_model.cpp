@@ -171,7 +171,7 @@ torch::Tensor LoraLinear::forward(const torch::Tensor& x, bool train) const {
   if (bias.defined()) y = y + bias.to(dt);
   if (!adapted()) return y;
   const torch::Tensor in = dropout > 0 ? torch::dropout(x, dropout, train) : x;
-  // The fp32 masters cast for the matmuls, as autocast does (Note [compute dtype]); no copy in fp32.
+  // The fp32 masters cast for the matmuls as autocast does (Note [compute dtype]); fp32: no copy.
   return y + torch::matmul(torch::matmul(in, lora_A.to(dt).t()), lora_B.to(dt).t()) * scale;
 }
 
@@ -237,8 +237,8 @@ torch::Tensor LoraBlock::forward(const torch::Tensor& x, const BlockContext& c, 
                                    v_proj.forward(a, train), heads, kv_heads, c.mask, c.cos, c.sin);
     const auto h = x + o_proj.forward(y, train);  // (B, T, C)
     const auto m = rms_norm(h, norm_2_weight, norm_eps);
-    return h + down_proj.forward(torch::silu(gate_proj.forward(m, train)) * up_proj.forward(m, train),
-                                 train);
+    const auto gated = torch::silu(gate_proj.forward(m, train)) * up_proj.forward(m, train);
+    return h + down_proj.forward(gated, train);
   }
   // gpt_model.cpp's GptBlock; the norms' weights cast to x's dtype (no copy in fp32).
   const std::int64_t C = x.size(2);

@@ -245,8 +245,8 @@ class LoraModel {
 // F32 tensors named as named_adapters() names them, with the LoRA configuration in the header's
 // __metadata__: "lora_config" holds PEFT's fields (peft_type, r, lora_alpha, lora_dropout,
 // target_modules, bias "none") and tally's base-model description (method, quantization, the
-// model's layout and shape); "format" is "pt" as PEFT writes it. Loading checks that configuration and every tensor's
-// name, dtype and shape against the model and refuses a mismatch with one line.
+// model's layout and shape); "format" is "pt" as PEFT writes it. Loading checks that configuration
+// and every tensor's name, dtype and shape against the model and refuses a mismatch with one line.
 inline constexpr const char* kAdapterFileName = "adapter_model.safetensors";
 
 struct AdapterFile {

@@ -1,8 +1,9 @@
-// Issue 12, the rest of `tally run qlora`: the Llama layout (engine/runtime/llama_model.hpp: RMSNorm,
-// SwiGLU, rotary positions, GQA) and bf16 compute (lora_model.hpp Note [compute dtype]) on a tiny
-// model: the layout against core's parameter count and published shapes, rotary and GQA against
-// their definitions, the LoRA model against its source, bf16 against fp32 within bf16's rounding,
-// the run's criteria ①–④ with the ledger given the same layout and compute dtype, and bad flags.
+// Issue 12, the rest of `tally run qlora`: the Llama layout (engine/runtime/llama_model.hpp:
+// RMSNorm, SwiGLU, rotary positions, GQA) and bf16 compute (lora_model.hpp Note [compute dtype])
+// on a tiny model: the layout against core's parameter count and published shapes, rotary and GQA
+// against their definitions, the LoRA model against its source, bf16 against fp32 within bf16's
+// rounding, the run's criteria ①–④ with the ledger given the same layout and compute dtype, and
+// bad flags.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -58,7 +59,7 @@ double loss_of(const LoraModel& m, const std::pair<torch::Tensor, torch::Tensor>
   return m.forward(b.first, b.second, false).item<double>();
 }
 
-// ---- the layout -----------------------------------------------------------------------------------
+// ---- the layout ---------------------------------------------------------------------------------
 
 // Meta's width rule against the published configs' intermediate_size: Llama-2-7B (h 4096) 11008,
 // Llama-2-13B (h 5120) 13824; and the module's parameters against core's count and the formula of
@@ -71,7 +72,8 @@ TEST(LlamaLayout, ShapeAndParameterCount) {
     const LlamaConfig c = tiny(kv);
     const Llama m = source(0, kv);
     const std::int64_t C = 64, d = 16, f = 256, V = 256, L = 2, a = 4;
-    const std::int64_t formula = 2 * V * C + L * (2 * C * a * d + 2 * C * kv * d + 3 * C * f + 2 * C) + C;
+    const std::int64_t formula =
+        2 * V * C + L * (2 * C * a * d + 2 * C * kv * d + 3 * C * f + 2 * C) + C;
     EXPECT_EQ(m->parameter_count(), formula) << kv;
     EXPECT_EQ(double(m->parameter_count()), count_params(llama_model_spec(c)).total()) << kv;
   }
@@ -110,7 +112,8 @@ TEST(LlamaLayout, RotaryScoresDependOnRelativePosition) {
   const torch::Tensor rq = apply_rotary(q.expand({1, 1, T, d}), cos, sin)[0][0];  // (T, d)
   const torch::Tensor rk = apply_rotary(k.expand({1, 1, T, d}), cos, sin)[0][0];
   for (std::int64_t shift : {1, 4}) {
-    const double a = rq[2].dot(rk[5]).item<double>(), b = rq[2 + shift].dot(rk[5 + shift]).item<double>();
+    const double a = rq[2].dot(rk[5]).item<double>();
+    const double b = rq[2 + shift].dot(rk[5 + shift]).item<double>();
     EXPECT_NEAR(a, b, 1e-4) << shift;
   }
   EXPECT_GT(std::fabs(rq[2].dot(rk[5]).item<double>() - rq[2].dot(rk[6]).item<double>()), 1e-3);
@@ -165,7 +168,7 @@ TEST(LlamaLayout, GqaIsMultiHeadAttentionWithSharedKeyValueHeads) {
   EXPECT_FALSE(torch::allclose(gqa, tiled, 1e-3, 1e-3));
 }
 
-// ---- the LoRA model on the Llama layout -----------------------------------------------------------
+// ---- the LoRA model on the Llama layout ---------------------------------------------------------
 
 // Before training the LoRA model is its backbone: with dense fp32 weights the Llama's loss; with
 // NF4 close to it.
@@ -241,7 +244,7 @@ TEST(LoraLlama, CheckpointingGivesThePlainGraphsGradients) {
     EXPECT_TRUE(torch::allclose(grads[0][i], grads[1][i], 1e-5, 1e-7)) << i;
 }
 
-// ---- bf16 compute ---------------------------------------------------------------------------------
+// ---- bf16 compute -------------------------------------------------------------------------------
 
 // Dequantizing into bf16 is core's fp32 value rounded to nearest even — torch's own fp32 → bf16
 // cast of core's dequantization, bit for bit; the transient is 2 bytes per weight.
@@ -328,7 +331,7 @@ TEST(Bf16, LossAndGradientsAreFp32sWithinBf16Rounding) {
   }
 }
 
-// ---- the run ----------------------------------------------------------------------------------------
+// ---- the run ------------------------------------------------------------------------------------
 
 QloraOptions tiny_run(FineTune method, Precision compute) {
   QloraOptions o;
@@ -453,7 +456,8 @@ TEST(QloraLlamaCli, BadFlagsExit2) {
   // An odd head dim (60 / 4 = 15) has no rotary pairs; GPT-2's layout has no GQA and no separate
   // MLP width: refused, not ignored.
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
-           {"--arch llama --hidden 60 --heads 4", "--hidden = 60: over --heads = 4 gives head dim 15"},
+           {"--arch llama --hidden 60 --heads 4",
+            "--hidden = 60: over --heads = 4 gives head dim 15"},
            {"--hidden 64 --heads 4 --kv-heads 2", "--kv-heads applies to --arch llama"},
            {"--hidden 64 --heads 4 --ffn 128", "--ffn applies to --arch llama"}}) {
     const auto r = run_tally("run qlora --layers 2 --vocab 256 --seq 32,64,128 " + args);

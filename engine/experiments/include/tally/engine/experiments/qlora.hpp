@@ -9,7 +9,7 @@
 // What runs, in order (engine/runtime/lora_model.hpp holds the model):
 //  1. the fp32 source model (gpt.hpp or llama.hpp) from the seed, then the LoRA model built from
 //     it — every decoder-layer weight quantized by core's quantize_nf4 (qlora) — and the
-//     quantization checks against the fp32 weights (Note [quantization checks] in qlora_checks.cpp);
+//     quantization checks against the fp32 weights (qlora_checks.cpp Note [quantization checks]);
 //  2. Adam over the adapters (eager m, v; fp32 whatever the compute dtype);
 //  3. the sweep: for each T, `steps` training steps (forward, backward with per-block recompute,
 //     Adam step), each phase's peak read from the tracking allocator;
