@@ -21,6 +21,8 @@ namespace {
 struct QloraFlags {
   engine::QloraOptions run;
   LoraOptions lora;
+  std::string arch = "gpt";
+  std::string precision = "fp32";
   std::optional<std::string> save_adapters;
   bool no_checkpoint = false;
   OutputOptions out;
@@ -38,8 +40,21 @@ std::string mb(double bytes, SizeUnit u) {
                             : fmt::format("{:.3f} MB", bytes / 1e6);
 }
 
+// The run's layout in words: GPT-2's, or Llama's with its attention heads.
+std::string layout(const engine::QloraResult& r) {
+  if (r.options.arch == engine::Arch::gpt)
+    return "gpt layout (LayerNorm, GELU MLP, learned positions, tied head, biases)";
+  return fmt::format("llama layout (RMSNorm, SwiGLU f {}, rotary, {}, untied head, no biases)",
+                     r.spec.ffn,
+                     r.spec.kv_heads == r.spec.heads
+                         ? fmt::format("{} heads", r.spec.heads)
+                         : fmt::format("GQA {} query / {} key-value heads", r.spec.heads,
+                                       r.spec.kv_heads));
+}
+
 std::string convention(const engine::QloraResult& r) {
-  return r.ledger.convention + " | CPU run: compute fp32, " +
+  return r.ledger.convention + " | CPU run: compute " +
+         std::string(to_string(r.options.lora.compute)) + ", " + layout(r) + ", " +
          (r.options.checkpoint ? "gradient checkpointing per block" : "no checkpointing");
 }
 
@@ -83,8 +98,13 @@ void print_text(const engine::QloraResult& r, SizeUnit u) {
   const auto G = [u](double b) { return size_str(b, u, 3); };
   const auto& o = r.options;
   const bool qlora = o.lora.method == FineTune::qlora;
-  fmt::print("qlora: {} | micro-batch {} | N = {:.0f} | method {} | {:.0f} s\n", r.spec.name,
-             r.model.micro_batch, r.ledger.total_params, to_string(o.lora.method), r.seconds);
+  const std::string compute(to_string(o.lora.compute));
+  // The dtype the unquantized tensors are kept in (Note [compute dtype], lora_model.hpp).
+  const std::string kept = qlora && o.lora.upcast_unquantized ? "fp32" : compute;
+  fmt::print("qlora: {} | arch {} | compute {} | micro-batch {} | N = {:.0f} | method {} | {:.0f} "
+             "s\n",
+             r.spec.name, engine::to_string(o.arch), compute, r.model.micro_batch,
+             r.ledger.total_params, to_string(o.lora.method), r.seconds);
   fmt::print("  [{}]\n", convention(r));
   fmt::print("  memory: {}\n", kAllocatorConvention);
 
@@ -102,13 +122,15 @@ void print_text(const engine::QloraResult& r, SizeUnit u) {
       fmt::print("; absmax codes: {} off the 8-bit map's nearest, max |a − â| / half step = "
                  "{:.4f} (≤ 1)",
                  q.constants_not_nearest, q.max_constant_error_over_step);
-    fmt::print("\n  dequantized layer (up_proj): {} measured vs the ledger's {}\n",
-               M(q.dequantized_layer_bytes), M(r.ledger.dequant_transient_bytes));
+    fmt::print("\n  dequantized layer ({}, {}): {} measured vs the ledger's {}\n",
+               q.dequantized_module, compute, M(q.dequantized_layer_bytes),
+               M(r.ledger.dequant_transient_bytes));
   }
-  fmt::print("  loss on one batch: fp32 GPT {:.6f} vs converted ({}) {:.6f}: |Δ|/loss = {:.2e} "
-             "(≤ 1e-2)\n",
-             q.loss_fp32, qlora ? "NF4 backbone" : "frozen fp32 backbone", q.loss_converted,
-             q.loss_rel_diff());
+  fmt::print("  loss on one batch: fp32 {} {:.6f} vs converted ({}, compute {}) {:.6f}: |Δ|/loss = "
+             "{:.2e} (≤ 1e-2)\n",
+             o.arch == engine::Arch::gpt ? "GPT" : "Llama", q.loss_fp32,
+             qlora ? "NF4 backbone" : "frozen " + compute + " backbone", compute,
+             q.loss_converted, q.loss_rel_diff());
 
   fmt::print("① run's model:  {}   (PEFT's line: all = N + adapters)\n",
              peft_line(double(r.trainable_params), double(r.all_params())));
@@ -121,16 +143,17 @@ void print_text(const engine::QloraResult& r, SizeUnit u) {
 
   fmt::print("② static bytes, the model's tensors by item vs the ledger:\n");
   const auto row = [&](const char* item, double measured, double ledger) {
-    fmt::print("   {:<32} {:>14} {:>14}  {}\n", item, M(measured), M(ledger),
+    fmt::print("   {:<36} {:>14} {:>14}  {}\n", item, M(measured), M(ledger),
                ledger > 0 ? fmt::format("{:.4f}", measured / ledger) : "-");
   };
-  fmt::print("   {:<32} {:>14} {:>14}  {}\n", "item", "measured", "ledger", "ratio");
+  fmt::print("   {:<36} {:>14} {:>14}  {}\n", "item", "measured", "ledger", "ratio");
   if (qlora) {
     row("quantized weights (4-bit)", r.quantized_weight_bytes, r.ledger.quantized_weight_bytes);
     row("quantization constants", r.constant_bytes, r.ledger.quant_constant_bytes);
   }
-  row(qlora ? "unquantized (emb, norms, biases)" : "frozen backbone (fp32)", r.frozen_bytes,
-      r.ledger.frozen_bytes);
+  const std::string frozen_item =
+      qlora ? "unquantized " + kept + " (emb, head, norms)" : "frozen backbone (" + compute + ")";
+  row(frozen_item.c_str(), r.frozen_bytes, r.ledger.frozen_bytes);
   row("adapters", r.adapter_bytes, r.ledger.adapter_bytes);
   row("adapter gradients", r.adapter_grad_bytes, r.ledger.adapter_grad_bytes);
   row("adapter Adam m + v", r.adapter_optimizer_bytes, r.ledger.adapter_optimizer_bytes);
@@ -146,18 +169,18 @@ void print_text(const engine::QloraResult& r, SizeUnit u) {
     const double nq = double(r.quantized_params);
     fmt::print("   4-bit backbone: {:.4f} B per quantized parameter (indices) + {:.4f} (constants{}"
                ") = {:.4f} B = {:.3f} bits ≈ 0.5 N_q; the unquantized rest {} ({:.0f} params in "
-               "fp32)\n",
+               "{})\n",
                r.quantized_weight_bytes / nq, r.constant_bytes / nq,
                o.lora.double_quant ? ", double quantization" : "",
                (r.quantized_weight_bytes + r.constant_bytes) / nq,
                8 * (r.quantized_weight_bytes + r.constant_bytes) / nq, M(r.frozen_bytes),
-               double(r.frozen_params));
+               double(r.frozen_params), kept);
   }
 
-  fmt::print("③ ④ sweep: {} steps at each T (peak = max allocated over the steps; activations = "
-             "peak − static; predicted = core's activations for this setup + the ledger's "
-             "static; tokens/s over the median step)\n",
-             o.steps);
+  fmt::print("③ ④ sweep: {} steps at each T, compute {} (peak = max allocated over the steps; "
+             "activations = peak − static; predicted = core's activations for this setup, {} "
+             "activations, + the ledger's static; tokens/s over the median step)\n",
+             o.steps, compute, compute);
   fmt::print("   {:>6} {:>13} {:>13} {:>13} {:>7} {:>9} {:>12} {:>12} {:>13}  {}\n", "T", "peak",
              "activations", "predicted", "ratio", "tokens/s", "peak/token", "act/token",
              "res − alloc", "peak phase");
@@ -198,7 +221,7 @@ void print_text(const engine::QloraResult& r, SizeUnit u) {
              "{:.9g} vs trained {:.9g}\n",
              l.adapter_file.string(), l.adapter_file_tensors, l.adapter_file_bytes,
              l.file_holds_only_adapters ? "the adapters only" : "NOT only the adapters",
-             qlora ? "NF4" : "fp32", l.eval_loss_reloaded, l.eval_loss_trained);
+             qlora ? "NF4" : compute, l.eval_loss_reloaded, l.eval_loss_trained);
   fmt::print("  lora_config: {}\n", l.lora_config);
 
   // The 7B convention.
@@ -208,10 +231,11 @@ void print_text(const engine::QloraResult& r, SizeUnit u) {
   if (qlora) {
     const double per = (r.quantized_weight_bytes + r.constant_bytes) / double(r.quantized_params);
     fmt::print("  4-bit backbone at the run's {:.4f} B per quantized parameter × N_q = {:.4g}: {} "
-               "(ledger {} + {}); unquantized embeddings, head, norms {} (fp32, as PEFT upcasts "
-               "them); adapters + grads + Adam {}\n",
+               "(ledger {} + {}); unquantized embeddings, head, norms {} ({}); adapters + grads + "
+               "Adam {}\n",
                per, f7.quantized_params, G(per * f7.quantized_params),
                G(f7.quantized_weight_bytes), G(f7.quant_constant_bytes), G(f7.frozen_bytes),
+               o.lora.upcast_unquantized ? "fp32, as PEFT upcasts them" : "bf16",
                G(f7.adapter_total_bytes()));
   } else {
     fmt::print("  frozen backbone in bf16 {}; adapters + grads + Adam {}\n", G(f7.frozen_bytes),
@@ -307,12 +331,20 @@ nlohmann::json to_json(const engine::QloraResult& r) {
       {"convention", convention(r)},
       {"memory_convention", kAllocatorConvention},
       {"method", std::string(to_string(o.lora.method))},
+      {"arch", std::string(engine::to_string(o.arch))},
+      {"precision", std::string(to_string(o.lora.compute))},
       {"lora", {{"rank", o.lora.rank}, {"alpha", o.lora.alpha}, {"dropout", o.lora.dropout},
                 {"targets", targets}, {"quant", std::string(to_string(o.lora.quant))},
                 {"double_quant", o.lora.double_quant}, {"block", o.lora.block},
                 {"block2", o.lora.block2}, {"checkpoint", o.checkpoint}}},
-      {"model", {{"name", r.spec.name}, {"hidden", r.model.hidden}, {"layers", r.model.layers},
-                 {"heads", r.model.heads}, {"vocab", r.model.vocab}, {"seq", r.model.seq},
+      {"model", {{"name", r.spec.name}, {"arch", std::string(engine::to_string(o.arch))},
+                 {"hidden", r.spec.hidden}, {"layers", r.spec.layers}, {"heads", r.spec.heads},
+                 {"kv_heads", r.spec.kv_heads}, {"ffn", r.spec.ffn},
+                 {"mlp", r.spec.mlp == MlpKind::swiglu ? "swiglu" : "gelu"},
+                 {"norm", r.spec.norm == NormKind::rmsnorm ? "rmsnorm" : "layernorm"},
+                 {"position", r.spec.position == PositionKind::rotary ? "rotary" : "learned"},
+                 {"tied_embeddings", r.spec.tied_embeddings},
+                 {"vocab", r.spec.vocab}, {"seq", r.model.seq},
                  {"micro_batch", r.model.micro_batch}, {"params", count_json(f.total_params)}}},
       {"trainable_params", r.trainable_params},
       {"all_params", r.all_params()},
@@ -335,6 +367,7 @@ nlohmann::json to_json(const engine::QloraResult& r) {
                         {"constants_not_nearest", q.constants_not_nearest},
                         {"max_constant_error_over_step", q.max_constant_error_over_step},
                         {"dequantized_layer_bytes", q.dequantized_layer_bytes},
+                        {"dequantized_module", q.dequantized_module},
                         {"loss_fp32", q.loss_fp32}, {"loss_converted", q.loss_converted},
                         {"loss_rel_diff", q.loss_rel_diff()}}},
       {"static", {{"quantized_weight_bytes", r.quantized_weight_bytes},
@@ -377,8 +410,9 @@ nlohmann::json to_json(const engine::QloraResult& r) {
 
 void run(QloraFlags& f) {
   engine::QloraOptions o = f.run;
+  o.arch = *engine::parse_arch(f.arch);  // the flag's check admits gpt and llama only
   const std::optional<LoraSetup> s =
-      lora_setup(f.lora, Precision::fp32, Optimizer::adam, /*fp32_qlora=*/true);
+      lora_setup(f.lora, precision_from(f.precision), Optimizer::adam, /*fp32_qlora=*/true);
   if (!s) throw InvalidInput("--method full: tally run qlora runs lora or qlora");
   o.lora = *s;
   o.checkpoint = !f.no_checkpoint;
@@ -400,13 +434,20 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   f->lora.method = "qlora";
   CLI::App* cmd = run_cmd.add_subcommand(
       "qlora",
-      "LoRA adapters on a frozen NF4 (qlora) or fp32 (lora) GPT backbone on the CPU: quantization "
-      "checks, the seed's criteria ①–④ against core's fine-tuning ledger under a tracking "
-      "allocator, a learning run, adapters saved and reloaded");
+      "LoRA adapters on a frozen NF4 (qlora) or dense (lora) GPT- or Llama-layout backbone on the "
+      "CPU, in fp32 or bf16 compute: quantization checks, the seed's criteria ①–④ against core's "
+      "fine-tuning ledger under a tracking allocator, a learning run, adapters saved and "
+      "reloaded");
   cmd->footer(
       "Default model: GPT-2 small's shape (h 768, L 12, a 12, V 50257) with positions up to the "
       "longest --seq: N = 125.2 M at T 2048; the sweep T = 512,1024,2048 × 5 steps takes minutes "
-      "on 2 cores. Use --hidden/--layers/--vocab and a shorter --seq for a quick look. The criteria "
+      "on 2 cores. --arch llama: RMSNorm, SwiGLU (gate, up, down; --ffn, default Meta's rule, "
+      "2048 at h 768), rotary positions, --kv-heads for GQA, an untied head, no biases. "
+      "--precision bf16: weights dequantized to bf16 on use, activations and the adapters' "
+      "matmuls in bf16, the adapters' weights, gradients and Adam states fp32 (PEFT); the ledger "
+      "is asked with the same layout and compute dtype. On a CPU without AVX-512 libtorch 1.13 "
+      "multiplies bf16 matrices with a slow generic kernel: ≈50× fp32's time. Use "
+      "--hidden/--layers/--vocab and a shorter --seq for a quick look. The criteria "
       "are the seed's: ① < 0.2 % (of Llama-2-7B), ② ≈ 0.5 bytes per quantized parameter and ③ "
       "are thresholds for its setup (r 8 on q, v; NF4 with double quantization, block 64/256); "
       "for another setup (all targets; --no-double-quant) they are reported, labelled [seed], "
@@ -419,6 +460,20 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--vocab", m.vocab, "vocabulary V")->capture_default_str();
   cmd->add_option("--micro-batch", m.micro_batch, "sequences per step B")->capture_default_str();
+  cmd->add_option("--arch", f->arch,
+                  "decoder layout: gpt (GPT-2: LayerNorm, GELU MLP, learned positions, tied head) "
+                  "| llama (RMSNorm, SwiGLU, rotary, optional GQA, untied head)")
+      ->check(one_of({"gpt", "llama"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-heads", f->run.kv_heads,
+                  "--arch llama: key/value heads a_kv (GQA), dividing --heads (default: --heads)");
+  cmd->add_option("--ffn", f->run.ffn,
+                  "--arch llama: SwiGLU width f (default: Meta's 256·⌈⌊8C/3⌋/256⌉)");
+  cmd->add_option("--precision", f->precision,
+                  "compute dtype: fp32 | bf16 (bnb_4bit_compute_dtype; adapters, their gradients "
+                  "and Adam stay fp32)")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--seq", f->run.seqs, "sequence lengths of the sweep, rising (at least three)")
       ->delimiter(',')
       ->capture_default_str();

@@ -70,6 +70,17 @@ GptConfig QloraOptions::run_model() const {
   return c;
 }
 
+LlamaConfig QloraOptions::llama_model() const {
+  return {.hidden = model.hidden, .layers = model.layers, .heads = model.heads,
+          .kv_heads = kv_heads > 0 ? kv_heads : model.heads,
+          .ffn = ffn > 0 ? ffn : llama_ffn(model.hidden), .vocab = model.vocab,
+          .micro_batch = model.micro_batch};
+}
+
+ModelSpec QloraOptions::run_spec() const {
+  return arch == Arch::llama ? llama_model_spec(llama_model()) : gpt_model_spec(run_model());
+}
+
 void QloraOptions::validate() const {
   if (seqs.size() < 3)
     throw InvalidInput("--seq: " + std::to_string(seqs.size()) +
@@ -92,9 +103,16 @@ void QloraOptions::validate() const {
     throw InvalidInput("--lr = " + format_number(lr) + ": must be in (0, 1)");
   if (threads < 0)
     throw InvalidInput("--threads = " + std::to_string(threads) + ": must be >= 0 (0 = default)");
-  const GptConfig c = run_model();
-  c.validate();
-  require_runnable(lora, c);
+  if (arch == Arch::gpt && (kv_heads != 0 || ffn != 0))
+    throw InvalidInput(std::string(kv_heads != 0 ? "--kv-heads" : "--ffn") +
+                       " applies to --arch llama (GPT-2's layout has a_kv = a and f = 4C)");
+  if (kv_heads < 0 || ffn < 0)
+    throw InvalidInput(std::string(kv_heads < 0 ? "--kv-heads = " + std::to_string(kv_heads)
+                                                : "--ffn = " + std::to_string(ffn)) +
+                       ": must be >= 1 (0 = the default)");
+  if (arch == Arch::llama) llama_model().validate();
+  else run_model().validate();
+  require_runnable(lora, run_spec());
   if (lora.optimizer != Optimizer::adam)
     throw InvalidInput("--optimizer " + std::string(to_string(lora.optimizer)) +
                        ": the run trains the adapters with Adam");
@@ -163,19 +181,32 @@ std::uint32_t checksum(const torch::Tensor& t) {
   return io::crc32c({reinterpret_cast<const std::byte*>(c.data_ptr()), std::size_t(c.nbytes())});
 }
 
-// The fp32 GPT the LoRA model is built from: gpt.hpp's initialisation from the seed.
-Gpt source_model(const GptConfig& c, std::uint64_t seed) {
-  torch::manual_seed(seed);
-  return Gpt(c);
-}
+// The fp32 model the LoRA model is built from, by layout: gpt.hpp's or llama.hpp's
+// initialisation from the seed.
+struct SourceNet {
+  Gpt gpt{nullptr};
+  Llama llama{nullptr};
+  SourceNet(const QloraOptions& o, std::uint64_t seed) {
+    torch::manual_seed(seed);
+    if (o.arch == Arch::llama)
+      llama = Llama(o.llama_model());
+    else
+      gpt = Gpt(o.run_model());
+  }
+  SourceModel weights() const { return gpt ? source_of(gpt) : source_of(llama); }
+  double loss(const Batch& b) {
+    torch::NoGradGuard no_grad;
+    return (gpt ? gpt->forward(b.idx, b.targets) : llama->forward(b.idx, b.targets)).item<double>();
+  }
+};
 
-double eval_loss(const LoraGpt& m, const Batch& b) {
+double eval_loss(const LoraModel& m, const Batch& b) {
   torch::NoGradGuard no_grad;
   return m.forward(b.idx, b.targets, /*train=*/false).item<double>();
 }
 
 // One training step, each phase's peak into `phase_peaks` (max over calls).
-double train_step(const LoraGpt& model, Adam& adam, const Batch& b, TrackingAllocatorScope& scope,
+double train_step(const LoraModel& model, Adam& adam, const Batch& b, TrackingAllocatorScope& scope,
                   std::vector<std::int64_t>& phase_peaks) {
   const auto mark = [&](StepPhase p) {
     auto& slot = phase_peaks[std::size_t(p)];
@@ -206,7 +237,7 @@ QloraResult run_qlora(const QloraOptions& o) {
   QloraResult r;
   r.options = o;
   r.model = o.run_model();
-  r.spec = gpt_model_spec(r.model);
+  r.spec = o.run_spec();
   r.ledger = finetune_ledger(r.spec, o.lora);
   r.spec_7b = *model_preset("llama-2-7b");
   LoraSetup seed_7b = o.lora;
@@ -230,42 +261,40 @@ QloraResult run_qlora(const QloraOptions& o) {
 
   {
     TrackingAllocatorScope scope;
-    const LoraGptOptions mo{.lora = o.lora, .checkpoint = o.checkpoint};
-    std::optional<LoraGpt> model;
-    say(o, "qlora: building " + r.spec.name + " (" + std::string(to_string(o.lora.method)) + ")");
+    const LoraModelOptions mo{.lora = o.lora, .checkpoint = o.checkpoint};
+    std::optional<LoraModel> model;
+    say(o, "qlora: building " + r.spec.name + " (" + std::string(to_string(o.lora.method)) +
+               ", compute " + std::string(to_string(o.lora.compute)) + ")");
     {
-      Gpt source = source_model(r.model, o.seed);
-      {
-        torch::NoGradGuard no_grad;
-        r.quant.loss_fp32 = source->forward(eval.idx, eval.targets).item<double>();
-      }
-      model.emplace(source, mo);
+      SourceNet source(o, o.seed);
+      r.quant.loss_fp32 = source.loss(eval);
+      const SourceModel weights = source.weights();
+      model.emplace(weights, mo);
       r.quant.loss_converted = eval_loss(*model, eval);
       if (o.lora.method == FineTune::qlora) {
         say(o, "qlora: quantization checks");
         r.quant.ran = true;
         double err2 = 0, sum2 = 0;
-        const std::int64_t C = r.model.hidden;
-        for (std::size_t l = 0; l < model->blocks().size(); ++l) {
-          const auto& g = *(*source->blocks)[l]->as<GptBlock>();
-          const LoraBlock& b = model->blocks()[l];
-          for (int i = 0; i < 3; ++i)
-            check_quantized(g.c_attn->weight.narrow(0, i * C, C),
-                            (i == 0 ? b.q_proj : i == 1 ? b.k_proj : b.v_proj).base, r.quant,
-                            err2, sum2);
-          check_quantized(g.c_proj->weight, b.o_proj.base, r.quant, err2, sum2);
-          check_quantized(g.c_fc->weight, b.up_proj.base, r.quant, err2, sum2);
-          check_quantized(g.mlp_proj->weight, b.down_proj.base, r.quant, err2, sum2);
-        }
+        for (std::size_t l = 0; l < weights.blocks.size(); ++l)
+          for (const SourceLinear& w : weights.blocks[l].linears)
+            check_quantized(w.weight, model->blocks()[l].linear(w.target).base, r.quant, err2,
+                            sum2);
         r.quant.rel_rms_error = sum2 > 0 ? std::sqrt(err2 / sum2) : 0;
         r.quant.code_points_exact = code_points_round_trip(o.lora);
-        // The transient of the largest matrix (up_proj, C × 4C), as the allocator sees it.
+        // The transient of the largest matrix in the compute dtype, as the allocator sees it.
+        const LoraLinear* largest = nullptr;
+        const auto size = [](const LoraLinear* l) { return l->base.out * l->base.in; };
+        for (const auto& [target, lin] : model->blocks()[0].linears())
+          if (largest == nullptr || size(lin) > size(largest)) {
+            largest = lin;
+            r.quant.dequantized_module = std::string(module_name(target));
+          }
         const std::int64_t before = scope.counters().allocated_bytes;
-        [[maybe_unused]] const torch::Tensor w = model->blocks()[0].up_proj.base.weight();
+        [[maybe_unused]] const torch::Tensor w = largest->base.weight(model->compute_dtype());
         r.quant.dequantized_layer_bytes = double(scope.counters().allocated_bytes - before);
       }
     }  // the fp32 source is freed here
-    const LoraGpt::Bytes bytes = model->bytes();
+    const LoraModel::Bytes bytes = model->bytes();
     r.quantized_weight_bytes = bytes.quantized_weights;
     r.constant_bytes = bytes.constants;
     r.frozen_bytes = bytes.frozen;
@@ -287,7 +316,7 @@ QloraResult run_qlora(const QloraOptions& o) {
       SeqRun run{.seq = o.seqs[i], .micro_batch = B};
       run.phase_peak_bytes.assign(std::size(kStepPhases), 0);
       run.predicted_activations =
-          activations(r.spec, qlora_activation_setup(o, r.spec, run.seq));
+          activations(r.spec, qlora_activation_setup(o, r.spec, run.seq, o.lora.compute));
       run.predicted_activations_7b =
           activations(r.spec_7b, qlora_activation_setup(o, r.spec_7b, run.seq, Precision::bf16));
       scope.empty_cache();  // each T starts from the live blocks (torch.cuda.empty_cache)
@@ -377,8 +406,8 @@ QloraResult run_qlora(const QloraOptions& o) {
 
     say(o, "qlora: a fresh backbone from the seed, the adapters loaded onto it");
     {
-      Gpt source = source_model(r.model, o.seed);
-      model.emplace(source, mo);
+      const SourceNet source(o, o.seed);
+      model.emplace(source.weights(), mo);
     }
     load_adapters(*model, adapter_dir);
     l.eval_loss_reloaded = eval_loss(*model, eval);

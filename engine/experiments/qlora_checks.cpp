@@ -45,9 +45,10 @@ LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
 //    w/a is exact) quantizes and dequantizes bit for bit, through the run's block settings;
 //  - constants (double quantization): each block's (a − mean)/absmax2 is coded to the dynamic
 //    map's nearest value, and |a − â| ≤ absmax2 · (the larger gap beside that value)/2;
-//  - loss: the converted model (adapters' B = 0, so the backbone alone) on one batch beside the
-//    fp32 GPT it came from: finite and within 1 % (4-bit weights of a Gaussian carry ≈10 % RMS
-//    error; at initialisation the loss moves by far less).
+//  - loss: the converted model (adapters' B = 0, so the backbone alone, in the compute dtype) on
+//    one batch beside the fp32 model it came from: finite and within 1 % (4-bit weights of a
+//    Gaussian carry ≈10 % RMS error, bf16 rounds each value by up to 2⁻⁹ relative; at
+//    initialisation the loss moves by far less).
 void check_quantized(const torch::Tensor& source_weight, const FrozenWeight& f,
                      QuantizationChecks& q, double& err2, double& sum2) {
   const torch::Tensor w = source_weight.detach().to(torch::kFloat).contiguous();
@@ -206,8 +207,12 @@ std::vector<QloraCheck> qlora_checks(const QloraResult& r) {
                0.10),
         seed));
   } else {
-    v.push_back(within("②", "frozen backbone bytes per parameter vs 4 (fp32)",
-                       r.frozen_bytes / double(r.frozen_params), 4.0, 0.10));
+    // The ledger keeps lora's frozen backbone in the compute dtype (Note [QLoRA ledger]).
+    const Precision c = r.options.lora.compute;
+    v.push_back(within("②", "frozen backbone bytes per parameter vs " +
+                                format_number(dtype_bytes(c)) + " (" +
+                                std::string(to_string(c)) + ")",
+                       r.frozen_bytes / double(r.frozen_params), dtype_bytes(c), 0.10));
   }
   // ③ peak against T: rising, and linear.
   bool rising = true;

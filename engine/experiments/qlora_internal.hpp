@@ -3,7 +3,7 @@
 
 #include <torch/torch.h>
 
-#include "lora_gpt.hpp"
+#include "lora_model.hpp"
 #include "tally/engine/experiments/qlora.hpp"
 
 namespace tally::engine {

@@ -41,7 +41,7 @@ torch::Tensor causal_mask(std::int64_t T);
 // TP rank); returns softmax(q·kᵀ/√d, causal) · v re-laid out as (B, T, C').
 torch::Tensor causal_self_attention(const torch::Tensor& qkv, std::int64_t heads,
                                     const torch::Tensor& causal_mask);
-// The same from separate q, k, v, each (B, T, C') (LoRA's q_proj, k_proj, v_proj, lora_gpt.hpp).
+// The same from separate q, k, v, each (B, T, C') (LoRA's q_proj, k_proj, v_proj, lora_model.hpp).
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, std::int64_t heads,
                                     const torch::Tensor& causal_mask);

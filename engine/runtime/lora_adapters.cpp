@@ -1,5 +1,5 @@
 // The adapters on disk: one safetensors file with the LoRA configuration in its metadata
-// (lora_gpt.hpp, Note [adapter file]).
+// (lora_model.hpp, Note [adapter file]).
 #include <nlohmann/json.hpp>
 
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "lora_gpt.hpp"
+#include "lora_model.hpp"
 #include "tally/core/types.hpp"
 #include "tally/io/safetensors.hpp"
 
@@ -16,7 +16,7 @@ namespace tally::engine {
 namespace {
 
 // PEFT's LoraConfig fields and tally's description of the base model.
-nlohmann::json lora_config_json(const LoraGpt& model) {
+nlohmann::json lora_config_json(const LoraModel& model) {
   const LoraSetup& s = model.options().lora;
   nlohmann::json targets = nlohmann::json::array();
   for (LoraTarget t : s.targets) targets.push_back(std::string(module_name(t)));
@@ -27,7 +27,8 @@ nlohmann::json lora_config_json(const LoraGpt& model) {
           {"lora_dropout", s.dropout},
           {"target_modules", targets},
           {"bias", "none"},
-          {"base_model", gpt_model_spec(model.config()).name},
+          {"base_model", model.spec().name},
+          {"arch", std::string(to_string(model.arch()))},
           {"method", std::string(to_string(s.method))},
           {"quant", s.method == FineTune::qlora ? std::string(to_string(s.quant)) : "none"},
           {"double_quant", s.method == FineTune::qlora && s.double_quant},
@@ -37,7 +38,7 @@ nlohmann::json lora_config_json(const LoraGpt& model) {
 
 }  // namespace
 
-AdapterFile save_adapters(const LoraGpt& model, const std::filesystem::path& dir) {
+AdapterFile save_adapters(const LoraModel& model, const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   const auto named = model.named_adapters();
   std::vector<io::TensorView> views;
@@ -57,7 +58,7 @@ AdapterFile save_adapters(const LoraGpt& model, const std::filesystem::path& dir
   return f;
 }
 
-AdapterFile load_adapters(LoraGpt& model, const std::filesystem::path& dir) {
+AdapterFile load_adapters(LoraModel& model, const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / kAdapterFileName;
   if (!std::filesystem::is_regular_file(path))
     throw InvalidInput(path.string() + ": no adapter file (tally run qlora --save-adapters writes it)");

@@ -1,4 +1,4 @@
-// Issue 12, the run: LoRA / QLoRA on the engine's GPT (engine/runtime/lora_gpt.hpp) and
+// Issue 12, the run: LoRA / QLoRA on the engine's GPT (engine/runtime/lora_model.hpp) and
 // `tally run qlora` (engine/experiments/qlora.hpp) on a tiny model: NF4 through core, the
 // adapters, per-block gradient checkpointing, the adapter file, the seed's criteria ①–④ as
 // structured checks, the learning check and bad flags.
@@ -15,7 +15,7 @@
 
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
-#include "lora_gpt.hpp"
+#include "lora_model.hpp"
 #include "tally/core/finetune.hpp"
 #include "tally/core/lowp.hpp"
 #include "tally/engine/experiments/qlora.hpp"
@@ -42,7 +42,7 @@ std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t B, std::int64_t T) {
   return {seq.narrow(1, 0, T).contiguous(), seq.narrow(1, 1, T).contiguous()};
 }
 
-double loss_of(const LoraGpt& m, const std::pair<torch::Tensor, torch::Tensor>& b) {
+double loss_of(const LoraModel& m, const std::pair<torch::Tensor, torch::Tensor>& b) {
   torch::NoGradGuard no_grad;
   return m.forward(b.first, b.second, false).item<double>();
 }
@@ -51,7 +51,7 @@ double loss_of(const LoraGpt& m, const std::pair<torch::Tensor, torch::Tensor>& 
 
 // Before training (B = 0) the LoRA model is its backbone: with the fp32 weights (lora) the GPT's
 // loss up to the rounding of q, k, v as three matmuls instead of one; with NF4 close to it.
-TEST(LoraGpt, ConvertedModelIsTheGpt) {
+TEST(LoraModel, ConvertedModelIsTheGpt) {
   Gpt g = source();
   const auto b = batch(2, 32);
   double ref = 0;
@@ -59,9 +59,9 @@ TEST(LoraGpt, ConvertedModelIsTheGpt) {
     torch::NoGradGuard no_grad;
     ref = g->forward(b.first, b.second).item<double>();
   }
-  const LoraGpt lora(g, {.lora = setup(FineTune::lora)});
+  const LoraModel lora(g, {.lora = setup(FineTune::lora)});
   EXPECT_NEAR(loss_of(lora, b), ref, 1e-5);
-  const LoraGpt qlora(g, {.lora = setup(FineTune::qlora)});
+  const LoraModel qlora(g, {.lora = setup(FineTune::qlora)});
   const double q = loss_of(qlora, b);
   EXPECT_TRUE(std::isfinite(q));
   EXPECT_NEAR(q, ref, 0.01 * ref);
@@ -70,7 +70,7 @@ TEST(LoraGpt, ConvertedModelIsTheGpt) {
 
 // The engine reads NF4 back through core's definition only: its tensors hold exactly core's
 // arrays, and dequantizing (in parallel over blocks) gives core's dequantize_nf4 bit for bit.
-TEST(LoraGpt, Nf4WeightIsCoresQuantization) {
+TEST(LoraModel, Nf4WeightIsCoresQuantization) {
   torch::manual_seed(3);
   const torch::Tensor w = torch::randn({96, 70}) * 0.02;  // 6720: 105 blocks, a ragged group
   for (bool dq : {true, false}) {
@@ -89,8 +89,8 @@ TEST(LoraGpt, Nf4WeightIsCoresQuantization) {
 }
 
 // PEFT's init: A Kaiming-uniform (bound 1/√d_in), B zero; only the adapters get gradients.
-TEST(LoraGpt, AdaptersAreTheOnlyTrainableTensors) {
-  const LoraGpt m(source(), {.lora = setup(FineTune::qlora)});
+TEST(LoraModel, AdaptersAreTheOnlyTrainableTensors) {
+  const LoraModel m(source(), {.lora = setup(FineTune::qlora)});
   const auto named = m.named_adapters();
   ASSERT_EQ(named.size(), 2u * 2 * 2);  // L × {q, v} × {A, B}
   EXPECT_EQ(named[0].first, "blocks.0.q_proj.lora_A.weight");
@@ -111,7 +111,7 @@ TEST(LoraGpt, AdaptersAreTheOnlyTrainableTensors) {
     EXPECT_FALSE(t.requires_grad()) << name;
     EXPECT_FALSE(t.grad().defined()) << name;
   }
-  const LoraGpt::Bytes by = m.bytes();
+  const LoraModel::Bytes by = m.bytes();
   const FineTuneLedger f = finetune_ledger(gpt_model_spec(tiny()), setup(FineTune::qlora));
   EXPECT_EQ(double(by.trainable_params), f.trainable_params);
   EXPECT_EQ(double(by.quantized_params), f.quantized_params);
@@ -121,7 +121,7 @@ TEST(LoraGpt, AdaptersAreTheOnlyTrainableTensors) {
 
 // Per-block checkpointing (the autograd function that replays the block in backward, with the
 // forward's dropout masks) gives the gradients of the plain graph, and holds less at its peak.
-TEST(LoraGpt, CheckpointingGivesTheSameGradientsWithLessMemory) {
+TEST(LoraModel, CheckpointingGivesTheSameGradientsWithLessMemory) {
   const Gpt g = source();
   const auto b = batch(2, 64);
   std::vector<torch::Tensor> grads[2];
@@ -129,7 +129,7 @@ TEST(LoraGpt, CheckpointingGivesTheSameGradientsWithLessMemory) {
   double loss[2] = {0, 0};
   for (int c = 0; c < 2; ++c) {
     torch::manual_seed(5);  // the same adapters and the same dropout masks in both
-    const LoraGpt m(g, {.lora = setup(FineTune::qlora, 0.1), .checkpoint = c == 1});
+    const LoraModel m(g, {.lora = setup(FineTune::qlora, 0.1), .checkpoint = c == 1});
     {
       torch::NoGradGuard no_grad;  // B ≠ 0, so the A gradients are not zero
       for (const auto& [name, t] : m.named_adapters())
@@ -150,9 +150,9 @@ TEST(LoraGpt, CheckpointingGivesTheSameGradientsWithLessMemory) {
 
 // Note [adapter file]: only the adapters, the LoRA config in the metadata; loading restores them
 // and refuses another configuration or a missing file.
-TEST(LoraGpt, AdapterFileRoundTripAndRefusals) {
+TEST(LoraModel, AdapterFileRoundTripAndRefusals) {
   test::TempDir dir("qlora_adapters");
-  LoraGpt a(source(), {.lora = setup(FineTune::qlora)});
+  LoraModel a(source(), {.lora = setup(FineTune::qlora)});
   {
     torch::NoGradGuard no_grad;
     for (const auto& t : a.adapter_parameters()) t.normal_(0, 0.1);
@@ -164,7 +164,7 @@ TEST(LoraGpt, AdapterFileRoundTripAndRefusals) {
   EXPECT_EQ(meta["lora_alpha"], 16.0);
   EXPECT_EQ(meta["target_modules"], nlohmann::json::array({"q_proj", "v_proj"}));
   EXPECT_EQ(meta["quant"], "nf4");
-  LoraGpt b(source(), {.lora = setup(FineTune::qlora)});
+  LoraModel b(source(), {.lora = setup(FineTune::qlora)});
   load_adapters(b, dir.path);
   const auto x = a.adapter_parameters(), y = b.adapter_parameters();
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(torch::equal(x[i], y[i])) << i;
@@ -172,9 +172,9 @@ TEST(LoraGpt, AdapterFileRoundTripAndRefusals) {
   EXPECT_EQ(loss_of(a, bt), loss_of(b, bt));
   LoraSetup r4 = setup(FineTune::qlora);
   r4.rank = 4;
-  LoraGpt c(source(), {.lora = r4});
+  LoraModel c(source(), {.lora = r4});
   EXPECT_THROW(load_adapters(c, dir.path), InvalidInput);
-  LoraGpt d(source(), {.lora = setup(FineTune::lora)});  // another base (fp32)
+  LoraModel d(source(), {.lora = setup(FineTune::lora)});  // another base (fp32)
   EXPECT_THROW(load_adapters(d, dir.path), InvalidInput);
   EXPECT_THROW(load_adapters(b, dir.path / "nowhere"), InvalidInput);
 }

@@ -151,7 +151,7 @@ Nf4Tensor quantize_nf4(std::span<const float> w, int block = 64, bool double_qua
 std::vector<float> dequantize_nf4(const Nf4Tensor& q);
 
 // The same storage seen through spans: what a holder of the arrays elsewhere (the engine keeps
-// them in tensors, Note [NF4 linear] in engine/runtime/lora_gpt.hpp) hands to the dequantizer, so
+// them in tensors, Note [NF4 linear] in engine/runtime/lora_model.hpp) hands to the dequantizer, so
 // weights are always read back through this one definition.
 struct Nf4View {
   std::int64_t count = 0;

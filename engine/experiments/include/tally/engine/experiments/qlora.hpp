@@ -1,15 +1,16 @@
 // `tally run qlora` (issue 12; the seed's QLoRA program, criterion ⑤'s CPU path): a random-
-// initialised GPT fine-tuned with LoRA adapters on a frozen NF4 backbone (or, --method lora, a
-// frozen fp32 one) in one process, under the tracking allocator, beside core's fine-tuning ledger.
+// initialised decoder — GPT-2's layout or Llama's (RMSNorm, SwiGLU, rotary, GQA) — fine-tuned with
+// LoRA adapters on a frozen NF4 backbone (or, --method lora, a frozen dense one) in one process,
+// in fp32 or bf16 compute, under the tracking allocator, beside core's fine-tuning ledger.
 //
 // Legend: N = the model's parameters (count_params of its ModelSpec), N_q = the quantized ones
 // (the decoder layers' linear weights), B = micro-batch, T = sequence, r = LoRA rank.
 //
-// What runs, in order (engine/runtime/lora_gpt.hpp holds the model):
-//  1. the fp32 GPT (gpt.hpp) from the seed, then the LoRA model built from it — every decoder-
-//     layer weight quantized by core's quantize_nf4 (qlora) — and the quantization checks against
-//     the fp32 weights (Note [quantization checks] in qlora.cpp);
-//  2. Adam over the adapters (eager m, v);
+// What runs, in order (engine/runtime/lora_model.hpp holds the model):
+//  1. the fp32 source model (gpt.hpp or llama.hpp) from the seed, then the LoRA model built from
+//     it — every decoder-layer weight quantized by core's quantize_nf4 (qlora) — and the
+//     quantization checks against the fp32 weights (qlora_checks.cpp Note [quantization checks]);
+//  2. Adam over the adapters (eager m, v; fp32 whatever the compute dtype);
 //  3. the sweep: for each T, `steps` training steps (forward, backward with per-block recompute,
 //     Adam step), each phase's peak read from the tracking allocator;
 //  4. the learning run: the adapters drawn afresh, `learn_steps` steps on the synthetic task
@@ -30,17 +31,22 @@
 #include "tally/core/finetune.hpp"
 #include "tally/core/model.hpp"
 #include "tally/engine/gpt.hpp"
+#include "tally/engine/llama.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
 namespace tally::engine {
 
 struct QloraOptions {
-  // The shape (hidden, layers, heads, vocab, micro_batch); its seq is set to the longest sequence
-  // run (the learned position table), so N depends on the sweep. Default: GPT-2 small's shape
-  // (Note [default GPT shape]), N = 125.2 M with T up to 2048.
+  Arch arch = Arch::gpt;
+  // The shape (hidden, layers, heads, vocab, micro_batch) of either layout. For gpt its seq is set
+  // to the longest sequence run (the learned position table), so N depends on the sweep. Default:
+  // GPT-2 small's shape (Note [default GPT shape]), N = 125.2 M with T up to 2048; llama at the
+  // same width: f 2048, untied head, N = 162.1 M.
   GptConfig model;
-  // method lora | qlora, r, α, dropout, targets, nf4, double quantization, block, block2;
-  // compute must be fp32 (the CPU run's compute dtype), the optimizer Adam.
+  std::int64_t kv_heads = 0;  // llama: a_kv (GQA); 0 = model.heads
+  std::int64_t ffn = 0;       // llama: the SwiGLU width f; 0 = llama_ffn(model.hidden)
+  // method lora | qlora, r, α, dropout, targets, nf4, double quantization, block, block2; compute
+  // fp32 or bf16 (Note [compute dtype] in lora_model.hpp), the optimizer Adam.
   LoraSetup lora = {.compute = Precision::fp32};
   std::vector<std::int64_t> seqs = {512, 1024, 2048};  // ③: at least three, rising
   int steps = 5;                  // training steps at each T
@@ -54,6 +60,8 @@ struct QloraOptions {
   std::function<void(const std::string&)> progress;  // one line per stage (the CLI: stderr)
   void validate() const;          // InvalidInput naming the flag
   GptConfig run_model() const;    // model with seq = max(seqs, learn_seq)
+  LlamaConfig llama_model() const;  // model's shape with kv_heads and ffn resolved
+  ModelSpec run_spec() const;     // gpt_model_spec(run_model()) or llama_model_spec(llama_model())
 };
 
 // The phases of one training step, in order; the peak is read in each.
@@ -74,7 +82,9 @@ struct QuantizationChecks {
   std::int64_t constants_not_nearest = 0;  // absmax codes not at the dynamic map's nearest value
   double max_constant_error_over_step = 0; // max |a − â| / (absmax2 · local half gap): ≤ 1
   double dequantized_layer_bytes = 0;      // measured: the largest matrix dequantized
-  // The loss on one batch: the fp32 GPT vs the LoRA model before training (B = 0: the backbone).
+  std::string dequantized_module;          // its name ("up_proj"; the first of the largest)
+  // The loss on one batch: the fp32 source model vs the LoRA model (in the compute dtype) before
+  // training (B = 0: the backbone).
   double loss_fp32 = 0, loss_converted = 0;
   double loss_rel_diff() const;
 };
@@ -97,7 +107,7 @@ struct SeqRun {
   std::int64_t end_cached_bytes = 0;
   std::vector<std::int64_t> phase_peak_bytes;  // per kStepPhases, max over steps
   StepPhase peak_phase = StepPhase::forward;
-  ActivationResult predicted_activations;  // core: the run's setup at this T
+  ActivationResult predicted_activations;  // core: the run's setup at this T, compute dtype
   ActivationResult predicted_activations_7b;  // core: Llama-2-7B, the seed's program, bf16
   double tokens() const;                   // B·T per step
   // The median step: the first step at each T also faults in the pages of its fresh blocks (the
@@ -128,7 +138,7 @@ struct LearningRun {
 struct QloraResult {
   QloraOptions options;
   GptConfig model;                  // options.run_model()
-  ModelSpec spec;                   // gpt_model_spec(model): the ledger's input
+  ModelSpec spec;                   // options.run_spec(): the ledger's input
   FineTuneLedger ledger;            // core finetune_ledger(spec, options.lora)
   FineTuneLedger ledger_7b;         // the seed's program on Llama-2-7B (bf16 compute)
   ModelSpec spec_7b;
@@ -180,10 +190,10 @@ std::vector<QloraCheck> qlora_checks(const QloraResult& r);
 bool qlora_passed(const std::vector<QloraCheck>& checks);
 
 // The ActivationSetup core is asked for the run at sequence T (materialised attention, no
-// dropout outside the adapters, fp32 activations, PyTorch's eager loss, full recompute when
+// dropout outside the adapters, activations in `act`, PyTorch's eager loss, full recompute when
 // checkpointing) with the adapters' terms (add_lora_activations).
 ActivationSetup qlora_activation_setup(const QloraOptions& o, const ModelSpec& spec,
-                                       std::int64_t seq, Precision act = Precision::fp32);
+                                       std::int64_t seq, Precision act);
 
 // Runs the experiment in this process (it installs the tracking allocator: no other scope may be
 // active). Throws InvalidInput for bad options.
