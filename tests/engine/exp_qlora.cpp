@@ -16,6 +16,7 @@
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "lora_model.hpp"
+#include "qlora_expect.hpp"
 #include "tally/core/finetune.hpp"
 #include "tally/core/lowp.hpp"
 #include "tally/engine/experiments/qlora.hpp"
@@ -23,6 +24,8 @@
 
 namespace tally::engine {
 namespace {
+
+using test::expect_every_check_ok;
 
 // h 64, L 2, a 4, V 256, positions 128.
 GptConfig tiny() { return {.hidden = 64, .layers = 2, .heads = 4, .vocab = 256, .seq = 128}; }
@@ -191,12 +194,6 @@ QloraOptions tiny_run(FineTune method) {
   o.learn_seq = 32;
   o.lr = 1e-2;
   return o;
-}
-
-void expect_every_check_ok(const QloraResult& r) {
-  for (const auto& c : qlora_checks(r))
-    EXPECT_TRUE(c.ok) << c.id << " " << c.what << ": " << c.measured << " " << c.relation << " "
-                      << c.limit;
 }
 
 TEST(QloraRun, QloraMeetsEveryCheck) {

@@ -18,6 +18,7 @@
 
 #include "../support/subprocess.hpp"
 #include "lora_model.hpp"
+#include "qlora_expect.hpp"
 #include "llama_model.hpp"
 #include "tally/core/finetune.hpp"
 #include "tally/core/presets.hpp"
@@ -26,6 +27,8 @@
 
 namespace tally::engine {
 namespace {
+
+using test::expect_every_check_ok;
 
 // h 64, L 2, a 4, a_kv 2 (GQA), f 256, V 256: d = 16.
 LlamaConfig tiny(std::int64_t kv_heads = 2) {
@@ -345,12 +348,6 @@ QloraOptions tiny_run(FineTune method, Precision compute) {
   o.learn_seq = 32;
   o.lr = 1e-2;
   return o;
-}
-
-void expect_every_check_ok(const QloraResult& r) {
-  for (const auto& c : qlora_checks(r))
-    EXPECT_TRUE(c.ok) << c.id << " " << c.what << ": " << c.measured << " " << c.relation << " "
-                      << c.limit;
 }
 
 // The seed's program as the seed runs it: Llama layout, NF4 + double quantization, bf16 compute.
