@@ -264,6 +264,13 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
                                          s.capacity_factor)
                        : d.T;
   if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
+  // The token dispatcher's kernels around the all-to-alls (Note [MoE token dispatcher]).
+  for (const detail::DispatchKernel& k : detail::moe_dispatch_kernels(m, s)) {
+    if (with_backward && !k.backward.empty())
+      b.memory(k.name, k.backward, k.bytes, k.backward_bytes);
+    else
+      b.forward_memory(k.name, k.bytes);
+  }
   const double routed =
       moe ? expert_tokens * double(m.experts_per_token) * s.capacity_factor : double(d.T);
   mlp_block(m, d, gemm, kernels, rows, moe ? m.ffn / etp : d.f, experts, routed, /*shared=*/false);
@@ -339,6 +346,7 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
       const Op& op = ops[i];
       if (op.pass != Pass::forward || op.kind != OpKind::memory) continue;
       if (op.name == "dropout-residual-1" || op.name == "dropout-residual-2") continue;
+      if (op.name.starts_with("moe-")) continue;  // the dispatcher's: Note [MoE token dispatcher]
       Op replay = op;
       replay.pass = Pass::recompute;
       ops.push_back(replay);

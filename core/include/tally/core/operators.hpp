@@ -27,7 +27,9 @@
 //                       SP, g = e_t gathered ranks: Note [expert tensor parallelism],
 //                       parallel_groups.hpp — g·T_r = T when e_t = t);
 //                       shared experts: one MLP of width E_s·f_s/t on all T tokens; a dense leading
-//                       layer (OperatorSetup::dense_layer): the MLP with f_d
+//                       layer (OperatorSetup::dense_layer): the MLP with f_d; around the all-to-
+//                       alls the token dispatcher's memory kernels (router top-k, permute, chunk
+//                       sorts, unpermute: moe-*, Note [MoE token dispatcher], moe_dispatch_ops.cpp)
 //   MLA (replaces qkv)  q-down T × r_q, k = h and kv-down T × (r_kv + d_r), k = h, whole on every
 //                       rank; their norms; q-up T × a/t·(d_n+d_r), k = r_q (or q-proj, k = h);
 //                       kv-up T × a/t·(d_n+d_v), k = r_kv; rotary over the d_r parts; attention
@@ -198,6 +200,15 @@ namespace detail {
 // makes the norms that feed a fused fp8 LayerNormLinear write fp8. No-op unless s.recipe is low
 // precision.
 void add_quantize_ops(const ModelSpec& m, const OperatorSetup& s, std::vector<Op>& ops);
+// One kernel of Megatron-Core's MoE token dispatcher and the bytes it moves, forward and (where
+// autograd runs one: `backward` named) backward.
+struct DispatchKernel {
+  std::string_view name, backward;  // static strings; backward empty = no gradient kernel
+  double bytes = 0, backward_bytes = 0;
+};
+// The dispatcher kernels of one MoE layer, one micro-batch, on one rank (core/src/
+// moe_dispatch_ops.cpp, Note [MoE token dispatcher]); none for a dense model or a dense layer.
+std::vector<DispatchKernel> moe_dispatch_kernels(const ModelSpec& m, const OperatorSetup& s);
 }  // namespace detail
 // Whether the recipe's kernels cast each weight once per step (Transformer Engine: every recipe
 // under fused kernels, and MXFP8 / NVFP4, which are TE's either way) rather than in every forward
