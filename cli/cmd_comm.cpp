@@ -27,7 +27,7 @@ struct CommOptions {
   int max_route_nodes = 0;
   int interleave = 1;  // v, model chunks per pipeline stage
   double capacity_factor = 1;
-  bool sp = false, fsdp_float8_all_gather = false;
+  bool sp = false, fsdp_float8_all_gather = false, fp8_param_gather = false;
   std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
   std::string precision = "bf16", recompute = "none";
 };
@@ -85,11 +85,16 @@ void run_step(const CommOptions& o) {
   const ClusterSpec c = resolve_cluster(o.cluster);
   const Precision precision = precision_from(o.precision);
   if (o.fsdp_float8_all_gather) require_float8_all_gather(precision);
+  if (o.fsdp_float8_all_gather && o.zero != 3)
+    throw InvalidInput("--fsdp-float8-all-gather: --zero = " + std::to_string(o.zero) +
+                       ": FSDP's float8 all-gather needs --zero 3");
+  if (o.fp8_param_gather) require_fp8_param_gather(precision);
   const double elem = dtype_bytes(precision);
+  const Fp8Gather fp8 =
+      fp8_gather(m, precision, o.zero, o.fsdp_float8_all_gather, o.fp8_param_gather);
   const StepTrafficSetup setup{
-      .params = state_params(m), .param_bytes = elem,
-      .fp8_gather_share = o.fsdp_float8_all_gather ? float8_gather_share(m) : 0.0,
-      .grad_bytes = elem, .act_bytes = elem,
+      .params = state_params(m), .param_bytes = elem, .fp8_gather_share = fp8.share,
+      .fp8_gather_experts = fp8.experts, .grad_bytes = elem, .act_bytes = elem,
       .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
       .interleave = o.interleave,
@@ -142,6 +147,8 @@ void run_step(const CommOptions& o) {
                             {"dp_total_bytes", t.dp_total_bytes()},
                             {"seed_reduce_scatter_only_bytes", t.reduce_scatter_only_bytes},
                             {"fsdp_float8_all_gather", o.fsdp_float8_all_gather},
+                            {"fp8_param_gather", o.fp8_param_gather},
+                            {"fp8_gather_experts", t.setup.fp8_gather_experts},
                             {"fp8_gather_share", t.setup.fp8_gather_share},
                             {"seconds_unoverlapped", total_s}};
   require_finite(j);  // Note [no inf or nan in output], for the text report too
@@ -216,6 +223,7 @@ void register_comm(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
   add_fsdp_float8_flag(cmd, o->fsdp_float8_all_gather);
+  add_fp8_param_gather_flag(cmd, o->fp8_param_gather);
   cmd->add_flag("--sp", o->sp, "sequence parallelism");
   cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));

@@ -29,6 +29,7 @@ struct MemoryOptions {
   std::string loss = "fused";
   std::optional<int> micro_batches;  // unset: --pp in flight
   bool sp = false, no_dropout = false, dropout = false;
+  bool fp8_param_gather = false;     // Note [fp8 parameters] (core/model_states.cpp)
   std::optional<std::int64_t> seq;   // unset: model states only, no activations
   std::int64_t micro_batch = 1;
   std::optional<std::string> gpu;    // unset: no capacity line
@@ -103,7 +104,8 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                                                      .scaled_gemms = scaled_gemms,
                                                      .amax_history = o.amax_history,
                                                      .compute_capability =
-                                                         gpu ? gpu->gpu.compute_capability : 0});
+                                                         gpu ? gpu->gpu.compute_capability : 0,
+                                                     .fp8_param_gather = o.fp8_param_gather});
   const std::optional<FineTuneLedger> ft = finetune_of(o, model, precision);
   const std::string convention =
       convention_with_unit(ft ? ft->convention : states.convention(), unit);
@@ -181,6 +183,7 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                       {"unit_of_gb_fields", "GB = 1e9 bytes"},
                       {"n_params", count_json(n_total)},
                       {"params_per_gpu", states.local_params},
+                      {"fp8_param_gather", o.fp8_param_gather},
                       {"bytes_per_param", {{"params", states.per_param.params},
                                            {"grads", states.per_param.grads},
                                            {"m", states.per_param.m},
@@ -271,7 +274,13 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
       fmt::print("  {:<12} {:>14}   ({} B/param before sharding)\n", name, size_str(bytes, unit),
                  per_param);
     };
-    row("params", b.params, pp.params);
+    if (o.fp8_param_gather)  // Note [fp8 parameters]: no 16-bit copy of the linear weights
+      fmt::print("  {:<12} {:>14}   ({} B/param before sharding, the {:.1f} % that are not "
+                 "linear weights only)\n",
+                 "params", size_str(b.params, unit), pp.params,
+                 100 * (1 - gemm_weight_share(model)));
+    else
+      row("params", b.params, pp.params);
     row("grads", b.grads, pp.grads);
     row("m", b.m, pp.m);
     row("v", b.v, pp.v);
@@ -360,6 +369,7 @@ void register_memory(CLI::App& app, const Answers& answers) {
       ->check(CLI::Range(1, 1 << 20));
   add_etp_flag(cmd, o->etp);
   add_amax_history_flag(cmd, o->amax_history);
+  add_fp8_param_gather_flag(cmd, o->fp8_param_gather);
   cmd->add_option("--capacity-factor", o->capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (1 = dropless, balanced)")
       ->check(finite_in(1, 64))

@@ -43,7 +43,7 @@ struct PlanOptions {
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
   bool no_overlap_dp = false, overlap_dp = false, no_overlap_param_gather = false,
        tp_overlap = false, ep_overlap = false, no_dropout = false, dropout = false, exhaustive = false,
-       fsdp_float8_all_gather = false;
+       fsdp_float8_all_gather = false, fp8_param_gather = false;
   // compare
   std::vector<std::string> alternatives;
   std::optional<int> dp;  // unset: GPUs / (TP·PP·CP)
@@ -69,6 +69,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
                 .amax_history = o.amax_history,
                 .fsdp_float8_all_gather = o.fsdp_float8_all_gather,
+                .fp8_param_gather = o.fp8_param_gather,
                 .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
@@ -218,6 +219,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   add_route_flag(cmd, o.max_route_nodes);
   add_amax_history_flag(cmd, o.amax_history);
   add_fsdp_float8_flag(cmd, o.fsdp_float8_all_gather);
+  add_fp8_param_gather_flag(cmd, o.fp8_param_gather);
   cmd->add_flag("--no-overlap-dp", o.no_overlap_dp,
                 "put DP/ZeRO gradient reduction on the critical path (the seed's accounting; "
                 "default: overlapped with backward but for the last bucket, as PyTorch DDP)")

@@ -164,6 +164,15 @@ void add_fsdp_float8_flag(CLI::App* cmd, bool& fsdp_float8_all_gather) {
                 "benchmarks ran; default: off, torchao's default)");
 }
 
+void add_fp8_param_gather_flag(CLI::App* cmd, bool& fp8_param_gather) {
+  cmd->add_flag("--fp8-param-gather", fp8_param_gather,
+                "--precision fp8|mxfp8: Megatron-Core's fp8 parameters: the linear weights held "
+                "only in the low-precision format (no bf16 copy); per-tensor fp8's ZeRO >= 1 "
+                "parameter all-gather moves 1 B per linear weight, MXFP8's stays bf16 "
+                "(Megatron-Bridge's fp8_cs and mxfp8 recipes set it; default: off, "
+                "Megatron-Core's default)");
+}
+
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
                         bool sequence_parallel) {
   if (m.params_only && (ep > 1 || etp != layout.tp))

@@ -154,6 +154,7 @@ nlohmann::json plan_json(const PlanResult& r, double search_s,
                         low_precision_copy_bytes(
                             q.precision, fp8_gemm_layouts(q.cluster.gpu.compute_capability))},
                        {"fsdp_float8_all_gather", q.fsdp_float8_all_gather},
+                       {"fp8_param_gather", q.fp8_param_gather},
                        {"optimizer", std::string(to_string(q.optimizer))},
                        {"headroom", q.headroom},
                        {"allocator_allowance", q.allocator_allowance},
@@ -220,7 +221,8 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
                       .expert_share = routed_expert_share(q.model),
                       .gemm_weight_share = gemm_weight_share(q.model),
                       .scaled_gemms = b.scaled_gemms, .amax_history = q.amax_history,
-                      .compute_capability = q.cluster.gpu.compute_capability};
+                      .compute_capability = q.cluster.gpu.compute_capability,
+                      .fp8_param_gather = q.fp8_param_gather};
   const std::string state_conv =
       convention_with_unit(model_states(1.0, ss).convention(), u);
   fmt::print("PLAN  {}\n\n", b.layout.describe());

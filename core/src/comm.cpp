@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "tally/core/model.hpp"
 #include "tally/core/parallel_groups.hpp"
 
 namespace tally {
@@ -219,8 +220,8 @@ void StepTrafficSetup::validate() const {
                "fp8_gather_share", fp8_gather_share,
                "must be in [0, 1 - expert_share = " + format_number(1 - expert_share) +
                    "] (torchao gathers Float8Linear weights in fp8, not the routed experts)");
-  require_int(fp8_gather_share == 0 || zero_stage == 3, "zero", zero_stage,
-              "a float8 all-gather (--fsdp-float8-all-gather) is FSDP's: needs ZeRO-3");
+  require_int((fp8_gather_share == 0 && !fp8_gather_experts) || zero_stage >= 1, "zero",
+              zero_stage, "a float8 parameter all-gather needs ZeRO >= 1 (no gather at ZeRO-0)");
 }
 
 // Rules and sources (DESIGN.md §1, errata 2 and 4):
@@ -289,6 +290,12 @@ void StepTrafficSetup::validate() const {
 // gives the Float8 launch line with both. Later torchtitan (commit 6348d93, 2026) dropped
 // tensorwise scaling and with it the fp8 all-gather: rowwise float8 communicates in high
 // precision.
+// Megatron-Core gathers in float8 too, with its fp8 parameters (--fp8-param-gather, Note [fp8
+// parameters] in model_states.cpp): the distributed optimizer (ZeRO-1/2) or Megatron-FSDP (ZeRO-3)
+// quantizes each updated shard and all-gathers the per-tensor fp8 bytes into the parameter buffer
+// the weights live in, every TE linear's weight at 1 B, the routed experts' grouped linears
+// included (fp8_gather_experts); MXFP8 parameters are gathered in bf16 and cast after, so nothing
+// changes on the wire for mxfp8 (fp8_gather() returns 0 for it).
 // Note [expert parallelism]
 // Megatron-Core's MoE layout ("MoE parallel folding", Liu et al. 2025; megatron/core/
 // parallel_state.py): attention runs on TP × CP × DP × PP, the MoE layers on ETP × EP × EDP × PP
@@ -377,8 +384,11 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   const double shard = double(st.tp) * st.pp;
   r.dp_grad.kind = TrafficKind::dp_grad;
   r.zero_param_gather.kind = TrafficKind::zero_param_gather;
+  // Routed experts not apart are in the dense item: gathered in float8 with it when asked.
+  const double fp8_dense =
+      st.fp8_gather_share + (st.fp8_gather_experts && !experts_apart ? st.expert_share : 0.0);
   data_parallel(r.dp_grad, r.zero_param_gather, st.params * dense_share / shard,
-                st.fp8_gather_share / dense_share, k, st.tp,
+                fp8_dense / dense_share, k, st.tp,
                 experts_apart ? "N(1-e)/(tp*pp), e = routed experts' share" : "N/(tp*pp)");
   r.reduce_scatter_only_bytes = collective_bytes_per_rank(
       Collective::reduce_scatter, st.grad_bytes * st.params * dense_share / shard, k);
@@ -386,7 +396,8 @@ StepTraffic step_traffic(const StepTrafficSetup& st) {
   r.expert_param_gather.kind = TrafficKind::expert_param_gather;
   if (experts_apart)
     data_parallel(r.expert_grad, r.expert_param_gather,
-                  st.params * st.expert_share / (double(ex.etp) * st.pp * st.ep), 0.0, ex.edp,
+                  st.params * st.expert_share / (double(ex.etp) * st.pp * st.ep),
+                  st.fp8_gather_experts ? 1.0 : 0.0, ex.edp,
                   ex.stride(ExpertGroupKind::edp),
                   "N*e/(etp*pp*ep), over tp*cp*dp/(etp*ep) ranks");
   auto& g = r.dp_grad;
@@ -537,6 +548,14 @@ void require_float8_all_gather(Precision p) {
                        ")");
 }
 
+Fp8Gather fp8_gather(const ModelSpec& m, Precision p, int zero_stage, bool fsdp_float8_all_gather,
+                     bool fp8_param_gather) {
+  if (p != Precision::fp8) return {};
+  if (fp8_param_gather && zero_stage >= 1) return {float8_gather_share(m), m.is_moe()};
+  if (fsdp_float8_all_gather && zero_stage == 3) return {float8_gather_share(m), false};
+  return {};
+}
+
 double StepTraffic::total_bytes() const {
   return dp_total_bytes() + tp.bytes_per_rank + tp_regather.bytes_per_rank + pp.bytes_per_rank +
          cp.bytes_per_rank + ep.bytes_per_rank + expert_tp.bytes_per_rank;
@@ -554,10 +573,13 @@ std::string StepTraffic::convention() const {
   c += st.zero_stage == 0 ? std::string("all-reduce")
                           : "ZeRO-" + std::to_string(st.zero_stage) +
                                 " reduce-scatter grads + all-gather params" +
-                                (st.fp8_gather_share > 0
+                                (st.fp8_gather_experts
+                                     ? " (the linear weights, routed experts included, in "
+                                       "float8: Megatron-Core fp8 parameters)"
+                                 : st.fp8_gather_share > 0
                                      ? " (" + format_number(100 * st.fp8_gather_share) +
-                                           " % of them in float8: FSDP float8 all-gather, "
-                                           "torchao enable_fsdp_float8_all_gather)"
+                                           " % of them in float8: float8 all-gather of the "
+                                           "linear weights)"
                                      : std::string());
   c += " | TP t=" + std::to_string(st.tp) + (st.sequence_parallel ? " SP" : "") +
        ", recompute " + std::string(to_string(st.recompute)) + " | PP p=" +

@@ -29,6 +29,7 @@ void StateSetup::validate() const {
   if (!(gemm_weight_share >= 0 && gemm_weight_share <= 1))
     throw InvalidInput("gemm weight share = " + format_number(gemm_weight_share) +
                        ": must be in [0, 1]");
+  if (fp8_param_gather) require_fp8_param_gather(precision);
   if ((ep > 1 || expert_tp() != tp) && !(expert_share > 0 && expert_share < 1))
     throw InvalidInput("ep = " + std::to_string(ep) + ", etp = " + std::to_string(expert_tp()) +
                        ": needs a mixture-of-experts model (routed experts to shard)");
@@ -49,6 +50,24 @@ StateItems state_bytes_per_param(Precision p, Optimizer o, Fp8GemmLayouts layout
   return b;
 }
 
+// Note [fp8 parameters]
+// Megatron-Core's --fp8-param-gather (Megatron-Bridge MixedPrecisionConfig.fp8_param_gather, which
+// its bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed recipes set True and
+// bf16_with_nvfp4_mixed False: src/megatron/bridge/training/mixed_precision.py at c8101293) builds
+// the model under Transformer Engine's fp8_model_init: each TE linear's weight *is* its
+// low-precision tensor (Float8Tensor per-tensor, MXFP8Tensor with row- and column-wise data), so
+// no bf16 copy of a linear weight is held; norms, embeddings, the output layer and the router stay
+// bf16. The fp32 master weights, Adam moments and the bf16 gradient buffer are unchanged. Per
+// parameter: params 2 B × (1 − gemm_weight_share), the low-precision item as before. The
+// distributed optimizer then all-gathers the updated weights in their format (Note [fp8
+// all-gather] in comm.cpp): per-tensor fp8 gathers 1 B per linear weight element, routed experts
+// included (TE's grouped linears are built under the same fp8_model_init); MXFP8 gathers bf16
+// into the gradient buffer and casts after (reuse_grad_buf_for_mxfp8_param_ag, which Megatron-
+// Bridge requires with it: megatron/core/distributed/param_and_grad_buffer.py, "param buffer is
+// not mapped to model params for MXFP8 case ... cast from bf16 to MXFP8 during copy"), so its
+// bytes on the wire stay 2 B and the gather buffer is the gradient buffer, no new item.
+// Not modelled: Megatron-FSDP's keep_fp8_transpose_cache = False (Hopper per-tensor fp8 under
+// ZeRO-3 re-transposes instead of keeping the transpose; tally keeps it).
 ModelStateResult model_states(double n_params, const StateSetup& setup) {
   if (!(n_params > 0))
     throw InvalidInput("params = " + std::to_string(n_params) + ": must be positive");
@@ -71,7 +90,9 @@ ModelStateResult model_states(double n_params, const StateSetup& setup) {
   };
   r.local_params = dense + expert;
   r.updated_params = s >= 1 ? dense / k + expert / k_expert : dense + expert;
-  r.bytes.params = shard(r.per_param.params, s >= 3);
+  // Note [fp8 parameters]: the linear weights' 16-bit bytes are not held.
+  r.bytes.params = shard(r.per_param.params, s >= 3) *
+                   (setup.fp8_param_gather ? 1 - setup.gemm_weight_share : 1.0);
   r.bytes.grads = shard(r.per_param.grads, s >= 2);
   r.bytes.m = shard(r.per_param.m, s >= 1);
   r.bytes.v = shard(r.per_param.v, s >= 1);
@@ -108,6 +129,9 @@ std::string ModelStateResult::convention() const {
                                                 : "NVFP4 (e4m3 scale per 16)") +
          " copies of the linear weights, " + format_number(per_param.low_precision) +
          " B each: " + low_precision_copies_label(setup.precision, setup.compute_capability);
+  if (setup.fp8_param_gather)
+    c += " | fp8 parameters (Megatron-Core --fp8-param-gather): the linear weights held only as "
+         "these copies, no bf16 copy";
   if (setup.precision == Precision::fp8 && setup.scaled_gemms > 0)  // 0: not asked, not named
     c += " | delayed-scaling metadata: " + format_number(setup.scaled_gemms) +
          " GEMMs x 5 tensors x fp32 (amax history " + std::to_string(setup.amax_history) +

@@ -191,6 +191,7 @@ void PlanRequest::validate() const {
   require_int(max_route_nodes == 0 || model.is_moe(), "--max-route-nodes", max_route_nodes,
               model.name + " is not a mixture-of-experts model");
   if (fsdp_float8_all_gather) require_float8_all_gather(precision);
+  if (fp8_param_gather) require_fp8_param_gather(precision);
 }
 
 std::string plan_convention(const PlanRequest& r) {
@@ -232,6 +233,11 @@ std::string plan_convention(const PlanRequest& r) {
          (r.fsdp_float8_all_gather
               ? ", ZeRO-3 gathers the linear weights in float8 (torchao "
                 "enable_fsdp_float8_all_gather)"
+              : "") +
+         (r.fp8_param_gather
+              ? std::string(", fp8 parameters (Megatron-Core --fp8-param-gather): no bf16 linear "
+                            "weights") +
+                    (r.precision == Precision::fp8 ? ", ZeRO gathers them in float8" : "")
               : "") +
          (r.tp_overlap ? ", TP overlapped with GEMMs" : "") +
          (r.model.is_moe() ? (r.ep_overlap ? ", EP all-to-all overlapped"

@@ -127,7 +127,6 @@ struct Prepared {
   double param_bytes = 0, act_bytes = 0;
   double expert_share = 0;     // routed experts' share of N (what EP shards)
   double gemm_weight_share = 1;  // linear weights' share of N (low-precision copies)
-  double fp8_gather_share = 0;   // of N, gathered in float8 by ZeRO-3 (Note [fp8 all-gather])
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
@@ -211,7 +210,6 @@ Prepared prepare(const PlanRequest& r) {
   p.act_bytes = dtype_bytes(r.precision);
   p.expert_share = routed_expert_share(r.model);
   p.gemm_weight_share = gemm_weight_share(r.model);
-  if (r.fsdp_float8_all_gather) p.fp8_gather_share = float8_gather_share(r.model);
   const double G = double(r.gpus);
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
                        Recompute::save_matmuls, Recompute::op_sac}) {
@@ -325,7 +323,8 @@ ModelStateResult states_of(const Prepared& P, const Layout& L) {
                                  .tp = L.tp, .etp = L.etp, .expert_share = P.expert_share,
                                  .gemm_weight_share = P.gemm_weight_share,
                                  .scaled_gemms = gemms, .amax_history = r.amax_history,
-                                 .compute_capability = r.cluster.gpu.compute_capability});
+                                 .compute_capability = r.cluster.gpu.compute_capability,
+                                 .fp8_param_gather = r.fp8_param_gather});
 }
 
 void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
@@ -414,9 +413,11 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
     return L.layers_on_stage(model_layers, s);
   };
   const int busiest = busiest_stage_layers(L, model_layers);
+  const Fp8Gather fp8 =
+      fp8_gather(r.model, r.precision, L.zero, r.fsdp_float8_all_gather, r.fp8_param_gather);
   const auto traffic = step_traffic(StepTrafficSetup{
-      .params = P.n_state, .param_bytes = P.param_bytes,
-      .fp8_gather_share = L.zero == 3 ? P.fp8_gather_share : 0.0, .grad_bytes = P.param_bytes,
+      .params = P.n_state, .param_bytes = P.param_bytes, .fp8_gather_share = fp8.share,
+      .fp8_gather_experts = fp8.experts, .grad_bytes = P.param_bytes,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
       .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .interleave = L.interleave, .zero_stage = L.zero,

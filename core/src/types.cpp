@@ -294,4 +294,11 @@ std::string format_bytes(double bytes, SizeUnit u, int decimals) {
   return buf;
 }
 
+void require_fp8_param_gather(Precision p) {
+  if (p != Precision::fp8 && p != Precision::mxfp8)
+    throw InvalidInput("--fp8-param-gather: --precision " + std::string(to_string(p)) +
+                       " has no fp8 parameters (fp8 and mxfp8 only; Megatron-Bridge's nvfp4 "
+                       "recipe keeps bf16 weights)");
+}
+
 }  // namespace tally

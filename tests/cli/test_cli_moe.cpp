@@ -215,4 +215,40 @@ TEST(Cli, FsdpGathersFloat8) {
   }
 }
 
+// Note [fp8 parameters] on the command line: `memory --fp8-param-gather` drops the bf16 copy of
+// the linear weights. Llama 3 70B by hand (config.json: h 8192, kv 1024, f 28672, 80 layers): per
+// layer q and o 8192², k and v 8192·1024, gate, up, down 8192·28672 = 855,638,016 linear weights,
+// 68,451,041,280 in all; on one of 4 stages 2 B × 68,451,041,280 / 4 = 34.2255 GB fewer params;
+// grads, moments and the MXFP8 copies unchanged. nvfp4 (bf16 weights in Megatron-Bridge's recipe)
+// and bf16 refuse it naming the flag; plan and comm carry it in --json.
+TEST(Cli, Fp8ParametersDropTheBf16LinearWeights) {
+  const std::string mem =
+      "memory --model llama-3-70b --pp 4 --dp 16 --zero 1 --precision mxfp8 --json";
+  const auto plain = json_of(tally(mem));
+  const auto fp8 = json_of(tally(mem + " --fp8-param-gather"));
+  const double L = 80 * (2 * 8192.0 * 8192 + 2 * 8192.0 * 1024 + 3 * 8192.0 * 28672);
+  EXPECT_DOUBLE_EQ(L, 68451041280.0);
+  EXPECT_NEAR(plain["items_gb"]["params"].get<double>() - fp8["items_gb"]["params"].get<double>(),
+              2 * L / 4 / 1e9, 1e-6);
+  for (const char* item : {"grads", "m", "v", "master"})
+    EXPECT_DOUBLE_EQ(plain["items_gb"][item].get<double>(), fp8["items_gb"][item].get<double>())
+        << item;
+  EXPECT_TRUE(fp8["fp8_param_gather"].get<bool>());
+  EXPECT_NE(fp8["convention"].get<std::string>().find("--fp8-param-gather"), std::string::npos);
+  const auto plan = json_of(tally("plan --model llama-3-8b --gpu b200 --gpus 8 --global-batch 64 "
+                                  "--seq 8192 --precision fp8 --fp8-param-gather --json"));
+  EXPECT_TRUE(plan["request"]["fp8_param_gather"].get<bool>());
+  const auto comm = json_of(tally("comm --model llama-3-8b --dp 8 --zero 1 --precision fp8 "
+                                  "--fp8-param-gather --json"));
+  EXPECT_TRUE(comm["fp8_param_gather"].get<bool>());
+  EXPECT_GT(comm["fp8_gather_share"].get<double>(), 0.8);
+  for (const char* bad : {"memory --model llama-3-70b --precision nvfp4 --fp8-param-gather",
+                          "plan --model llama-3-8b --gpu b200 --precision bf16 --fp8-param-gather",
+                          "comm --model llama-3-8b --dp 8 --zero 1 --fp8-param-gather"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_NE(r.err.find("--fp8-param-gather"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 }  // namespace

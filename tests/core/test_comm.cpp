@@ -675,13 +675,58 @@ TEST(StepTraffic, Float8AllGatherHalvesTheLinearWeightsOnly) {
   EXPECT_NEAR(moe_fp8.zero_param_gather.bytes_per_call, 0.7e9 * 7 / 8, 1e-3);
   EXPECT_DOUBLE_EQ(moe_fp8.expert_param_gather.bytes_per_call,
                    moe_bf16.expert_param_gather.bytes_per_call);
-  // Only FSDP gathers this way, never more than the non-expert weights, only for fp8.
+  // Never more than the non-expert weights, only where parameters are gathered (ZeRO >= 1), only
+  // for fp8; torchao's switch only at ZeRO-3 (fp8_gather).
   moe.fp8_gather_share = 0.6;
   EXPECT_THROW(step_traffic(moe), InvalidInput);
-  st.zero_stage = 2;
+  st.zero_stage = 0;
   EXPECT_THROW(step_traffic(st), InvalidInput);
   EXPECT_THROW(require_float8_all_gather(Precision::mxfp8), InvalidInput);
   EXPECT_NO_THROW(require_float8_all_gather(Precision::fp8));
+  const ModelSpec llama = *model_preset("llama-3-8b");
+  for (int zero : {0, 1, 2})
+    EXPECT_EQ(fp8_gather(llama, Precision::fp8, zero, /*fsdp_float8_all_gather=*/true, false).share,
+              0.0) << zero;
+  EXPECT_NEAR(fp8_gather(llama, Precision::fp8, 3, true, false).share, L / N, 1e-15);
+}
+
+// Note [fp8 parameters]: Megatron-Core's --fp8-param-gather all-gathers the per-tensor fp8
+// weights, 1 B per linear weight element, routed experts included, at ZeRO-1 (the distributed
+// optimizer's gather after the step) as at ZeRO-3; MXFP8's gather stays bf16. By hand, N 1e9 with
+// routed experts e = 0.5 and dense linear weights f = 0.3 of N, 8 ranks, one micro-batch:
+//   experts not apart (EP 1): one gather of S = 2·0.2e9 + 1·(0.3e9 + 0.5e9) = 1.2e9 B, S·7/8 sent;
+//   EP 2 (experts apart, expert DP 4): dense S = 2·0.2e9 + 1·0.3e9 = 0.7e9, S·7/8; experts
+//   S = 1·0.5e9/2 = 0.25e9 over 4 ranks, S·3/4 — bf16 would send 0.5e9·3/4.
+TEST(StepTraffic, MegatronFp8ParametersGatherEveryLinearWeightInFloat8) {
+  StepTrafficSetup st{.params = 1e9, .param_bytes = 2, .fp8_gather_share = 0.3,
+                      .fp8_gather_experts = true, .grad_bytes = 2, .hidden = 4096, .layers = 1,
+                      .seq_len = 4096, .dp = 8, .zero_stage = 1, .expert_share = 0.5,
+                      .moe_layers = 1};
+  const auto one = step_traffic(st);
+  EXPECT_NEAR(one.zero_param_gather.bytes_per_call, 1.2e9 * 7 / 8, 1e-3);
+  EXPECT_EQ(one.zero_param_gather.calls, 1);
+  EXPECT_DOUBLE_EQ(one.dp_grad.bytes_per_call, 2e9 * 7 / 8);  // gradients stay bf16
+  EXPECT_NE(one.convention().find("routed experts included"), std::string::npos);
+  st.ep = 2;
+  const auto apart = step_traffic(st);
+  EXPECT_NEAR(apart.zero_param_gather.bytes_per_call, 0.7e9 * 7 / 8, 1e-3);
+  EXPECT_NEAR(apart.expert_param_gather.bytes_per_call, 0.25e9 * 3 / 4, 1e-3);
+  st.fp8_gather_experts = false;
+  EXPECT_NEAR(step_traffic(st).expert_param_gather.bytes_per_call, 0.5e9 * 3 / 4, 1e-3);
+  // The switch: per-tensor fp8 at ZeRO >= 1 gathers the linear weights and the experts; MXFP8
+  // and ZeRO-0 gather nothing in float8.
+  const ModelSpec mixtral = *model_preset("mixtral-8x7b");
+  const Fp8Gather g = fp8_gather(mixtral, Precision::fp8, 1, false, true);
+  EXPECT_DOUBLE_EQ(g.share, float8_gather_share(mixtral));
+  EXPECT_TRUE(g.experts);
+  for (const auto& [p, zero] : {std::pair{Precision::mxfp8, 1}, std::pair{Precision::fp8, 0}}) {
+    const Fp8Gather none = fp8_gather(mixtral, p, zero, false, true);
+    EXPECT_EQ(none.share, 0.0);
+    EXPECT_FALSE(none.experts);
+  }
+  EXPECT_THROW(require_fp8_param_gather(Precision::nvfp4), InvalidInput);
+  EXPECT_THROW(require_fp8_param_gather(Precision::bf16), InvalidInput);
+  EXPECT_NO_THROW(require_fp8_param_gather(Precision::mxfp8));
 }
 
 }  // namespace

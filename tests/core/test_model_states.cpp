@@ -118,6 +118,35 @@ TEST(ModelStates, StageThreeIsSixteenNOverK) {
                      16.0 * 7e9 / k);
 }
 
+// Note [fp8 parameters]: Megatron-Core's fp8 parameters hold no bf16 copy of the linear weights.
+// By hand, N 1e9 of which 0.9e9 linear weights, ZeRO-1 over 8: params 2 B × 0.1e9 = 0.2e9 (the
+// norms and embeddings); grads 2e9; master, m, v 4e9/8 each; the copies 2.0625 × 0.9e9 (MXFP8) or
+// 2 × 0.9e9 (per-tensor fp8 on Hopper, weight and transpose) — 1.5e9 + 0.2e9 + 2e9 + copies in
+// all, 1.8e9 B less than without. ZeRO-3 shards the remaining params with the rest.
+TEST(ModelStates, Fp8ParametersHoldNoBf16CopyOfTheLinearWeights) {
+  StateSetup s{.precision = Precision::mxfp8, .optimizer = Optimizer::adam, .zero_stage = 1,
+               .shard_degree = 8, .gemm_weight_share = 0.9, .fp8_param_gather = true};
+  const auto mx = model_states(1e9, s);
+  EXPECT_NEAR(mx.bytes.params, 0.2e9, 1e-3);
+  EXPECT_DOUBLE_EQ(mx.bytes.grads, 2e9);
+  EXPECT_DOUBLE_EQ(mx.bytes.master, 0.5e9);
+  EXPECT_NEAR(mx.bytes.low_precision, 2.0625 * 0.9e9, 1e-3);
+  EXPECT_NEAR(mx.bytes.total(), 1.5e9 + 0.2e9 + 2e9 + 2.0625 * 0.9e9, 1e-3);
+  s.fp8_param_gather = false;
+  EXPECT_NEAR(model_states(1e9, s).bytes.total() - mx.bytes.total(), 1.8e9, 1e-3);
+  s = {.precision = Precision::fp8, .optimizer = Optimizer::adam, .zero_stage = 3,
+       .shard_degree = 8, .gemm_weight_share = 0.9, .compute_capability = 90,
+       .fp8_param_gather = true};
+  const auto fp8 = model_states(1e9, s);
+  EXPECT_NEAR(fp8.bytes.params, 0.2e9 / 8, 1e-3);
+  EXPECT_NEAR(fp8.bytes.low_precision, 2 * 0.9e9 / 8, 1e-3);
+  EXPECT_NE(fp8.convention().find("--fp8-param-gather"), std::string::npos) << fp8.convention();
+  for (Precision p : {Precision::bf16, Precision::nvfp4, Precision::fp32}) {
+    s.precision = p;
+    EXPECT_THROW(model_states(1e9, s), InvalidInput) << to_string(p);
+  }
+}
+
 TEST(ModelStates, RejectsBadInput) {
   EXPECT_THROW(run(0, Precision::bf16, Optimizer::adam), InvalidInput);
   EXPECT_THROW(run(-1, Precision::bf16, Optimizer::adam), InvalidInput);

@@ -120,7 +120,9 @@ inline std::vector<int> bridge_stage_layers(const nlohmann::json& run, std::int6
 // them (overlap_grad_reduce and overlap_param_gather True: tally's defaults; TP comm overlap where
 // tp_comm_overlap is set and TP > 1; the MoE all-to-all overlap where moe_a2a_overlap is set);
 // TE's fused kernels and fused cross-entropy; dropless balanced routing (capacity factor 1, the
-// page's footnote); fp8 current scaling keeps no amax history (memory only).
+// page's footnote); fp8 current scaling keeps no amax history (memory only); fp8 parameters
+// (Note [fp8 parameters]) where the recipe's precision config sets fp8_param_gather — fp8_cs and
+// fp8_mx, not nvfp4 (src/megatron/bridge/training/mixed_precision.py at the same commit).
 inline PlanRequest bridge_request(const nlohmann::json& run) {
   const auto& rc = run["recipe"];
   const Precision p = bridge_precision(run["precision"]);
@@ -131,6 +133,8 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
                      .tp_overlap = rc.value("tp_comm_overlap", false) && run["tp"].get<int>() > 1,
                      .ep_overlap = rc.value("moe_a2a_overlap", false),
                      .amax_history = p == Precision::fp8 ? 1 : kTeAmaxHistory,
+                     .fp8_param_gather = rc["precision_recipe"] == "fp8_cs" ||
+                                         rc["precision_recipe"] == "fp8_mx",
                      .eager_loss = false, .kernels = Kernels::fused};
 }
 

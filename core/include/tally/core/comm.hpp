@@ -25,6 +25,8 @@
 
 namespace tally {
 
+struct ModelSpec;
+
 // PyTorch DistributedDataParallel's gradient buckets (torch.nn.parallel.DistributedDataParallel,
 // bucket_cap_mb = 25, meaning 25 MiB: bucket_cap_mb * 1024 * 1024; the first bucket is
 // dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB). The planner's buffer allowance and the engine's DDP
@@ -85,8 +87,11 @@ struct StepTrafficSetup {
   // f: the share of N that ZeRO-3 all-gathers in float8, 1 B per element instead of param_bytes
   // (Note [fp8 all-gather] in comm.cpp: torchao's enable_fsdp_float8_all_gather, its Float8Linear
   // weights — the transformer layers' linears but the routed experts); 0 = none (torchao's and
-  // torchtitan's default). Needs zero_stage 3; f <= 1 − expert_share.
+  // torchtitan's default). Needs zero_stage >= 1; f <= 1 − expert_share.
   double fp8_gather_share = 0;
+  // The routed experts' weights are gathered in float8 too (Megatron-Core --fp8-param-gather with
+  // per-tensor fp8: Note [fp8 parameters] in model_states.cpp); needs fp8_gather_share's zero.
+  bool fp8_gather_experts = false;
   double grad_bytes = 2;              // bytes per gradient element
   double act_bytes = 2;               // bytes per activation element
   std::int64_t hidden = 0;            // h
@@ -189,6 +194,18 @@ StepTraffic step_traffic(const StepTrafficSetup& setup);
 // The FSDP float8 all-gather is torchao's tensorwise fp8 recipe's (Note [fp8 all-gather]): throws
 // InvalidInput naming --fsdp-float8-all-gather unless p is fp8.
 void require_float8_all_gather(Precision p);
+
+// The share of N the ZeRO parameter all-gather moves in float8 for a precision and the two
+// switches (Note [fp8 all-gather]): torchao's FSDP float8 all-gather (ZeRO-3 only) gathers
+// float8_gather_share(model); Megatron-Core's fp8 parameters (ZeRO >= 1) the same, plus the routed
+// experts (StepTrafficSetup::fp8_gather_experts) — per-tensor fp8 only: MXFP8 parameters are
+// gathered in bf16. 0 for ZeRO-0 or neither switch.
+struct Fp8Gather {
+  double share = 0;
+  bool experts = false;
+};
+Fp8Gather fp8_gather(const ModelSpec& m, Precision p, int zero_stage, bool fsdp_float8_all_gather,
+                     bool fp8_param_gather);
 
 // α–β time of one ledger item on a link: calls·steps·α + bytes_per_rank/β.
 double traffic_seconds(const TrafficItem& item, const LinkSpec& link);

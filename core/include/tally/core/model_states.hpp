@@ -14,7 +14,9 @@
 //   `low_precision` item, on gemm_weight_share of the parameters; sharded with the parameters
 //   under ZeRO-3); fp8's
 //   delayed scaling also keeps per GEMM 5 fp32 amax histories and scales (`scaling_metadata`,
-//   delayed_scaling_bytes_per_gemm × the GPU's GEMMs; module buffers, never sharded).
+//   delayed_scaling_bytes_per_gemm × the GPU's GEMMs; module buffers, never sharded). With fp8
+//   parameters (Note [fp8 parameters] in model_states.cpp) the linear weights have no 16-bit copy:
+//   params = 2 B × (1 − gemm_weight_share).
 // ZeRO over k ranks (ZeRO §5): stage 1 shards m, v, master; stage 2 also grads; stage 3 also params.
 // Expert parallelism over ep ranks with expert TP e_t (Note [expert parallelism],
 // core/src/comm.cpp; Note [expert rank groups], parallel_groups.hpp; Megatron-Core): the routed
@@ -51,6 +53,10 @@ struct StateSetup {
   // The GPU's compute capability (GpuSpec::compute_capability): whether per-tensor fp8 keeps the
   // weight's transpose (Note [fp8 operand layouts]); 0 = no GPU given: kept, as on Hopper.
   int compute_capability = 0;
+  // fp8 parameters (Note [fp8 parameters] in model_states.cpp: Megatron-Core --fp8-param-gather,
+  // Transformer Engine's fp8_model_init): the linear weights live only as their low-precision
+  // copies, so the params item keeps just the other parameters' 16-bit bytes. fp8 and mxfp8 only.
+  bool fp8_param_gather = false;
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // k·t/(e_t·ep): the ranks over which ZeRO shards the routed experts.
   int expert_shard_degree() const { return shard_degree * tp / (expert_tp() * ep); }

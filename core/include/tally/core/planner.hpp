@@ -119,6 +119,11 @@ struct PlanRequest {
   // precompute_float8_dynamic_scale_for_fsdp); --precision fp8 only. Off, as torchao's and
   // torchtitan's default; torchtitan's published Float8 runs turn it on.
   bool fsdp_float8_all_gather = false;
+  // Megatron-Core's fp8 parameters (--fp8-param-gather; Note [fp8 parameters] in
+  // model_states.cpp): no bf16 copy of the linear weights; per-tensor fp8's ZeRO >= 1 parameter
+  // all-gather moves float8 (routed experts included), MXFP8's bf16. fp8 and mxfp8 only. Off by
+  // default, as in Megatron-Core; Megatron-Bridge's fp8_cs and mxfp8 recipes turn it on.
+  bool fp8_param_gather = false;
   // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
   // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
   bool eager_loss = false;

@@ -157,6 +157,9 @@ double low_precision_copy_bytes(Precision p, Fp8GemmLayouts l);
 // The copies named for a convention label, e.g. "the weight and its transpose (TN-only fp8
 // GEMMs, compute capability 9.0)"; empty for fp32/bf16/fp16.
 std::string low_precision_copies_label(Precision p, int compute_capability);
+// Megatron-Core's fp8 parameters exist for fp8 and mxfp8 (Note [fp8 parameters] in
+// model_states.cpp): throws InvalidInput naming --fp8-param-gather otherwise.
+void require_fp8_param_gather(Precision p);
 // Bytes per element of a low-precision linear's input saved for its weight gradient (Note [low
 // precision]): one copy, quantized_element_bytes — 1, 1 + 1/32, 0.5 + 1/16 for fp8, mxfp8, nvfp4;
 // 0 for fp32/bf16/fp16.
