@@ -263,7 +263,10 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   const i64 rows = moe ? expert_capacity(expert_tokens * s.ep, m.experts_per_token, m.experts,
                                          s.capacity_factor)
                        : d.T;
-  if (moe) gemm("router", "router.dgrad", "router.wgrad", d.T, m.experts, d.h);
+  // The router scores the MoE layer's input as the rank holds it: the sequence shard T/t under
+  // SP (Megatron-Core's TopKRouter on the [s/t, b, h] hidden states), all T tokens otherwise.
+  if (moe)
+    gemm("router", "router.dgrad", "router.wgrad", i64(std::llround(d.Tn)), m.experts, d.h);
   // The token dispatcher's kernels around the all-to-alls (Note [MoE token dispatcher]).
   for (const detail::DispatchKernel& k : detail::moe_dispatch_kernels(m, s)) {
     if (with_backward && !k.backward.empty())

@@ -97,6 +97,25 @@ TEST(OperatorsMoeDispatch, SequenceShardAndExpertTpGather) {
 //   moe-sort-chunks  2·12288·4096·2 = 201,326,592 + probs 2·12288·2 = 49,152: 201,375,744
 //   moe-permute      (4096 + 12288)·4096·2 = 134,217,728 + 4096·7·4 = 114,688 + 2·12288·2 =
 //                    49,152: 134,381,568
+// The router GEMM scores the tokens the rank holds: with SP over t = 2 a sequence of 4096 is 2048
+// rows of h = 4096 against E = 8 experts — 2·2048·8·4096 = 134,217,728 FLOPs forward, half the
+// 4096 rows without SP, where every TP rank scores the whole sequence.
+TEST(OperatorsMoeDispatch, RouterScoresTheRanksSequenceShard) {
+  const ModelSpec m = *model_preset("mixtral-8x7b");
+  auto router = [&](bool sp) {
+    for (const Op& op : layer_ops(m, OperatorSetup{.seq = 4096, .tp = 2, .sequence_parallel = sp}))
+      if (op.name == "router") return op;
+    ADD_FAILURE() << "no router op";
+    return Op{};
+  };
+  const Op sharded = router(true), whole = router(false);
+  EXPECT_EQ(sharded.m, 2048);
+  EXPECT_EQ(sharded.n, 8);
+  EXPECT_EQ(sharded.k, 4096);
+  EXPECT_DOUBLE_EQ(sharded.flops, 134217728.0);
+  EXPECT_EQ(whole.m, 4096);
+}
+
 TEST(OperatorsMoeDispatch, DropAndPadSortsByCopy) {
   const ModelSpec m = *model_preset("mixtral-8x7b");
   const auto b = dispatcher_bytes(

@@ -22,7 +22,7 @@
 //   dropout+residual    memory   read 2, write 1 of T_n·h (+ 1-byte mask with dropout), twice
 //   MLP (GeLU)          GEMM     T × f/t, k = h;  gelu memory read + write T·f/t;  GEMM T × h, k = f/t
 //   MLP (SwiGLU)        GEMM     T × 2f/t, k = h; swiglu memory read 2 + write 1 of T·f/t; down GEMM
-//   MoE                 router GEMM T × E, k = h; each of the E/ep local experts' MLP, f/e_t wide,
+//   MoE                 router GEMM T_r × E, k = h (T_r = T/t under SP: the rank's shard); each of the E/ep local experts' MLP, f/e_t wide,
 //                       on c_f·g·T_r·E_act·ep/E tokens (batched, a grouped GEMM; T_r = T/t with
 //                       SP, g = e_t gathered ranks: Note [expert tensor parallelism],
 //                       parallel_groups.hpp — g·T_r = T when e_t = t);
