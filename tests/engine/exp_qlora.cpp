@@ -25,7 +25,9 @@
 namespace tally::engine {
 namespace {
 
+using test::batch;
 using test::expect_every_check_ok;
+using test::loss_of;
 
 // h 64, L 2, a 4, V 256, positions 128.
 GptConfig tiny() { return {.hidden = 64, .layers = 2, .heads = 4, .vocab = 256, .seq = 128}; }
@@ -37,17 +39,6 @@ LoraSetup setup(FineTune method, double dropout = 0.05) {
 Gpt source(std::uint64_t seed = 0) {
   torch::manual_seed(seed);
   return Gpt(tiny());
-}
-
-std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t B, std::int64_t T) {
-  torch::manual_seed(99);
-  const auto seq = torch::randint(256, {B, T + 1}, torch::kLong);
-  return {seq.narrow(1, 0, T).contiguous(), seq.narrow(1, 1, T).contiguous()};
-}
-
-double loss_of(const LoraModel& m, const std::pair<torch::Tensor, torch::Tensor>& b) {
-  torch::NoGradGuard no_grad;
-  return m.forward(b.first, b.second, false).item<double>();
 }
 
 // ---- the model ----------------------------------------------------------------------------------

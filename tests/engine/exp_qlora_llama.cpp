@@ -28,7 +28,9 @@
 namespace tally::engine {
 namespace {
 
+using test::batch;
 using test::expect_every_check_ok;
+using test::loss_of;
 
 // h 64, L 2, a 4, a_kv 2 (GQA), f 256, V 256: d = 16.
 LlamaConfig tiny(std::int64_t kv_heads = 2) {
@@ -49,17 +51,6 @@ LoraSetup all_targets(FineTune method, Precision compute = Precision::fp32) {
   s.targets = {LoraTarget::q,  LoraTarget::k, LoraTarget::v,   LoraTarget::o,
                LoraTarget::gate, LoraTarget::up, LoraTarget::down};
   return s;
-}
-
-std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t B, std::int64_t T) {
-  torch::manual_seed(99);
-  const auto seq = torch::randint(256, {B, T + 1}, torch::kLong);
-  return {seq.narrow(1, 0, T).contiguous(), seq.narrow(1, 1, T).contiguous()};
-}
-
-double loss_of(const LoraModel& m, const std::pair<torch::Tensor, torch::Tensor>& b) {
-  torch::NoGradGuard no_grad;
-  return m.forward(b.first, b.second, false).item<double>();
 }
 
 // ---- the layout ---------------------------------------------------------------------------------
