@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer harnesses of tests/fuzz (one per io reader) for SECONDS each, one after the
-# other, under ASan + UBSan. Builds them first in build-asan/ with clang (-DTALLY_FUZZ=ON).
+# Runs the libFuzzer harnesses of tests/fuzz (one per io reader) for SECONDS each, FUZZ_PARALLEL
+# (default: nproc) at a time, under ASan + UBSan. Builds them first in build-asan/ with clang (-DTALLY_FUZZ=ON).
 #
 #   scripts/fuzz.sh                    20 s per reader: the smoke run scripts/test.sh does in CI
 #   scripts/fuzz.sh 600                10 minutes per reader
@@ -17,7 +17,8 @@
 #   cp build-asan/fuzz-findings/<reader>/crash-<sha1> tests/fuzz/regressions/<reader>/<what-it-is>
 # ctest then replays it (fuzz_replay_<reader>) in every build.
 #
-# Environment: BUILD_DIR (build-asan), FUZZ_CXX (clang++-14), JOBS (ninja jobs, nproc), FUZZ_ARGS
+# Environment: BUILD_DIR (build-asan), FUZZ_CXX (clang++-14), JOBS (ninja jobs, nproc), FUZZ_PARALLEL
+# (readers fuzzed at once, nproc), FUZZ_ARGS
 # (extra libFuzzer flags: "-fork=2" runs two processes at once, "-seed=1" fixes the random seed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,11 +49,10 @@ trap 'rm -rf "$scratch"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-failed=()
-for r in "${READERS[@]}"; do
-  corpus="$BUILD_DIR/fuzz-corpus/$r"
-  findings="$BUILD_DIR/fuzz-findings/$r"
-  log="$BUILD_DIR/fuzz-$r.log"
+# One reader's run; its one-line result goes to $BUILD_DIR/fuzz-<reader>.result.
+fuzz_one() {
+  local r=$1 corpus="$BUILD_DIR/fuzz-corpus/$1" findings="$BUILD_DIR/fuzz-findings/$1"
+  local log="$BUILD_DIR/fuzz-$1.log" result="$BUILD_DIR/fuzz-$1.result" runs cov
   mkdir -p "$corpus" "$findings"
   # -timeout: one input may take at most 30 s (a valid one takes milliseconds, even on a loaded CI
   # machine). -malloc_limit_mb: one allocation of 1 GiB or more is a finding, as in the replay tests
@@ -66,10 +66,35 @@ for r in "${READERS[@]}"; do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     [ -n "$runs" ] || runs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')  # -fork=N
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
-    echo "fuzz $r: ${SECONDS_EACH} s, ${runs:-?} inputs, ${cov:-cov: ?}, no finding"
+    echo "fuzz $r: ${SECONDS_EACH} s, ${runs:-?} inputs, ${cov:-cov: ?}, no finding" >"$result"
   else
-    echo "fuzz $r: FINDING (log: $log); its end:"
-    tail -n 40 "$log" | sed 's/^/  /'
+    echo "FINDING" >"$result"
+  fi
+}
+
+# FUZZ_PARALLEL readers at a time (default: one per core; each harness is one process, so on CI's
+# two cores the five 20-s runs take 60 s, not 100, and each reader still gets its SECONDS).
+parallel=${FUZZ_PARALLEL:-$(nproc)}
+running=0
+for r in "${READERS[@]}"; do
+  rm -f "$BUILD_DIR/fuzz-$r.result"
+  fuzz_one "$r" &
+  running=$((running + 1))
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+
+failed=()
+for r in "${READERS[@]}"; do
+  result="$BUILD_DIR/fuzz-$r.result"
+  if [ -f "$result" ] && [ "$(cat "$result")" != FINDING ]; then
+    cat "$result"
+  else
+    echo "fuzz $r: FINDING (log: $BUILD_DIR/fuzz-$r.log); its end:"
+    tail -n 40 "$BUILD_DIR/fuzz-$r.log" | sed 's/^/  /'
     failed+=("$r")
   fi
 done
