@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer harnesses of tests/fuzz (one per io reader) for SECONDS each, FUZZ_PARALLEL
-# (default: nproc) at a time, under ASan + UBSan. Builds them first in build-asan/ with clang (-DTALLY_FUZZ=ON).
+# (default: nproc) at a time, under ASan + UBSan. Builds them first in build-asan/ with clang
+# (-DTALLY_FUZZ=ON).
 #
 #   scripts/fuzz.sh                    20 s per reader: the smoke run scripts/test.sh does in CI
 #   scripts/fuzz.sh 600                10 minutes per reader
