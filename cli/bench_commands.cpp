@@ -34,7 +34,7 @@
 #include "tally/io/calibration.hpp"
 #include "tally/io/files.hpp"
 
-namespace tally::cli {
+namespace tally::cli::bench_commands {
 
 namespace {
 
@@ -537,4 +537,4 @@ const RegisterCommand kRegisterBench{register_bench};
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::bench_commands

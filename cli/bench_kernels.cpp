@@ -19,7 +19,7 @@
 #include "tally/io/calibration.hpp"
 #include "tally/io/files.hpp"
 
-namespace tally::cli {
+namespace tally::cli::bench_kernels {
 
 namespace {
 
@@ -241,4 +241,4 @@ const RegisterCommand kRegisterKernelBenches{register_kernel_benches};
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::bench_kernels

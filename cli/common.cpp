@@ -415,6 +415,8 @@ nlohmann::json unless_no_failures(const ReliabilityReport& r, double v) {
 
 std::string sig_str(double v, int digits) { return fmt::format("{:.{}g}", v, digits); }
 
+std::string pct_str(double fraction) { return fmt::format("{:.1f} %", 100 * fraction); }
+
 std::string size_str(double bytes, SizeUnit u, int decimals) {
   return format_bytes(bytes, u, decimals);
 }

@@ -1,7 +1,8 @@
-// The end of a checked `tally run <experiment>` (run_tp, run_cp, run_moe): rank 0 prints its report — one
-// JSON line (which `tally launch` prefixes with "[rank 0] ") or the text — and then every rank
-// fails on its first failed check: exit 1 with one line naming the experiment, the rank, the
-// check, both values and the tolerance. Check is any {what, measured, predicted, tolerance, ok}.
+// The end of a checked `tally run <experiment>` (run_tp, run_cp, run_moe, …): rank 0 prints its
+// report — one JSON line (which `tally launch` prefixes with "[rank 0] ") or the text — and then
+// every rank fails on its first failed check: exit 1 with one line naming the experiment, the
+// rank, the check, both values and the tolerance. Check is any {what, measured, predicted,
+// tolerance, ok}.
 #pragma once
 
 #include <fmt/core.h>
@@ -15,6 +16,16 @@
 #include <vector>
 
 namespace tally::cli {
+
+// measured / predicted; 0 where there is no prediction (predicted <= 0).
+inline double ratio(double measured, double predicted) {
+  return predicted > 0 ? measured / predicted : 0;
+}
+
+// {"measured", "predicted", "ratio"}: one measured quantity beside its prediction in a report.
+inline nlohmann::json measured_json(double measured, double predicted) {
+  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
+}
 
 // The checks' summary in the report's JSON: "checks" (how many), "failed_checks" (their names), "ok".
 template <class Check>

@@ -28,6 +28,8 @@ inline constexpr const char* kNoFailuresExpected =
 bool no_failures_expected(const ReliabilityReport& r);
 // v to `digits` significant digits, as printf's %g: 1.23, 0.00123, 1.23e+06.
 std::string sig_str(double v, int digits = 3);
+// A fraction as a percentage with one decimal: 0.1234 -> "12.3 %".
+std::string pct_str(double fraction);
 // "12.34 GB" in the chosen unit.
 std::string size_str(double bytes, SizeUnit u, int decimals = 2);
 double in_gb(double bytes);  // JSON fields named *_gb are always decimal GB (1e9 B)

@@ -24,8 +24,6 @@ struct Units {
   std::string name() const { return std::string(to_string(u)); }
 };
 
-std::string pct(double f) { return fmt::format("{:.1f} %", 100 * f); }
-
 // The memory items of one layout, per GPU (Note [does it fit]), in the ledger's order.
 struct MemoryItem {
   const char* name;
@@ -129,9 +127,10 @@ std::string time_section(const PlanResult& r) {
   const bool moe = r.request.model.is_moe();
   std::vector<std::vector<std::string>> rows;
   for (const auto& it : time_items(b, moe))
-    rows.push_back({it.name, number(it.bytes), pct(it.bytes / b.step_s)});
+    rows.push_back({it.name, number(it.bytes), pct_str(it.bytes / b.step_s)});
   rows.push_back({"step time", number(b.step_s), "100.0 %"});
-  rows.push_back({"of compute: optimizer step", number(b.optimizer_s), pct(b.optimizer_s / b.step_s)});
+  rows.push_back(
+      {"of compute: optimizer step", number(b.optimizer_s), pct_str(b.optimizer_s / b.step_s)});
   return "<h2>Step time</h2>\n" +
          time_chart("Step time: where the seconds go", r.convention, plan_rows(r), moe) +
          html::table("Step time of the chosen plan (s; the parts on the critical path)",
@@ -328,7 +327,7 @@ html::Page plan_page(const PlanResult& r, const std::vector<Reason>& reasons,
       "Summary of the chosen plan", {"figure", "value"},
       {{"step time (s)", number(b.step_s)},
        {"tokens/s", number(b.tokens_per_s)},
-       {"MFU", pct(b.mfu)},
+       {"MFU", pct_str(b.mfu)},
        {"scaling efficiency E", number(b.efficiency, 3)},
        {"memory held per GPU (" + U.name() + ")", number(U.per(b.total_bytes))},
        {"usable per GPU (" + U.name() + ")", number(U.per(b.usable_bytes))},
@@ -399,8 +398,8 @@ html::Page compare_page(const std::vector<Comparison>& options, SizeUnit u) {
     const PlanEval& e = *c.eval;
     bars.push_back({c.name + (e.fits ? "" : " (no fit)"), &e});
     rows.push_back({c.name, c.change, e.layout.describe(), number(U.per(e.total_bytes)),
-                    e.fits ? "yes" : "no", number(e.step_s), pct(c.comm_share()),
-                    pct(c.bubble_share()), std::string(to_string(e.wall))});
+                    e.fits ? "yes" : "no", number(e.step_s), pct_str(c.comm_share()),
+                    pct_str(c.bubble_share()), std::string(to_string(e.wall))});
   }
   std::string body = "<h1>" + escape(title) + "</h1>\n";
   if (!options.empty()) {
@@ -495,7 +494,7 @@ html::Page finetune_page(const FineTunePlan& p, SizeUnit u) {
   for (const auto& [name, v] : memory(b)) mrows.push_back({name, number(U.per(v))});
   mrows.push_back({"total held", number(U.per(b.fit.total_bytes))});
   mrows.push_back({"usable", number(U.per(b.fit.usable_bytes))});
-  for (const auto& [name, v] : time(b)) trows.push_back({name, number(v), pct(v / b.step_s)});
+  for (const auto& [name, v] : time(b)) trows.push_back({name, number(v), pct_str(v / b.step_s)});
   trows.push_back({"step time", number(b.step_s), "100.0 %"});
   body += "<h2>Memory per GPU</h2>\n" + html::bar_chart(mem) +
           html::table("Memory per GPU of " + b.describe() + " (" + U.label() + ")",

@@ -65,8 +65,6 @@ nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
           {"wall", std::string(to_string(e.wall))}};
 }
 
-std::string pct(double f) { return fmt::format("{:.1f} %", 100 * f); }
-
 std::string reason_text(const Reason& x, const PlanEval& chosen, SizeUnit u) {
   if (!x.eval) return "not possible here: " + x.invalid_reason;
   const PlanEval& v = *x.eval;
@@ -81,12 +79,12 @@ void print_reliability(const ReliabilityReport& r) {
   fmt::print("RELIABILITY  [{}]\n", r.convention());
   if (no_failures_expected(r))  // Note [zero failure rate]
     fmt::print("  {}; sharded checkpoint save {:.1f} s; overhead {} of wall-clock\n",
-               kNoFailuresExpected, r.save_seconds, pct(r.overhead_at_recommended));
+               kNoFailuresExpected, r.save_seconds, pct_str(r.overhead_at_recommended));
   else
     fmt::print("  MTBF {:.4g} h; sharded checkpoint save {:.1f} s; interval {:.2f} h (Daly; Young "
                "{:.2f} h); overhead {} of wall-clock\n",
                r.mtbf_hours, r.save_seconds, r.recommended_interval_hours, r.young_interval_hours,
-               pct(r.overhead_at_recommended));
+               pct_str(r.overhead_at_recommended));
   if (r.expected_failures)
     fmt::print("  expected failures over the run ({:.0f} h): {:.1f}\n", *r.setup.run_hours,
                *r.expected_failures);
@@ -244,11 +242,11 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   fmt::print("  buffers       {:>12}  (gradient buckets / ZeRO-3 gathered layers)\n",
              size_str(b.buffer_bytes, u));
   fmt::print("  allocator     {:>12}  cached and fragmented blocks ({} of allocated)\n",
-             size_str(b.allocator_bytes, u), pct(q.allocator_allowance));
+             size_str(b.allocator_bytes, u), pct_str(q.allocator_allowance));
   fmt::print("  CUDA runtime  {:>12}  context and libraries, outside the allocator\n",
              size_str(b.runtime_bytes, u));
   fmt::print("  total         {:>12}  held, of {} usable ({} headroom kept) → {} spare\n",
-             size_str(b.total_bytes, u), size_str(b.usable_bytes, u), pct(q.headroom),
+             size_str(b.total_bytes, u), size_str(b.usable_bytes, u), pct_str(q.headroom),
              size_str(b.usable_bytes - b.total_bytes, u));
   fmt::print("  communication {:>12}  sent per GPU per step; exposed: TP {:.3f} s, CP {:.3f} s, "
              "PP {:.3f} s, {}DP/ZeRO {:.3f} s (of {:.3f} s)\n",
@@ -262,10 +260,10 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
   else
     fmt::print("  compute       {:>10.3f} s  hardware FLOPs at u = {:.2f} of peak\n", b.compute_s,
                q.cluster.mfu);
-  fmt::print("  bubble        {:>12}  {:.3f} s\n", pct(b.bubble_fraction), b.bubble_s);
+  fmt::print("  bubble        {:>12}  {:.3f} s\n", pct_str(b.bubble_fraction), b.bubble_s);
   fmt::print("  step time     {:>10.3f} s  {:.0f} tokens/s, MFU {}, scaling efficiency E = {:.3f}, "
              "tightest wall: {}\n",
-             b.step_s, b.tokens_per_s, pct(b.mfu), b.efficiency, to_string(b.wall));
+             b.step_s, b.tokens_per_s, pct_str(b.mfu), b.efficiency, to_string(b.wall));
   if (r.band) {  // Note [error band]
     fmt::print("  expect        {:.3f}–{:.3f} s  ({} took {:.3f}–{:.3f}× the operator model's "
                "prediction, median {:.2f}×)\n",
@@ -287,7 +285,7 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
              b.efficiency);
   fmt::print("  2. peak reserved memory + CUDA runtime > {} of capacity, i.e. > {} (predicted {}), "
              "or OOM\n",
-             pct(1 - q.headroom), size_str(b.usable_bytes, u), size_str(b.total_bytes, u));
+             pct_str(1 - q.headroom), size_str(b.usable_bytes, u), size_str(b.total_bytes, u));
   fmt::print("  3. loss spikes or NaN in the first 100 steps (learning-rate scaling too aggressive)\n");
   fmt::print("  4. step-time jitter > 10 % (data pipeline or communication)\n");
   fmt::print("\nVALIDATION PLAN\n");
@@ -308,7 +306,7 @@ void print_plan(const PlanResult& r, double search_s, SizeUnit u,
     for (std::size_t i = 1; i < r.best.size(); ++i) {
       const auto& e = r.best[i];
       fmt::print("  {:>2}  {:<100} {:>10} {:>9.3f} {:>7} {:>6.3f}  {}\n", i + 1,
-                 e.layout.describe(), size_str(e.total_bytes, u), e.step_s, pct(e.mfu),
+                 e.layout.describe(), size_str(e.total_bytes, u), e.step_s, pct_str(e.mfu),
                  e.efficiency, to_string(e.wall));
     }
   }
@@ -343,7 +341,7 @@ void print_compare(const std::vector<Comparison>& rows, SizeUnit u) {
     const auto& e = *c.eval;
     fmt::print("  {:<22} {:>12} {:>6} {:>10.3f} {:>7.3f} {:>7} {:>7}  {:<14} {}\n", c.name,
                size_str(e.total_bytes, u), e.fits ? "yes" : "NO", e.step_s, e.efficiency,
-               pct(c.comm_share()), pct(c.bubble_share()), to_string(e.wall), c.change);
+               pct_str(c.comm_share()), pct_str(c.bubble_share()), to_string(e.wall), c.change);
   }
   if (!rows.empty() && rows.front().eval)
     fmt::print("  activations of the base: {} per GPU under Korthikanti's convention (the seed "

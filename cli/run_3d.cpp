@@ -25,7 +25,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/three_d.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_3d {
 
 namespace {
 
@@ -42,7 +42,6 @@ struct Flags {
   CLI::Option* layers_flag = nullptr;
 };
 
-double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
 
 nlohmann::json vs(double measured, double predicted) {
   return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
@@ -434,4 +433,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_3d

@@ -18,7 +18,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_checkpoint {
 
 namespace {
 
@@ -335,4 +335,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_checkpoint

@@ -15,7 +15,7 @@
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/cp.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_cp {
 
 namespace {
 
@@ -24,11 +24,7 @@ struct Flags {
   bool json = false;
 };
 
-double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
 
-nlohmann::json measured_json(double measured, double predicted) {
-  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
-}
 
 nlohmann::json to_json(const engine::CpResult& r, const std::vector<engine::CpCheck>& checks) {
   const engine::CpOptions& o = r.options;
@@ -157,4 +153,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_cp

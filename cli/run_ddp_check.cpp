@@ -15,7 +15,7 @@
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/ddp_check.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_ddp_check {
 
 namespace {
 
@@ -146,4 +146,4 @@ const RegisterRun reg{register_ddp_check};
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_ddp_check

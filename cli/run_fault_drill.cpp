@@ -14,7 +14,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/fault_drill.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_fault_drill {
 
 namespace {
 
@@ -335,4 +335,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_fault_drill

@@ -12,7 +12,7 @@
 #include "run_registry.hpp"
 #include "tally/engine/experiments/fp8.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_fp8 {
 
 namespace {
 
@@ -22,11 +22,7 @@ struct Flags {
   bool json = false;
 };
 
-double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
 
-nlohmann::json measured_json(double measured, double predicted) {
-  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
-}
 
 nlohmann::json to_json(const engine::Fp8Result& r, const std::vector<engine::Fp8Check>& checks) {
   const engine::GptConfig& m = r.options.model;
@@ -179,4 +175,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_fp8

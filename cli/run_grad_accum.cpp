@@ -14,7 +14,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/grad_accum.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_grad_accum {
 
 namespace {
 
@@ -162,4 +162,4 @@ const RegisterRun reg{register_grad_accum};
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_grad_accum

@@ -21,7 +21,7 @@
 #include "tally/io/calibration.hpp"
 #include "tally/io/files.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_health_check {
 
 namespace {
 
@@ -286,4 +286,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_health_check

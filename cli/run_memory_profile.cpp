@@ -14,7 +14,7 @@
 #include "run_registry.hpp"
 #include "tally/engine/experiments/memory_profile.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_memory_profile {
 
 namespace {
 
@@ -223,4 +223,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_memory_profile

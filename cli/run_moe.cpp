@@ -16,7 +16,7 @@
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/moe.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_moe {
 
 namespace {
 
@@ -26,11 +26,7 @@ struct Flags {
   bool json = false;
 };
 
-double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
 
-nlohmann::json measured_json(double measured, double predicted) {
-  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
-}
 
 double per_call(const engine::MoeVariant& v) {
   return v.all_to_all_calls == 0 ? 0 : v.all_to_all_bytes / double(v.all_to_all_calls);
@@ -159,4 +155,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_moe

@@ -11,10 +11,11 @@
 #include <string>
 
 #include "common.hpp"
+#include "experiment_report.hpp"
 #include "run_registry.hpp"
 #include "tally/engine/experiments/pp.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_pp {
 
 namespace {
 
@@ -24,11 +25,7 @@ struct Flags {
   bool json = false;
 };
 
-double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
 
-nlohmann::json measured_json(double measured, double predicted) {
-  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
-}
 
 // The idle fraction core's simulator predicts for stage s: 1 − M(t_f + t_b) / makespan.
 double simulated_idle(const engine::PpRun& run, const engine::PpStageMeasure& s) {
@@ -194,4 +191,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_pp

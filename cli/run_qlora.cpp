@@ -14,7 +14,7 @@
 #include "run_registry.hpp"
 #include "tally/engine/experiments/qlora.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_qlora {
 
 namespace {
 
@@ -505,4 +505,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_qlora

@@ -19,7 +19,7 @@
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/tp.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_tp {
 
 namespace {
 
@@ -29,11 +29,7 @@ struct Flags {
   std::optional<std::string> html;  // --html FILE, written by rank 0
 };
 
-double ratio(double measured, double predicted) { return predicted == 0 ? 0 : measured / predicted; }
 
-nlohmann::json measured_json(double measured, double predicted) {
-  return {{"measured", measured}, {"predicted", predicted}, {"ratio", ratio(measured, predicted)}};
-}
 
 nlohmann::json collectives_json(const std::vector<engine::TpCollectiveMeasure>& ms) {
   nlohmann::json j = nlohmann::json::array();
@@ -233,4 +229,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_tp

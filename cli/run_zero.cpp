@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "experiment_report.hpp"
 #include "host_prediction.hpp"
 #include "html_engine.hpp"
 #include "html_report.hpp"
@@ -22,7 +23,7 @@
 #include "tally/engine/bench/harness.hpp"
 #include "tally/engine/experiments/zero.hpp"
 
-namespace tally::cli {
+namespace tally::cli::run_zero {
 
 namespace {
 
@@ -95,7 +96,6 @@ std::string calls_str(const engine::RankTraffic& t) {
   return s.empty() ? "none" : s;
 }
 
-double ratio(double measured, double predicted) { return predicted > 0 ? measured / predicted : 0; }
 
 // Rank 0's phases of the stage's steps, medians (engine::ZeroStepPhases, Note [zero phases]).
 StepPhases zero_phases(const engine::StageResult& st) {
@@ -440,4 +440,4 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
 
 }  // namespace
 
-}  // namespace tally::cli
+}  // namespace tally::cli::run_zero

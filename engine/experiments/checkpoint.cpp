@@ -17,6 +17,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/temp_directory.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
@@ -24,7 +25,6 @@ namespace fs = std::filesystem;
 using checkpoint_run::Trainer;
 using checkpoint_run::flat_params;
 using checkpoint_run::normalized;
-using checkpoint_run::unix_now;
 
 namespace {
 constexpr double kLostRankProbe_s = 1.0;  // Note [liveness locks]: how long to look for the dead

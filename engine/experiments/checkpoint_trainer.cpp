@@ -12,6 +12,7 @@
 #include "rng_state.hpp"
 #include "tally/core/model_states.hpp"
 #include "tally/core/types.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine::checkpoint_run {
 
@@ -35,10 +36,6 @@ bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 fs::path normalized(const fs::path& dir) {
   fs::path p = dir.lexically_normal();

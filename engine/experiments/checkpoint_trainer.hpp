@@ -28,7 +28,6 @@ namespace fs = std::filesystem;
 // The checkpoint's groups: the parameters and Adam's moments, flat F32 (checkpoint.hpp "save").
 inline const std::vector<std::string> kGroups = {"params", "adam.m", "adam.v"};
 
-double unix_now();
 // "<dir>" without a trailing separator, so <dir>.ranks names a sibling.
 fs::path normalized(const fs::path& dir);
 at::Tensor flat_params(const std::vector<at::Tensor>& params);  // detached, concatenated

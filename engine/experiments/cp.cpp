@@ -16,21 +16,13 @@
 #include "ring_attention.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/process_groups.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
 
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 
-std::string divisors_of(std::int64_t n) {
-  std::string s;
-  for (std::int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
 
 // The whole problem, drawn from the seed on every rank alike.
 struct Problem {

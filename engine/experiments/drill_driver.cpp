@@ -18,6 +18,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/engine/temp_directory.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine::drill {
 
@@ -92,11 +93,6 @@ class SignalDispositions {
 };
 
 }  // namespace
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -23,12 +23,16 @@
 #include <string_view>
 #include <vector>
 
+#include "tally/engine/experiments/checkpoint.hpp"
+#include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/engine/experiments/fault_drill.hpp"
 #include "tally/engine/launch.hpp"
 
 namespace tally::engine::drill {
 
-double unix_now();
+// The global batch of every drill's sub-runs (`tally run checkpoint`'s default).
+inline const std::int64_t kDrillGlobalBatch = CheckpointRunOptions{}.global_batch;
+
 std::string read_file(const std::filesystem::path& path);
 
 // One sub-run's output, split by global rank: JSON lines of stdout, the lines of stderr. A

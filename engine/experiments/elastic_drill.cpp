@@ -12,22 +12,20 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/io/checkpoint.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace fs = std::filesystem;
 using drill::Driver;
+using drill::kDrillGlobalBatch;
 using drill::SubRun;
 using drill::Topology;
 using nlohmann::json;
 
 namespace {
 
-const std::int64_t kGlobalBatch = CheckpointRunOptions{}.global_batch;  // the sub-runs' default
 
-double rel_diff(double x, double ref) {
-  return ref != 0 ? std::abs(x - ref) / std::abs(ref) : std::abs(x - ref);
-}
 
 // Rank 0's result event of a sub-run, or nullptr.
 const json* result_of(const SubRun& s) { return s.find(0, "result"); }
@@ -142,11 +140,11 @@ void ElasticDrillOptions::validate() const {
   if (nnodes < 2 || nnodes > 4) bad("--nnodes", i(nnodes), "must be in [2, 4] (hosts before the loss)");
   if (nproc_per_node < 1 || nproc_per_node > 4)
     bad("--nproc-per-node", i(nproc_per_node), "must be in [1, 4]");
-  if (kGlobalBatch % (std::int64_t(nnodes) * (nnodes - 1) * nproc_per_node) != 0)
+  if (kDrillGlobalBatch % (std::int64_t(nnodes) * (nnodes - 1) * nproc_per_node) != 0)
     bad("--nproc-per-node", i(nproc_per_node),
         "--nnodes × (--nnodes − 1) × --nproc-per-node = " +
             i(std::int64_t(nnodes) * (nnodes - 1) * nproc_per_node) + " must divide the batch of " +
-            i(kGlobalBatch) + " (micro-batches of one size before and after the loss)");
+            i(kDrillGlobalBatch) + " (micro-batches of one size before and after the loss)");
   drill::DrillHosts{.nnodes = nnodes,
                     .node_rank = node_rank,
                     .master_port = master_port,
@@ -172,7 +170,7 @@ ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {
   res.options = options;
   ElasticDrillOptions& o = res.options;
   if (o.tally_binary.empty()) o.tally_binary = fs::read_symlink("/proc/self/exe").string();
-  res.global_batch = kGlobalBatch;
+  res.global_batch = kDrillGlobalBatch;
   for (int h = 0; h < o.nnodes; ++h)
     if (o.node_rank < 0 || o.node_rank == h) res.hosts_here.push_back(h);
   drill::WorkDirectory work_dir(o.work_dir, "tally-elastic-drill", o.keep_work_dir);

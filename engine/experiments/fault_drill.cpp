@@ -19,6 +19,7 @@ namespace tally::engine {
 
 namespace fs = std::filesystem;
 using drill::Driver;
+using drill::kDrillGlobalBatch;
 using drill::read_file;
 using drill::SubRun;
 using drill::Topology;
@@ -26,10 +27,9 @@ using nlohmann::json;
 
 namespace {
 
-const std::int64_t kGlobalBatch = CheckpointRunOptions{}.global_batch;  // the sub-runs' default
 
 // The uninterrupted run's per-step records (rank 0's), by step.
-struct Reference {
+struct DrillReference {
   std::map<std::int64_t, json> steps;
   std::string params_crc32c, optimizer_crc32c;
 };
@@ -108,7 +108,7 @@ bool names_rank(const std::string& message, const FaultDrillOptions& o, int q) {
 }
 
 KillScenario run_kill(const FaultDrillOptions& o, Runner& runner, const fs::path& work,
-                      FaultPhase phase, std::int64_t kill_step, const Reference& ref) {
+                      FaultPhase phase, std::int64_t kill_step, const DrillReference& ref) {
   KillScenario sc;
   sc.name = std::string(to_string(phase));
   sc.kill_step = kill_step;
@@ -230,7 +230,7 @@ CorruptionCase run_corruption(const FaultDrillOptions& o, Runner& runner, const 
       fs::remove(dir / c.file);
       break;
     default: {
-      c.damage = "edit index.json: consumed_samples + " + std::to_string(kGlobalBatch);
+      c.damage = "edit index.json: consumed_samples + " + std::to_string(kDrillGlobalBatch);
       c.file = "index.json";
       c.expected_check = "crc32c = ";
       std::string text = read_file(dir / c.file);
@@ -239,7 +239,7 @@ CorruptionCase run_corruption(const FaultDrillOptions& o, Runner& runner, const 
       if (at != std::string::npos) {
         const std::size_t begin = at + key.size(), end = text.find(',', begin);
         const std::int64_t v = std::stoll(text.substr(begin, end - begin));
-        text.replace(begin, end - begin, std::to_string(v + kGlobalBatch));
+        text.replace(begin, end - begin, std::to_string(v + kDrillGlobalBatch));
       }
       std::ofstream(dir / c.file, std::ios::binary | std::ios::trunc) << text;
       break;
@@ -324,10 +324,10 @@ void FaultDrillOptions::validate() const {
   };
   const auto i = [](std::int64_t v) { return std::to_string(v); };
   if (nnodes < 1 || nnodes > 4) bad("--nnodes", i(nnodes), "must be in [1, 4]");
-  if (nnodes == 1 && (world_size < 2 || world_size > 8 || kGlobalBatch % world_size != 0))
+  if (nnodes == 1 && (world_size < 2 || world_size > 8 || kDrillGlobalBatch % world_size != 0))
     bad("--nproc", i(world_size), "must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
   if (nnodes > 1 && (world_size % nnodes != 0 || world_size < 2 || world_size > 8 ||
-                     kGlobalBatch % world_size != 0))
+                     kDrillGlobalBatch % world_size != 0))
     bad("--nproc-per-node", i(world_size / nnodes),
         "--nnodes × --nproc-per-node = " + i(world_size) +
             " must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
@@ -367,7 +367,7 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
   const fs::path work = o.work_dir;
   {
     Runner runner(o, work, res.hosts_here);
-    // Reference: uninterrupted.
+    // DrillReference: uninterrupted.
     const fs::path ref_dir = work / "ckpt-reference";
     const SubRun ref_run = runner.run("reference (uninterrupted)", ref_dir, {});
     res.reference = ref_run.launch;
@@ -375,7 +375,7 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
     if (ref_run.launch.exit_code != 0 || ref_result == nullptr)
       throw std::runtime_error("fault-drill: the uninterrupted reference run failed: " +
                                ref_run.launch.message + " " + ref_run.error_line(0));
-    Reference ref;
+    DrillReference ref;
     for (const json& s : (*ref_result)["steps"]) ref.steps[s["step"].get<std::int64_t>()] = s;
     ref.params_crc32c = (*ref_result)["params_crc32c"];
     ref.optimizer_crc32c = (*ref_result)["optimizer_crc32c"];

@@ -17,6 +17,7 @@
 #include "optimizer_torch.hpp"
 #include "tally/core/lowp.hpp"
 #include "tally/engine/tracking_allocator.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
@@ -24,22 +25,19 @@ namespace {
 
 constexpr int kLossWindow = 5;  // steps averaged for the loss gap (d)
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Note [fp8 run data]
 // A learnable task, so that 20 steps show the loss falling: every sequence follows the bijection
 // t → (5t + 3) mod V (5 is odd, V a power of two in the defaults; any V works, the map is then
 // not one-to-one) from a uniformly drawn start; targets are the sequence shifted by one. Both runs
 // read the same batches, made before the measured scope (data is not model memory).
-struct Batch {
+struct Fp8Batch {
   torch::Tensor idx, targets;  // (B, T) int64
 };
-std::vector<Batch> make_batches(const Fp8Options& o) {
+std::vector<Fp8Batch> make_batches(const Fp8Options& o) {
   torch::manual_seed(std::int64_t(o.seed) + 1);
   const GptConfig& c = o.model;
-  std::vector<Batch> batches;
+  std::vector<Fp8Batch> batches;
   for (int s = 0; s < o.steps; ++s) {
     torch::Tensor t = torch::randint(c.vocab, {c.micro_batch}, torch::kLong);
     std::vector<torch::Tensor> cols;
@@ -165,7 +163,7 @@ void compare_refresh(const Snapshot& before, const std::vector<torch::nn::Linear
 
 // One training step: forward through `linear`, backward, Adam; returns the loss before the update.
 // The loss tensor and the graph are released on return.
-double train_step(Gpt& model, Adam& adam, const Batch& b, const LinearForward& linear) {
+double train_step(Gpt& model, Adam& adam, const Fp8Batch& b, const LinearForward& linear) {
   adam.zero_grad();
   torch::Tensor loss = model->forward(b.idx, b.targets, linear);
   const double value = loss.item<double>();
@@ -187,7 +185,7 @@ void progress(const char* run, int step, int steps, double loss) {
 }
 
 // The run with copies, under the tracking allocator (checks a–c, and d's losses).
-void run_with_copies(const Fp8Options& o, const std::vector<Batch>& batches, Fp8Result& r,
+void run_with_copies(const Fp8Options& o, const std::vector<Fp8Batch>& batches, Fp8Result& r,
                      std::chrono::steady_clock::time_point t0) {
   TrackingAllocatorScope scope({.cache = true});
   const auto allocated = [&] { return double(scope.counters().allocated_bytes); };
@@ -246,7 +244,7 @@ void run_with_copies(const Fp8Options& o, const std::vector<Batch>& batches, Fp8
 }
 
 // The same model, batches and fp32 GEMMs with no copies (lowp_linear without copies).
-void run_reference(const Fp8Options& o, const std::vector<Batch>& batches, Fp8Result& r,
+void run_reference(const Fp8Options& o, const std::vector<Fp8Batch>& batches, Fp8Result& r,
                    std::chrono::steady_clock::time_point t0) {
   torch::manual_seed(std::int64_t(o.seed));
   Gpt model(o.model);
@@ -366,7 +364,7 @@ Fp8Result run_fp8(const Fp8Options& options) {
                                     StateSetup{.precision = o.format,
                                                .optimizer = Optimizer::adam,
                                                .gemm_weight_share = gemm_weight_share(r.model)});
-  const std::vector<Batch> batches = make_batches(o);
+  const std::vector<Fp8Batch> batches = make_batches(o);
   const auto t0 = std::chrono::steady_clock::now();
   run_with_copies(o, batches, r, t0);
   r.seconds = seconds_since(t0);

@@ -18,7 +18,7 @@ namespace tally::engine {
 
 namespace {
 
-constexpr std::int64_t kSamples = 64;
+constexpr std::int64_t kAccumSamples = 64;
 constexpr int kWindow = 5;  // ④: mean of the first and of the last 5 step losses
 
 // One rank's slice of the data and its K micro-batches.
@@ -61,7 +61,7 @@ double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 void GradAccumOptions::validate(int world_size) const {
   if (!(timeout_s > 0 && timeout_s <= 86400))
     throw InvalidInput("--timeout = " + format_number(timeout_s) + ": must be in (0, 86400] s");
-  if (micro_batches < 1 || micro_batches > kSamples)
+  if (micro_batches < 1 || micro_batches > kAccumSamples)
     throw InvalidInput("--micro-batches = " + std::to_string(micro_batches) +
                        ": must be in [1, 64]");
   if (steps < 2 * kWindow || steps > 100000)
@@ -73,7 +73,7 @@ void GradAccumOptions::validate(int world_size) const {
   if (!(lr > 0) || !std::isfinite(lr))
     throw InvalidInput("--lr = " + format_number(lr) + ": must be finite and > 0");
   DdpOptions{.bucket_cap_bytes = bucket_cap_bytes}.validate();
-  if (kSamples % (std::int64_t(world_size) * micro_batches) != 0)
+  if (kAccumSamples % (std::int64_t(world_size) * micro_batches) != 0)
     throw InvalidInput("WORLD_SIZE × --micro-batches = " + std::to_string(world_size) + " × " +
                        std::to_string(micro_batches) +
                        " does not divide the 64 samples: micro-batches of unequal size would "
@@ -91,15 +91,16 @@ GradAccumResult run_grad_accum(const DistEnv& env, const GradAccumOptions& optio
   DistributedDataParallel ddp(comm, model.parameters(),
                               {.bucket_cap_bytes = options.bucket_cap_bytes});
   at::manual_seed(7);
-  const at::Tensor X = at::randn({kSamples, 16}).to(at::kDouble);
-  const at::Tensor y = at::randint(0, 4, {kSamples}, at::kLong);
-  const Shard shard{.x = X.slice(0, r, kSamples, k), .y = y.slice(0, r, kSamples, k), .K = K};
+  const at::Tensor X = at::randn({kAccumSamples, 16}).to(at::kDouble);
+  const at::Tensor y = at::randint(0, 4, {kAccumSamples}, at::kLong);
+  const Shard shard{.x = X.slice(0, r, kAccumSamples, k), .y = y.slice(0, r, kAccumSamples, k),
+                    .K = K};
 
   GradAccumResult res;
   res.rank = r;
   res.world_size = k;
   res.micro_batches = K;
-  res.micro_batch_samples = int(kSamples / (k * K));
+  res.micro_batch_samples = int(kAccumSamples / (k * K));
   res.counted_steps = options.counted_steps;
   res.buckets = ddp.buckets().size();
 

@@ -14,34 +14,25 @@
 #include "optimizer_torch.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/tracking_allocator.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
 
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 
-double rel_diff(double a, double ref) { return std::abs(a - ref) / std::abs(ref); }
 
 // max|a − b| / max|b|: one figure per tensor, as run tp compares its shards.
 double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
 }
 
-std::string divisors_of(std::int64_t n) {
-  std::string s;
-  for (std::int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
 
-struct Data {
+struct MoeData {
   at::Tensor x, g;  // (ep·T, h) float64: tokens and the loss weights (loss = Σ y ⊙ g)
 };
 
-Data draw_data(const MoeOptions& o, int ep) {
+MoeData draw_data(const MoeOptions& o, int ep) {
   at::manual_seed(std::int64_t(o.seed) + 1);
   return {at::randn({ep * o.tokens, o.layer.hidden}, at::kDouble),
           at::randn({ep * o.tokens, o.layer.hidden}, at::kDouble)};
@@ -52,7 +43,7 @@ Data draw_data(const MoeOptions& o, int ep) {
 void check_f64(const MoeOptions& o, Comm& ep_comm, MoeVariant& v) {
   const int ep = ep_comm.world_size(), r = ep_comm.rank();
   const std::int64_t T = o.tokens;
-  const Data d = draw_data(o, ep);
+  const MoeData d = draw_data(o, ep);
   const MoeParams ref = make_moe_params(o.layer, o.seed, at::kDouble);
   const at::Tensor x_ref = d.x.clone().requires_grad_(true);
   const MoeReference want = moe_reference_forward(o.layer, ref, x_ref, T);
@@ -104,7 +95,7 @@ double measure_states_f32(const MoeOptions& o, Comm& world, std::span<const int>
   auto ep_comm = std::make_unique<Comm>(world, ranks, name);
   const int ep = ep_comm->world_size(), r = ep_comm->rank();
   const std::int64_t T = o.tokens;
-  const Data d = draw_data(o, ep);
+  const MoeData d = draw_data(o, ep);
   const at::Tensor x = d.x.narrow(0, r * T, T).to(at::kFloat);
   const at::Tensor g = d.g.narrow(0, r * T, T).to(at::kFloat);
   const MoeParams full = make_moe_params(o.layer, o.seed, at::kFloat);  // outside the scope

@@ -12,16 +12,13 @@
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/process_groups.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
 
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 
-double rel_diff(double a, double ref) { return std::abs(a - ref) / std::abs(ref); }
 
 Gpt reference_model(const PpOptions& o) {
   at::manual_seed(std::int64_t(o.seed));

@@ -16,15 +16,13 @@
 #include "tally/engine/temp_directory.hpp"
 #include "tally/io/files.hpp"
 #include "tally/io/safetensors.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 void say(const QloraOptions& o, const std::string& line) {
   if (o.progress) o.progress(line);
@@ -326,7 +324,7 @@ QloraResult run_qlora(const QloraOptions& o) {
         const auto t0 = Clock::now();
         run.losses.push_back(train_step(*model, *adam, sweep[i][std::size_t(s)], scope,
                                         run.phase_peak_bytes));
-        run.step_seconds.push_back(since(t0));
+        run.step_seconds.push_back(seconds_since(t0));
         if (i == 0 && s == 0) {
           r.memory.after_step_bytes = scope.counters().allocated_bytes;
           for (const auto& p : model->adapter_parameters())
@@ -415,7 +413,7 @@ QloraResult run_qlora(const QloraOptions& o) {
     r.teardown_allocated_bytes = scope.counters().allocated_bytes;
   }
   if (!o.save_adapters) std::filesystem::remove_all(adapter_dir);
-  r.seconds = since(t_start);
+  r.seconds = seconds_since(t_start);
   return r;
 }
 

@@ -33,19 +33,15 @@
 #include "tally/engine/tracking_allocator.hpp"
 #include "tp_model.hpp"
 #include "zero_flat.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 
-double rel_diff(double a, double ref) { return std::abs(a - ref) / std::abs(ref); }
 
 // A pipeline stage made of TP shards (pp_model.hpp's StageModel over tp_model.hpp's TpGpt).
 class TpStageModel final : public StageModel {
@@ -206,7 +202,7 @@ struct RankModel {
     const double pp0 = all_bytes(pp);
     const auto t = Clock::now();
     stage.reduce_tied_embedding();
-    r.tied_s = since(t);
+    r.tied_s = seconds_since(t);
     r.tied_bytes = all_bytes(pp) - pp0;
     r.reduced = opt->reduce();
     return r;
@@ -371,9 +367,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
     const auto t = Clock::now();
     rm.opt->update(step.reduced);
-    const double opt_s = since(t);
+    const double opt_s = seconds_since(t);
     rm.opt->gather();
-    const double step_s = since(start);
+    const double step_s = seconds_since(start);
     const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
     std::vector<double> all_loss(std::size_t(g.world().world_size()));
     g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));
@@ -551,12 +547,6 @@ Liveness take_liveness_locks(Comm& world) {
   return l;
 }
 
-std::string divisors_of(std::int64_t n) {
-  std::string s;
-  for (std::int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
 
 }  // namespace
 

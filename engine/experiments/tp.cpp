@@ -15,6 +15,7 @@
 #include "tally/engine/process_groups.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 #include "tp_model.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
@@ -24,18 +25,8 @@ Recompute policy_of(const TpVariant& v) {
   return v.full_recompute ? Recompute::full : Recompute::none;
 }
 
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 
-double rel_diff(double a, double ref) { return std::abs(a - ref) / std::abs(ref); }
 
-std::string divisors_of(std::int64_t n) {
-  std::string s;
-  for (std::int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
 
 std::vector<TpCollectiveMeasure> measures(const CommCounters& c) {
   std::vector<TpCollectiveMeasure> out;

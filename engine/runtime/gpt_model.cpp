@@ -7,13 +7,11 @@
 #include <string>
 
 #include "tally/core/types.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 }  // namespace
 
 void GptConfig::validate() const {

@@ -33,6 +33,7 @@
 #include "launcher_group.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/dist_env.hpp"
+#include "run_helpers.hpp"
 
 extern char** environ;
 
@@ -227,9 +228,6 @@ std::string nodes_named(const std::vector<int>& nodes) {
   return (nodes.size() == 1 ? "node " : "nodes ") + node_list(nodes);
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // After this host's ranks all succeeded: wait (at most join_timeout_s) until every host's ranks
 // have ended, so that a failure elsewhere still fails this launch. Returns that failure, if any.

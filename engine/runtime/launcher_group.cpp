@@ -41,7 +41,7 @@ std::string describe_self(const LauncherGroupOptions& o) {
   return "node " + std::to_string(o.node_rank) + " (" + where + ")";
 }
 
-std::string current_error() {
+std::string current_store_error() {
   try {
     throw;
   } catch (const std::exception& e) {
@@ -93,7 +93,7 @@ void LauncherGroup::Impl::run() {
     std::lock_guard lock(mu);
     st.store_lost = true;
     st.store_error = (o.node_rank == 0 ? "serving the " : "reaching node 0's ") + where() +
-                     " failed: " + current_error();
+                     " failed: " + current_store_error();
     return;
   }
   try {
@@ -112,7 +112,7 @@ void LauncherGroup::Impl::run() {
   } catch (...) {
     std::lock_guard lock(mu);
     st.store_lost = true;
-    st.store_error = "the " + where() + " failed: " + current_error();
+    st.store_error = "the " + where() + " failed: " + current_store_error();
   }
 }
 

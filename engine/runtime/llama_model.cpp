@@ -7,13 +7,11 @@
 
 #include "gpt_model.hpp"
 #include "tally/core/types.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
-void require(bool ok, const char* flag, std::int64_t value, const std::string& allowed) {
-  if (!ok) throw InvalidInput(std::string(flag) + " = " + std::to_string(value) + ": " + allowed);
-}
 }  // namespace
 
 std::string_view to_string(Arch a) {

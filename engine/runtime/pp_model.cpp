@@ -7,13 +7,13 @@
 #include "comm_p2p.hpp"
 #include "comm_torch.hpp"
 #include "tally/core/types.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double sent_bytes(const Comm& c) { return c.counters()[Collective::send_recv].bytes_sent; }
 
@@ -121,7 +121,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
         recv(pp_, s.input, (j - 1) % P, tag(j - 1, op.micro_batch, false, M));
         s.input.requires_grad_(true);
       }
-      r.wait_s += since(t);
+      r.wait_s += seconds_since(t);
       if (hooks && hooks->before) hooks->before(op);
       t = Clock::now();
       torch::Tensor x = j == 0 ? model_.embed(idx[op.micro_batch]) : s.input;
@@ -132,7 +132,7 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
       } else {
         s.output = x;
       }
-      const double dt = since(t);
+      const double dt = seconds_since(t);
       r.compute_s += dt;
       r.forward_s += dt;
       if (hooks && hooks->after) hooks->after(op);
@@ -154,14 +154,14 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
         grad = torch::empty(shape, opts);
         recv(pp_, grad, (j + 1) % P, tag(j + 1, op.micro_batch, true, M));
       }
-      r.wait_s += since(t);
+      r.wait_s += seconds_since(t);
       if (hooks && hooks->before) hooks->before(op);
       t = Clock::now();
       if (j < V - 1)
         s.output.backward(grad);
       else
         s.output.backward();
-      const double dt = since(t);
+      const double dt = seconds_since(t);
       r.compute_s += dt;
       r.backward_s += dt;
       if (hooks && hooks->after) hooks->after(op);
@@ -185,8 +185,8 @@ PpStageRecord PpStage::step(const std::vector<PipelineOp>& ops, const torch::Ten
   }
   const auto t = Clock::now();
   reap(true);
-  r.wait_s += since(t);
-  r.elapsed_s = since(start);
+  r.wait_s += seconds_since(t);
+  r.elapsed_s = seconds_since(start);
   if (forwards > 0) r.bytes_per_forward = forward_added / forwards;
   return r;
 }

@@ -11,6 +11,7 @@
 
 #include "comm_torch.hpp"
 #include "tally/core/types.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
@@ -18,9 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Tags of the three shifts, so a message can only match its own kind.
 constexpr int kTagForwardKv = 1, kTagBackwardKv = 2, kTagBackwardDkv = 3;
@@ -37,7 +35,7 @@ void ring_shift(Comm& cp, const at::Tensor& out, at::Tensor& in, int tag, RingAt
     recv(cp, in, prev, tag);
     send(cp, out, next, tag);
   }
-  w.shift_s += since(t0);
+  w.shift_s += seconds_since(t0);
 }
 
 // How a (query chunk, key chunk) pair is masked under causal attention, from global chunk indices.
@@ -124,14 +122,14 @@ RingForward ring_attention_forward(Comm& cp, CpBalance balance, const at::Tensor
         m[qi] = m_new;
         ++work.block_pairs;
       }
-    work.compute_s += since(t0);
+    work.compute_s += seconds_since(t0);
     std::swap(kv, next);
   }
   const auto t0 = Clock::now();
   RingForward f;
   f.out = at::cat({acc[0] / l[0].unsqueeze(-1), acc[1] / l[1].unsqueeze(-1)}, 2);
   f.lse = at::cat({m[0] + at::log(l[0]), m[1] + at::log(l[1])}, 2);
-  work.compute_s += since(t0);
+  work.compute_s += seconds_since(t0);
   return f;
 }
 
@@ -149,7 +147,7 @@ RingGrads ring_attention_backward(Comm& cp, CpBalance balance, const at::Tensor&
   at::Tensor own = at::zeros_like(kv);       // dK,dV of this rank's block from its own queries
   at::Tensor travel = at::zeros_like(kv);    // dK,dV of the visiting block, on its way home
   at::Tensor arriving = at::empty_like(kv);
-  work.compute_s += since(t0);
+  work.compute_s += seconds_since(t0);
   for (int j = 0; j < c; ++j) {
     if (j > 0) {
       ring_shift(cp, kv, next, kTagBackwardKv, work);
@@ -175,7 +173,7 @@ RingGrads ring_attention_backward(Comm& cp, CpBalance balance, const at::Tensor&
         chunk(target[1], ki, g.n).add_(fold_heads(at::matmul(p.transpose(-2, -1), dob), g.groups));
         ++work.block_pairs;
       }
-    work.compute_s += since(t0);
+    work.compute_s += seconds_since(t0);
     if (j > 0) {
       // Pass the visiting block's dK,dV on; take the next one's (after the last step: our own).
       ring_shift(cp, travel, arriving, kTagBackwardDkv, work);
@@ -185,7 +183,7 @@ RingGrads ring_attention_backward(Comm& cp, CpBalance balance, const at::Tensor&
   t0 = Clock::now();
   if (c > 1) own.add_(travel);
   RingGrads grads{.dq = dq, .dk = own[0], .dv = own[1]};
-  work.compute_s += since(t0);
+  work.compute_s += seconds_since(t0);
   return grads;
 }
 

@@ -13,6 +13,7 @@
 #include "tally/core/types.hpp"
 #include "tally/io/files.hpp"
 #include "tally/io/safetensors.hpp"
+#include "run_helpers.hpp"
 
 namespace tally::engine {
 
@@ -20,9 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::string index_text_checksum(std::string_view text) {
   return io::crc32c_hex(io::crc32c(std::as_bytes(std::span(text.data(), text.size()))));

@@ -10,6 +10,7 @@
 
 #include "run_tally.hpp"
 
+namespace test_cli_moe {
 namespace {
 
 using tally::cli_test::json_of;
@@ -252,3 +253,4 @@ TEST(Cli, Fp8ParametersDropTheBf16LinearWeights) {
 }
 
 }  // namespace
+}  // namespace test_cli_moe

@@ -22,6 +22,7 @@
 #include "html_report.hpp"
 #include "tally/core/types.hpp"
 
+namespace test_html {
 namespace {
 
 namespace html = tally::cli::html;
@@ -435,3 +436,4 @@ TEST(HtmlBrowser, PagesRenderInChromium) {
 }
 
 }  // namespace
+}  // namespace test_html

@@ -19,6 +19,7 @@
 #include "html_report.hpp"
 #include "tally_run.hpp"
 
+namespace test_html_engine {
 namespace {
 
 namespace fs = std::filesystem;
@@ -424,3 +425,4 @@ TEST(HtmlEngine, UnwritablePathIsRefusedBeforeTheRun) {
 }
 
 }  // namespace
+}  // namespace test_html_engine

@@ -24,6 +24,7 @@
 #include "../support/subprocess.hpp"
 #include "tally_run.hpp"
 
+namespace test_serve {
 namespace {
 
 namespace fs = std::filesystem;
@@ -369,3 +370,4 @@ TEST(ServeBrowser, PageReplansWhenAFieldChanges) {
 }
 
 }  // namespace
+}  // namespace test_serve

@@ -8,7 +8,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_activations {
 namespace {
 
 // A Korthikanti-shaped model: 4h GeLU MLP, a_kv = a, with dropout (his convention).
@@ -317,9 +317,9 @@ TEST(Activations, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_activations
 
-namespace tally {
+namespace tally::test_activations {
 namespace {
 
 // Issue 10, corrected by issue 12 (Note [backward phases]): full recompute's blocks' backward holds
@@ -421,9 +421,9 @@ TEST(Activations, PipelinePhasesOnTheirStages) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_activations
 
-namespace tally {
+namespace tally::test_activations {
 namespace {
 
 // PyTorch selective checkpointing that saves matmul and attention outputs (issue 10: name each
@@ -483,4 +483,4 @@ TEST(Activations, TorchtitanOpSacKeepsEveryOtherMatmul) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_activations

@@ -8,7 +8,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_comm {
 namespace {
 
 double gb(double bytes) { return bytes / kGB; }
@@ -324,9 +324,9 @@ TEST(StepTraffic, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_comm
 
-namespace tally {
+namespace tally::test_comm {
 namespace {
 
 // Note [NCCL collective model] against nccl-tests figures quoted by NCCL's maintainers.
@@ -730,4 +730,4 @@ TEST(StepTraffic, MegatronFp8ParametersGatherEveryLinearWeightInFloat8) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_comm

@@ -6,7 +6,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_compute {
 namespace {
 
 // Kaplan et al. 2020 §2.1: C ≈ 6N per training token, nothing else known for a bare --params.
@@ -107,4 +107,4 @@ TEST(Compute, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_compute

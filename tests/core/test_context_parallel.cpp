@@ -7,7 +7,7 @@
 
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_context_parallel {
 namespace {
 
 TEST(ContextParallel, ZigzagChunksAtC4) {
@@ -42,4 +42,4 @@ TEST(ContextParallel, BadRankOrDegreeIsInvalidInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_context_parallel

@@ -10,7 +10,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_finetune {
 namespace {
 
 // Llama-2-7B (presets.cpp: h 4096, 32 layers, 32 heads, f 11008, V 32000, untied, RMSNorm).
@@ -168,4 +168,4 @@ TEST(LoraActivations, ExpertAdaptersCountTheRoutedChoices) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_finetune

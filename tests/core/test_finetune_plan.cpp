@@ -8,7 +8,7 @@
 #include "tally/core/activations.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_finetune_plan {
 namespace {
 
 PlanRequest request(const char* model, const char* gpu, int gpus, std::int64_t batch,
@@ -118,4 +118,4 @@ TEST(FineTunePlan, SearchAndLongestSequence) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_finetune_plan

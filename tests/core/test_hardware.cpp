@@ -12,7 +12,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_hardware {
 namespace {
 
 ClusterSpec a100() { return *cluster_preset("a100-80g"); }
@@ -70,4 +70,4 @@ TEST(Hardware, BoundsAreInclusiveAndZeroMeansNoneForOptionalPeaks) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_hardware

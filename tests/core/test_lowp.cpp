@@ -14,7 +14,7 @@
 
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_lowp {
 namespace {
 
 // OFP8 Table 1: exponent bias, largest and smallest normals and subnormals, and their codes.
@@ -382,4 +382,4 @@ TEST(Nf4, ViewDequantizesAnyBlockRangeExactly) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_lowp

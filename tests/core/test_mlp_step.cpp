@@ -9,7 +9,7 @@
 
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_mlp_step {
 namespace {
 
 // N = Σ d_l·d_{l+1} + d_{l+1}: zero.hpp's Note [default ZeRO model] states 1,577,455 for
@@ -112,4 +112,4 @@ TEST(MlpStep, RefusesWhatTheEngineCannotRun) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_mlp_step

@@ -9,7 +9,7 @@
 #include "tally/core/presets.hpp"
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_model {
 namespace {
 
 double params_b(const char* preset) { return count_params(*model_preset(preset)).total() / 1e9; }
@@ -279,4 +279,4 @@ TEST(Hardware, ClusterPresetsValidate) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_model

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace tally {
+namespace tally::test_model_states {
 namespace {
 
 double gb(double bytes) { return bytes / kGB; }
@@ -155,11 +155,11 @@ TEST(ModelStates, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_model_states
 
 #include "tally/core/sharding.hpp"
 
-namespace tally {
+namespace tally::test_model_states {
 namespace {
 // The sharding rule covers [0, numel) exactly, in rank order, sizes differing by at most one.
 TEST(Sharding, SpansTileTheRange) {
@@ -318,4 +318,4 @@ TEST(ModelStates, DelayedScalingKeepsAmaxHistories) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_model_states

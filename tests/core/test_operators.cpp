@@ -13,7 +13,7 @@
 #include "tally/core/presets.hpp"
 #include "tally/core/roofline.hpp"
 
-namespace tally {
+namespace tally::test_operators {
 namespace {
 
 // The kernel named `name` in `ops` (a failure, and an empty Op, when there is none).
@@ -229,9 +229,9 @@ TEST(Operators, BadSetupsAreRejected) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_operators
 
-namespace tally {
+namespace tally::test_operators {
 namespace {
 
 // save-matmuls replays only memory-bound kernels: no GEMM FLOPs in its recompute pass, and the
@@ -796,4 +796,4 @@ TEST(Operators, WeightCastsAreTimedApartAndCachedByTransformerEngine) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_operators

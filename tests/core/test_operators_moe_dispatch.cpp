@@ -11,7 +11,7 @@
 #include "tally/core/operators.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_operators_moe_dispatch {
 namespace {
 
 // Bytes of the kernels named "moe-*" in `ops`, by name and pass ("name" forward, "name/r"
@@ -207,4 +207,4 @@ TEST(OperatorsMoeDispatch, DenseKernelsUnchangedToTheBit) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_operators_moe_dispatch

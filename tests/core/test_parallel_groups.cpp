@@ -10,7 +10,7 @@
 
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_parallel_groups {
 namespace {
 
 using Groups = std::vector<std::vector<int>>;
@@ -150,4 +150,4 @@ TEST(ExpertGroups, BadSplitsNameTheFlag) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_parallel_groups

@@ -8,7 +8,7 @@
 
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_pipeline {
 namespace {
 
 double frac(int P, int M, int v = 1) {
@@ -109,9 +109,9 @@ TEST(Pipeline, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_pipeline
 
-namespace tally {
+namespace tally::test_pipeline {
 namespace {
 
 // Note [uneven stages]: the closed form against the discrete-event 1F1B simulation, for stages of
@@ -283,4 +283,4 @@ TEST(PipelineSchedule, RejectsBadShapes) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_pipeline

@@ -11,7 +11,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_plan_points {
 namespace {
 
 PlanEval eval(double step_s, double bytes, bool fits) {
@@ -162,4 +162,4 @@ TEST(PlanPoints, PlannerKeepsTheCostedLayouts) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_plan_points

@@ -12,7 +12,7 @@
 #include "tally/core/pipeline.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 PlanRequest seed_request(int gpus = 8, std::int64_t seq = 2048, std::int64_t batch = 256) {
@@ -338,9 +338,9 @@ TEST(Planner, BadInputIsRejected) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 // A GPU known only by its peaks (a custom cluster file without bandwidth or SM count) can't run
@@ -381,9 +381,9 @@ TEST(Planner, MicroBatchChangesTheStepUnderTheOperatorModel) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 // Issue 10 "Also": at accumulation 1 the double-micro-batch alternative can't hold the global
@@ -401,9 +401,9 @@ TEST(Planner, DoubleMicroBatchNeedsAccumulation) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 // Dropout follows the model unless the request says otherwise: Llama trains without it, so its
@@ -423,9 +423,9 @@ TEST(Planner, DropoutFollowsTheModel) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 // Note [error band]: the plan carries the time model's band and counts the top plans it can't
@@ -443,9 +443,9 @@ TEST(Planner, TopPlansWithinTheBandAreCounted) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 // Issue 10: a PP that doesn't divide the layers is a layout (uneven stages, Note [planner
@@ -575,10 +575,10 @@ TEST(Planner, InterleavedStagesStayEqual) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner
 
 
-namespace tally {
+namespace tally::test_planner {
 namespace {
 
 // Note [planner overlap]: each switch can only hide time; off, the whole collective is exposed;
@@ -763,4 +763,4 @@ TEST(Planner, MoeScalingEfficiencyStaysAtMostOne) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner

@@ -9,7 +9,7 @@
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_planner_lowp {
 namespace {
 
 // A low-precision plan: fp8 on H100 makes the step faster and adds the weight copies; the GPU
@@ -99,4 +99,4 @@ TEST(Planner, Float8AllGatherLightensZeroThreeGathers) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_planner_lowp

@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-namespace tally {
+namespace tally::test_presets {
 namespace {
 
 TEST(Presets, NamesAreUniqueAndResolve) {
@@ -97,4 +97,4 @@ TEST(Presets, ComputeCapabilities) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_presets

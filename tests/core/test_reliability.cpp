@@ -9,7 +9,7 @@
 
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_reliability {
 namespace {
 
 constexpr double kLambda = 3e-6;         // seed §A4: λ ≈ 3e-6 per GPU-hour (需核实)
@@ -144,4 +144,4 @@ TEST(Reliability, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_reliability

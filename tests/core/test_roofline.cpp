@@ -10,7 +10,7 @@
 
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_roofline {
 namespace {
 
 // stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS": bf16
@@ -119,9 +119,9 @@ TEST(Roofline, BadShapesAndFiguresAreRejected) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_roofline
 
-namespace tally {
+namespace tally::test_roofline {
 namespace {
 
 // Note [GEMM calibration]: constants on the fitting grid are recovered from GEMMs timed by them,
@@ -159,9 +159,9 @@ TEST(Roofline, FitRecoversKernelConstants) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_roofline
 
-namespace tally {
+namespace tally::test_roofline {
 namespace {
 
 // A CPU-like kernel (one core, 1 × 1 "tiles": no quantisation): the thin-GEMM factor
@@ -194,4 +194,4 @@ TEST(Roofline, OuterDimensionSaturationAndItsFit) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_roofline

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace tally {
+namespace tally::test_types {
 namespace {
 
 // GB is decimal (1e9 bytes, SI), GiB binary (2^30 bytes, IEC 80000-13).
@@ -197,4 +197,4 @@ TEST(Types, Fp8GemmLayoutsFollowTransformerEngine) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_types

@@ -45,7 +45,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_3d {
 namespace {
 
 using nlohmann::json;
@@ -613,4 +613,4 @@ TEST(ThreeDFault, SurvivorsNameTheLostRank) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_3d

@@ -28,6 +28,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
+namespace exp_bench_allreduce {
 namespace {
 
 using namespace tally;
@@ -523,3 +524,4 @@ TEST(bench_allreduce_cli, BadInputIsOneLineAndExitCode2) {
 }
 
 }  // namespace
+}  // namespace exp_bench_allreduce

@@ -21,6 +21,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
+namespace exp_bench_ddp {
 namespace {
 
 using namespace tally;
@@ -198,3 +199,4 @@ TEST(bench_ddp_peer, AdamTrainingEqualsPyTorchDdp) {
 }
 
 }  // namespace
+}  // namespace exp_bench_ddp

@@ -21,6 +21,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
+namespace exp_bench_kernels {
 namespace {
 
 using namespace tally;
@@ -173,3 +174,4 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
 }
 
 }  // namespace
+}  // namespace exp_bench_kernels

@@ -27,7 +27,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_cp {
 namespace {
 
 using nlohmann::json;
@@ -152,4 +152,4 @@ TEST(CpCli, JsonMeasuredBesidePredicted) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_cp

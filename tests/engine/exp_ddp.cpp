@@ -24,7 +24,7 @@
 #include "rank_harness.hpp"
 #include "tally/core/comm.hpp"
 
-namespace tally::engine {
+namespace tally::engine::exp_ddp {
 namespace {
 
 constexpr double kTimeout_s = 20;  // per collective
@@ -377,4 +377,4 @@ TEST(DdpFailure, RankDyingMidBackwardFailsTheOthersWithCommError) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_ddp

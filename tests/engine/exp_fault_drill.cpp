@@ -21,6 +21,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
+namespace exp_fault_drill {
 namespace {
 
 namespace fs = std::filesystem;
@@ -243,3 +244,4 @@ TEST(FaultDrillInput, BadFlagsExitTwoNamingTheFlag) {
 }
 
 }  // namespace
+}  // namespace exp_fault_drill

@@ -26,7 +26,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_fp8 {
 namespace {
 
 using nlohmann::json;
@@ -222,4 +222,4 @@ TEST(Fp8Cli, JsonCarriesTheFigures) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_fp8

@@ -22,6 +22,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
+namespace exp_health_check {
 namespace {
 
 using nlohmann::json;
@@ -312,3 +313,4 @@ TEST(HealthCheckInput, FaultRankOutsideTheGroupIsBadInput) {
 }
 
 }  // namespace
+}  // namespace exp_health_check

@@ -18,7 +18,7 @@
 #include "tally/engine/experiments/memory_profile.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
-namespace tally::engine {
+namespace tally::engine::exp_memory_profile {
 namespace {
 
 using torch::kFloat;
@@ -331,4 +331,4 @@ TEST(MemoryProfileCli, TextNamesPeakPhaseAndBadInputExits2) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_memory_profile

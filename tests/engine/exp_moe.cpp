@@ -27,7 +27,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_moe {
 namespace {
 
 using nlohmann::json;
@@ -164,4 +164,4 @@ TEST(MoeCli, JsonMeasuredBesidePredicted) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_moe

@@ -31,7 +31,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_pp {
 namespace {
 
 using nlohmann::json;
@@ -183,4 +183,4 @@ TEST(PpCli, JsonMeasuredBesidePredictedOnUnevenStages) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_pp

@@ -22,7 +22,7 @@
 #include "tally/engine/experiments/qlora.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
-namespace tally::engine {
+namespace tally::engine::exp_qlora {
 namespace {
 
 using test::batch;
@@ -383,4 +383,4 @@ TEST(QloraCli, BadFlagsExit2) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_qlora

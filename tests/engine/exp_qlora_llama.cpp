@@ -25,7 +25,7 @@
 #include "tally/engine/experiments/qlora.hpp"
 #include "tally/engine/llama.hpp"
 
-namespace tally::engine {
+namespace tally::engine::exp_qlora_llama {
 namespace {
 
 using test::batch;
@@ -456,4 +456,4 @@ TEST(QloraLlamaCli, BadFlagsExit2) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_qlora_llama

@@ -34,7 +34,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_tp {
 namespace {
 
 using nlohmann::json;
@@ -224,4 +224,4 @@ TEST(TpCli, JsonMeasuredBesidePredicted) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_tp

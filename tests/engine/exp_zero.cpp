@@ -26,7 +26,7 @@
 #error "TALLY_BINARY must name the tally executable"
 #endif
 
-namespace tally::engine {
+namespace tally::engine::exp_zero {
 namespace {
 
 using nlohmann::json;
@@ -452,4 +452,4 @@ TEST(ZeroCli, BadInputExitsTwoOrNamesTheFlag) {
 }
 
 }  // namespace
-}  // namespace tally::engine
+}  // namespace tally::engine::exp_zero

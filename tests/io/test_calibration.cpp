@@ -10,7 +10,7 @@
 #include "io_test_util.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally::io {
+namespace tally::io::test_calibration {
 namespace {
 
 using test::data_path;
@@ -168,9 +168,9 @@ TEST(CalibrationBad, NotJsonNotObject) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_calibration
 
-namespace tally::io {
+namespace tally::io::test_calibration {
 namespace {
 
 // The "kernels" section (bench/gpu/probe.py, `tally bench gemm`): read back exactly, and applied
@@ -275,4 +275,4 @@ TEST(Calibration, HostClusterFromAHostCalibration) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_calibration

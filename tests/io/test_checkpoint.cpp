@@ -14,7 +14,7 @@
 #include "io_test_util.hpp"
 #include "tally/io/checkpoint.hpp"
 
-namespace tally::io {
+namespace tally::io::test_checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -520,4 +520,4 @@ TEST(CheckpointAtomic, RefusesToReplaceAFile) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_checkpoint

@@ -8,7 +8,7 @@
 #include "io_test_util.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally::io {
+namespace tally::io::test_cluster_file {
 namespace {
 
 using test::data_path;
@@ -154,9 +154,9 @@ TEST(ClusterFileBad, NotJsonNotObjectTooLarge) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_cluster_file
 
-namespace tally::io {
+namespace tally::io::test_cluster_file {
 namespace {
 
 // The operator model's roofline figures and the per-node checkpoint bandwidth, in their units.
@@ -188,4 +188,4 @@ TEST(ClusterFile, ComputeCapabilityIsMajorDotMinor) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_cluster_file

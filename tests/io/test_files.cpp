@@ -5,7 +5,7 @@
 
 #include "io_test_util.hpp"
 
-namespace tally::io {
+namespace tally::io::test_files {
 namespace {
 
 using test::expect_invalid;
@@ -30,4 +30,4 @@ TEST(Files, MissingDirectoryAndDevice) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_files

@@ -12,7 +12,7 @@
 #include "io_test_util.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally::io {
+namespace tally::io::test_hf_config {
 namespace {
 
 using test::data_path;
@@ -389,9 +389,9 @@ TEST(HfConfigFuzz, MutationsParseOrThrowInvalidInput) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_hf_config
 
-namespace tally::io {
+namespace tally::io::test_hf_config {
 namespace {
 
 // Qwen/Qwen2-7B config.json (hidden 3584, 28 layers, 28 heads, 4 kv heads, 18944, vocab 152064,
@@ -420,4 +420,4 @@ TEST(HfConfig, DropoutFromTheConfig) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_hf_config

@@ -20,7 +20,7 @@
 #include "tally/io/hf_config.hpp"
 #include "tally/io/safetensors.hpp"
 
-namespace tally::io {
+namespace tally::io::test_hostile_files {
 namespace {
 
 namespace fs = std::filesystem;
@@ -346,4 +346,4 @@ TEST(HostileJson, IntegerLimitsPrintExactly) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_hostile_files

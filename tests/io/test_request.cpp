@@ -10,7 +10,7 @@
 
 #include "io_test_util.hpp"
 
-namespace tally::io {
+namespace tally::io::test_request {
 namespace {
 
 using test::expect_invalid;
@@ -102,4 +102,4 @@ TEST(Request, DamagedBodiesGiveAValueOrOneLine) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_request

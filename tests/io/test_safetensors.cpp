@@ -17,7 +17,7 @@
 #include "io_test_util.hpp"
 #include "tally/io/safetensors.hpp"
 
-namespace tally::io {
+namespace tally::io::test_safetensors {
 namespace {
 
 namespace fs = std::filesystem;
@@ -632,4 +632,4 @@ TEST(Safetensors, ReadTensorBytesReadsSubrangesAndNoticesChanges) {
 }
 
 }  // namespace
-}  // namespace tally::io
+}  // namespace tally::io::test_safetensors

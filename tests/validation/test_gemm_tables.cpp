@@ -18,7 +18,7 @@
 #include "tally/core/presets.hpp"
 #include "tally/core/roofline.hpp"
 
-namespace tally {
+namespace tally::test_gemm_tables {
 namespace {
 
 const nlohmann::json& tables() { return fixture("xla_gemm_bf16.json"); }
@@ -164,4 +164,4 @@ TEST(GemmTables, H100Fp8ColumnIsAboveThePeakAndNotUsed) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_gemm_tables

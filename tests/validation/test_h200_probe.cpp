@@ -13,7 +13,7 @@
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_h200_probe {
 namespace {
 
 const nlohmann::json& probe() { return fixture("h200_memory_probe.json"); }
@@ -96,4 +96,4 @@ TEST(H200Probe, PresetMemoryMatchesNvidiaSmi) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_h200_probe

@@ -49,7 +49,7 @@
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_published_bridge {
 namespace {
 
 const nlohmann::json& data() { return fixture("megatron_bridge_perf.json"); }
@@ -279,4 +279,4 @@ TEST(PublishedBridge, BlackwellErrorBandIsTheseRows) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_published_bridge

@@ -42,7 +42,7 @@
 #include "tally/core/model.hpp"
 #include "tally/core/operators.hpp"
 
-namespace tally {
+namespace tally::test_published_fsdp {
 namespace {
 
 const nlohmann::json& data() { return fixture("llm_foundry_mpt.json"); }
@@ -257,4 +257,4 @@ TEST(PublishedFsdp, WhereTheMissSits) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_published_fsdp

@@ -59,7 +59,7 @@
 #include "tally/core/presets.hpp"
 #include "tally/core/types.hpp"
 
-namespace tally {
+namespace tally::test_published_peaks {
 namespace {
 
 const nlohmann::json& peaks() { return fixture("published_memory_peaks.json"); }
@@ -182,4 +182,4 @@ TEST(PublishedPeaks, PredictionsAgainstPublishedPeaks) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_published_peaks

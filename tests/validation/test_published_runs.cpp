@@ -26,7 +26,7 @@
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
-namespace tally {
+namespace tally::test_published_runs {
 namespace {
 
 ModelSpec gpt(std::int64_t h, std::int64_t L, std::int64_t a) {
@@ -208,4 +208,4 @@ TEST(PublishedRuns, ErrorBandCoversTheDevSet) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_published_runs

@@ -36,7 +36,7 @@
 #include "fixture.hpp"
 #include "torchtitan_rows.hpp"
 
-namespace tally {
+namespace tally::test_published_throughput {
 namespace {
 
 struct Throughput {
@@ -133,4 +133,4 @@ TEST(PublishedThroughput, HopperErrorBandIsTheseRows) {
 }
 
 }  // namespace
-}  // namespace tally
+}  // namespace tally::test_published_throughput
