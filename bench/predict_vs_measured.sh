@@ -5,16 +5,18 @@
 # Builds nothing. Usage:
 #   bench/predict_vs_measured.sh BUILD_DIR [-k "1 2 4"] [-o OUT_DIR] [-r ROUNDS]
 #
-# 1. Calibrate, in OUT_DIR (default a new temporary directory):
-#      tally bench gemm   --calibration-out cal.json   float32 at::mm over the default grid
-#      tally bench memory --calibration-out cal.json   a.add_(b) bandwidth by working set
-#      then per k >= 2, a copy cal-k<k>.json plus
+# 1. Per round, calibrate, in OUT_DIR (default a new temporary directory):
+#      tally bench gemm   --calibration-out cal-r<r>.json   float32 at::mm over the default grid,
+#                                                      each call after a cache flush (its default:
+#                                                      Note [cold-cache GEMMs], bench/kernels.hpp)
+#      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set
+#      then per k >= 2, a copy cal-k<k>-r<r>.json plus
 #      tally launch --nproc k -- tally bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 --iters 50
 #      (α–β at that k; the sizes span the runs' gradients: 6.3 MB and 10.6 MB).
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
-# 2. Per k and round: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
+# 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
-#    --calibration cal-k<k>.json --json.
+#    --calibration cal-k<k>-r<r>.json --json.
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
 #    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
 #    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
@@ -42,24 +44,32 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
-echo "# calibrating in $OUT" >&2
-rm -f "$OUT/cal.json"
-"$TALLY" bench gemm --calibration-out "$OUT/cal.json" >"$OUT/gemm.txt"
-"$TALLY" bench memory --calibration-out "$OUT/cal.json" >"$OUT/memory.txt"
-for k in $WORLD_SIZES; do
-  cp "$OUT/cal.json" "$OUT/cal-k$k.json"
-  if [[ $k -ge 2 ]]; then
-    "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 --iters 50 \
-      --calibration-out "$OUT/cal-k$k.json" >"$OUT/allreduce-k$k.txt"
-  fi
-done
+# Each round calibrates afresh, just before its runs: this VM's kernels drift by a fifth to a third
+# within minutes, so one calibration for all rounds would bias every ratio alike; the median over
+# rounds is then over independent calibrate-then-run pairs.
+calibrate() {  # $1 = round
+  local cal="$OUT/cal-r$1.json"
+  rm -f "$cal"
+  "$TALLY" bench gemm --calibration-out "$cal" >"$OUT/gemm-r$1.txt"
+  "$TALLY" bench memory --calibration-out "$cal" >"$OUT/memory-r$1.txt"
+  for k in $WORLD_SIZES; do
+    cp "$cal" "$OUT/cal-k$k-r$1.json"
+    if [[ $k -ge 2 ]]; then
+      "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 \
+        --iters 50 --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-r$1.txt"
+    fi
+  done
+}
 
 for r in $(seq 1 "$ROUNDS"); do
+  echo "# round $r: calibrating in $OUT" >&2
+  calibrate "$r"
   for k in $WORLD_SIZES; do
     echo "# round $r, k = $k" >&2
-    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$OUT/cal-k$k.json" --json \
+    cal="$OUT/cal-k$k-r$r.json"
+    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$cal" --json \
       | sed -n 's/^\[rank 0\] //p' >"$OUT/ddp-k$k-r$r.json"
-    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$OUT/cal-k$k.json" --json \
+    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$cal" --json \
       | sed -n 's/^\[rank 0\] //p' >"$OUT/zero-k$k-r$r.json"
   done
 done

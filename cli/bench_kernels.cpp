@@ -53,8 +53,8 @@ void add_timing_flags(CLI::App& cmd, TimingFlags& f) {
       ->capture_default_str();
   cmd.add_option("--clock", f.clock,
                  "wall | cpu: time the wall clock, or this process's CPU time (what `tally run "
-                 "health-check` times: calibrate it with --threads 1 --clock cpu; on a busy host "
-                 "the wall clock counts other processes' turns)")
+                 "health-check` times: calibrate it with --threads 1 --clock cpu, gemm with "
+                 "--cache warm; on a busy host the wall clock counts other processes' turns)")
       ->check(one_of({"wall", "cpu"}))
       ->capture_default_str();
   cmd.add_flag("--json", f.json, "print one JSON object instead of the table");
@@ -90,16 +90,19 @@ double us(double s) { return s * 1e6; }
 struct GemmFlags : TimingFlags {
   std::vector<std::int64_t> m = engine::BenchGemmOptions{}.m, n = engine::BenchGemmOptions{}.n,
                             k = engine::BenchGemmOptions{}.k;
+  std::string cache = "cold";  // Note [cold-cache GEMMs]
 };
 
 void run_gemm(const GemmFlags& f) {
-  const engine::BenchGemmOptions o{.m = f.m, .n = f.n, .k = f.k, .timing = f.timing()};
+  engine::BenchGemmOptions o{.m = f.m, .n = f.n, .k = f.k, .timing = f.timing()};
+  o.timing.cold = f.cache == "cold";
   try {
     o.validate();
   } catch (const InvalidInput& e) {
     throw InvalidInput(std::string("bench gemm: ") + e.what());
   }
-  io::Calibration c = calibration_to_merge(f.calibration_out, "tally bench gemm (float32 at::mm)");
+  io::Calibration c = calibration_to_merge(
+      f.calibration_out, "tally bench gemm (float32 at::mm, " + f.cache + " caches)");
   const engine::BenchGemmResult r = engine::run_bench_gemm(o);
   if (!f.calibration_out.empty()) {
     if (!c.kernels) c.kernels = io::KernelCalibration{};
@@ -115,8 +118,12 @@ void run_gemm(const GemmFlags& f) {
     print_json({{"command", "bench gemm"},
                 {"dtype", "float32"},
                 {"threads", o.timing.threads},
-                {"time_convention", "per call: each sample repeats at::mm_out until it lasts "
-                                    "min_sample_ms; median/min/max over samples"},
+                {"cache", f.cache},
+                {"time_convention",
+                 o.timing.cold ? "per call: each sample is one at::mm_out after a read of twice "
+                                 "the last-level cache; median/min/max over samples"
+                               : "per call: each sample repeats at::mm_out until it lasts "
+                                 "min_sample_ms; median/min/max over samples"},
                 {"flops_convention", "2mnk per call"},
                 {"rows", rows},
                 {"best_flops_per_s", r.best_flops_per_s},
@@ -124,9 +131,9 @@ void run_gemm(const GemmFlags& f) {
                                                               : nlohmann::json(f.calibration_out)}});
     return;
   }
-  fmt::print("# tally bench gemm: C(m x n) = A(m x k) B(k x n), float32 at::mm_out, {} thread(s); "
-             "per call, median over {} samples; GFLOP/s = 2mnk / time / 1e9\n",
-             o.timing.threads, o.timing.samples);
+  fmt::print("# tally bench gemm: C(m x n) = A(m x k) B(k x n), float32 at::mm_out, {} thread(s), "
+             "{} caches; per call, median over {} samples; GFLOP/s = 2mnk / time / 1e9\n",
+             o.timing.threads, f.cache, o.timing.samples);
   fmt::print("# {:>6} {:>6} {:>6} {:>11} {:>9}\n", "m", "n", "k", "med_us", "GFLOP/s");
   for (const auto& row : r.rows)
     fmt::print("  {:>6} {:>6} {:>6} {:>11.2f} {:>9.2f}\n", row.m, row.n, row.k,
@@ -152,6 +159,12 @@ void register_gemm(CLI::App& bench) {
         ->check(CLI::Range(std::int64_t{1}, std::int64_t{16384}))
         ->capture_default_str();
   add_timing_flags(*cmd, *f);
+  cmd->add_option("--cache", f->cache,
+                  "cold | warm: read twice the last-level cache before each call and time one "
+                  "call per sample (a training step's GEMMs find their weights out of cache), or "
+                  "repeat the call on the same operands until --min-sample-ms (cache-resident)")
+      ->check(one_of({"cold", "warm"}))
+      ->capture_default_str();
   cmd->callback([f] { run_gemm(*f); });
 }
 

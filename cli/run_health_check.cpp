@@ -272,8 +272,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--calibration", f->calibration,
                   "also judge each rank against its own host's calibration (`tally bench "
-                  "gemm|memory --threads 1 --clock cpu --calibration-out FILE`, read on each "
-                  "host): flag a figure below expected / (1 + --calibration-threshold)");
+                  "gemm|memory --threads 1 --clock cpu --calibration-out FILE`, gemm with "
+                  "--cache warm, read on each host): flag a figure below expected / (1 + "
+                  "--calibration-threshold)");
   cmd->add_option("--calibration-threshold", o.calibration_threshold,
                   "with --calibration: flag a rank whose time exceeds (1 + this) × its "
                   "calibration's (looser than the median's: the calibration was measured at "

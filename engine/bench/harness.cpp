@@ -66,17 +66,23 @@ TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop) {
   return r;
 }
 
+namespace {
+
+double clock_now_s(TimerClock clock) {
+  if (clock == TimerClock::wall)
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+}  // namespace
+
 TimeStats time_calls(int warmup, int samples, double min_sample_s,
                      const std::function<void()>& call, TimerClock clock) {
   TALLY_INVARIANT(warmup >= 0 && samples >= 1 && min_sample_s >= 0 && call);
-  const auto now_s = [clock] {
-    if (clock == TimerClock::wall)
-      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-          .count();
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-  };
+  const auto now_s = [clock] { return clock_now_s(clock); };
   const auto timed = [&](long reps) {
     const double t0 = now_s();
     for (long i = 0; i < reps; ++i) call();
@@ -87,6 +93,25 @@ TimeStats time_calls(int warmup, int samples, double min_sample_s,
   while (timed(reps) < min_sample_s && reps < (1L << 30)) reps *= 2;
   std::vector<double> per_call(static_cast<std::size_t>(samples));
   for (double& t : per_call) t = timed(reps) / double(reps);
+  return time_stats(per_call);
+}
+
+TimeStats time_cold_calls(int warmup, int samples, const std::function<void()>& flush,
+                          const std::function<void()>& call, TimerClock clock) {
+  TALLY_INVARIANT(warmup >= 0 && samples >= 1 && flush && call);
+  for (int i = 0; i < warmup; ++i) {
+    flush();
+    call();
+  }
+  std::vector<double> per_call(static_cast<std::size_t>(samples));
+  for (double& t : per_call) {
+    flush();
+    const double t0 = clock_now_s(clock);
+    call();
+    // A call shorter than the clock's tick reads 0 s: count it as one nanosecond (its FLOP/s
+    // finite, if too high) rather than divide by zero.
+    t = std::max(clock_now_s(clock) - t0, 1e-9);
+  }
   return time_stats(per_call);
 }
 

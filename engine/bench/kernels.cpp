@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <string>
 
@@ -21,8 +23,9 @@ void check_dims(const std::vector<std::int64_t>& dims, const char* flag) {
 
 }  // namespace
 
-std::string host_device_name(int threads) {
-  return "cpu, libtorch " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
+std::string host_device_name(int threads, bool cold) {
+  return "cpu, libtorch " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
+         (cold ? ", cold caches" : "");
 }
 
 void BenchKernelTiming::validate() const {
@@ -50,15 +53,38 @@ void BenchMemoryOptions::validate() const {
   timing.validate();
 }
 
+double cache_flush_bytes(double llc_bytes) {
+  constexpr double kMiB = 1 << 20;
+  return std::clamp(2 * llc_bytes, 64 * kMiB, 1024 * kMiB);
+}
+
+double last_level_cache_bytes() {
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long bytes = sysconf(name);
+    if (bytes > 0) return double(bytes);
+  }
+  return 0;
+}
+
 GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKernelTiming& t,
                   int repeat) {
   TALLY_INVARIANT(repeat >= 1);
   const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
   at::Tensor c = at::empty({m, n});
   GemmRow row{.m = m, .n = n, .k = k};
-  row.time = time_calls(t.warmup, t.samples, t.min_sample_s, [&] {
+  const auto call = [&] {
     for (int i = 0; i < repeat; ++i) at::mm_out(c, a, b);
-  }, t.clock);
+  };
+  if (t.cold) {
+    // Made once per process and never freed (no tensor outlives libtorch's own statics); read
+    // only: a sum leaves clean lines behind (Note [cold-cache GEMMs]).
+    static const at::Tensor* const flush = new at::Tensor(
+        at::ones({std::int64_t(cache_flush_bytes(last_level_cache_bytes()) / 4)}));
+    row.time = time_cold_calls(t.warmup, t.samples, [] { (void)flush->sum().item<float>(); },
+                               call, t.clock);
+  } else {
+    row.time = time_calls(t.warmup, t.samples, t.min_sample_s, call, t.clock);
+  }
   row.flops_per_s = 2.0 * double(m) * double(n) * double(k) / row.time.median_s;
   return row;
 }
@@ -106,7 +132,7 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
 }
 
 void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
-  k.device = host_device_name(r.options.timing.threads);
+  k.device = host_device_name(r.options.timing.threads, r.options.timing.cold);
   k.precision = "fp32";
   k.peak_flops = r.best_flops_per_s;
   k.sm_count = r.options.timing.threads;

@@ -141,12 +141,14 @@ HealthExpectation expect_from_calibration(const io::Calibration& c, const std::s
   };
   if (!c.kernels)
     refuse("no kernels section (write one with `tally bench gemm --threads 1 --clock cpu "
-           "--calibration-out " + source + "` and `tally bench memory` alike)");
+           "--cache warm --calibration-out " + source + "` and `tally bench memory` alike)");
   const io::KernelCalibration& k = *c.kernels;
   if (k.device != ours || k.precision != "fp32")
     refuse("measured on '" + k.device + "' at " + k.precision + "; health-check times '" + ours +
-           "' at fp32 (calibrate with `tally bench gemm|memory --threads " +
-           std::to_string(kKernelTiming.threads) + " --clock cpu --calibration-out FILE`)");
+           "' at fp32 (calibrate with `tally bench gemm --threads " +
+           std::to_string(kKernelTiming.threads) +
+           " --clock cpu --cache warm --calibration-out FILE` and `tally bench memory` with the "
+           "same --threads and --clock)");
   HealthExpectation e{.source = source};
   const double n = double(gemm_n), flops = 2 * n * n * n;
   for (const GemmSample& g : k.gemm)
@@ -168,7 +170,7 @@ HealthExpectation expect_from_calibration(const io::Calibration& c, const std::s
   if (!e.gemm_measured && k.gemm.size() < 3)
     refuse("no " + std::to_string(gemm_n) + "³ GEMM and " + std::to_string(k.gemm.size()) +
            " others (the fit needs >= 3: `tally bench gemm --threads 1 --clock cpu "
-           "--calibration-out " + source + "`)");
+           "--cache warm --calibration-out " + source + "`)");
   const GpuSpec host = io::host_cluster(c, false).gpu;
   if (!e.gemm_measured) {
     const Op gemm{.name = "health-check gemm", .kind = OpKind::gemm, .m = gemm_n, .n = gemm_n,

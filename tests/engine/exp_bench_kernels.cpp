@@ -62,6 +62,31 @@ TEST(BenchKernels, GemmRowsAreTheirOwnArithmetic) {
                InvalidInput);
 }
 
+// Note [cold-cache GEMMs]: the flush runs, untimed, before every call — warm-up and timed — and
+// each sample is one call; the buffer is twice the last-level cache within [64 MiB, 1 GiB].
+TEST(BenchKernels, ColdTimingFlushesBeforeEveryCall) {
+  std::string order;
+  const TimeStats t = time_cold_calls(2, 3, [&] { order += 'f'; }, [&] { order += 'c'; });
+  EXPECT_EQ(order, "fcfcfcfcfc");
+  EXPECT_GE(t.min_s, 0);
+  EXPECT_LE(t.median_s, t.max_s);
+  constexpr double kMiB = 1 << 20;
+  EXPECT_EQ(cache_flush_bytes(110100480.0), 220200960.0);  // this VM's 105 MiB L3 (getconf)
+  EXPECT_EQ(cache_flush_bytes(0), 64 * kMiB);              // unknown: the floor
+  EXPECT_EQ(cache_flush_bytes(4 * kMiB), 64 * kMiB);
+  EXPECT_EQ(cache_flush_bytes(2048 * kMiB), 1024 * kMiB);
+  EXPECT_GE(last_level_cache_bytes(), 0);
+  // Cold rows keep their own arithmetic.
+  BenchKernelTiming cold = kQuick;
+  cold.cold = true;
+  const BenchGemmResult r = run_bench_gemm({.m = {4}, .n = {16}, .k = {8, 64}, .timing = cold});
+  ASSERT_EQ(r.rows.size(), 2u);
+  for (const GemmRow& row : r.rows) {
+    ASSERT_GT(row.time.median_s, 0);
+    EXPECT_DOUBLE_EQ(row.flops_per_s, 2.0 * row.m * row.n * row.k / row.time.median_s);
+  }
+}
+
 TEST(BenchKernels, MemoryRowsAreTheirOwnArithmetic) {
   const BenchMemoryOptions o{.working_set_bytes = {1048576.0, 65536.0}, .timing = kQuick};
   const BenchMemoryResult r = run_bench_memory(o);
@@ -113,6 +138,30 @@ void expect_prediction(const json& j, double measured) {
   EXPECT_NEAR(double(j["measured_over_predicted"]), measured / total, 1e-9);
 }
 
+// `bench gemm --cache`: cold by default, warm on request, anything else refused naming the flag;
+// the mode is printed in the JSON and recorded in the calibration's source.
+TEST(BenchKernels, GemmCacheModeIsAFlagAndIsRecorded) {
+  const std::vector<std::string> grid = {"bench", "gemm", "--m", "64", "--n", "64", "--k", "64",
+                                         "--samples", "1", "--warmup", "0", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = grid;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return tally(a);
+  };
+  Ran r = with({"--cache", "lukewarm"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--cache"), std::string::npos) << r.err;
+  r = with({});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(json::parse(r.out)["cache"], "cold");
+  test::TempDir dir("bench_gemm_cache");
+  const std::string cal = (dir / "cal.json").string();
+  r = with({"--cache", "warm", "--calibration-out", cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(json::parse(r.out)["cache"], "warm");
+  EXPECT_NE(io::load_calibration(cal).source.find("warm caches"), std::string::npos);
+}
+
 TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   test::TempDir dir("bench_kernels");
   const std::string cal = (dir / "cal.json").string();
@@ -138,6 +187,7 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   EXPECT_EQ(c.kernels->gemm.size(), 8u);
   EXPECT_EQ(c.kernels->memory_curve.size(), 2u);
   EXPECT_FALSE(c.intra_node.has_value());
+  EXPECT_NE(c.source.find("cold caches"), std::string::npos) << c.source;  // bench gemm's default
 
   // k = 2 needs the α–β: refused before any rank trains, naming the flag and what is missing.
   const std::vector<std::string> ddp = {"bench", "ddp", "--widths", "16,32,32,4", "--batch", "8",

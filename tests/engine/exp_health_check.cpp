@@ -177,7 +177,8 @@ json read_json(const std::filesystem::path& p) {
 
 void write_json(const std::filesystem::path& p, const json& j) { std::ofstream(p) << j.dump(1); }
 
-// This host's calibration, written by `tally bench gemm|memory --threads 1 --clock cpu` now (the
+// This host's calibration, written by `tally bench gemm|memory --threads 1 --clock cpu` (gemm with
+// --cache warm, as the health check times) now (the
 // health check's own clock: at load 12 a wall-clock calibration read 9× below it): GEMMs of m, k in
 // {128, 256, 512} at n = 256 (256³ among them), working sets 4, 16 (the health check's) and 64 MiB.
 // Then variants built here from its figures: `fitted` without the 256³ GEMM and the 16 MiB point
@@ -187,7 +188,7 @@ TEST(HealthCheckCalibration, OwnCalibrationFlagsSlowRanksTheMedianCannot) {
   tally::test::TempDir tmp;
   const std::string cal = (tmp / "cal.json").string();
   const Ran gemm = run_command({TALLY_BINARY, "bench", "gemm", "--threads", "1", "--clock", "cpu",
-                                "--warmup", "1",
+                                "--cache", "warm", "--warmup", "1",
                                 "--samples", "3", "--m", "128,256,512", "--n", "256", "--k",
                                 "128,256,512", "--calibration-out", cal},
                                120);
@@ -220,9 +221,12 @@ TEST(HealthCheckCalibration, OwnCalibrationFlagsSlowRanksTheMedianCannot) {
   for (json& p : fast["kernels"]["memory_curve"])
     p["bytes_per_s"] = 100 * p["bytes_per_s"].get<double>();
   threads["kernels"]["device"] = "cpu, libtorch 2 threads";
+  json cold = measured;  // what `bench gemm` writes by default (Note [cold-cache GEMMs])
+  cold["kernels"]["device"] = "cpu, libtorch 1 thread, cold caches";
   write_json(tmp / "fitted.json", fitted);
   write_json(tmp / "fast.json", fast);
   write_json(tmp / "threads.json", threads);
+  write_json(tmp / "cold.json", cold);
 
   // (1) Two ranks, rank 1 slowed 8×, against the calibration as measured: rank 1 is named in
   // both verdicts, healthy rank 0 in neither. Its expected figures are the file's own samples.
@@ -291,8 +295,19 @@ TEST(HealthCheckCalibration, OwnCalibrationFlagsSlowRanksTheMedianCannot) {
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_EQ(r.err, "tally: error: --calibration = " + (tmp / "threads.json").string() +
                        ": measured on 'cpu, libtorch 2 threads' at fp32; health-check times "
-                       "'cpu, libtorch 1 thread' at fp32 (calibrate with `tally bench gemm|memory "
-                       "--threads 1 --clock cpu --calibration-out FILE`)\n");
+                       "'cpu, libtorch 1 thread' at fp32 (calibrate with `tally bench gemm "
+                       "--threads 1 --clock cpu --cache warm --calibration-out FILE` and `tally "
+                       "bench memory` with the same --threads and --clock)\n");
+
+  // (5) A cold-cache GEMM calibration (bench gemm's default): the health check times warm, so it
+  // is another device — refused the same way, the fix named.
+  r = run_command({TALLY_BINARY, "run", "health-check", "--calibration",
+                   (tmp / "cold.json").string()},
+                  60);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("measured on 'cpu, libtorch 1 thread, cold caches'"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--cache warm"), std::string::npos) << r.err;
 }
 
 TEST(HealthCheckInput, BadThresholdIsOneLineAndExitTwo) {

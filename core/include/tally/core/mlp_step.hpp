@@ -11,7 +11,9 @@
 //                at::linear's addmm), ReLU (not after the last layer), and backward: dgrad
 //                (except layer 0, whose input needs no gradient), wgrad, bias gradient (a
 //                reduction over B rows), ReLU backward; cross-entropy (log-softmax + NLL, three
-//                passes over B × d_L forward, two backward). Timed by op_seconds (core/roofline).
+//                passes over B × d_L forward, two backward). Timed by op_seconds (core/roofline)
+//                on a GEMM table timed with cold caches, as the step runs them (Note [cold-cache
+//                GEMMs], engine/bench/kernels.hpp).
 //   gradients    the engine's passes over gradient buffers, per strategy (engine/runtime):
 //                  DP (zero_stage0.cpp, bench ddp: ddp.cpp pack) mul_out into the bucket: 2N
 //                  ZeRO-1 grad_.zero_() N; AccumulateGrad into it (g += g_new) 3N (reduced and

@@ -59,5 +59,10 @@ enum class TimerClock { wall, process_cpu };
 // timeit.autorange does). Returns the statistics of the per-call time (sample / r).
 TimeStats time_calls(int warmup, int samples, double min_sample_s, const std::function<void()>& call,
                      TimerClock clock = TimerClock::wall);
+// The same with cold caches (`tally bench gemm --cache cold`, Note [cold-cache GEMMs] in
+// kernels.hpp): before each call, warm-up or timed, `flush` runs untimed; each of the S samples is
+// one call (no repetition: a second call would find the operands the first one brought in).
+TimeStats time_cold_calls(int warmup, int samples, const std::function<void()>& flush,
+                          const std::function<void()>& call, TimerClock clock = TimerClock::wall);
 
 }  // namespace tally::engine

@@ -12,6 +12,20 @@
 //   copy  a.copy_(b)      2 streams of W/2.
 //   Bandwidth = streams · W/2 / median; the add curve is the calibration's memory_curve, its
 //   largest working set (DRAM) the memory_bytes_per_s.
+//
+// Note [cold-cache GEMMs]
+// In a training step each GEMM finds its weight out of the caches: the weight was last touched a
+// step earlier, and since then the other layers' GEMMs and the optimizer (Adam's 20 streams over
+// every parameter, Note [host step model]) have moved far more than the last-level cache through
+// them. Timing at::mm_out over and over on the same operands (warm) measures the GEMM with A, B and
+// C cache-resident instead. Measured on the 2-core VM (2026-12-03, the eight GEMMs of `run zero`'s
+// default MLP at 32 rows, each alone): 5.1 ms warm, 7.9 ms each after a flush; the same eight
+// back to back in the step's order took 10.7 ms, and the engine's forward + backward 10.5 ms.
+// So `bench gemm` times cold by default: before every call, warm-up or timed, it reads a buffer of
+// twice the last-level cache (cache_flush_bytes; read only, so the evicted lines are clean and no
+// write-back lands in the timed call) and each sample is one call (time_cold_calls) — as Triton's
+// do_bench clears the GPU's L2 before each timed call. `--cache warm` keeps the repeated timing.
+// bench memory needs no flush: its working sets are the cache levels it measures.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +43,9 @@ struct BenchKernelTiming {
   int samples = 7;                 // S timed samples
   double min_sample_s = 2e-3;      // each sample repeats the call to last at least this
   TimerClock clock = TimerClock::wall;  // health-check: process_cpu
+  // Flush the caches before every call and time one call per sample (Note [cold-cache GEMMs]);
+  // min_sample_s is then unused. bench gemm's default; health-check times warm.
+  bool cold = false;
   void validate() const;           // InvalidInput naming the flag
 };
 
@@ -53,6 +70,11 @@ struct BenchGemmResult {
 };
 
 BenchGemmResult run_bench_gemm(const BenchGemmOptions& options);
+// The flush buffer of Note [cold-cache GEMMs]: twice the last-level cache `llc_bytes`, at least
+// 64 MiB (also when the size is unknown: 0) and at most 1 GiB.
+double cache_flush_bytes(double llc_bytes);
+// This host's last-level cache (sysconf: L3, else L2), bytes; 0 when the system does not say.
+double last_level_cache_bytes();
 // One shape of that grid, on the calling thread's current torch thread count. Each timed call runs
 // at::mm_out `repeat` times (1 for the benchmark; `tally run health-check` repeats it on the rank
 // it is told to slow down, so that rank's call takes `repeat` times as long whatever the load).
@@ -82,8 +104,10 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options);
 // One working set of that sweep (rounded down to whole float32 pairs); `repeat` as in time_gemm.
 MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& timing, int repeat = 1);
 
-// The device a calibration of this host's kernels names: "cpu, libtorch 1 thread".
-std::string host_device_name(int threads);
+// The device a calibration of this host's kernels names: "cpu, libtorch 1 thread", and for GEMMs
+// timed cold (Note [cold-cache GEMMs]) "cpu, libtorch 1 thread, cold caches" — another device to
+// whoever times warm (health-check refuses it).
+std::string host_device_name(int threads, bool cold = false);
 
 // The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
 // device, peak_flops, sm_count and gemm; a memory result memory_curve and memory_bytes_per_s.

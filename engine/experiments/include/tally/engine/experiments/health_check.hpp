@@ -52,9 +52,10 @@
 // against a CPU-clock calibration taken minutes earlier on this 2-core box at load 10–12 read
 // 0.65× (GEMM; the fitted prediction) — load that thrashes the caches costs CPU time too. Each rank reads the file at the
 // given path on its own host, so across hosts each is judged by its own host's calibration. The
-// calibration must be of the health check's kernels: this CPU's libtorch on one thread (bench's
-// "cpu, libtorch 1 thread"); another device's or thread count's is refused (InvalidInput), as
-// `plan --calibration` refuses another device's. The health check times the CPU clock, and so
+// calibration must be of the health check's kernels: this CPU's libtorch on one thread, GEMMs
+// timed warm (bench's "cpu, libtorch 1 thread", `bench gemm --cache warm`; bench gemm's default
+// cold timing names "…, cold caches"); another device's or thread count's is refused
+// (InvalidInput), as `plan --calibration` refuses another device's. The health check times the CPU clock, and so
 // must the calibration (bench's --clock cpu): a wall-clock one taken on a busy host counts other
 // processes' turns (at load 12 one read 9× below the health check's own figures) and then flags
 // nothing. The file does not record the clock, so this is the user's part.
