@@ -10,13 +10,16 @@
 #                                                      each call after a cache flush (its default:
 #                                                      Note [cold-cache GEMMs], bench/kernels.hpp)
 #      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set
-#      then per k >= 2, a copy cal-k<k>-r<r>.json plus
-#      tally launch --nproc k -- tally bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 --iters 50
-#      (α–β at that k; the sizes span the runs' gradients: 6.3 MB and 10.6 MB).
+#      then per k >= 2 and ALGO in gloo, ring, a copy cal-ALGO-k<k>-r<r>.json plus
+#      tally launch --nproc k -- tally bench allreduce --algo ALGO --sizes-mb 0.25,1,4,16 --iters 50
+#      (α–β at that k; the sizes span the runs' gradients: 6.3 MB and 10.6 MB): each run is
+#      predicted from the collective it calls — bench ddp's reducer Gloo's all-reduce, run zero
+#      tally's ring (DP's all-reduce, the ZeRO stages' reduce-scatter; their all-gathers are
+#      Gloo's, engine/runtime/comm.cpp).
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
 # 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
-#    --calibration cal-k<k>-r<r>.json --json.
+#    --calibration cal-ALGO-k<k>-r<r>.json --json.
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
 #    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
 #    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
@@ -53,11 +56,14 @@ calibrate() {  # $1 = round
   "$TALLY" bench gemm --calibration-out "$cal" >"$OUT/gemm-r$1.txt"
   "$TALLY" bench memory --calibration-out "$cal" >"$OUT/memory-r$1.txt"
   for k in $WORLD_SIZES; do
-    cp "$cal" "$OUT/cal-k$k-r$1.json"
-    if [[ $k -ge 2 ]]; then
-      "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo gloo --sizes-mb 0.25,1,4,16 \
-        --iters 50 --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-r$1.txt"
-    fi
+    for algo in gloo ring; do
+      cp "$cal" "$OUT/cal-$algo-k$k-r$1.json"
+      if [[ $k -ge 2 ]]; then
+        "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo "$algo" \
+          --sizes-mb 0.25,1,4,16 --iters 50 --calibration-out "$OUT/cal-$algo-k$k-r$1.json" \
+          >"$OUT/allreduce-$algo-k$k-r$1.txt"
+      fi
+    done
   done
 }
 
@@ -66,10 +72,9 @@ for r in $(seq 1 "$ROUNDS"); do
   calibrate "$r"
   for k in $WORLD_SIZES; do
     echo "# round $r, k = $k" >&2
-    cal="$OUT/cal-k$k-r$r.json"
-    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$cal" --json \
-      | sed -n 's/^\[rank 0\] //p' >"$OUT/ddp-k$k-r$r.json"
-    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$cal" --json \
+    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$OUT/cal-gloo-k$k-r$r.json" \
+      --json | sed -n 's/^\[rank 0\] //p' >"$OUT/ddp-k$k-r$r.json"
+    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$OUT/cal-ring-k$k-r$r.json" --json \
       | sed -n 's/^\[rank 0\] //p' >"$OUT/zero-k$k-r$r.json"
   done
 done
