@@ -132,9 +132,18 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
                stream_op("shard-copy", 2, shard)};
       break;
     default:
-      for (i64 nu : units) {
-        grads.push_back(stream_op("gather-copy", 4, double(nu)));
-        grads.push_back(stream_op("shard-copy", 2, std::ceil(double(nu) / k)));
+      for (std::size_t u = 0; u < units.size(); ++u) {
+        const double nu = double(units[u]);
+        grads.push_back(stream_op("gather-copy", 4, nu));
+        // Autograd's way into the flat leaf (Note [host step model]): each of the unit's two
+        // parameter views (weight, bias) gets a zeroed n_u gradient with its slice copied in,
+        // and the two are summed.
+        for (std::size_t p = 2 * u; p < 2 * u + 2; ++p) {
+          grads.push_back(stream_op("slice-backward-zeros", 1, nu));
+          grads.push_back(stream_op("slice-backward-copy", 2, double(tensors[p])));
+        }
+        grads.push_back(stream_op("view-gradient-sum", 3, nu));
+        grads.push_back(stream_op("shard-copy", 2, std::ceil(nu / k)));
       }
   }
   t.gradient_s = ops_seconds(grads, cpu);

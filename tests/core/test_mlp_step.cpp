@@ -102,6 +102,21 @@ TEST(MlpStep, ContentionAndBuckets) {
   EXPECT_NEAR(one.gradient_s, 4 * 2 * N / 2e9, 1e-15);
 }
 
+// ZeRO-3's gradient passes per unit (one Linear: weight and bias), by hand from Note [host step
+// model]: the gathered unit copied into its buffer forward and backward (4 n_u), autograd's
+// SliceBackward0 for each of the two views (a zeroed n_u buffer, 1 stream, and its slice copied
+// in, 2 streams of the parameter's elements), the two full-size gradients summed (3 n_u), the
+// rank's gradient shard copied out (2⌈n_u/k⌉).
+TEST(MlpStep, ZeroThreeGradientPasses) {
+  const double W = 2e9;
+  MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 2, .zero_stage = 3, .cores = 2};
+  const MlpStepTime t = predict_mlp_step(s, ideal_host(1e9, 1e-5, 1e8, W));
+  const double n0 = 8 * 6 + 6, n1 = 6 * 4 + 4;  // 54, 28
+  const double streams = 4 * (n0 + n1) + 2 * (n0 + n1) + 2 * (48 + 6) + 2 * (24 + 4) +
+                         3 * (n0 + n1) + 2 * (27 + 14);
+  EXPECT_NEAR(t.gradient_s, 4 * streams / W, 1e-15);
+}
+
 TEST(MlpStep, RefusesWhatTheEngineCannotRun) {
   const ClusterSpec host = ideal_host(1e9, 0, 1e8, 1e9);
   EXPECT_THROW(predict_mlp_step({.widths = {8}}, host), InvalidInput);

@@ -20,7 +20,13 @@
 //                         gathered in place: no staging copy)
 //                  ZeRO-2 at::zeros N; AccumulateGrad 3N; copy_ of the shard 2N/k
 //                  ZeRO-3 Gloo's copy of each gathered unit into its buffer, forward and
-//                         backward: 4N; copy_ of each gradient shard 2N/k
+//                         backward: 4N; copy_ of each gradient shard 2N/k; and autograd's way
+//                         into the unit's flat leaf (zero_stage3.cpp: the parameters are
+//                         narrow().view() views of it): per parameter view SliceBackward0's
+//                         at::zeros(n_u) and copy_ of its slice (libtorch 1.13 slice_backward,
+//                         TensorShape.cpp), then the InputBuffer sums the V full-size gradients
+//                         (V − 1 adds): (V + 2 + 3(V − 1))·n_u, 7 n_u for a Linear's weight and
+//                         bias — 7N a step
 //                (elements; each is read or written once: a "stream").
 //   optimizer    torch.optim.Adam's single-tensor step, as engine/runtime/optimizer.cpp writes
 //                it: m.mul_ 2, add_ 3, v.mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4 —
