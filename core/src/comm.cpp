@@ -218,8 +218,10 @@ void StepTrafficSetup::validate() const {
   require_real(std::isfinite(fp8_gather_share) && fp8_gather_share >= 0 &&
                    fp8_gather_share <= 1 - expert_share,
                "fp8_gather_share", fp8_gather_share,
-               "must be in [0, 1 - expert_share = " + format_number(1 - expert_share) +
-                   "] (torchao gathers Float8Linear weights in fp8, not the routed experts)");
+               [&] {
+                 return "must be in [0, 1 - expert_share = " + format_number(1 - expert_share) +
+                        "] (torchao gathers Float8Linear weights in fp8, not the routed experts)";
+               });
   require_int((fp8_gather_share == 0 && !fp8_gather_experts) || zero_stage >= 1, "zero",
               zero_stage, "a float8 parameter all-gather needs ZeRO >= 1 (no gather at ZeRO-0)");
 }

@@ -92,7 +92,7 @@ FineTuneEval evaluate_finetune(const PlanRequest& r, const LoraSetup& s, std::in
                        ": must be a multiple of --gpus = " + std::to_string(r.gpus) +
                        " (each GPU trains on its share)");
   require_int(micro_batch >= 1 && per_gpu % micro_batch == 0, "micro-batch", micro_batch,
-              "must divide the global batch per GPU, " + std::to_string(per_gpu));
+              [&] { return "must divide the global batch per GPU, " + std::to_string(per_gpu); });
   const ModelSpec& m = r.model;
   const GpuSpec& gpu = r.cluster.gpu;
   const Precision p = s.compute;

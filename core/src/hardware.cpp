@@ -36,7 +36,10 @@ namespace {
 
 void check(double v, HardwareBounds b, const char* field, const char* unit) {
   require_real(std::isfinite(v) && v >= b.lo && v <= b.hi, field, v,
-               "must be in [" + format_number(b.lo) + ", " + format_number(b.hi) + "] " + unit);
+               [&] {
+                 return "must be in [" + format_number(b.lo) + ", " + format_number(b.hi) + "] " +
+                        unit;
+               });
 }
 
 }  // namespace

@@ -164,7 +164,7 @@ void require_tiles(std::size_t n, std::int64_t rows, std::int64_t cols) {
   require_int(cols > 0 && cols % kNvfp4Block == 0, "cols", cols,
               "must be a positive multiple of 16 (NVFP4 16x16 tiles)");
   require_int(rows * cols == std::int64_t(n), "rows*cols", rows * cols,
-              "must equal the element count " + std::to_string(n));
+              [&] { return "must equal the element count " + std::to_string(n); });
 }
 
 // amax of every 16×16 tile of a rows×cols row-major matrix, tile (r/16, c/16) at

@@ -173,7 +173,7 @@ std::int64_t expert_capacity(double tokens, std::int64_t top_k, std::int64_t exp
                              double capacity_factor) {
   require_real(std::isfinite(tokens) && tokens >= 0, "tokens", tokens, "must be >= 0");
   require_int(top_k >= 1 && top_k <= experts, "top_k", top_k,
-              "must be in [1, experts = " + std::to_string(experts) + "]");
+              [&] { return "must be in [1, experts = " + std::to_string(experts) + "]"; });
   require_real(std::isfinite(capacity_factor) && capacity_factor >= 1 && capacity_factor <= 64,
                "capacity_factor", capacity_factor, "must be in [1, 64]");
   const double slots = std::ceil(capacity_factor * tokens * double(top_k) / double(experts));
@@ -184,15 +184,20 @@ void require_expert_split(const ModelSpec& m, int ep, int etp, int tp) {
   const bool moe = !m.params_only && m.is_moe();
   require_int(ep >= 1, "--ep", ep, "must be >= 1");
   require_int(etp >= 1, "--etp", etp, "must be >= 1");
-  require_int(ep == 1 || moe, "--ep", ep, m.name + " is not a mixture-of-experts model");
+  require_int(ep == 1 || moe, "--ep", ep,
+              [&] { return m.name + " is not a mixture-of-experts model"; });
   require_int(etp == tp || moe, "--etp", etp,
-              m.name + " is not a mixture-of-experts model (expert TP is the MLP's TP)");
+              [&] {
+                return m.name + " is not a mixture-of-experts model (expert TP is the MLP's TP)";
+              });
   if (!moe) return;
   require_int(m.experts % ep == 0, "--ep", ep,
-              "must divide the routed experts (" + std::to_string(m.experts) + ")");
+              [&] { return "must divide the routed experts (" + std::to_string(m.experts) + ")"; });
   require_int(m.ffn % etp == 0, "--etp", etp,
-              "must divide the experts' FFN width (moe_intermediate_size " +
-                  std::to_string(m.ffn) + ")");
+              [&] {
+                return "must divide the experts' FFN width (moe_intermediate_size " +
+                       std::to_string(m.ffn) + ")";
+              });
 }
 
 bool recompute_applies(Recompute r, const ModelSpec& m) {

@@ -53,7 +53,7 @@ int RankCoords::operator[](GroupKind k) const { return of_kind(k, tp, cp, dp, pp
 
 RankCoords rank_coords(const ParallelLayout& l, int rank) {
   require_int(rank >= 0 && rank < l.world_size(), "rank", rank,
-              "must be in [0, " + std::to_string(l.world_size()) + ")");
+              [&] { return "must be in [0, " + std::to_string(l.world_size()) + ")"; });
   return {.tp = rank % l.tp,
           .cp = (rank / l.tp) % l.cp,
           .dp = (rank / (l.tp * l.cp)) % l.dp,
@@ -107,7 +107,7 @@ ExpertLayout expert_layout(const ParallelLayout& d, int etp, int ep) {
 
 std::vector<int> expert_group_ranks(const ExpertLayout& l, ExpertGroupKind k, int rank) {
   require_int(rank >= 0 && rank < l.world_size(), "rank", rank,
-              "must be in [0, " + std::to_string(l.world_size()) + ")");
+              [&] { return "must be in [0, " + std::to_string(l.world_size()) + ")"; });
   const int stage = l.etp * l.ep * l.edp;
   const int local = rank % stage;
   const int coord = k == ExpertGroupKind::etp ? local % l.etp

@@ -26,9 +26,11 @@ void PipelineSetup::validate() const {
   require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
   require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
   require_int(interleave == 1 || micro_batches % stages == 0, "micro_batches", micro_batches,
-              "must be a multiple of stages = " + std::to_string(stages) +
-                  " for the interleaved schedule (interleave = " + std::to_string(interleave) +
-                  ")");
+              [&] {
+                return "must be a multiple of stages = " + std::to_string(stages) +
+                       " for the interleaved schedule (interleave = " +
+                       std::to_string(interleave) + ")";
+              });
   require_real(std::isfinite(backward_forward_ratio) && backward_forward_ratio >= 0,
                "backward_forward_ratio", backward_forward_ratio, "must be >= 0");
   if (forward_time_s)
@@ -126,7 +128,9 @@ std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule
   require_int(M >= 1, "micro_batches", M, "must be >= 1");
   require_int(v >= 1, "interleave", v, "must be >= 1");
   require_int(v == 1 || schedule == PipelineSchedule::interleaved, "interleave", v,
-              "must be 1 for the " + std::string(to_string(schedule)) + " schedule");
+              [&] {
+                return "must be 1 for the " + std::string(to_string(schedule)) + " schedule";
+              });
   if (schedule == PipelineSchedule::interleaved)
     require_int(M % P == 0, "micro_batches", M,
                 "must be a multiple of stages = " + std::to_string(P) +

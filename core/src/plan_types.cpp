@@ -65,7 +65,10 @@ FitCheck check_fit(double states_bytes, double activation_bytes, double buffers,
   require_real(std::isfinite(b.runtime_bytes) && b.runtime_bytes >= 0 &&
                    b.runtime_bytes < b.capacity_bytes,
                "runtime bytes", b.runtime_bytes,
-               "must be in [0, " + format_number(b.capacity_bytes) + ") bytes (the GPU's capacity)");
+               [&] {
+                 return "must be in [0, " + format_number(b.capacity_bytes) +
+                        ") bytes (the GPU's capacity)";
+               });
   FitCheck f{.states_bytes = states_bytes, .activation_bytes = activation_bytes,
              .buffer_bytes = buffers, .capacity_bytes = b.capacity_bytes, .headroom = b.headroom};
   f.allocated_bytes = states_bytes + activation_bytes + buffers;

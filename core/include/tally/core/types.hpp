@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace tally {
@@ -191,6 +192,18 @@ std::string format_number(double v);
 // Input checks shared by the ledgers: throw InvalidInput "field = value: allowed" unless ok.
 void require_real(bool ok, std::string_view field, double value, std::string_view allowed);
 void require_int(bool ok, std::string_view field, std::int64_t value, std::string_view allowed);
+// The same with the allowed range built only on failure — for messages that format numbers, on
+// paths the planner runs for every layout: `require_real(ok, "f", v, [&] { return "..." + ...; })`.
+template <class Allowed>
+  requires std::is_invocable_r_v<std::string, Allowed>
+void require_real(bool ok, std::string_view field, double value, Allowed&& allowed) {
+  if (!ok) require_real(false, field, value, std::string_view(allowed()));
+}
+template <class Allowed>
+  requires std::is_invocable_r_v<std::string, Allowed>
+void require_int(bool ok, std::string_view field, std::int64_t value, Allowed&& allowed) {
+  if (!ok) require_int(false, field, value, std::string_view(allowed()));
+}
 
 // Formats a byte count in the given unit with its unit name, e.g. "26.25 GB".
 std::string format_bytes(double bytes, SizeUnit u, int decimals = 2);
