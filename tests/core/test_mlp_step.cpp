@@ -97,23 +97,24 @@ TEST(MlpStep, ContentionAndBuckets) {
   s.bucket_bytes = {100, S - 100};
   const MlpStepTime two = predict_mlp_step(s, host);
   EXPECT_NEAR(two.comm_s - one.comm_s, 1e-5 * 6, 1e-15);
-  // SGD: p.add_(g) is 3 streams per parameter; DP packs 2 streams per gradient.
+  // SGD: p.add_(g) is 3 streams per parameter; DP's pack, a copy into the bucket, 3 streams per
+  // gradient (read, read for ownership, write).
   EXPECT_NEAR(one.optimizer_s, 4 * 3 * N / 2e9, 1e-15);
-  EXPECT_NEAR(one.gradient_s, 4 * 2 * N / 2e9, 1e-15);
+  EXPECT_NEAR(one.gradient_s, 4 * 3 * N / 2e9, 1e-15);
 }
 
 // ZeRO-3's gradient passes per unit (one Linear: weight and bias), by hand from Note [host step
-// model]: the gathered unit copied into its buffer forward and backward (4 n_u), autograd's
-// SliceBackward0 for each of the two views (a zeroed n_u buffer, 1 stream, and its slice copied
-// in, 2 streams of the parameter's elements), the two full-size gradients summed (3 n_u), the
-// rank's gradient shard copied out (2⌈n_u/k⌉).
+// model], each copy into another buffer 3 streams: the gathered unit copied into its buffer
+// forward and backward (6 n_u), autograd's SliceBackward0 for each of the two views (a zeroed n_u
+// buffer, 1 stream, and its slice copied in, 3 streams of the parameter's elements), the two
+// full-size gradients summed (3 n_u), the rank's gradient shard copied out (3⌈n_u/k⌉).
 TEST(MlpStep, ZeroThreeGradientPasses) {
   const double W = 2e9;
   MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 2, .zero_stage = 3, .cores = 2};
   const MlpStepTime t = predict_mlp_step(s, ideal_host(1e9, 1e-5, 1e8, W));
   const double n0 = 8 * 6 + 6, n1 = 6 * 4 + 4;  // 54, 28
-  const double streams = 4 * (n0 + n1) + 2 * (n0 + n1) + 2 * (48 + 6) + 2 * (24 + 4) +
-                         3 * (n0 + n1) + 2 * (27 + 14);
+  const double streams = 6 * (n0 + n1) + 2 * (n0 + n1) + 3 * (48 + 6) + 3 * (24 + 4) +
+                         3 * (n0 + n1) + 3 * (27 + 14);
   EXPECT_NEAR(t.gradient_s, 4 * streams / W, 1e-15);
 }
 
