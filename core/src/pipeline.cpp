@@ -266,15 +266,6 @@ double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, 
   return makespan;
 }
 
-int layers_of_stage(int layers, int stages, int first, int last, int s) {
-  if (first == 0 && last == 0)  // as even as possible, the extra layers on the last stages
-    return layers / stages + (s >= stages - layers % stages ? 1 : 0);
-  if (s == 0) return first;
-  if (s == stages - 1) return last;
-  const int middle = stages - 2, rest = layers - first - last;
-  return rest / middle + (s > middle - rest % middle ? 1 : 0);
-}
-
 void check_stage_list(const std::vector<int>& list, int layers, int stages) {
   if (int(list.size()) != stages)
     throw InvalidInput("--pp-layers: " + std::to_string(list.size()) + " stages given for --pp = " +

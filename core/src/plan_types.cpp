@@ -11,11 +11,6 @@
 
 namespace tally {
 
-int Layout::layers_on_stage(int model_layers, int s) const {
-  if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
-  return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
-}
-
 int Layout::dimensions() const {
   return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (ep > 1) + (expert_tp() != tp) +
          (interleave > 1) + sp + (zero > 0) +

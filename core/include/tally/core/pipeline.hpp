@@ -118,7 +118,15 @@ std::vector<int> stage_layers(int layers, int stages, int first = 0, int last = 
 // >= 1, summing to the model's layers. Throws InvalidInput naming --pp-layers otherwise.
 void check_stage_list(const std::vector<int>& list, int layers, int stages);
 // Stage s's entry of stage_layers(layers, stages, first, last), without allocating (the planner's
-// hot path); the arguments must already have passed stage_layers' checks.
-int layers_of_stage(int layers, int stages, int first, int last, int s);
+// hot path: inline, so its per-stage loops hoist the divisions); the arguments must already have
+// passed stage_layers' checks.
+inline int layers_of_stage(int layers, int stages, int first, int last, int s) {
+  if (first == 0 && last == 0)  // as even as possible, the extra layers on the last stages
+    return layers / stages + (s >= stages - layers % stages ? 1 : 0);
+  if (s == 0) return first;
+  if (s == stages - 1) return last;
+  const int middle = stages - 2, rest = layers - first - last;
+  return rest / middle + (s > middle - rest % middle ? 1 : 0);
+}
 
 }  // namespace tally

@@ -31,6 +31,7 @@
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
 #include "tally/core/model_states.hpp"
+#include "tally/core/pipeline.hpp"
 #include "tally/core/reliability.hpp"
 #include "tally/core/types.hpp"
 
@@ -217,7 +218,10 @@ struct Layout {
   bool uneven_stages() const {
     return first_stage_layers != 0 || last_stage_layers != 0 || stage_layer_list != nullptr;
   }
-  int layers_on_stage(int model_layers, int s) const;  // pipeline stage s
+  int layers_on_stage(int model_layers, int s) const {  // pipeline stage s
+    if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
+    return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
+  }
   int dimensions() const;                // parallel/feature dimensions in use (simplicity)
   std::string describe() const;          // "DP 8 × TP 1 × PP 1 × CP 1, ZeRO-2, b 4 × m 8, ..."
 };
