@@ -316,17 +316,30 @@ std::string_view to_string(BackwardPhase p) {
   return "?";
 }
 
-// Stage totals from the per-layer bytes (shared by the report and the fast path), and the stage
-// peak as the larger of the two backward phases (Note [backward phases]).
-static void stage_totals(const ModelSpec& m, const ActivationSetup& a, ActivationResult& r) {
-  r.recompute_transient_bytes = r.score_gradient_bytes = r.layer_backward_bytes = 0;
+LayerActivationBytes layer_activation_bytes_unchecked(const ModelSpec& m,
+                                                      const ActivationSetup& a) {
+  LayerActivationBytes l;
+  l.per_layer = layer_bytes(m, a, /*dense_layer=*/false).all;
+  if (m.dense_layers > 0) l.dense_layer = layer_bytes(m, a, /*dense_layer=*/true).all;
   for (const bool dense : {false, true}) {
     if (dense && m.dense_layers == 0) continue;
     const LayerBackward lb = layer_backward(m, a, dense);
-    r.recompute_transient_bytes = std::max(r.recompute_transient_bytes, lb.replay);
-    r.score_gradient_bytes = std::max(r.score_gradient_bytes, lb.score_gradients);
-    r.layer_backward_bytes = std::max(r.layer_backward_bytes, lb.extra);
+    l.recompute_transient = std::max(l.recompute_transient, lb.replay);
+    l.score_gradients = std::max(l.score_gradients, lb.score_gradients);
+    l.layer_backward = std::max(l.layer_backward, lb.extra);
   }
+  return l;
+}
+
+// Stage totals from one layer's bytes (shared by the report and the fast path), and the stage
+// peak as the larger of the two backward phases (Note [backward phases]).
+static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
+                         const LayerActivationBytes& l, ActivationResult& r) {
+  r.per_layer_bytes = l.per_layer;
+  r.dense_layer_bytes = l.dense_layer;
+  r.recompute_transient_bytes = l.recompute_transient;
+  r.score_gradient_bytes = l.score_gradients;
+  r.layer_backward_bytes = l.layer_backward;
   // A MoE model's dense leading layers sit on the first stage(s); each differs from a MoE layer by
   // dense_extra. Stage s holds those of its layers with index < L_d.
   const double dense_extra = m.dense_layers > 0 ? r.dense_layer_bytes - r.per_layer_bytes : 0.0;
@@ -397,17 +410,21 @@ ActivationResult activations(const ModelSpec& m, const ActivationSetup& a) {
                   [&](const char* name, const char* formula, double bytes, Part) {
                     if (bytes > 0) r.layer_terms.push_back({name, formula, bytes});
                   });
-  for (const auto& term : r.layer_terms) r.per_layer_bytes += term.bytes;
-  if (m.dense_layers > 0) r.dense_layer_bytes = layer_bytes(m, a, /*dense_layer=*/true).all;
-  stage_totals(m, a, r);
+  LayerActivationBytes layer = layer_activation_bytes_unchecked(m, a);
+  layer.per_layer = 0;  // the itemized terms' sum
+  for (const auto& term : r.layer_terms) layer.per_layer += term.bytes;
+  stage_totals(m, a, layer, r);
   return r;
 }
 
 double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& a) {
+  return activation_peak_bytes_unchecked(m, a, layer_activation_bytes_unchecked(m, a));
+}
+
+double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& a,
+                                       const LayerActivationBytes& layer) {
   ActivationResult r;
-  r.per_layer_bytes = layer_bytes(m, a, /*dense_layer=*/false).all;
-  if (m.dense_layers > 0) r.dense_layer_bytes = layer_bytes(m, a, /*dense_layer=*/true).all;
-  stage_totals(m, a, r);
+  stage_totals(m, a, layer, r);
   return r.peak_stage_bytes;
 }
 

@@ -324,6 +324,10 @@ void StepTrafficSetup::validate() const {
 //   tokens (k fp32 values per token against k·h activations).
 StepTraffic step_traffic(const StepTrafficSetup& st) {
   st.validate();
+  return step_traffic_unchecked(st);
+}
+
+StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
   StepTraffic r;
   r.setup = st;
   const double m = double(st.micro_batches);

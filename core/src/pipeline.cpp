@@ -246,22 +246,39 @@ double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, dou
 double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, int interleave,
                          double backward_share) {
   require_int(!stage_s.empty(), "stages", 0, "must be >= 1");
+  std::vector<StageRun> runs;
+  for (const double t : stage_s) {
+    if (!runs.empty() && runs.back().seconds == t)
+      ++runs.back().stages;
+    else
+      runs.push_back({.seconds = t, .stages = 1});
+  }
+  return pipeline_makespan(runs, micro_batches, interleave, backward_share);
+}
+
+// Within a run of equal stages the first bound grows with the stages before, so the run's last
+// stage holds it; the second bound is the same on every stage of the run.
+double pipeline_makespan(const std::vector<StageRun>& runs, int micro_batches, int interleave,
+                         double backward_share) {
+  require_int(!runs.empty(), "stages", 0, "must be >= 1");
   require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
   require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
   require_real(backward_share >= 0 && backward_share <= 1, "backward_share", backward_share,
                "must be in [0, 1]");
   double total = 0;
-  for (double t : stage_s) {
-    require_real(std::isfinite(t) && t >= 0, "stage seconds", t, "must be >= 0");
-    total += t;
+  for (const StageRun& r : runs) {
+    require_real(std::isfinite(r.seconds) && r.seconds >= 0, "stage seconds", r.seconds,
+                 "must be >= 0");
+    require_int(r.stages >= 1, "stages in a run", r.stages, "must be >= 1");
+    total += r.stages * r.seconds;
   }
   const double v = interleave, M = micro_batches, beta = backward_share;
   double before = 0, makespan = 0;
-  for (double t : stage_s) {
-    const double others = total - t;
-    makespan = std::max({makespan, before / v + M * t,
+  for (const StageRun& r : runs) {
+    const double t = r.seconds, others = total - t;
+    makespan = std::max({makespan, (before + (r.stages - 1) * t) / v + M * t,
                          others / v + (1 - beta) * t / v + M * beta * t});
-    before += t;
+    before += r.stages * t;
   }
   return makespan;
 }
@@ -301,6 +318,40 @@ std::vector<int> stage_layers(int layers, int stages, int first, int last) {
   for (int s = 0; s < stages; ++s)
     out[std::size_t(s)] = layers_of_stage(layers, stages, first, last, s);
   return out;
+}
+
+void stage_layer_runs(int layers, int stages, int first, int last, std::vector<LayerRun>& out) {
+  out.clear();
+  auto add = [&](int n, int count) {
+    if (count > 0) out.push_back({.layers = n, .stages = count});
+  };
+  if (stages == 1) {
+    out.push_back({.layers = layers, .stages = 1});
+    return;
+  }
+  // The middle stages 1 .. P − 2 hold `lo` layers, then the last `extra` of them lo + 1
+  // (layers_of_stage); the end stages their own counts.
+  int head = 0, tail = 0, lo = 0, extra = 0;
+  const int middle = stages - 2;
+  if (first == 0 && last == 0) {
+    lo = layers / stages;
+    const int more = layers % stages;  // the last `more` stages hold lo + 1 (more < P)
+    head = lo;
+    tail = more >= 1 ? lo + 1 : lo;
+    extra = std::max(0, std::min(middle, more - 1));
+  } else {
+    head = first;
+    tail = last;
+    if (middle > 0) {
+      const int rest = layers - first - last;
+      lo = rest / middle;
+      extra = rest % middle;
+    }
+  }
+  out.push_back({.layers = head, .stages = 1});
+  add(lo, middle - extra);
+  add(lo + 1, extra);
+  out.push_back({.layers = tail, .stages = 1});
 }
 
 }  // namespace tally

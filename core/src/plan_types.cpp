@@ -11,6 +11,23 @@
 
 namespace tally {
 
+void Layout::stage_runs(int model_layers, std::vector<LayerRun>& out) const {
+  if (stage_layer_list == nullptr) {
+    stage_layer_runs(model_layers, pp, first_stage_layers, last_stage_layers, out);
+    return;
+  }
+  out.clear();
+  const std::vector<int>& list = *stage_layer_list;
+  for (std::size_t s = 0; s < list.size(); ++s) {
+    // A middle stage joins the run of the middle stage before it when their layers match.
+    const bool middle_after_middle = s >= 2 && s + 1 < list.size();
+    if (middle_after_middle && out.back().layers == list[s])
+      ++out.back().stages;
+    else
+      out.push_back({.layers = list[s], .stages = 1});
+  }
+}
+
 int Layout::dimensions() const {
   return (dp > 1) + (tp > 1) + (pp > 1) + (cp > 1) + (ep > 1) + (expert_tp() != tp) +
          (interleave > 1) + sp + (zero > 0) +

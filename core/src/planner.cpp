@@ -86,6 +86,9 @@ struct MicroTimes {
   // forward, and in all passes; cached = the recipe's kernels cast each weight once per step.
   double weight_cast_forward_s = 0, weight_cast_s = 0;
   bool weight_casts_cached = false;
+  // The same micro-batch on one GPU (t = c = 1, no SP, e_t = 1): ideal_seconds' kernels. Set by
+  // Prepared::micro_times; points into the same node-based map, so it stays valid.
+  const MicroTimes* single = nullptr;
 
   // One layer's time per micro-batch (all passes, or backward + recompute) when a step runs m
   // micro-batches: cached weight casts happen once per step, spread over its micro-batches.
@@ -118,6 +121,8 @@ struct BaseTimes {
 // Invariants of one request, computed once; operator times are computed once per distinct shape.
 struct Prepared {
   const PlanRequest* req = nullptr;
+  // evaluate_layout's one layout: validate what the search's layouts satisfy by construction.
+  bool check_each = false;
   double n_state = 0;          // N of the state ledger
   double peak = 0, util = 0;
   double model_flops = 0;      // per step
@@ -130,13 +135,29 @@ struct Prepared {
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
-  mutable std::vector<double> stage_buffer;  // per-stage seconds, reused across layouts
+  // A layout's stages as runs (Layout::stage_runs) and their seconds, reused across layouts.
+  mutable std::vector<LayerRun> layer_runs;
+  mutable std::vector<StageRun> stage_seconds;
   mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int>, BaseTimes,
                              TupleHash>
       base;
   mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int, int, int>,
                              MicroTimes, TupleHash>
       micro;
+  // One layer's activation bytes per (b, t, SP, c, recompute, attention, e_t): the rest of what
+  // layer_activation_bytes_unchecked reads (activations.hpp) is the request's.
+  mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int, int>,
+                             LayerActivationBytes, TupleHash>
+      layer_activation;
+
+  const LayerActivationBytes& layer_activation_bytes(const ActivationSetup& a) const {
+    const auto key = std::make_tuple(a.micro_batch, a.tp, a.sequence_parallel, a.cp,
+                                     int(a.recompute), int(a.attention), a.etp);
+    if (const auto it = layer_activation.find(key); it != layer_activation.end())
+      return it->second;
+    return layer_activation.emplace(key, layer_activation_bytes_unchecked(req->model, a))
+        .first->second;
+  }
 
   OperatorSetup operator_setup(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
                                Attention att) const {
@@ -188,7 +209,10 @@ struct Prepared {
                  .weight_cast_s = layer.weight_cast_s,
                  .weight_casts_cached =
                      weight_casts_cached(operator_setup(b, tp, sp, cp, rc, att))};
-    return micro.emplace(key, t).first->second;
+    MicroTimes& entry = micro.emplace(key, t).first->second;
+    const bool is_single = tp == 1 && !sp && cp == 1 && (etp > 0 ? etp : tp) == 1;
+    entry.single = is_single ? &entry : &micro_times(b, 1, false, 1, rc, att, ep, 1);
+    return entry;
   }
 };
 
@@ -286,17 +310,15 @@ std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
 // Parameters on the GPU of the heaviest stage: N/(t·p) for an even split (the seed's ledger);
 // with uneven stages, each stage's layers plus the embedding (first) or the head (last; a tied
 // head keeps a copy of the embedding there, as Megatron-LM does), scaled to the state ledger's N.
-double params_per_gpu(const Prepared& P, const Layout& L) {
+double params_per_gpu(const Prepared& P, const Layout& L, const std::vector<LayerRun>& runs) {
   if (!L.uneven_stages()) return P.n_state / (double(L.tp) * L.pp);
   const ParamCount& c = P.count;
   const double per_layer = (c.attention + c.mlp + c.norms) / double(P.req->model.layers);
   const double head = P.req->model.tied_embeddings ? c.embedding : c.output_head;
-  const int layers = int(P.req->model.layers);
   double heaviest = 0;
-  for (int s = 0; s < L.pp; ++s)
-    heaviest = std::max(heaviest,
-                        L.layers_on_stage(layers, s) * per_layer +
-                            (s == 0 ? c.embedding : 0.0) + (s + 1 == L.pp ? head : 0.0));
+  for (std::size_t i = 0; i < runs.size(); ++i)  // stage 0 and stage P − 1 are runs of their own
+    heaviest = std::max(heaviest, runs[i].layers * per_layer + (i == 0 ? c.embedding : 0.0) +
+                                      (i + 1 == runs.size() ? head : 0.0));
   return heaviest * (P.n_state / c.total()) / L.tp;
 }
 
@@ -304,20 +326,24 @@ double params_per_gpu(const Prepared& P, const Layout& L) {
 // The GPU's model states: the heaviest stage's parameters split by TP, sharded by ZeRO over dp·cp,
 // the routed experts split over ep and sharded over dp·cp/ep (core/model_states.hpp).
 // The layers of the layout's fullest pipeline stage.
-int busiest_stage_layers(const Layout& L, int model_layers) {
+int busiest_stage_layers(const std::vector<LayerRun>& runs) {
   int busiest = 0;
-  for (int s = 0; s < L.pp; ++s) busiest = std::max(busiest, L.layers_on_stage(model_layers, s));
+  for (const LayerRun& run : runs) busiest = std::max(busiest, run.layers);
   return busiest;
 }
 
-ModelStateResult states_of(const Prepared& P, const Layout& L) {
+// A layout's stages, computed once per layout and shared by its memory and time.
+struct Stages {
+  const std::vector<LayerRun>& runs;
+  int busiest = 0;  // layers of the fullest stage
+};
+
+ModelStateResult states_of(const Prepared& P, const Layout& L, const Stages& st) {
   const PlanRequest& r = *P.req;
   // fp8 delayed scaling: the metadata of the fullest stage's GEMMs (Note [low precision]).
   const double gemms =
-      r.precision == Precision::fp8
-          ? low_precision_gemms(r.model, busiest_stage_layers(L, int(r.model.layers)), L.ep)
-          : 0.0;
-  return model_states(params_per_gpu(P, L),
+      r.precision == Precision::fp8 ? low_precision_gemms(r.model, st.busiest, L.ep) : 0.0;
+  return model_states(params_per_gpu(P, L, st.runs),
                       StateSetup{.precision = r.precision, .optimizer = r.optimizer,
                                  .zero_stage = L.zero, .shard_degree = L.dp * L.cp, .ep = L.ep,
                                  .tp = L.tp, .etp = L.etp, .expert_share = P.expert_share,
@@ -327,27 +353,26 @@ ModelStateResult states_of(const Prepared& P, const Layout& L) {
                                  .fp8_param_gather = r.fp8_param_gather});
 }
 
-void cost_memory(const Prepared& P, const Layout& L, PlanEval& e) {
+void cost_memory(const Prepared& P, const Layout& L, const Stages& stages,
+                 const ModelStateResult& states, PlanEval& e) {
   const PlanRequest& r = *P.req;
-  const ModelStateResult states = states_of(P, L);
   const double n_gpu = states.local_params;
   e.states = states.bytes;
   e.scaled_gemms = states.setup.scaled_gemms;
-  e.activation_bytes = activation_peak_bytes_unchecked(
-      r.model, ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
-                               .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
-                               .interleave = L.interleave, .micro_batches = int(L.grad_accum),
-                               .recompute = L.recompute, .attention = L.attention,
-                               .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
-                               .linear_input_bytes = saved_linear_input_bytes(r.precision),
-                               .etp = L.etp, .capacity_factor = r.capacity_factor,
-                               .eager_loss = r.eager_loss,
-                               .first_stage_layers = L.first_stage_layers,
-                               .last_stage_layers = L.last_stage_layers,
-                               .stage_layer_list = L.stage_layer_list.get()});
-  const std::int64_t stage_layers_max = busiest_stage_layers(L, int(r.model.layers));
+  const ActivationSetup a{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
+                          .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp,
+                          .interleave = L.interleave, .micro_batches = int(L.grad_accum),
+                          .recompute = L.recompute, .attention = L.attention,
+                          .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
+                          .linear_input_bytes = saved_linear_input_bytes(r.precision),
+                          .etp = L.etp, .capacity_factor = r.capacity_factor,
+                          .eager_loss = r.eager_loss,
+                          .first_stage_layers = L.first_stage_layers,
+                          .last_stage_layers = L.last_stage_layers,
+                          .stage_layer_list = L.stage_layer_list.get()};
+  e.activation_bytes = activation_peak_bytes_unchecked(r.model, a, P.layer_activation_bytes(a));
   const FitCheck fit = check_fit(e.states.total(), e.activation_bytes,
-                                 buffer_bytes(L.zero, n_gpu, stage_layers_max, P.param_bytes, L.pp),
+                                 buffer_bytes(L.zero, n_gpu, stages.busiest, P.param_bytes, L.pp),
                                  r.memory_budget());
   e.buffer_bytes = fit.buffer_bytes;
   e.allocated_bytes = fit.allocated_bytes;
@@ -366,7 +391,13 @@ struct StageTimes {
   double first_extra_s = 0, last_extra_s = 0, last_extra_backward_s = 0;
 };
 
-StageTimes stage_times(const Prepared& P, const Layout& L) {
+// The layout's kernel times (operator model; null under the utilisation model).
+const MicroTimes* layout_micro_times(const Prepared& P, const Layout& L) {
+  if (P.req->time_model == TimeModel::utilisation) return nullptr;
+  return &P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention, L.ep, L.etp);
+}
+
+StageTimes stage_times(const Prepared& P, const Layout& L, const MicroTimes* micro) {
   const PlanRequest& r = *P.req;
   if (r.time_model == TimeModel::utilisation) {
     // Per micro-batch per GPU: the step's FLOPs over m micro-batches and the t·c GPUs of a stage.
@@ -377,8 +408,7 @@ StageTimes stage_times(const Prepared& P, const Layout& L) {
                       .last_extra_s = P.head_flops * per_mb,
                       .last_extra_backward_s = (2.0 / 3.0) * P.head_flops * per_mb};
   }
-  const MicroTimes& t =
-      P.micro_times(L.micro_batch, L.tp, L.sp, L.cp, L.recompute, L.attention, L.ep, L.etp);
+  const MicroTimes& t = *micro;
   return StageTimes{.layer_s = t.layer_per_micro_batch(double(L.grad_accum)),
                     .layer_backward_s = t.backward_per_micro_batch(),
                     .first_extra_s = t.embedding_s, .last_extra_s = t.output_s,
@@ -390,12 +420,11 @@ StageTimes stage_times(const Prepared& P, const Layout& L) {
 // if one GPU ran the EP group's ranks one after another): token batching is the layout's choice,
 // not a parallel overhead, and an ideal whose experts see one micro-batch's b·s·k/E rows made E
 // exceed 1 (1.52 for DeepSeek-V3 at micro-batch 1, EP 8).
-double ideal_seconds(const Prepared& P, const Layout& L) {
+double ideal_seconds(const Prepared& P, const Layout& L, const MicroTimes* micro) {
   const PlanRequest& r = *P.req;
   if (r.time_model == TimeModel::utilisation)
     return P.model_flops / (double(r.gpus) * P.peak * P.util);
-  const MicroTimes& one =
-      P.micro_times(L.micro_batch, 1, false, 1, L.recompute, L.attention, L.ep, 1);
+  const MicroTimes& one = *micro->single;
   const double micro_batches = double(r.global_batch) / double(L.micro_batch);
   const double single =
       micro_batches * (double(r.model.layers) * one.layer_per_micro_batch(micro_batches) +
@@ -405,17 +434,14 @@ double ideal_seconds(const Prepared& P, const Layout& L) {
   return single / double(r.gpus);
 }
 
-void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
+void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
+               const ModelStateResult& states, PlanEval& e) {
   const PlanRequest& r = *P.req;
   const ClusterSpec& c = r.cluster;
-  const int model_layers = int(r.model.layers);
-  auto layers_on = [&](int s) {
-    return L.layers_on_stage(model_layers, s);
-  };
-  const int busiest = busiest_stage_layers(L, model_layers);
+  const int busiest = stages.busiest;
   const Fp8Gather fp8 =
       fp8_gather(r.model, r.precision, L.zero, r.fsdp_float8_all_gather, r.fp8_param_gather);
-  const auto traffic = step_traffic(StepTrafficSetup{
+  const StepTrafficSetup traffic_setup{
       .params = P.n_state, .param_bytes = P.param_bytes, .fp8_gather_share = fp8.share,
       .fp8_gather_experts = fp8.experts, .grad_bytes = P.param_bytes,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
@@ -426,7 +452,9 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
       .busiest_stage_layers = busiest, .ep = L.ep, .etp = L.etp, .expert_share = P.expert_share,
       .moe_layers = r.model.moe_layers(), .experts_per_token = r.model.experts_per_token,
       .capacity_factor = r.capacity_factor, .shared_experts = r.model.shared_experts > 0,
-      .max_route_nodes = r.max_route_nodes, .formulas = false});
+      .max_route_nodes = r.max_route_nodes, .formulas = false};
+  const StepTraffic traffic = P.check_each ? step_traffic(traffic_setup)
+                                           : step_traffic_unchecked(traffic_setup);
   e.comm_bytes_per_gpu = traffic.total_bytes();
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
@@ -442,24 +470,27 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   // extras, and the PP sends (Note [planner time model]); the schedule's makespan from
   // core/pipeline.hpp (equal stages: the bubble (P−1)/(v·m + P−1)).
   const double m = double(L.grad_accum);
-  const StageTimes st = stage_times(P, L);
+  const MicroTimes* micro = layout_micro_times(P, L);
+  const StageTimes st = stage_times(P, L, micro);
   if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
     e.tp_s = std::max(0.0, e.tp_s - m * busiest * st.layer_s);
   if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels
     e.ep_s = std::max(0.0, e.ep_s - m * busiest * st.layer_s);
   const double comm_per_layer = (e.tp_s + e.cp_s + e.ep_s) / (m * busiest);
   const double pp_per_mb = e.pp_s / m;
-  std::vector<double>& stage_s = P.stage_buffer;
-  stage_s.assign(std::size_t(L.pp), 0.0);
+  // Per run of equal stages (stage 0 and stage P − 1 are runs of their own).
+  std::vector<StageRun>& stage_s = P.stage_seconds;
+  stage_s.clear();
   double slowest = 0, slowest_compute = 0, slowest_backward = 0;
-  for (int s = 0; s < L.pp; ++s) {
-    const bool first = s == 0, last = s + 1 == L.pp;
-    const int n = layers_on(s);
+  for (std::size_t i = 0; i < stages.runs.size(); ++i) {
+    const bool first = i == 0, last = i + 1 == stages.runs.size();
+    const int n = stages.runs[i].layers;
     const double compute =
         n * st.layer_s + (first ? st.first_extra_s : 0.0) + (last ? st.last_extra_s : 0.0);
-    stage_s[std::size_t(s)] = compute + n * comm_per_layer + pp_per_mb;
-    if (stage_s[std::size_t(s)] > slowest) {
-      slowest = stage_s[std::size_t(s)];
+    const double seconds = compute + n * comm_per_layer + pp_per_mb;
+    stage_s.push_back({.seconds = seconds, .stages = stages.runs[i].stages});
+    if (seconds > slowest) {
+      slowest = seconds;
       slowest_compute = compute;
       slowest_backward = n * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0);
     }
@@ -470,7 +501,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   e.bubble_s = pipe - busy;
   e.bubble_fraction = pipe > 0 ? e.bubble_s / pipe : 0.0;
   // The optimizer updates this GPU's shard of the states.
-  const double updated = states_of(P, L).updated_params;
+  const double updated = states.updated_params;
   e.optimizer_s =
       r.time_model == TimeModel::utilisation
           ? 0.0
@@ -501,7 +532,7 @@ void cost_time(const Prepared& P, const Layout& L, PlanEval& e) {
   const double G = r.gpus;
   e.tokens_per_s = P.tokens / e.step_s;
   e.mfu = P.model_flops / (e.step_s * G * P.peak);
-  e.efficiency = ideal_seconds(P, L) / e.step_s;
+  e.efficiency = ideal_seconds(P, L, micro) / e.step_s;
 
   // The tightest wall: the resource closest to its budget (all four are fractions of one budget).
   const double shares[4] = {e.total_bytes / e.usable_bytes, e.compute_s / e.step_s,
@@ -521,8 +552,11 @@ PlanEval cost(const Prepared& P, const Layout& layout) {
   PlanEval e;
   const Layout L = with_stages(P, layout);
   e.layout = L;
-  cost_memory(P, L, e);
-  cost_time(P, L, e);
+  L.stage_runs(int(P.req->model.layers), P.layer_runs);
+  const Stages stages{.runs = P.layer_runs, .busiest = busiest_stage_layers(P.layer_runs)};
+  const ModelStateResult states = states_of(P, L, stages);
+  cost_memory(P, L, stages, states, e);
+  cost_time(P, L, stages, states, e);
   return e;
 }
 
@@ -605,7 +639,8 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
   require_expert_split(m, L.ep, L.expert_tp(), L.tp);
   (void)expert_layout(ParallelLayout{.dp = L.dp, .tp = L.tp, .pp = L.pp, .cp = L.cp}, L.etp, L.ep);
   require_expert_tp(L.tp, L.expert_tp(), L.sp);
-  const Prepared P = prepare(r);
+  Prepared P = prepare(r);
+  P.check_each = true;
   const Layout staged = with_stages(P, L);
   ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
                   .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp, .interleave = L.interleave,

@@ -56,13 +56,18 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
   require_real(std::isfinite(batch) && batch >= 1, "gemm batch", batch, "must be >= 1");
   const double sms = std::max(kp.sm_count, 1);
   double best = 0;
-  // The kernel's tile and its halves down to 64 (or the tile itself if smaller) in each dimension.
-  for (int hm = 0; hm == 0 || (kp.tile_m >> hm) >= 64; ++hm)
-    for (int hn = 0; hn == 0 || (kp.tile_n >> hn) >= 64; ++hn) {
+  // The kernel's tile and its halves down to 64 (or the tile itself if smaller) in each dimension;
+  // each halving costs a factor half_tile_efficiency (its powers by multiplication: the planner
+  // times every distinct shape, and std::pow was a tenth of a MoE search).
+  double cost_m = 1;  // half_tile_efficiency^hm
+  for (int hm = 0; hm == 0 || (kp.tile_m >> hm) >= 64; ++hm, cost_m *= kp.half_tile_efficiency) {
+    double cost = cost_m;  // half_tile_efficiency^(hm + hn)
+    for (int hn = 0; hn == 0 || (kp.tile_n >> hn) >= 64; ++hn, cost *= kp.half_tile_efficiency) {
       const double q = quantisation(double(m), double(n), batch, double(kp.tile_m >> hm),
                                     double(kp.tile_n >> hn), sms);
-      best = std::max(best, q * std::pow(kp.half_tile_efficiency, hm + hn));
+      best = std::max(best, q * cost);
     }
+  }
   const double outer = double(std::min(m, n));
   return std::min(kp.gemm_ceiling, kp.gemm_fraction * best *
                                        (double(k) / (double(k) + kp.gemm_half_k)) *

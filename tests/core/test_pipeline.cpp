@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tally/core/types.hpp"
@@ -138,6 +140,89 @@ TEST(Pipeline, UnevenStagesMakespanMatchesTheSimulation) {
   // Slowest stage last: exact.
   EXPECT_DOUBLE_EQ(pipeline_makespan({1, 1, 1, 3}, 8),
                    simulate_1f1b_makespan({1. / 3, 1. / 3, 1. / 3, 1}, {2. / 3, 2. / 3, 2. / 3, 2}, 8));
+}
+
+// The per-stage bounds of Note [uneven stages], stage by stage: the reference for the run form.
+double makespan_stage_by_stage(const std::vector<double>& t, int M, int v, double beta) {
+  double total = 0;
+  for (double x : t) total += x;
+  double before = 0, makespan = 0;
+  for (double x : t) {
+    makespan = std::max({makespan, before / v + M * x, (total - x) / v + (1 - beta) * x / v +
+                                                           M * beta * x});
+    before += x;
+  }
+  return makespan;
+}
+
+// The run form (the planner's) equals the bounds taken stage by stage on the expanded stages.
+TEST(Pipeline, MakespanOverRunsOfEqualStages) {
+  const std::vector<std::vector<StageRun>> cases = {
+      {{2, 4}},
+      {{1.5, 1}, {1, 14}, {2.5, 1}},
+      {{1, 1}, {1, 3}, {1.2, 5}, {0.7, 1}},
+      {{3, 1}, {0.5, 1}},
+      {{0.25, 1}, {0.25, 94}, {0.3, 1}, {4, 1}}};
+  for (const auto& runs : cases)
+    for (int M : {1, 3, 16, 64})
+      for (int v : {1, 2, 4})
+        for (double beta : {0.0, 2.0 / 3.0, 1.0}) {
+          std::vector<double> stages;
+          for (const StageRun& r : runs)
+            stages.insert(stages.end(), std::size_t(r.stages), r.seconds);
+          const double want = makespan_stage_by_stage(stages, M, v, beta);
+          EXPECT_NEAR(pipeline_makespan(runs, M, v, beta), want, 1e-12 * want);
+          EXPECT_NEAR(pipeline_makespan(stages, M, v, beta), want, 1e-12 * want);
+        }
+  EXPECT_DOUBLE_EQ(pipeline_makespan(std::vector<StageRun>{{2, 4}}, 8), (8 + 3) * 2.0);
+  EXPECT_THROW(pipeline_makespan(std::vector<StageRun>{}, 8), InvalidInput);
+  EXPECT_THROW(pipeline_makespan(std::vector<StageRun>{{1, 0}}, 8), InvalidInput);
+  EXPECT_THROW(pipeline_makespan(std::vector<StageRun>{{-1, 2}}, 8), InvalidInput);
+}
+
+// stage_layer_runs: the stage_layers split as runs, the end stages alone, at most four runs.
+TEST(Pipeline, StageLayerRuns) {
+  std::vector<LayerRun> runs;
+  auto expand = [&] {
+    std::vector<int> out;
+    for (const LayerRun& r : runs) out.insert(out.end(), std::size_t(r.stages), r.layers);
+    return out;
+  };
+  auto pairs = [&] {
+    std::vector<std::pair<int, int>> out;
+    for (const LayerRun& r : runs) out.emplace_back(r.layers, r.stages);
+    return out;
+  };
+  using P = std::vector<std::pair<int, int>>;
+  stage_layer_runs(126, 16, 7, 7, runs);  // Llama 3 405B
+  EXPECT_EQ(pairs(), (P{{7, 1}, {8, 14}, {7, 1}}));
+  stage_layer_runs(70, 12, 0, 0, runs);  // BLOOM: 5, 5, then ten stages of 6
+  EXPECT_EQ(pairs(), (P{{5, 1}, {5, 1}, {6, 9}, {6, 1}}));
+  stage_layer_runs(96, 8, 0, 0, runs);
+  EXPECT_EQ(pairs(), (P{{12, 1}, {12, 6}, {12, 1}}));
+  stage_layer_runs(24, 1, 0, 0, runs);
+  EXPECT_EQ(pairs(), (P{{24, 1}}));
+  stage_layer_runs(5, 2, 0, 0, runs);
+  EXPECT_EQ(pairs(), (P{{2, 1}, {3, 1}}));
+  stage_layer_runs(9, 2, 4, 5, runs);
+  EXPECT_EQ(pairs(), (P{{4, 1}, {5, 1}}));
+  for (int stages = 1; stages <= 40; ++stages)
+    for (int layers = stages; layers <= 130; layers += 7) {
+      stage_layer_runs(layers, stages, 0, 0, runs);
+      EXPECT_EQ(expand(), stage_layers(layers, stages)) << layers << " on " << stages;
+      EXPECT_LE(runs.size(), 4u);
+      if (stages < 3) continue;
+      for (int first : {1, layers / stages - 1, layers / stages})
+        for (int last : {1, layers / stages - 1, layers / stages}) {
+          if (first < 1 || last < 1 || layers - first - last < stages - 2) continue;
+          stage_layer_runs(layers, stages, first, last, runs);
+          EXPECT_EQ(expand(), stage_layers(layers, stages, first, last))
+              << layers << " on " << stages << " first " << first << " last " << last;
+          EXPECT_LE(runs.size(), 4u);
+          EXPECT_EQ(runs.front().stages, 1);
+          EXPECT_EQ(runs.back().stages, 1);
+        }
+    }
 }
 
 // Llama 3 405B: 126 layers on 16 stages, one fewer on the first and the last (Dubey et al. 2024

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "tally/core/activations.hpp"
@@ -502,6 +503,19 @@ TEST(Planner, AnyStageListIsALayout) {
   EXPECT_GT(c.states.total(), a.states.total());  // 12 layers' states on one stage
   EXPECT_GT(c.activation_bytes, a.activation_bytes);
   EXPECT_NE(c.layout.describe().find("stages 7,12,8"), std::string::npos) << c.layout.describe();
+  // As runs: the end stages alone, equal middle stages merged.
+  std::vector<LayerRun> runs;
+  heavy.stage_runs(126, runs);
+  std::vector<std::pair<int, int>> got;
+  for (const LayerRun& x : runs) got.emplace_back(x.layers, x.stages);
+  EXPECT_EQ(got, (std::vector<std::pair<int, int>>{{7, 1}, {12, 1}, {8, 13}, {3, 1}}));
+  Layout flat = listed;
+  flat.pp = 4;
+  flat.stage_layer_list = std::make_shared<const std::vector<int>>(std::vector<int>{8, 8, 8, 8});
+  flat.stage_runs(32, runs);
+  got.clear();
+  for (const LayerRun& x : runs) got.emplace_back(x.layers, x.stages);
+  EXPECT_EQ(got, (std::vector<std::pair<int, int>>{{8, 1}, {8, 2}, {8, 1}}));
   Layout wrong = listed;
   wrong.stage_layer_list = std::make_shared<const std::vector<int>>(std::vector<int>(16, 8));
   EXPECT_THROW(evaluate_layout(r, wrong), InvalidInput);  // 128 layers for a 126-layer model

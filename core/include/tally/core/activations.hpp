@@ -208,4 +208,22 @@ std::int64_t longest_sequence(std::int64_t step, std::int64_t max_len,
 // allocation). The caller must have validated the setup (ActivationSetup::validate) once.
 double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& setup);
 
+// One layer's share of the ledger (ActivationResult's per-layer fields): it depends on the
+// layer's shape — seq, micro_batch, tp, sequence_parallel, cp, recompute, attention, etp and the
+// request's dtypes, dropout, capacity factor and LoRA widths — and not on the pipeline (pp,
+// interleave, micro_batches, the stage split) or the loss, so the planner computes it once per
+// shape.
+struct LayerActivationBytes {
+  double per_layer = 0;            // ActivationResult::per_layer_bytes
+  double dense_layer = 0;          // ::dense_layer_bytes
+  double recompute_transient = 0;  // ::recompute_transient_bytes
+  double score_gradients = 0;      // ::score_gradient_bytes
+  double layer_backward = 0;       // ::layer_backward_bytes
+};
+LayerActivationBytes layer_activation_bytes_unchecked(const ModelSpec& m,
+                                                      const ActivationSetup& setup);
+// peak_stage_bytes from a layer's share computed for the same shape.
+double activation_peak_bytes_unchecked(const ModelSpec& m, const ActivationSetup& setup,
+                                       const LayerActivationBytes& layer);
+
 }  // namespace tally

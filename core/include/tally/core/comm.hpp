@@ -190,6 +190,9 @@ struct StepTraffic {
 
 // Per-rank bytes per optimizer step of each parallel dimension. Sources in comm.cpp.
 StepTraffic step_traffic(const StepTrafficSetup& setup);
+// The same without StepTrafficSetup::validate: the planner's search, whose layouts pass the same
+// rules by construction (evaluate_layout, the one-layout path, keeps the check).
+StepTraffic step_traffic_unchecked(const StepTrafficSetup& setup);
 
 // The FSDP float8 all-gather is torchao's tensorwise fp8 recipe's (Note [fp8 all-gather]): throws
 // InvalidInput naming --fsdp-float8-all-gather unless p is fp8.

@@ -107,6 +107,16 @@ double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<d
 // in pipeline.cpp); β = the backward's share of a stage's time.
 double pipeline_makespan(const std::vector<double>& stage_s, int micro_batches, int interleave = 1,
                          double backward_share = 2.0 / 3.0);
+// `stages` consecutive pipeline stages of `seconds` each.
+struct StageRun {
+  double seconds = 0;
+  int stages = 1;
+};
+// The same makespan over runs of equal stages, in stage order: O(runs), not O(P) — the planner's
+// form, whose stages take at most four distinct values (stage_layer_runs). Equal to the form above
+// on the expanded stages (tests/core/test_pipeline.cpp).
+double pipeline_makespan(const std::vector<StageRun>& runs, int micro_batches, int interleave = 1,
+                         double backward_share = 2.0 / 3.0);
 
 // Transformer layers of each pipeline stage. first = last = 0: as even as the layers allow (the
 // extra layers on the last stages). Otherwise the first and last stages hold `first` and `last`
@@ -128,5 +138,14 @@ inline int layers_of_stage(int layers, int stages, int first, int last, int s) {
   const int middle = stages - 2, rest = layers - first - last;
   return rest / middle + (s > middle - rest % middle ? 1 : 0);
 }
+
+// stage_layers' values as runs of consecutive stages with equal layer counts, in stage order, with
+// stage 0 and stage P − 1 each a run of its own (the end stages carry the embedding and the head):
+// at most four runs, whatever P. `out` is cleared and refilled (the planner reuses it).
+struct LayerRun {
+  int layers = 0;  // on each stage of the run
+  int stages = 1;
+};
+void stage_layer_runs(int layers, int stages, int first, int last, std::vector<LayerRun>& out);
 
 }  // namespace tally

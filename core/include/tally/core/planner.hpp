@@ -222,6 +222,9 @@ struct Layout {
     if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
     return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
   }
+  // The stages as runs of equal layer counts (core/pipeline.hpp stage_layer_runs: stage 0 and
+  // stage P − 1 runs of their own); `out` is cleared and refilled.
+  void stage_runs(int model_layers, std::vector<LayerRun>& out) const;
   int dimensions() const;                // parallel/feature dimensions in use (simplicity)
   std::string describe() const;          // "DP 8 × TP 1 × PP 1 × CP 1, ZeRO-2, b 4 × m 8, ..."
 };
