@@ -32,6 +32,7 @@ struct PlanOptions {
   LoraOptions lora;                              // plan --method lora|qlora
   std::string loss = "fused";
   std::string kernels = "fused";
+  std::string grad_accumulation = "fused";
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -71,6 +72,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .fsdp_float8_all_gather = o.fsdp_float8_all_gather,
                 .fp8_param_gather = o.fp8_param_gather,
                 .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
+                .grad_accumulation = *parse_grad_accumulation(o.grad_accumulation),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -210,6 +212,13 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
                   "Engine, torch.compile) | eager (uncompiled PyTorch as torchtitan's Llama: every "
                   "operator its own kernel through HBM; the time model only)")
       ->check(one_of(allowed_kernels()))
+      ->capture_default_str();
+  cmd->add_option("--grad-accumulation", o.grad_accumulation,
+                  "fused (each micro-batch's weight-gradient GEMM adds into the gradient buffer: "
+                  "Megatron-Core --gradient-accumulation-fusion) | autograd (PyTorch's "
+                  "AccumulateGrad adds each later micro-batch's gradients in a kernel of its own, "
+                  "3 x the gradient bytes: DDP under no_sync, FSDP; the time model only)")
+      ->check(one_of(allowed_grad_accumulations()))
       ->capture_default_str();
   cmd->add_option("--capacity-factor", o.capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (token-dropping "

@@ -104,7 +104,7 @@ LayoutFamily layout_family(const Layout& l) {
 
 std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutFamily family) {
   if (t != TimeModel::operators) return std::nullopt;
-  const ErrorBand a100{.low = 0.994, .median = 1.10, .high = 1.21, .rank_spread = 0.164,
+  const ErrorBand a100{.low = 0.994, .median = 1.09, .high = 1.21, .rank_spread = 0.164,
                        .source = "measured / predicted step time of 28 published Megatron-LM "
                                  "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
                                  "Table 1)",
@@ -238,6 +238,9 @@ std::string plan_convention(const PlanRequest& r) {
               ? "operator model (kernels on the " + r.cluster.gpu.name +
                     " roofline, " + (r.causal ? "causal" : "full") + " attention" +
                     (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
+                    (r.grad_accumulation == GradAccumulation::autograd
+                         ? ", micro-batch gradients added by AccumulateGrad"
+                         : "") +
                     ")"
               : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
          ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"

@@ -56,6 +56,21 @@ namespace tally {
 //             Megatron-Core 0.14 --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
 //             hides them behind the kernels of another micro-batch, up to the stage's compute.
 //   PP        sends stay on the critical path at stage boundaries.
+// Note [gradient accumulation] (PlanRequest::grad_accumulation): with m > 1 micro-batches each
+// one's weight gradients are added into the step's gradient buffer.
+//   fused (default: Megatron-Core --gradient-accumulation-fusion, Transformer Engine
+//             fuse_wgrad_accumulation): the weight-gradient GEMM adds into the buffer (β = 1); its
+//             extra operand read is inside a compute-bound GEMM and not counted.
+//   autograd  PyTorch's AccumulateGrad (torch/csrc/autograd/functions/accumulate_grad.h) steals the
+//             first micro-batch's gradient and adds each later one in place, `grad += new`: one
+//             kernel reading both and writing the sum, 3 × the gradient bytes the GPU holds
+//             (ModelStateResult::bytes.grads: sharded under ZeRO-2/3) for each of the m − 1
+//             later micro-batches, over HBM bandwidth; spread over the stage's m micro-batches
+//             as (m − 1)/m of it per micro-batch, on every stage alike (the heaviest stage's
+//             gradients: at most the embedding or head more than a middle stage holds). PyTorch
+//             DDP under no_sync and FSDP run it; so did Megatron-LM's 2021 code (commit de7dc40f88:
+//             without --use-contiguous-buffers-in-ddp no main_grad hook is registered), which the
+//             Narayanan 2021 dev-set rows use.
 // Communication: core/comm.hpp traffic_seconds on the cluster's comm model (presets: NCCL rings
 // over NVLink and every rail, Note [NCCL collective model]).
 // Buffers: DDP-style gradient buckets 2 × 25 MiB (PyTorch DDP's default bucket) for ZeRO 0–2; two
@@ -130,6 +145,7 @@ struct Prepared {
   double head_flops = 0;       // per step, LM head only
   double tokens = 0;
   double param_bytes = 0, act_bytes = 0;
+  double grad_bytes = 0;       // the state ledger's gradient bytes per parameter
   double expert_share = 0;     // routed experts' share of N (what EP shards)
   double gemm_weight_share = 1;  // linear weights' share of N (low-precision copies)
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
@@ -232,6 +248,7 @@ Prepared prepare(const PlanRequest& r) {
   p.count = count_params(r.model);
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);
+  p.grad_bytes = state_bytes_per_param(r.precision, r.optimizer).grads;
   p.expert_share = routed_expert_share(r.model);
   p.gemm_weight_share = gemm_weight_share(r.model);
   const double G = double(r.gpus);
@@ -431,7 +448,14 @@ double ideal_seconds(const Prepared& P, const Layout& L, const MicroTimes* micro
                        one.embedding_s + one.output_s) +
       roofline_seconds(r.cluster.gpu, 0.0, 1.0,
                        optimizer_update_bytes(r.precision, r.optimizer) * P.n_state);
-  return single / double(r.gpus);
+  // Note [gradient accumulation]: one GPU adds all N gradients after every micro-batch but the
+  // first.
+  const double accumulate =
+      r.grad_accumulation == GradAccumulation::autograd
+          ? (micro_batches - 1) *
+                roofline_seconds(r.cluster.gpu, 0.0, 1.0, 3.0 * P.grad_bytes * P.n_state)
+          : 0.0;
+  return (single + accumulate) / double(r.gpus);
 }
 
 void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
@@ -472,6 +496,11 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   const double m = double(L.grad_accum);
   const MicroTimes* micro = layout_micro_times(P, L);
   const StageTimes st = stage_times(P, L, micro);
+  // Note [gradient accumulation]: per micro-batch, in its backward.
+  const double accumulate_s =
+      micro != nullptr && r.grad_accumulation == GradAccumulation::autograd && m > 1
+          ? (m - 1) / m * roofline_seconds(c.gpu, 0.0, 1.0, 3.0 * states.bytes.grads)
+          : 0.0;
   if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
     e.tp_s = std::max(0.0, e.tp_s - m * busiest * st.layer_s);
   if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels
@@ -485,14 +514,15 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   for (std::size_t i = 0; i < stages.runs.size(); ++i) {
     const bool first = i == 0, last = i + 1 == stages.runs.size();
     const int n = stages.runs[i].layers;
-    const double compute =
-        n * st.layer_s + (first ? st.first_extra_s : 0.0) + (last ? st.last_extra_s : 0.0);
+    const double compute = n * st.layer_s + (first ? st.first_extra_s : 0.0) +
+                           (last ? st.last_extra_s : 0.0) + accumulate_s;
     const double seconds = compute + n * comm_per_layer + pp_per_mb;
     stage_s.push_back({.seconds = seconds, .stages = stages.runs[i].stages});
     if (seconds > slowest) {
       slowest = seconds;
       slowest_compute = compute;
-      slowest_backward = n * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0);
+      slowest_backward =
+          n * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0) + accumulate_s;
     }
   }
   const double beta = st.layer_s > 0 ? st.layer_backward_s / st.layer_s : 2.0 / 3.0;

@@ -38,6 +38,8 @@ constexpr NameTable<Recompute, 5> kRecomputes{{{Recompute::none, "none"},
 constexpr NameTable<Attention, 2> kAttentions{{
     {Attention::materialized, "materialized"}, {Attention::flash, "flash"}}};
 constexpr NameTable<Kernels, 2> kKernels{{{Kernels::fused, "fused"}, {Kernels::eager, "eager"}}};
+constexpr NameTable<GradAccumulation, 2> kGradAccumulations{
+    {{GradAccumulation::fused, "fused"}, {GradAccumulation::autograd, "autograd"}}};
 
 template <class E, std::size_t N>
 std::string_view name_of(const NameTable<E, N>& t, E e) {
@@ -68,6 +70,7 @@ std::string_view to_string(Optimizer o) { return name_of(kOptimizers, o); }
 std::string_view to_string(Recompute r) { return name_of(kRecomputes, r); }
 std::string_view to_string(Attention a) { return name_of(kAttentions, a); }
 std::string_view to_string(Kernels k) { return name_of(kKernels, k); }
+std::string_view to_string(GradAccumulation g) { return name_of(kGradAccumulations, g); }
 
 std::optional<Precision> parse_precision(std::string_view s) {
   if (s == "mixed") return Precision::bf16;  // the seed's precision="mixed"
@@ -84,6 +87,9 @@ std::optional<Attention> parse_attention(std::string_view s) {
   return parse_name(kAttentions, s);
 }
 std::optional<Kernels> parse_kernels(std::string_view s) { return parse_name(kKernels, s); }
+std::optional<GradAccumulation> parse_grad_accumulation(std::string_view s) {
+  return parse_name(kGradAccumulations, s);
+}
 std::optional<SizeUnit> parse_size_unit(std::string_view s) {
   if (s == "GB" || s == "gb") return SizeUnit::GB;
   if (s == "GiB" || s == "gib") return SizeUnit::GiB;
@@ -108,6 +114,10 @@ const std::vector<std::string>& allowed_attentions() {
 }
 const std::vector<std::string>& allowed_kernels() {
   static const auto v = names(kKernels);
+  return v;
+}
+const std::vector<std::string>& allowed_grad_accumulations() {
+  static const auto v = names(kGradAccumulations);
   return v;
 }
 

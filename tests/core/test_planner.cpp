@@ -481,6 +481,36 @@ TEST(Planner, HeavyHeadLightensTheEndStages) {
   EXPECT_LT(e.step_s, evaluate_layout(r, even).step_s);
 }
 
+// Note [gradient accumulation]: PyTorch's AccumulateGrad adds each micro-batch's gradients after
+// the first in a kernel of its own, reading both and writing the sum — 3 × the gradient bytes the
+// GPU holds, m − 1 times per step, at the GPU's streaming bandwidth; the fused default adds none.
+TEST(Planner, AutogradGradientAccumulationAddsAKernelPerLaterMicroBatch) {
+  PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("a100-80g"),
+                .gpus = 8, .global_batch = 64, .seq = 2048, .overlap_dp = false};
+  PlanRequest autograd = r;
+  autograd.grad_accumulation = GradAccumulation::autograd;
+  const GpuSpec& gpu = r.cluster.gpu;
+  auto kernel_s = [&](double bytes) {
+    return bytes / (gpu.memory_bps * gpu.kernels.memory_fraction) + gpu.kernels.kernel_overhead_s;
+  };
+  for (int zero : {0, 2})
+    for (std::int64_t b : {1, 2, 8}) {
+      const Layout L{.dp = 8, .zero = zero, .micro_batch = b, .grad_accum = 8 / b,
+                     .recompute = Recompute::full};
+      const PlanEval fused = evaluate_layout(r, L), added = evaluate_layout(autograd, L);
+      const double m = double(L.grad_accum);
+      // The gradient bytes held: bf16 like the parameters, a 1/8 shard under ZeRO-2.
+      const double grads = fused.states.grads;
+      EXPECT_NEAR(grads, fused.states.params / (zero == 2 ? 8 : 1), 1e-9 * grads);
+      const double want = m > 1 ? (m - 1) * kernel_s(3 * grads) : 0.0;
+      EXPECT_NEAR(added.step_s - fused.step_s, want, 1e-9 * fused.step_s)
+          << "zero " << zero << " b " << b;
+      EXPECT_NEAR(added.compute_s - fused.compute_s, want, 1e-9 * fused.step_s);
+    }
+  const PlanResult p = plan(autograd, SearchSpace{.top = 1});
+  EXPECT_NE(p.convention.find("AccumulateGrad"), std::string::npos) << p.convention;
+}
+
 // Any split (issue 10: BLOOM's 70 layers on 12 stages, `--pp-layers 5,6,6,…`): a list that
 // spells tally's own (first, last) split costs the same; one that moves layers onto a middle stage
 // holds more activations and parameters there; a list that is not a split is refused; flipping the

@@ -131,6 +131,10 @@ struct PlanRequest {
   // The memory-bound kernels' bytes in the time model (Note [eager kernels], operators.hpp): fused
   // (Megatron-LM, Transformer Engine, torch.compile) or eager PyTorch (torchtitan uncompiled).
   Kernels kernels = Kernels::fused;
+  // How the micro-batches' weight gradients are summed (Note [gradient accumulation] in
+  // planner.cpp): fused into the weight-gradient GEMM (Megatron-Core) or PyTorch's AccumulateGrad
+  // kernel (DDP under no_sync, FSDP, Megatron-LM 2021). The time model only.
+  GradAccumulation grad_accumulation = GradAccumulation::fused;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)
   std::optional<double> run_hours;       // for expected failures (--days)
@@ -268,7 +272,7 @@ struct PlanEval {
 // measured / predicted, on the published runs that check the GPU's generation:
 //   A100 (the development set, tests/validation/test_published_runs.cpp: Korthikanti 2022 Tables
 //     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 0.994 to 1.21, median
-//     1.10. Part of that spread is a bias shared by every run of one system and software
+//     1.09. Part of that spread is a bias shared by every run of one system and software
 //     (Narayanan 2021's code base runs ≈10 % slower than Korthikanti 2022's); what can reorder two
 //     plans on one system is the spread within one published table: at most 16.4 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1

@@ -117,12 +117,22 @@ enum class Attention { materialized, flash };
 //          intermediate through HBM (fp32 RMSNorm in five pieces, complex fp32 rotary, GQA's
 //          repeat_kv copies, SiLU and the gate's product apart)
 enum class Kernels { fused, eager };
+// How a step's micro-batches' weight gradients are summed (Note [gradient accumulation] in
+// planner.cpp):
+//   fused     inside the weight-gradient GEMM, which adds into the gradient buffer (Megatron-LM's
+//             --gradient-accumulation-fusion, Transformer Engine's fuse_wgrad_accumulation): no
+//             kernel of its own
+//   autograd  PyTorch's AccumulateGrad adds each micro-batch's gradient into .grad in place, a
+//             kernel reading both and writing the sum (PyTorch DDP under no_sync, FSDP, Megatron-
+//             LM 2021's DDP without contiguous buffers)
+enum class GradAccumulation { fused, autograd };
 
 std::string_view to_string(Precision p);
 std::string_view to_string(Optimizer o);
 std::string_view to_string(Recompute r);
 std::string_view to_string(Attention a);
 std::string_view to_string(Kernels k);
+std::string_view to_string(GradAccumulation g);
 
 // Parsers for the boundary (CLI, files). Return nullopt on unknown names; allowed_*() lists the names.
 std::optional<Precision> parse_precision(std::string_view s);
@@ -130,12 +140,14 @@ std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<Recompute> parse_recompute(std::string_view s);
 std::optional<Attention> parse_attention(std::string_view s);
 std::optional<Kernels> parse_kernels(std::string_view s);
+std::optional<GradAccumulation> parse_grad_accumulation(std::string_view s);
 std::optional<SizeUnit> parse_size_unit(std::string_view s);
 const std::vector<std::string>& allowed_precisions();
 const std::vector<std::string>& allowed_optimizers();
 const std::vector<std::string>& allowed_recomputes();
 const std::vector<std::string>& allowed_attentions();
 const std::vector<std::string>& allowed_kernels();
+const std::vector<std::string>& allowed_grad_accumulations();
 
 // Bytes of one element of the training dtype of parameters, gradients and activations (a
 // low-precision recipe keeps them in bf16: Note [low precision]).
