@@ -132,7 +132,10 @@ void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, B
   if (with_backward) {
     b.gemm("scores", "scores.dgrad", "scores.wgrad", d.sq, d.s, d.d, batch);
     b.memory("softmax", "softmax.backward", softmax_bytes);
-    if (s.dropout) b.memory("attention-dropout", "attention-dropout.backward", dropout_bytes);
+    // Backward reads the output gradient and the 1-byte mask and writes the input gradient: the
+    // forward's bytes (PyTorch's masked scale), not 1.5 × them.
+    if (s.dropout)
+      b.memory("attention-dropout", "attention-dropout.backward", dropout_bytes, dropout_bytes);
     b.gemm("context", "context.dgrad", "context.wgrad", d.sq, d.dv, d.s, batch);
   } else {
     b.forward_gemm("scores", d.sq, d.s, d.d, batch);

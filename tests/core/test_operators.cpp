@@ -80,6 +80,23 @@ TEST(Operators, SelectiveRecomputeVersusKorthikantiEq8) {
 
 // Flash attention executes the same score FLOPs, halved under a causal mask; its backward runs
 // 2.5 × its forward (FlashAttention-2 §3.1.2).
+// Megatron's materialised attention core, kernel by kernel (P = b·a/t·s² score elements, e = 2):
+// the fused softmax reads the scores and writes the probabilities, 2e·P, and its backward reads
+// the probabilities and their gradient and writes the scores' gradient, 3e·P; the dropout writes its
+// output and a 1-byte mask, (2e + 1)·P, and its backward reads the gradient and the mask and writes
+// the gradient, (2e + 1)·P again.
+TEST(Operators, MaterialisedAttentionCoreBytesByHand) {
+  const ModelSpec m = gpt(2304, 24, 24);
+  const OperatorSetup s{.seq = 2048, .micro_batch = 4, .tp = 2,
+                        .attention = Attention::materialized};
+  const std::vector<Op> ops = layer_ops(m, s);
+  const double P = 4.0 * 24 / 2 * 2048.0 * 2048.0, e = 2;
+  EXPECT_DOUBLE_EQ(find(ops, "softmax").bytes, 2 * e * P);
+  EXPECT_DOUBLE_EQ(find(ops, "softmax.backward").bytes, 3 * e * P);
+  EXPECT_DOUBLE_EQ(find(ops, "attention-dropout").bytes, (2 * e + 1) * P);
+  EXPECT_DOUBLE_EQ(find(ops, "attention-dropout.backward").bytes, (2 * e + 1) * P);
+}
+
 TEST(Operators, FlashAttentionFlops) {
   const ModelSpec m = gpt(4096, 32, 32);
   auto attention_flops = [&](Attention att, bool causal, Pass pass) {

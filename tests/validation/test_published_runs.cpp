@@ -9,9 +9,9 @@
 //    recompute (--checkpoint-activations), fp16, sequence 2048, vocabulary 51200.
 // Attention in both is materialised (Megatron's fused softmax; no flash attention in 2021–22).
 // The goals: median |error| ≤ 10 % per table; the published trend (efficiency rising with size).
-// Tables 4 and 5 (2022 software) meet it (medians 7.0 % and 8.5 %, every error < 20 %); Table 1
+// Tables 4 and 5 (2022 software) meet it (medians 7.0 % and 8.9 %, every error < 20 %); Table 1
 // (2021 software, fp16) does not yet: the model, anchored on 2024 cuBLAS throughput, predicts its
-// steps 5–17 % too fast (median 12.6 %), so its bound here is 20 % — see docs/ledgers.md §5.
+// steps 5–19 % too fast (median 12.9 %), so its bound here is 20 % — see docs/ledgers.md §5.
 #include <gtest/gtest.h>
 
 #include <algorithm>

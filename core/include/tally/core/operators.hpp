@@ -16,7 +16,8 @@
 //   attention, flash    fused    4·b·a/t·(s/c)·s·d FLOPs, × ½ when causal (the kernel skips the
 //                                masked blocks); reads q, k, v, writes o
 //   attention, materialised: scores  GEMM B = b·a/t, (s/c) × s, k = d;  softmax memory read +
-//                                write B·(s/c)·s;  dropout  read + write + 1-byte mask;
+//                                write B·(s/c)·s;  dropout  read + write + 1-byte mask (its
+//                                backward the same bytes: gradient and mask in, gradient out);
 //                                context GEMM B, (s/c) × d, k = s
 //   out-proj            GEMM     T × h, k = h_q
 //   dropout+residual    memory   read 2, write 1 of T_n·h (+ 1-byte mask with dropout), twice
@@ -37,7 +38,8 @@
 //                       per score); out-proj k = a/t·d_v
 // Backward: each GEMM C = A·B (m × n, inner k) becomes dA = dC·Bᵀ (m × k, inner n) and
 // dB = Aᵀ·dC (k × n, inner m) — twice the forward FLOPs; a memory kernel reads its saved input and the
-// output gradient and writes the input gradient (1.5 × its forward bytes); flash attention's backward
+// output gradient and writes the input gradient (1.5 × its forward bytes; the attention dropout's
+// reads the gradient and its mask: its forward's bytes); flash attention's backward
 // executes 2.5 × its forward FLOPs (five GEMMs of the forward's two, FlashAttention-2 §3.1.2).
 // Recompute: full replays every forward kernel of the layer; selective replays the attention core
 // (Korthikanti et al. 2022 §5: scores, softmax, dropout, context — or the flash forward);

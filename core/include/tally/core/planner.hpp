@@ -271,10 +271,10 @@ struct PlanEval {
 // Note [error band]: how far measured step times have been from the operator model's predictions,
 // measured / predicted, on the published runs that check the GPU's generation:
 //   A100 (the development set, tests/validation/test_published_runs.cpp: Korthikanti 2022 Tables
-//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 0.994 to 1.21, median
+//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 0.994 to 1.24, median
 //     1.09. Part of that spread is a bias shared by every run of one system and software
 //     (Narayanan 2021's code base runs ≈10 % slower than Korthikanti 2022's); what can reorder two
-//     plans on one system is the spread within one published table: at most 16.4 % (Table 5).
+//     plans on one system is the spread within one published table: at most 17.3 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
 //     1.29 to 1.90, median 1.54 (uncompiled rows with Note [eager kernels], Float8 rows with Note
