@@ -16,6 +16,7 @@
 #include "tally/core/pipeline.hpp"
 #include "tally/core/plan_points.hpp"
 #include "tally/core/roofline.hpp"
+#include "plan_prepared.hpp"
 
 namespace tally {
 
@@ -78,6 +79,9 @@ namespace tally {
 
 namespace {
 
+using detail::MicroTimes;
+using detail::Prepared;
+using detail::prepare;
 
 std::vector<std::int64_t> divisors(std::int64_t n) {
   std::vector<std::int64_t> lo, hi;
@@ -90,200 +94,6 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return lo;
 }
 
-// One micro-batch's kernel times for one operator shape (b, t, SP, c, recompute, attention).
-struct MicroTimes {
-  double layer_s = 0;           // one transformer layer: forward + backward + recompute
-  double layer_backward_s = 0;  // its backward (and recompute) part
-  double embedding_s = 0;       // first stage
-  double output_s = 0;          // last stage
-  double output_backward_s = 0;
-  // The layer's weight casts (Note [low-precision casts]), counted in the times above: in the
-  // forward, and in all passes; cached = the recipe's kernels cast each weight once per step.
-  double weight_cast_forward_s = 0, weight_cast_s = 0;
-  bool weight_casts_cached = false;
-  // The same micro-batch on one GPU (t = c = 1, no SP, e_t = 1): ideal_seconds' kernels. Set by
-  // Prepared::micro_times; points into the same node-based map, so it stays valid.
-  const MicroTimes* single = nullptr;
-
-  // One layer's time per micro-batch (all passes, or backward + recompute) when a step runs m
-  // micro-batches: cached weight casts happen once per step, spread over its micro-batches.
-  double layer_per_micro_batch(double m) const {
-    return weight_casts_cached ? layer_s - weight_cast_s + weight_cast_forward_s / m : layer_s;
-  }
-  double backward_per_micro_batch() const {
-    return weight_casts_cached ? layer_backward_s - (weight_cast_s - weight_cast_forward_s)
-                               : layer_backward_s;
-  }
-};
-
-// A hash of a tuple of integers (FNV-1a over the fields), for the per-shape caches below.
-struct TupleHash {
-  template <class... T>
-  std::size_t operator()(const std::tuple<T...>& t) const {
-    std::size_t h = 1469598103934665603ull;
-    std::apply([&](const auto&... v) { ((h = (h ^ std::size_t(v)) * 1099511628211ull), ...); }, t);
-    return h;
-  }
-};
-
-// The kernels expert parallelism does not change, per (b, t, SP, c, recompute, attention): the
-// layer of a dense model, or a MoE model's dense leading layer; the end stages' extras.
-struct BaseTimes {
-  OpsTime plain_layer;
-  double embedding_s = 0, output_s = 0, output_backward_s = 0;
-};
-
-// Invariants of one request, computed once; operator times are computed once per distinct shape.
-struct Prepared {
-  const PlanRequest* req = nullptr;
-  // evaluate_layout's one layout: validate what the search's layouts satisfy by construction.
-  bool check_each = false;
-  double n_state = 0;          // N of the state ledger
-  double peak = 0, util = 0;
-  double model_flops = 0;      // per step
-  double hw_flops[kRecomputePolicies] = {};  // per step, by Recompute
-  double head_flops = 0;       // per step, LM head only
-  double tokens = 0;
-  double param_bytes = 0, act_bytes = 0;
-  double grad_bytes = 0;       // the state ledger's gradient bytes per parameter
-  double expert_share = 0;     // routed experts' share of N (what EP shards)
-  double gemm_weight_share = 1;  // linear weights' share of N (low-precision copies)
-  double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
-  ParamCount count;            // the model's itemized parameters (stage shares)
-  mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
-  // A layout's stages as runs (Layout::stage_runs) and their seconds, reused across layouts.
-  mutable std::vector<LayerRun> layer_runs;
-  mutable std::vector<StageRun> stage_seconds;
-  mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int>, BaseTimes,
-                             TupleHash>
-      base;
-  mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int, int, int>,
-                             MicroTimes, TupleHash>
-      micro;
-  // One layer's activation bytes per (b, t, SP, c, recompute, attention, e_t): the rest of what
-  // layer_activation_bytes_unchecked reads (activations.hpp) is the request's.
-  mutable std::unordered_map<std::tuple<std::int64_t, int, bool, int, int, int, int>,
-                             LayerActivationBytes, TupleHash>
-      layer_activation;
-
-  const LayerActivationBytes& layer_activation_bytes(const ActivationSetup& a) const {
-    const auto key = std::make_tuple(a.micro_batch, a.tp, a.sequence_parallel, a.cp,
-                                     int(a.recompute), int(a.attention), a.etp);
-    if (const auto it = layer_activation.find(key); it != layer_activation.end())
-      return it->second;
-    return layer_activation.emplace(key, layer_activation_bytes_unchecked(req->model, a))
-        .first->second;
-  }
-
-  OperatorSetup operator_setup(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
-                               Attention att) const {
-    const PlanRequest& r = *req;
-    return {.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp, .cp = cp,
-            .recompute = rc, .attention = att, .causal = r.causal, .dropout = r.uses_dropout(),
-            .act_bytes = act_bytes, .capacity_factor = r.capacity_factor, .kernels = r.kernels,
-            .eager_loss = r.eager_loss, .recipe = r.precision,
-            .compute_capability = r.cluster.gpu.compute_capability};
-  }
-
-  const BaseTimes& base_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
-                              Attention att) const {
-    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att));
-    if (const auto it = base.find(key); it != base.end()) return it->second;
-    const PlanRequest& r = *req;
-    OperatorSetup os = operator_setup(b, tp, sp, cp, rc, att);
-    const GpuSpec& gpu = r.cluster.gpu;
-    const OpsTime out = time_ops(output_ops(r.model, os), gpu, r.precision);
-    BaseTimes t{.embedding_s = time_ops(embedding_ops(r.model, os), gpu, r.precision).total_s(),
-                .output_s = out.total_s(), .output_backward_s = out.backward_s};
-    os.dense_layer = r.model.is_moe();
-    if (!r.model.is_moe() || r.model.dense_layers > 0)
-      t.plain_layer = time_ops(layer_ops(r.model, os), gpu, r.precision);
-    return base.emplace(key, t).first->second;
-  }
-
-  const MicroTimes& micro_times(std::int64_t b, int tp, bool sp, int cp, Recompute rc,
-                                Attention att, int ep = 1, int etp = 0) const {
-    const auto key = std::make_tuple(b, tp, sp, cp, int(rc), int(att), ep, etp > 0 ? etp : tp);
-    const auto it = micro.find(key);
-    if (it != micro.end()) return it->second;
-    const PlanRequest& r = *req;
-    const BaseTimes& bt = base_times(b, tp, sp, cp, rc, att);
-    OpsTime layer = bt.plain_layer;
-    if (r.model.is_moe()) {  // the MoE layer at this EP, mixed with the dense layers
-      OperatorSetup os = operator_setup(b, tp, sp, cp, rc, att);
-      os.ep = ep;
-      os.etp = etp;
-      layer = mix_layer_times(r.model, time_ops(layer_ops(r.model, os), r.cluster.gpu,
-                                                r.precision), bt.plain_layer);
-    }
-    MicroTimes t{.layer_s = layer.total_s(),
-                 .layer_backward_s = layer.backward_s + layer.recompute_s,
-                 .embedding_s = bt.embedding_s,
-                 .output_s = bt.output_s,
-                 .output_backward_s = bt.output_backward_s,
-                 .weight_cast_forward_s = layer.weight_cast_forward_s,
-                 .weight_cast_s = layer.weight_cast_s,
-                 .weight_casts_cached =
-                     weight_casts_cached(operator_setup(b, tp, sp, cp, rc, att))};
-    MicroTimes& entry = micro.emplace(key, t).first->second;
-    const bool is_single = tp == 1 && !sp && cp == 1 && (etp > 0 ? etp : tp) == 1;
-    entry.single = is_single ? &entry : &micro_times(b, 1, false, 1, rc, att, ep, 1);
-    return entry;
-  }
-};
-
-Prepared prepare(const PlanRequest& r) {
-  Prepared p;
-  p.req = &r;
-  p.n_state = state_params(r.model);
-  p.peak = r.cluster.gpu.peak_flops(r.precision);
-  p.util = r.cluster.mfu;
-  p.tokens = double(r.global_batch) * double(r.seq);
-  p.model_flops = flops_per_token(r.model, r.seq, Recompute::none) * p.tokens;
-  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
-                       Recompute::save_matmuls, Recompute::op_sac})
-    if (recompute_applies(rc, r.model))
-      p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
-  p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
-  p.count = count_params(r.model);
-  p.param_bytes = dtype_bytes(r.precision);
-  p.act_bytes = dtype_bytes(r.precision);
-  p.grad_bytes = state_bytes_per_param(r.precision, r.optimizer).grads;
-  p.expert_share = routed_expert_share(r.model);
-  p.gemm_weight_share = gemm_weight_share(r.model);
-  const double G = double(r.gpus);
-  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
-                       Recompute::save_matmuls, Recompute::op_sac}) {
-    if (!recompute_applies(rc, r.model)) continue;  // never searched (plan() skips it)
-    if (r.time_model == TimeModel::utilisation) {
-      p.lower_bound_s[int(rc)] = p.hw_flops[int(rc)] / (G * p.peak * p.util);
-      continue;
-    }
-    // Note [planner pruning] cut 2 under the operator model: the GEMM and attention FLOPs every
-    // layout executes (the same total whatever b, t, c split them), each at no more than the
-    // GPU's best kernel fraction; the slowest GPU is at least the average one.
-    const KernelPerf& k = r.cluster.gpu.kernels;
-    const double ceiling = std::max({k.gemm_fraction, k.attention_forward_fraction,
-                                     k.attention_backward_fraction});
-    double per_sequence = 1e300;
-    // A MoE model's expert GEMMs pad the fewest rows when each rank holds one expert (ep = E).
-    for (Attention att : {Attention::flash, Attention::materialized}) {
-      const OperatorSetup os{.seq = r.seq, .micro_batch = 1, .recompute = rc, .attention = att,
-                             .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = p.act_bytes,
-                             .ep = r.model.is_moe() ? int(r.model.experts) : 1,
-                             .capacity_factor = r.capacity_factor};
-      const double layer_flops =
-          average_layer_time(r.model, os, r.cluster.gpu, r.precision).flops;  // memory kernels carry none
-      double out_flops = 0;
-      for (const Op& op : output_ops(r.model, os))
-        if (op.kind != OpKind::memory) out_flops += op.flops;
-      per_sequence = std::min(per_sequence, layer_flops * double(r.model.layers) + out_flops);
-    }
-    p.lower_bound_s[int(rc)] =
-        per_sequence * double(r.global_batch) / (G * p.peak * ceiling);
-  }
-  return p;
-}
 
 // Note [planner stages]
 // A pipeline's end stages carry more than layers: the first the embedding, the last the final
