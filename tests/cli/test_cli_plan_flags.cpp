@@ -1,0 +1,204 @@
+// The plan and compare flags that shape a layout's time or its stages (issue 10): --pp-layers,
+// --kernels, --grad-accumulation; and the fine-tuning ledgers on the command line (QLoRA memory,
+// --max-seq, plan with a fine-tune method). (Split from test_cli.cpp at the file-size limit.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "run_tally.hpp"
+
+namespace {
+
+using tally::cli_test::json_of;
+using tally::cli_test::Run;
+using tally::cli_test::tally;
+
+}  // namespace
+
+namespace {
+
+// Issue 10: real pipeline stages on the command line. Llama 3 405B's published split (Dubey et al.
+// 2024 §3.3.2: 126 layers on 16 stages, 7 on the first and the last) is accepted and costed; a list
+// tally's stages can't express names the one it would use.
+TEST(Cli, CompareTakesPipelineStageLayers) {
+  const std::string model =
+      "compare --model llama-3.1-405b --gpu h100-80g --gpus 1024 --seq 8192 "
+      "--tp 8 --pp 16 --micro-batch 1 --zero 1 --recompute full";
+  const std::string base = model + " --global-batch 128";
+  const auto j = json_of(tally(base + " --pp-layers 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --json"));
+  EXPECT_TRUE(j["options"][0]["eval"].is_object()) << j["options"][0];
+  // Any split is a layout. With many micro-batches (global batch 1024: 128 per pipeline) the
+  // busiest stage paces the step: a 12-layer stage makes it slower than 7 + 14 × 8 + 7 (whose
+  // busiest stage is the last: 7 layers plus the 128k-vocabulary head and loss, about 9 layers'
+  // time), by less than 12/8. (At 16 micro-batches on 16 stages fill and drain dominate and
+  // splits matter little — the 1F1B simulator agrees.)
+  auto step_of = [&](const std::string& list) {
+    const auto r = json_of(tally(model + " --global-batch 1024 --pp-layers " + list + " --json"));
+    EXPECT_TRUE(r["options"][0]["eval"].is_object()) << r["options"][0];
+    return r["options"][0]["eval"];
+  };
+  const auto even = step_of("7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7");
+  const auto odd = step_of("7,12,8,8,8,8,8,8,8,8,8,8,8,8,8,3");
+  const double ratio = odd["step_seconds"].get<double>() / even["step_seconds"].get<double>();
+  EXPECT_GT(ratio, 1.2);
+  EXPECT_LT(ratio, 12.0 / 8);
+  EXPECT_NE(odd["layout"].get<std::string>().find("7,12,8"), std::string::npos);
+  // Refused with one line naming the flag: a list that does not hold the model's 126 layers, a
+  // stage without a layer, a count that is not --pp.
+  const auto sum = tally(base + " --pp-layers 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8");
+  EXPECT_EQ(sum.rc, 2);
+  EXPECT_NE(sum.err.find("--pp-layers"), std::string::npos) << sum.err;
+  EXPECT_NE(sum.err.find("127"), std::string::npos) << sum.err;
+  EXPECT_NE(sum.err.find("126"), std::string::npos) << sum.err;
+  EXPECT_EQ(tally(base + " --pp-layers 0,8,8,8,8,8,8,8,8,8,8,8,8,8,8,14").rc, 2);
+  EXPECT_EQ(tally(base + " --pp-layers 8,8").rc, 2);  // 2 stages for --pp 16
+}
+
+// A choice flag given a value outside its list: exit 2 and one line naming the flag, the value and
+// the allowed names.
+void expect_choice_error(const std::string& command, const std::string& flag,
+                         const std::string& value, const std::string& allowed) {
+  const auto bad = tally(command + " " + flag + " " + value);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find(flag + ": '" + value + "' is not one of: " + allowed), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
+// --kernels eager (Note [eager kernels] in core/operators.hpp): torchtitan's uncompiled Llama moves
+// more bytes between the same GEMMs, so the same layout takes longer; the FLOPs (hence MFU's
+// numerator) and the memory ledger are untouched, and the plan's convention names the choice.
+TEST(Cli, EagerKernelsSlowTheStepNotTheMemory) {
+  const std::string base =
+      "compare --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 --seq 8192 --zero 3 "
+      "--micro-batch 2 --recompute op-sac --json";
+  const auto fused = json_of(tally(base))["options"][0]["eval"];
+  const auto eager = json_of(tally(base + " --kernels eager"))["options"][0]["eval"];
+  EXPECT_GT(eager["step_seconds"].get<double>(), fused["step_seconds"].get<double>());
+  // At most the HBM time of the added bytes: per token and layer well under 2 MB on 3.35 TB/s.
+  const double tokens = 16.0 * 8192 / 8, layers = 32;
+  EXPECT_LT(eager["step_seconds"].get<double>() - fused["step_seconds"].get<double>(),
+            tokens * layers * 2e6 / (3.35e12 * 0.85));
+  EXPECT_EQ(eager["per_gpu_gb"], fused["per_gpu_gb"]);
+  EXPECT_LT(eager["mfu"].get<double>(), fused["mfu"].get<double>());
+  const auto plan = tally("plan --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 16 "
+                          "--seq 8192 --kernels eager");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("eager PyTorch kernels"), std::string::npos);
+  expect_choice_error("plan --model llama-3-8b", "--kernels", "unfused", "fused, eager");
+}
+
+// --grad-accumulation autograd (Note [gradient accumulation] in core/planner.cpp): PyTorch's
+// AccumulateGrad adds each later micro-batch's gradients in a kernel reading both and writing the
+// sum. Llama 3 8B (8,030,261,248 parameters, Meta's model card) with bf16 gradients unsharded on
+// each of 8 H100s (3.35 TB/s, 0.85 of it streamed; 2 µs per kernel): 4 micro-batches add 3 such
+// kernels of 3 × 2 B × N each. One micro-batch adds none; the fused default none either.
+TEST(Cli, AutogradGradientAccumulationAddsItsKernels) {
+  const std::string base = "compare --model llama-3-8b --gpu h100-80g --gpus 8 --seq 8192 "
+                           "--micro-batch 1 --zero 0 --no-overlap-dp --json";
+  auto step = [&](const std::string& args) {
+    const auto r = tally(base + args);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return json_of(r)["options"][0]["eval"]["step_seconds"].get<double>();
+  };
+  const double kernel_s = 3 * 2.0 * 8030261248.0 / (3.35e12 * 0.85) + 2e-6;
+  const double four = step(" --global-batch 32 --grad-accumulation autograd") -
+                      step(" --global-batch 32");
+  EXPECT_NEAR(four, 3 * kernel_s, 1e-3 * kernel_s);
+  EXPECT_DOUBLE_EQ(step(" --global-batch 8 --grad-accumulation autograd"),
+                   step(" --global-batch 8"));
+  const auto plan = tally("plan --model llama-3-8b --gpu h100-80g --gpus 8 --global-batch 64 "
+                          "--seq 8192 --grad-accumulation autograd");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("micro-batch gradients added by AccumulateGrad"), std::string::npos);
+  expect_choice_error("plan --model llama-3-8b", "--grad-accumulation", "hook", "fused, autograd");
+}
+
+}  // namespace
+
+namespace {
+
+// Issue 12: `tally memory --method qlora` — the seed's program on Llama-2-7B (r = 8 on q, v):
+// PEFT's trainable line, integer counts, NF4 + double quantization's 4.127 bits (QLoRA §3), one-GPU
+// only, and targets the layout lacks refused with one line.
+TEST(Cli, MemoryQloraLedger) {
+  const auto j = json_of(tally("memory --model llama-2-7b --method qlora --json"));
+  EXPECT_EQ(j["method"], "qlora");
+  EXPECT_TRUE(j["finetune"]["trainable_params"].is_number_integer());
+  EXPECT_EQ(j["finetune"]["trainable_params"].get<std::int64_t>(), 32 * 2 * 8 * (4096 + 4096));
+  EXPECT_NEAR(j["finetune"]["bits_per_quantized_param"].get<double>(), 4 + 8.0 / 64 + 32.0 / 16384,
+              1e-9);
+  EXPECT_LT(j["finetune"]["trainable_fraction"].get<double>(), 0.002);
+  const auto text = tally("memory --model llama-2-7b --method qlora");
+  EXPECT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("trainable params: 4194304 || all params: 6738415616"), std::string::npos)
+      << text.out;
+  for (const char* bad : {"memory --model llama-2-7b --method qlora --tp 2 --seq 128",
+                          "memory --model gpt2-124m --method lora --lora-targets gate",
+                          "memory --model llama-2-7b --method qlora --lora-targets q,x",
+                          "memory --model llama-2-7b --method qlora --precision fp32",
+                          "memory --model llama-2-7b --lora-rank 16"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// `--max-seq`: the longest sequence whose report still fits — one token more does not; learned
+// positions cap it at the table (GPT-2: 1024); it needs --gpu and excludes --seq.
+TEST(Cli, MemoryMaxSeq) {
+  const std::string base = "memory --model llama-2-7b --method qlora --recompute full --gpu a100-40g";
+  const auto j = json_of(tally(base + " --max-seq --json"));
+  ASSERT_TRUE(j["max_seq"].is_number_integer()) << j["max_seq"];
+  const std::int64_t T = j["max_seq"];
+  EXPECT_GT(T, 4096);
+  EXPECT_TRUE(j["capacity"]["fits"].get<bool>());
+  const auto at = json_of(tally(base + " --seq " + std::to_string(T) + " --json"));
+  EXPECT_NEAR(at["capacity"]["total_gb"].get<double>(), j["capacity"]["total_gb"].get<double>(),
+              1e-9);
+  const auto over = json_of(tally(base + " --seq " + std::to_string(T + 1) + " --json"));
+  EXPECT_FALSE(over["capacity"]["fits"].get<bool>());
+  EXPECT_EQ(json_of(tally("memory --model gpt2-124m --gpu a100-80g --max-seq --json"))["max_seq"],
+            1024);
+  EXPECT_EQ(tally("memory --model llama-2-7b --max-seq").rc, 2);
+  EXPECT_EQ(tally(base + " --max-seq --seq 128").rc, 2);
+  // States alone too big: a result, not an error.
+  const auto none = json_of(tally("memory --model llama-2-70b --gpu a100-40g --max-seq --json"));
+  EXPECT_TRUE(none["max_seq"].is_null());
+}
+
+// `tally plan --method lora|qlora` (core/finetune_plan.hpp): the seed's QLoRA 7B on a 40 GB card.
+// PEFT's trainable count for r = 8 on q and v of Llama-2-7B: 32 layers × 2 × 8 × (4096 + 4096).
+TEST(Cli, PlanFineTune) {
+  const auto j = json_of(tally("plan --method qlora --model llama-2-7b --gpus 1 --gpu a100-40g "
+                               "--global-batch 16 --seq 2048 --json"));
+  EXPECT_EQ(j["method"], "qlora");
+  EXPECT_EQ(j["trainable_params"], 32 * 2 * 8 * (4096 + 4096));
+  ASSERT_TRUE(j["best"].is_object()) << j.dump();
+  EXPECT_TRUE(j["best"]["fits"].get<bool>());
+  EXPECT_LE(j["best"]["per_gpu_gb"].get<double>(), j["best"]["usable_gb"].get<double>());
+  EXPECT_GT(j["best"]["dequant_seconds"].get<double>(), 0);
+  EXPECT_GT(j["max_seq"].get<std::int64_t>(), 2048);
+  const auto text = tally("plan --method lora --model llama-2-70b --gpus 8 --gpu h100-80g "
+                          "--global-batch 64 --seq 4096");
+  EXPECT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("NO CONFIGURATION FITS"), std::string::npos) << text.out;
+  // One line, exit 2: LoRA flags with --method full; planner-only flags with a fine-tune.
+  for (const char* bad : {"plan --lora-rank 16", "plan --method qlora --max-tp 2",
+                          "plan --method qlora --gpus 3 --global-batch 16",
+                          "plan --method qlora --precision fp8 --gpu h100-80g"}) {
+    const auto r = tally(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+  }
+}
+
+}  // namespace

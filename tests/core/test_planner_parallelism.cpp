@@ -1,0 +1,198 @@
+// The planner's overlap switches and its expert-parallel (MoE) dimensions: each switch follows the
+// framework behaviour it names (Note [planner overlap]); EP and ETP are searched and checked like
+// every other dimension; DeepSeek-V3 fits with EP. (Split from test_planner.cpp at the file-size
+// limit.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "tally/core/planner.hpp"
+#include "tally/core/presets.hpp"
+
+namespace tally::test_planner {
+namespace {
+
+// Note [planner overlap]: each switch can only hide time; off, the whole collective is exposed;
+// on, at least the last 25 MiB bucket stays exposed.
+TEST(Planner, OverlapSwitchesFollowTheFrameworks) {
+  PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("a100-80g"),
+                .gpus = 32, .global_batch = 256, .seq = 4096, .overlap_dp = false,
+                .overlap_param_gather = false};
+  const Layout L{.dp = 16, .tp = 2, .zero = 1, .micro_batch = 1, .grad_accum = 16};
+  const PlanEval exposed = evaluate_layout(r, L);
+  EXPECT_NEAR(exposed.dp_exposed_s, exposed.dp_s, 1e-12);
+  r.overlap_dp = true;
+  const PlanEval grads = evaluate_layout(r, L);
+  r.overlap_param_gather = true;
+  const PlanEval both = evaluate_layout(r, L);
+  EXPECT_LT(grads.dp_exposed_s, exposed.dp_exposed_s);
+  EXPECT_LT(both.dp_exposed_s, grads.dp_exposed_s);
+  EXPECT_GT(both.dp_exposed_s, 0);  // the last buckets
+  EXPECT_LT(both.step_s, exposed.step_s);
+  // TP overlap hides TP collectives behind the layer's kernels.
+  r.tp_overlap = true;
+  const PlanEval tp = evaluate_layout(r, L);
+  EXPECT_LT(tp.tp_s, both.tp_s);
+  EXPECT_LE(tp.step_s, both.step_s);
+}
+
+// Expert parallelism (Note [expert parallelism]): DeepSeek-V3 on 1024 H100s with Megatron's
+// distributed optimizer (ZeRO-1) and no pipeline cannot hold 671B parameters' bf16 weights and
+// gradients on TP ≤ 8 alone (4 B × 671e9 / 8 = 335 GB); with the routed experts split over EP it
+// fits, and the plan names its EP.
+TEST(Planner, ExpertParallelismMakesDeepSeekV3Fit) {
+  PlanRequest req{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("h100-80g"),
+                  .gpus = 1024, .global_batch = 8192, .seq = 4096};
+  const SearchSpace no_ep{.max_pp = 1, .max_cp = 1, .max_ep = 1, .zero_stages = {1}};
+  EXPECT_FALSE(plan(req, no_ep).feasible());
+  SearchSpace with_ep = no_ep;
+  with_ep.max_ep = 0;
+  const PlanResult r = plan(req, with_ep);
+  ASSERT_TRUE(r.feasible());
+  const PlanEval& best = r.best.front();
+  EXPECT_GT(best.layout.ep, 1);
+  EXPECT_NE(best.layout.describe().find("(EP "), std::string::npos);
+  EXPECT_GT(best.ep_s, 0);
+  // The same layout without EP holds the experts whole: more state, no all-to-all.
+  Layout dense = best.layout;
+  dense.ep = 1;
+  const PlanEval e1 = evaluate_layout(req, dense);
+  EXPECT_GT(e1.states.total(), best.states.total());
+  EXPECT_EQ(e1.ep_s, 0);
+  // Hiding the all-to-alls (Megatron-Core --overlap-moe-expert-parallel-comm) can only help.
+  req.ep_overlap = true;
+  const PlanEval hidden = evaluate_layout(req, best.layout);
+  EXPECT_LT(hidden.ep_s, best.ep_s);
+  EXPECT_LT(hidden.step_s, best.step_s);
+  // The reasons flip EP like every other dimension.
+  req.ep_overlap = false;
+  bool has_ep = false;
+  for (const Reason& x : explain_plan(req, best)) has_ep |= x.dimension == "EP";
+  EXPECT_TRUE(has_ep);
+}
+
+TEST(Planner, ExpertParallelismIsCheckedLikeEveryDimension) {
+  const PlanRequest moe{.model = *model_preset("mixtral-8x7b"),
+                        .cluster = *cluster_preset("h100-80g"), .gpus = 16, .global_batch = 64,
+                        .seq = 4096};
+  const Layout base{.dp = 16, .zero = 1, .micro_batch = 1, .grad_accum = 4,
+                    .recompute = Recompute::full};
+  EXPECT_NO_THROW(evaluate_layout(moe, Layout{base}));
+  Layout l = base;
+  l.ep = 8;
+  EXPECT_NO_THROW(evaluate_layout(moe, l));
+  l.ep = 16;  // 8 experts
+  EXPECT_THROW(evaluate_layout(moe, l), InvalidInput);
+  l.ep = 3;   // 16 DP ranks
+  EXPECT_THROW(evaluate_layout(moe, l), InvalidInput);
+  PlanRequest dense = moe;
+  dense.model = *model_preset("llama-3-8b");
+  l.ep = 2;
+  EXPECT_THROW(evaluate_layout(dense, l), InvalidInput);
+  // A dense model's search never tries EP.
+  for (const PlanEval& e : plan(dense, SearchSpace{.top = 20}).best) EXPECT_EQ(e.layout.ep, 1);
+}
+
+// Expert TP in the search (SearchSpace::expert_tp: Megatron-Core's default ETP = TP, or 1 with SP).
+// Mixtral on 16 H100s, TP 2 + SP × DP 8: ETP 1 × EP 8 and ETP 2 × EP 4 both leave each GPU an
+// eighth of the routed experts (whole, or halves of two), with expert DP 16/8 = 2 — the same
+// states; ETP 2's pair gathers both sequence halves' dispatched copies (more activations) and
+// moves them (expert-TP gathers in the MoE dispatch/combine time).
+TEST(Planner, ExpertTensorParallelismIsSearchedAndChecked) {
+  const PlanRequest req{.model = *model_preset("mixtral-8x7b"),
+                        .cluster = *cluster_preset("h100-80g"), .gpus = 16, .global_batch = 64,
+                        .seq = 4096};
+  const Layout base{.dp = 8, .tp = 2, .ep = 8, .etp = 1, .sp = true, .zero = 1,
+                    .micro_batch = 1, .grad_accum = 8, .recompute = Recompute::full};
+  const PlanEval one = evaluate_layout(req, base);
+  Layout l = base;
+  l.ep = 4;
+  l.etp = 2;
+  const PlanEval two = evaluate_layout(req, l);
+  EXPECT_NE(one.layout.describe().find("ETP 1"), std::string::npos) << one.layout.describe();
+  EXPECT_DOUBLE_EQ(one.states.total(), two.states.total());
+  EXPECT_LT(one.activation_bytes, two.activation_bytes);
+  l.ep = 8;  // ETP 2 × EP 8: all 16 ranks, the pair gathering besides the all-to-all
+  EXPECT_GT(evaluate_layout(req, l).ep_s, 0);
+  // Refused: ETP 1 under TP 2 without SP; ETP × EP beyond tp × dp; EP beyond the experts.
+  l = base;
+  l.sp = false;
+  EXPECT_THROW(evaluate_layout(req, l), InvalidInput);
+  l = base;
+  l.etp = 2;
+  l.ep = 16;
+  EXPECT_THROW(evaluate_layout(req, l), InvalidInput);
+  // The search: ETP = TP only, 1 only, or both — whose best is the better of the two.
+  SearchSpace space{.max_pp = 1, .max_cp = 1, .zero_stages = {1}, .top = 30};
+  space.expert_tp = SearchSpace::ExpertTp::tp;
+  const PlanResult at_tp = plan(req, space);
+  for (const PlanEval& e : at_tp.best) EXPECT_EQ(e.layout.expert_tp(), e.layout.tp);
+  space.expert_tp = SearchSpace::ExpertTp::one;
+  const PlanResult at_one = plan(req, space);
+  for (const PlanEval& e : at_one.best) {
+    EXPECT_EQ(e.layout.expert_tp(), 1);
+    EXPECT_TRUE(e.layout.tp == 1 || e.layout.sp) << e.layout.describe();
+  }
+  space.expert_tp = SearchSpace::ExpertTp::both;
+  const PlanResult any = plan(req, space);
+  ASSERT_TRUE(at_tp.feasible() && at_one.feasible() && any.feasible());
+  EXPECT_DOUBLE_EQ(any.best.front().step_s,
+                   std::min(at_tp.best.front().step_s, at_one.best.front().step_s));
+  EXPECT_GT(any.evaluated, at_tp.evaluated);
+  // The reasons flip ETP too.
+  bool has_etp = false;
+  for (const Reason& x : explain_plan(req, two)) has_etp |= x.dimension == "ETP";
+  EXPECT_TRUE(has_etp);
+}
+
+// Node-limited routing (Note [node-limited routing]): DeepSeek-V3's EP 64 over 8 H100 hosts with
+// each token sent to at most 4 nodes moves half the all-to-all bytes over the NICs, which pace it:
+// the MoE dispatch and combine take less time, nothing else changes. A dense model has no routing.
+TEST(Planner, NodeLimitedRoutingShortensTheAllToAlls) {
+  PlanRequest req{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("h100-80g"),
+                  .gpus = 1024, .global_batch = 8192, .seq = 4096};
+  const Layout l{.dp = 1024, .ep = 64, .zero = 1, .micro_batch = 1, .grad_accum = 8,
+                 .recompute = Recompute::full};
+  const PlanEval plain = evaluate_layout(req, l);
+  req.max_route_nodes = 4;
+  const PlanEval limited = evaluate_layout(req, l);
+  EXPECT_LT(limited.ep_s, plain.ep_s);
+  EXPECT_GT(limited.ep_s, 0.4 * plain.ep_s);  // half the NIC bytes, plus the latencies
+  EXPECT_DOUBLE_EQ(limited.compute_s, plain.compute_s);
+  EXPECT_DOUBLE_EQ(limited.total_bytes, plain.total_bytes);
+  EXPECT_LT(limited.step_s, plain.step_s);
+  PlanRequest dense{.model = *model_preset("llama-3-8b"), .cluster = *cluster_preset("h100-80g"),
+                    .gpus = 8, .global_batch = 64, .seq = 4096, .max_route_nodes = 4};
+  EXPECT_THROW(plan(dense), InvalidInput);
+}
+
+// ZeRO-3's buffers: two gathered layers without PP; under PP the stage unsharded in the parameter
+// dtype plus its fp32 gradients (planner.hpp buffer_bytes): 2 + 4 B per stage parameter.
+TEST(Planner, ZeroThreeUnderPipelineKeepsTheStageUnsharded) {
+  EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0), 2 * 1e9 / 10 * 2.0);
+  EXPECT_DOUBLE_EQ(buffer_bytes(3, 1e9, 10, 2.0, 4), 6e9);
+  EXPECT_DOUBLE_EQ(buffer_bytes(1, 1e9, 10, 2.0, 4), 2 * 25.0 * 1024 * 1024);
+  // ZeRO-2 under PP: the stage's unsharded fp32 gradients, 4 B per stage parameter; without PP
+  // two DDP buckets.
+  EXPECT_DOUBLE_EQ(buffer_bytes(2, 1e9, 10, 2.0, 4), 4e9);
+  EXPECT_DOUBLE_EQ(buffer_bytes(2, 1e9, 10, 2.0), 2 * 25.0 * 1024 * 1024);
+}
+
+// E compares a layout with G ideal GPUs running the same kernels, so it never exceeds 1 (a MoE
+// ideal whose experts saw one micro-batch's b·s·k/E rows once gave DeepSeek-V3 at EP 8 E = 1.52).
+TEST(Planner, MoeScalingEfficiencyStaysAtMostOne) {
+  for (const Precision p : {Precision::bf16, Precision::mxfp8}) {
+    const PlanRequest q{.model = *model_preset("deepseek-v3"),
+                        .cluster = *cluster_preset("gb200-nvl72"), .gpus = 576,
+                        .global_batch = 4608, .seq = 4096, .precision = p};
+    const PlanEval e = evaluate_layout(
+        q, Layout{.dp = 576, .ep = 8, .zero = 3, .micro_batch = 1, .grad_accum = 8,
+                  .recompute = Recompute::save_matmuls});
+    EXPECT_GT(e.efficiency, 0.0);
+    EXPECT_LE(e.efficiency, 1.0) << int(p);
+  }
+}
+
+}  // namespace
+}  // namespace tally::test_planner
