@@ -121,7 +121,7 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                       .dropout = o.dropout || (!o.no_dropout && model.dropout),
                       .linear_input_bytes = saved_linear_input_bytes(precision),
                       .etp = etp, .capacity_factor = o.capacity_factor,
-                      .eager_loss = o.loss == "eager"};
+                      .eager_loss = *parse_loss(o.loss) == Loss::eager};
     if (lora) add_lora_activations(model, *lora, a);
     return activations(model, a);
   };

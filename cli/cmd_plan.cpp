@@ -71,7 +71,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .amax_history = o.amax_history,
                 .fsdp_float8_all_gather = o.fsdp_float8_all_gather,
                 .fp8_param_gather = o.fp8_param_gather,
-                .eager_loss = o.loss == "eager", .kernels = *parse_kernels(o.kernels),
+                .loss = *parse_loss(o.loss), .kernels = *parse_kernels(o.kernels),
                 .grad_accumulation = *parse_grad_accumulation(o.grad_accumulation),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
@@ -149,6 +149,7 @@ void run_plan(const PlanOptions& o, const Answers& answers) {
 
 void run_compare(const PlanOptions& o, const Answers& answers) {
   const PlanRequest req = make_request(o);
+  req.validate();  // a flag at odds with the others is bad input, not an invalid option: exit 2
   Layout base{.dp = o.dp.value_or(0), .tp = o.tp, .pp = o.pp, .cp = o.cp,
               .interleave = o.interleave, .ep = o.ep, .etp = o.etp.value_or(0), .sp = o.sp,
               .zero = o.zero, .micro_batch = o.micro_batch,
@@ -210,7 +211,10 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--kernels", o.kernels,
                   "fused (each norm, rotary, activation one kernel: Megatron-LM, Transformer "
                   "Engine, torch.compile) | eager (uncompiled PyTorch as torchtitan's Llama: every "
-                  "operator its own kernel through HBM; the time model only)")
+                  "operator its own kernel through HBM) | local (Megatron-LM's own modules, "
+                  "--transformer-impl local, all of Megatron-LM before Transformer Engine: fused, "
+                  "plus each linear bias added and its gradient summed in kernels of their own and "
+                  "materialised attention's context copied); the time model only")
       ->check(one_of(allowed_kernels()))
       ->capture_default_str();
   cmd->add_option("--grad-accumulation", o.grad_accumulation,

@@ -124,11 +124,13 @@ void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m) {
 
 void add_loss_flag(CLI::App* cmd, std::string& loss) {
   cmd->add_option("--loss", loss,
-                  "fused (one fp32 logits tensor, 4sbV/t: Megatron-LM's vocab-parallel "
-                  "cross-entropy) | eager (PyTorch's uncompiled cross_entropy(logits.float()): "
-                  "three fp32 tensors of the logits' size, 12sbV/t, and its unfused kernels' "
-                  "bytes in the time model)")
-      ->check(one_of({"fused", "eager"}))
+                  "fused (one fp32 logits tensor, 4sbV/t, one fused kernel: Megatron-Core "
+                  "--cross-entropy-loss-fusion, Transformer Engine's) | vocab-parallel (the same "
+                  "tensor; Megatron-LM's unfused vocab-parallel cross-entropy, its default: a "
+                  "kernel per line, 48 + 2e B per logit in the time model) | eager (PyTorch's "
+                  "uncompiled cross_entropy(logits.float()): three fp32 tensors of the logits' "
+                  "size, 12sbV/t, and its unfused kernels' bytes in the time model)")
+      ->check(one_of(allowed_losses()))
       ->capture_default_str();
 }
 

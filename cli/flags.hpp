@@ -63,7 +63,7 @@ struct MemoryBudgetOptions {
 void add_memory_budget_flags(CLI::App* cmd, MemoryBudgetOptions& m);
 MemoryBudget memory_budget(const MemoryBudgetOptions& m, double capacity_bytes);
 
-// --loss fused|eager (ActivationSetup::eager_loss): `tally memory`, `plan`, `compare`.
+// --loss fused|vocab-parallel|eager (Note [loss kernels]): `tally memory`, `plan`, `compare`.
 void add_loss_flag(CLI::App* cmd, std::string& loss);
 
 // --etp N (`tally memory`, `comm`, `compare`): the expert TP of a MoE layout; unset = --tp

@@ -102,14 +102,15 @@ FineTuneEval evaluate_finetune(const PlanRequest& r, const LoraSetup& s, std::in
                   .grad_accum = per_gpu / micro_batch, .recompute = recompute};
   ev.ledger = finetune_ledger(m, s);
   ActivationSetup acts{.seq = r.seq, .micro_batch = micro_batch, .recompute = recompute,
-                       .dropout = r.uses_dropout(), .act_bytes = e, .eager_loss = r.eager_loss};
+                       .dropout = r.uses_dropout(), .act_bytes = e,
+                       .eager_loss = r.loss == Loss::eager};
   add_lora_activations(m, s, acts);
   ev.activation_bytes = activations(m, acts).peak_stage_bytes;
   ev.fit = check_fit(ev.ledger.static_bytes(), ev.activation_bytes, 0, r.memory_budget());
 
   const OperatorSetup os{.seq = r.seq, .micro_batch = micro_batch, .recompute = recompute,
                          .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = e,
-                         .kernels = r.kernels, .eager_loss = r.eager_loss};
+                         .kernels = r.kernels, .loss = r.loss};
   const double tokens = double(r.seq) * double(micro_batch);
   const std::vector<Op> adapters = adapter_ops(m, s, ev.ledger, tokens, e, recompute);
   double dequant_layer = 0;
@@ -176,7 +177,7 @@ FineTunePlan plan_finetune(const PlanRequest& r, const LoraSetup& s, int top) {
   plan.max_seq = longest_sequence(64, cap, [&](std::int64_t seq) {
     ActivationSetup acts{.seq = seq, .micro_batch = 1, .recompute = Recompute::full,
                          .dropout = r.uses_dropout(), .act_bytes = dtype_bytes(s.compute),
-                         .eager_loss = r.eager_loss};
+                         .eager_loss = r.loss == Loss::eager};
     add_lora_activations(r.model, s, acts);
     const double act = activations(r.model, acts).peak_stage_bytes;
     return check_fit(ledger.static_bytes(), act, 0, r.memory_budget()).fits;

@@ -54,6 +54,11 @@ class Builder {
     out_.push_back(Op{.name = name, .kind = OpKind::attention, .pass = pass_, .m = sq, .n = skv,
                       .k = d, .batch = batch, .flops = flops, .bytes = bytes});
   }
+  // A gradient kernel with no forward of its own (Note [local kernels]: a bias's gradient sum).
+  void backward_memory(std::string_view name, double bytes) {
+    out_.push_back(Op{.name = name, .kind = OpKind::memory, .pass = Pass::backward,
+                      .bytes = bytes});
+  }
   // Subsequent forward_* calls record a replay (recompute) instead of the forward.
   void replaying(bool r) { pass_ = r ? Pass::recompute : Pass::forward; }
 
@@ -234,6 +239,12 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     mla_projections(m, d, gemm, memory);
   else
     gemm("qkv", "qkv.dgrad", "qkv.wgrad", d.T, d.hq + 2 * d.hkv, d.h);
+  // Note [local kernels]: the biases' own kernels and the context copy.
+  const bool local_bias = s.kernels == Kernels::local && m.linear_bias;
+  if (local_bias && !m.is_mla()) {
+    const double qkv = double(d.T) * double(d.hq + 2 * d.hkv);
+    memory2("qkv-bias", "qkv-bias.backward", 2 * d.e * qkv, d.e * qkv);
+  }
   if (m.position == PositionKind::rotary) {
     // MLA rotates only the d_r rope part of each q head and the one shared rope key.
     const double width = m.is_mla() ? double(d.heads_local + 1) * double(m.qk_rope_head_dim)
@@ -251,6 +262,9 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
             0);
   }
   attention_core(m, s, d, b, with_backward);
+  if (s.kernels == Kernels::local && s.attention == Attention::materialized)
+    memory2("context-copy", "context-copy.backward",
+            2 * d.e * double(d.T) * double(d.heads_local * d.dv), 0);
   gemm("out-proj", "out-proj.dgrad", "out-proj.wgrad", d.T, d.h, d.heads_local * d.dv);
   memory("dropout-residual-1", "dropout-residual-1.backward", residual_bytes);
   norm("norm-2", "norm-2.backward");
@@ -285,6 +299,10 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     mlp_block(m, d, gemm, kernels, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
               double(d.T), /*shared=*/true);
   memory("dropout-residual-2", "dropout-residual-2.backward", residual_bytes);
+  // The bias gradients of out-proj, MLP up and MLP down, summed over the tokens (dense MLP).
+  if (local_bias && with_backward && !moe)
+    b.backward_memory("bias-grads.backward",
+                      d.e * (2 * d.Tn * double(d.h) + double(d.T) * double(d.f)));
 }
 
 // Note [low precision]: the kernels a low-precision recipe leaves in bf16 (Transformer Engine
@@ -317,6 +335,9 @@ void OperatorSetup::validate(const ModelSpec& m) const {
   require_real(act_bytes > 0 && act_bytes <= 8, "act_bytes", act_bytes, "must be in (0, 8]");
   require_real(!is_low_precision(recipe) || act_bytes == 2, "act_bytes", act_bytes,
                "must be 2 (bf16) under a low-precision recipe (Note [low precision])");
+  if (kernels == Kernels::local && is_low_precision(recipe))
+    throw InvalidInput("kernels = local: Megatron-LM's own modules run no low-precision GEMMs "
+                       "(fp8, MXFP8 and NVFP4 need Transformer Engine's: fused)");
   require_recompute_applies(recompute, m);
   require_expert_split(m, ep, etp > 0 ? etp : tp, tp);
   require_expert_tp(tp, etp > 0 ? etp : tp, sequence_parallel);
@@ -389,15 +410,14 @@ std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s) {
   const i64 v = (m.vocab + s.tp - 1) / s.tp;  // vocabulary-parallel head
   b.gemm("lm-head", "lm-head.dgrad", "lm-head.wgrad", d.T, v, d.h);
   const double logits = double(d.T) * double(v);
-  // Cross-entropy in fp32 (Megatron's vocab-parallel loss upcasts): read the e-byte logits, then
-  // three fp32 passes (max, sum of exp, normalise) forward; two fp32 passes and an e-byte write
-  // backward.
-  // Eager (OperatorSetup::eager_loss, Note [eager kernels]): the fp32 cast and log-softmax
-  // forward, 20 + e; the NLL gradient's fill, log-softmax backward and the cast back, 24 + e.
+  // Cross-entropy in fp32, bytes per logit by Note [loss kernels]: {forward, backward} beside e.
+  const auto [forward, backward] = s.loss == Loss::eager            ? std::pair{20.0, 24.0}
+                                   : s.loss == Loss::vocab_parallel ? std::pair{36.0, 12.0}
+                                                                    : std::pair{12.0, 8.0};
   ops.push_back(Op{.name = "cross-entropy", .kind = OpKind::memory, .pass = Pass::forward,
-                   .bytes = logits * (d.e + (s.eager_loss ? 20.0 : 3 * 4.0))});
+                   .bytes = logits * (d.e + forward)});
   ops.push_back(Op{.name = "cross-entropy.backward", .kind = OpKind::memory,
-                   .pass = Pass::backward, .bytes = logits * ((s.eager_loss ? 24.0 : 2 * 4.0) + d.e)});
+                   .pass = Pass::backward, .bytes = logits * (backward + d.e)});
   mark_high_precision(ops);
   return ops;
 }

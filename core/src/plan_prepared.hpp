@@ -109,7 +109,7 @@ struct Prepared {
     return {.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp, .cp = cp,
             .recompute = rc, .attention = att, .causal = r.causal, .dropout = r.uses_dropout(),
             .act_bytes = act_bytes, .capacity_factor = r.capacity_factor, .kernels = r.kernels,
-            .eager_loss = r.eager_loss, .recipe = r.precision,
+            .loss = r.loss, .recipe = r.precision,
             .compute_capability = r.cluster.gpu.compute_capability};
   }
 

@@ -104,7 +104,7 @@ LayoutFamily layout_family(const Layout& l) {
 
 std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutFamily family) {
   if (t != TimeModel::operators) return std::nullopt;
-  const ErrorBand a100{.low = 0.994, .median = 1.09, .high = 1.24, .rank_spread = 0.173,
+  const ErrorBand a100{.low = 0.990, .median = 1.08, .high = 1.20, .rank_spread = 0.171,
                        .source = "measured / predicted step time of 28 published Megatron-LM "
                                  "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
                                  "Table 1)",
@@ -207,6 +207,10 @@ void PlanRequest::validate() const {
               model.name + " is not a mixture-of-experts model");
   if (fsdp_float8_all_gather) require_float8_all_gather(precision);
   if (fp8_param_gather) require_fp8_param_gather(precision);
+  if (kernels == Kernels::local && is_low_precision(precision))
+    throw InvalidInput("--kernels local: --precision " + std::string(to_string(precision)) +
+                       " needs Transformer Engine's modules (Megatron-LM's local ones run no "
+                       "low-precision GEMMs): use --kernels fused");
 }
 
 std::string plan_convention(const PlanRequest& r) {
@@ -231,13 +235,15 @@ std::string plan_convention(const PlanRequest& r) {
          format_number(r.runtime_bytes / kMiB) + " MiB runtime, usable " +
          std::to_string(int(std::lround(100 * (1 - r.headroom)))) +
          " % of capacity | activations: Korthikanti 2022 inventory" +
-         (r.eager_loss ? ", eager fp32 loss" : "") +
+         (r.loss == Loss::eager ? ", eager fp32 loss" : "") +
          (r.uses_dropout() ? " with dropout masks" : " without dropout") +
          " | time: " +
          (r.time_model == TimeModel::operators
               ? "operator model (kernels on the " + r.cluster.gpu.name +
                     " roofline, " + (r.causal ? "causal" : "full") + " attention" +
                     (r.kernels == Kernels::eager ? ", eager PyTorch kernels" : "") +
+                    (r.kernels == Kernels::local ? ", Megatron-LM local modules" : "") +
+                    (r.loss == Loss::vocab_parallel ? ", unfused vocab-parallel loss" : "") +
                     (r.grad_accumulation == GradAccumulation::autograd
                          ? ", micro-batch gradients added by AccumulateGrad"
                          : "") +

@@ -193,7 +193,7 @@ void cost_memory(const Prepared& P, const Layout& L, const Stages& stages,
                           .dropout = r.uses_dropout(), .act_bytes = P.act_bytes,
                           .linear_input_bytes = saved_linear_input_bytes(r.precision),
                           .etp = L.etp, .capacity_factor = r.capacity_factor,
-                          .eager_loss = r.eager_loss,
+                          .eager_loss = r.loss == Loss::eager,
                           .first_stage_layers = L.first_stage_layers,
                           .last_stage_layers = L.last_stage_layers,
                           .stage_layer_list = L.stage_layer_list.get()};

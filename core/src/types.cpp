@@ -37,7 +37,10 @@ constexpr NameTable<Recompute, 5> kRecomputes{{{Recompute::none, "none"},
                                                {Recompute::op_sac, "op-sac"}}};
 constexpr NameTable<Attention, 2> kAttentions{{
     {Attention::materialized, "materialized"}, {Attention::flash, "flash"}}};
-constexpr NameTable<Kernels, 2> kKernels{{{Kernels::fused, "fused"}, {Kernels::eager, "eager"}}};
+constexpr NameTable<Kernels, 3> kKernels{
+    {{Kernels::fused, "fused"}, {Kernels::eager, "eager"}, {Kernels::local, "local"}}};
+constexpr NameTable<Loss, 3> kLosses{
+    {{Loss::fused, "fused"}, {Loss::vocab_parallel, "vocab-parallel"}, {Loss::eager, "eager"}}};
 constexpr NameTable<GradAccumulation, 2> kGradAccumulations{
     {{GradAccumulation::fused, "fused"}, {GradAccumulation::autograd, "autograd"}}};
 
@@ -70,6 +73,7 @@ std::string_view to_string(Optimizer o) { return name_of(kOptimizers, o); }
 std::string_view to_string(Recompute r) { return name_of(kRecomputes, r); }
 std::string_view to_string(Attention a) { return name_of(kAttentions, a); }
 std::string_view to_string(Kernels k) { return name_of(kKernels, k); }
+std::string_view to_string(Loss l) { return name_of(kLosses, l); }
 std::string_view to_string(GradAccumulation g) { return name_of(kGradAccumulations, g); }
 
 std::optional<Precision> parse_precision(std::string_view s) {
@@ -87,6 +91,7 @@ std::optional<Attention> parse_attention(std::string_view s) {
   return parse_name(kAttentions, s);
 }
 std::optional<Kernels> parse_kernels(std::string_view s) { return parse_name(kKernels, s); }
+std::optional<Loss> parse_loss(std::string_view s) { return parse_name(kLosses, s); }
 std::optional<GradAccumulation> parse_grad_accumulation(std::string_view s) {
   return parse_name(kGradAccumulations, s);
 }
@@ -114,6 +119,10 @@ const std::vector<std::string>& allowed_attentions() {
 }
 const std::vector<std::string>& allowed_kernels() {
   static const auto v = names(kKernels);
+  return v;
+}
+const std::vector<std::string>& allowed_losses() {
+  static const auto v = names(kLosses);
   return v;
 }
 const std::vector<std::string>& allowed_grad_accumulations() {

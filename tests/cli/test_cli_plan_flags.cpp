@@ -89,7 +89,52 @@ TEST(Cli, EagerKernelsSlowTheStepNotTheMemory) {
                           "--seq 8192 --kernels eager");
   EXPECT_EQ(plan.rc, 0) << plan.err;
   EXPECT_NE(plan.out.find("eager PyTorch kernels"), std::string::npos);
-  expect_choice_error("plan --model llama-3-8b", "--kernels", "unfused", "fused, eager");
+  expect_choice_error("plan --model llama-3-8b", "--kernels", "unfused", "fused, eager, local");
+}
+
+// --kernels local and --loss vocab-parallel (Note [local kernels], Note [loss kernels] in
+// core/operators.hpp): Megatron-LM's own modules and its unfused loss add memory-bound kernels
+// between the same GEMMs, so GPT-3 175B (biases on every linear layer) takes longer, each switch on
+// its own and more with both; FLOPs (MFU's numerator) and memory are untouched; the plan's
+// convention names both. Low precision needs Transformer Engine's modules: with --kernels local it
+// is bad input, in `plan` and in `compare` alike (exit 2, one line naming the flags).
+TEST(Cli, MegatronLocalKernelsAndUnfusedLossSlowTheStepNotTheMemory) {
+  const std::string base =
+      "compare --model gpt3-175b --gpus 64 --global-batch 64 --tp 8 --pp 8 --micro-batch 1 "
+      "--zero 1 --recompute full --attention materialized --alternative double-gpus --json";
+  auto eval = [&](const std::string& extra) {
+    const auto r = tally(base + extra);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return json_of(r)["options"][0]["eval"];
+  };
+  const auto fused = eval(""), local = eval(" --kernels local"),
+             loss = eval(" --loss vocab-parallel"),
+             both = eval(" --kernels local --loss vocab-parallel");
+  const double step = fused["step_seconds"].get<double>();
+  EXPECT_GT(local["step_seconds"].get<double>(), step);
+  EXPECT_GT(loss["step_seconds"].get<double>(), step);
+  EXPECT_GT(both["step_seconds"].get<double>(), local["step_seconds"].get<double>());
+  EXPECT_GT(both["step_seconds"].get<double>(), loss["step_seconds"].get<double>());
+  // Memory-bound kernels only: a few per cent of a 175B step, not a different run.
+  EXPECT_LT(both["step_seconds"].get<double>(), 1.05 * step);
+  for (const auto* e : {&local, &loss, &both}) {
+    EXPECT_EQ((*e)["per_gpu_gb"], fused["per_gpu_gb"]);
+    EXPECT_LT((*e)["mfu"].get<double>(), fused["mfu"].get<double>());
+  }
+  const auto plan = tally("plan --model gpt3-175b --gpus 64 --global-batch 64 --kernels local "
+                          "--loss vocab-parallel");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("Megatron-LM local modules, unfused vocab-parallel loss"),
+            std::string::npos);
+  for (const std::string cmd : {"plan", "compare --tp 8 --pp 8"}) {
+    const auto bad = tally(cmd + " --model gpt3-175b --gpus 64 --global-batch 64 --gpu h100-80g "
+                                 "--precision fp8 --kernels local");
+    EXPECT_EQ(bad.rc, 2) << cmd << ": " << bad.out;
+    EXPECT_NE(bad.err.find("--kernels local: --precision fp8"), std::string::npos) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
+  expect_choice_error("plan --model gpt3-175b", "--loss", "unfused",
+                      "fused, vocab-parallel, eager");
 }
 
 // --grad-accumulation autograd (Note [gradient accumulation] in core/planner.cpp): PyTorch's

@@ -504,7 +504,7 @@ TEST(Operators, EagerLossKernels) {
   OperatorSetup os{.seq = 4096, .micro_batch = 1, .dropout = false};
   const double logits = 4096.0 * 128256;
   EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("cross-entropy").first, 14 * logits);
-  os.eager_loss = true;
+  os.loss = Loss::eager;
   const auto b = memory_bytes(output_ops(m, os));
   EXPECT_DOUBLE_EQ(b.at("cross-entropy").first, (6 + 16) * logits);
   EXPECT_DOUBLE_EQ(b.at("cross-entropy").second, (4 + 16 + 6) * logits);

@@ -40,7 +40,7 @@ inline ModelSpec mpt_model(const nlohmann::json& arch, const std::string& size, 
 // global batch and sequence, bf16 (amp_bf16 / bf16), decoupled AdamW (the yamls' optimizer),
 // FSDP's overlap (tally's defaults: reduce-scatter behind backward, all-gathers prefetched).
 //  - loss: llm-foundry's default loss_fn fused_crossentropy (modeling_mpt.py: flash-attn's
-//    cross-entropy kernel), so not PyTorch's eager cross_entropy: eager_loss = false;
+//    cross-entropy kernel), so not PyTorch's eager cross_entropy: Loss::fused;
 //  - kernels: no torch.compile (submit_benchmarks.py: compile_config None unless
 //    --torch_compile, which sweep.sh never passes; torch 2.0.1 image), so eager PyTorch
 //    (Note [eager kernels]). For a GPT layer eager differs from fused only by the attention
@@ -52,7 +52,7 @@ inline PlanRequest foundry_request(const nlohmann::json& arch, const nlohmann::j
                      .cluster = *cluster_preset(run["cluster"].get<std::string>()),
                      .gpus = run["gpus"], .global_batch = run["global_batch"], .seq = seq,
                      .precision = Precision::bf16, .optimizer = Optimizer::adamw,
-                     .dropout = false, .eager_loss = false, .kernels = Kernels::eager};
+                     .dropout = false, .loss = Loss::fused, .kernels = Kernels::eager};
 }
 
 // The layout: FSDP FULL_SHARD over every GPU (ZeRO-3, dp = G; no TP, PP or CP in llm-foundry's

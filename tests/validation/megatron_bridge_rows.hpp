@@ -135,7 +135,7 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
                      .amax_history = p == Precision::fp8 ? 1 : kTeAmaxHistory,
                      .fp8_param_gather = rc["precision_recipe"] == "fp8_cs" ||
                                          rc["precision_recipe"] == "fp8_mx",
-                     .eager_loss = false, .kernels = Kernels::fused};
+                     .loss = Loss::fused, .kernels = Kernels::fused};
 }
 
 // The layout: the row's TP, PP, CP, VP and EP; DP the rest; SP with TP (the perf configs'

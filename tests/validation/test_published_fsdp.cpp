@@ -237,7 +237,7 @@ TEST(PublishedFsdp, WhereTheMissSits) {
       const OperatorSetup os{.seq = q.seq, .micro_batch = L.micro_batch,
                              .recompute = L.recompute, .attention = L.attention,
                              .dropout = q.uses_dropout(), .kernels = q.kernels,
-                             .eager_loss = q.eager_loss, .recipe = q.precision};
+                             .loss = q.loss, .recipe = q.precision};
       double by_kind[3] = {0, 0, 0};  // OpKind: gemm, attention, memory
       for (const Op& op : layer_ops(q.model, os))
         by_kind[int(op.kind)] += op_seconds(op, q.cluster.gpu, q.precision);

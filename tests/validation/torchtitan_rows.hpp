@@ -32,7 +32,7 @@ inline PlanRequest published_request(const nlohmann::json& run) {
                      .tp_overlap = run.value("async_tp", false),
                      // the row's fsdp_float8_all_gather_source gives where it was set
                      .fsdp_float8_all_gather = run.value("fsdp_float8_all_gather", false),
-                     .eager_loss = run["loss"].get<std::string>() == "eager",
+                     .loss = run["loss"].get<std::string>() == "eager" ? Loss::eager : Loss::fused,
                      // Note [eager kernels]: an uncompiled run's elementwise kernels unfused
                      .kernels = run["torch_compile"].get<bool>() ? Kernels::fused : Kernels::eager};
 }

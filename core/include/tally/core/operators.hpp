@@ -46,7 +46,7 @@
 // save-matmuls (PyTorch selective activation checkpointing saving matmul outputs) replays the
 // norms, rotary, activation and (materialised) softmax and attention dropout — no GEMM.
 // Output (last stage): final norm, LM head GEMM T × V/t (k = h), cross-entropy over fp32 logits
-// (three fp32 passes forward, two backward). Embedding (first stage): gather and its gradient.
+// (Note [loss kernels]). Embedding (first stage): gather and its gradient.
 // The optimizer step reads gradients, m, v and master weights and writes m, v, master and the
 // 16-bit copy: bytes over memory bandwidth (optimizer_update_bytes).
 //
@@ -71,10 +71,38 @@
 //   SwiGLU silu(w1·x) · (w3·x): forward silu 2e, product 3e = 5e; backward the product's two
 //       gradients 6e, silu's 3e = 9e (fused 3e, 4.5e)
 //   residual adds and GeLU are one kernel either way.
-// The loss follows OperatorSetup::eager_loss (cross_entropy(logits.float())): forward the cast
-// e + 4, log-softmax's three reads and a write 16; backward the NLL gradient's zero fill 4,
-// log-softmax backward 12 (+ its row sum 4), the cast back 4 + e — against the fused
-// vocabulary-parallel loss's e + 12 and 8 + e.
+//
+// Note [loss kernels] (OperatorSetup::loss), bytes per logit of the rank's T × V/t:
+//   fused           one kernel reading the e-byte logits and making three fp32 passes forward
+//                   (max, sum of exp, normalise), two and the e-byte gradient backward: e + 12,
+//                   8 + e (a fused loss as Megatron-Core --cross-entropy-loss-fusion or
+//                   Transformer Engine's; the default)
+//   vocab-parallel  Megatron-LM's _VocabParallelCrossEntropy as written (megatron/mpu/
+//                   cross_entropy.py at de7dc40f88, 2021; tensor_parallel/cross_entropy.py in
+//                   Megatron-Core without --cross-entropy-loss-fusion, its default), each line one
+//                   kernel: logits.float() e + 4, max 4, sub_ 8, exp(out=) 8, sum 4, div_ 8 =
+//                   e + 36 forward; grad mul_ 8 and the cast's backward 4 + e = 12 + e
+//   eager           cross_entropy(logits.float()): forward the cast e + 4, log-softmax's three
+//                   reads and a write 16; backward the NLL gradient's zero fill 4, log-softmax
+//                   backward 12 (+ its row sum 4), the cast back 4 + e
+//
+// Note [local kernels] (OperatorSetup::kernels = local): Megatron-LM's own modules, without
+// Transformer Engine (--transformer-impl local; all of Megatron-LM before 2023, the runs of
+// Narayanan et al. 2021 and Korthikanti et al. 2022), on models with linear biases. Their fused
+// kernels are those of `fused`; three things run as kernels of their own (megatron/mpu/layers.py
+// and megatron/model/transformer.py at de7dc40f88; Megatron-Core's local ColumnParallelLinear,
+// RowParallelLinear and DotProductAttention the same):
+//   qkv bias            ColumnParallelLinear adds its bias after the GEMM (F.linear on a 3-D input
+//                       in PyTorch < 1.12: matmul, then add_; later, output + bias): read + write
+//                       T·(h_q + 2h_kv), 2e; backward its gradient summed over the tokens, read e
+//   bias gradients      out-proj, MLP up and MLP down skip the add (skip_bias_add) and pass the
+//                       bias into the fused bias-dropout-add and bias-GeLU; autograd sums each bias's
+//                       gradient over the tokens in a reduction of its own: read e·T_n·h, e·T·f/t,
+//                       e·T_n·h (T_n: the row-parallel outputs are sequence-split under SP)
+//   context copy        materialised attention's context, [b·a/t, s, d] → [s, b, a/t·d], by
+//                       permute(2, 0, 1, 3).contiguous(): read + write T·h_q, 2e (and in a replay);
+//                       its gradient reaches the context GEMM's backward as a strided view, no copy
+// Flash attention (Transformer Engine or flash-attn) writes [s, b, h] itself: no context copy.
 // Note [low-precision casts] (OperatorSetup::recipe fp8, mxfp8, nvfp4): each low-precision GEMM's
 // operands are made by memory-bound quantize kernels, added per GEMM as <gemm>.quantize-input and
 // .quantize-weight (forward, and again in a replay of that GEMM), .quantize-grad and, where a copy
@@ -184,7 +212,7 @@ struct OperatorSetup {
   int etp = 0;  // expert TP e_t (0 = tp): each expert f/e_t wide, on g·T_r·E_act tokens' copies
   double capacity_factor = 1;
   Kernels kernels = Kernels::fused;  // Note [eager kernels]
-  bool eager_loss = false;           // PyTorch's cross_entropy(logits.float()), Note [eager kernels]
+  Loss loss = Loss::fused;           // Note [loss kernels]
   // The precision recipe: fp8, mxfp8 and nvfp4 add their quantize kernels (Note [low-precision
   // casts]) and then need e = 2 (bf16 activations, Note [low precision]); others add nothing.
   Precision recipe = Precision::bf16;

@@ -125,11 +125,12 @@ struct PlanRequest {
   // all-gather moves float8 (routed experts included), MXFP8's bf16. fp8 and mxfp8 only. Off by
   // default, as in Megatron-Core; Megatron-Bridge's fp8_cs and mxfp8 recipes turn it on.
   bool fp8_param_gather = false;
-  // The loss kernel's memory (ActivationSetup::eager_loss): false = fused (Megatron-LM's vocab-
-  // parallel cross-entropy), true = PyTorch's eager cross_entropy on fp32 logits.
-  bool eager_loss = false;
+  // The loss's kernels (Note [loss kernels], operators.hpp): their bytes in the time model, and
+  // under eager the three fp32 tensors of the logits' size held (ActivationSetup::eager_loss).
+  Loss loss = Loss::fused;
   // The memory-bound kernels' bytes in the time model (Note [eager kernels], operators.hpp): fused
-  // (Megatron-LM, Transformer Engine, torch.compile) or eager PyTorch (torchtitan uncompiled).
+  // (Megatron-LM, Transformer Engine, torch.compile), eager PyTorch (torchtitan uncompiled) or
+  // Megatron-LM's local modules (Note [local kernels]).
   Kernels kernels = Kernels::fused;
   // How the micro-batches' weight gradients are summed (Note [gradient accumulation] in
   // planner.cpp): fused into the weight-gradient GEMM (Megatron-Core) or PyTorch's AccumulateGrad
@@ -271,10 +272,10 @@ struct PlanEval {
 // Note [error band]: how far measured step times have been from the operator model's predictions,
 // measured / predicted, on the published runs that check the GPU's generation:
 //   A100 (the development set, tests/validation/test_published_runs.cpp: Korthikanti 2022 Tables
-//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 0.994 to 1.24, median
-//     1.09. Part of that spread is a bias shared by every run of one system and software
+//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 0.990 to 1.20, median
+//     1.08. Part of that spread is a bias shared by every run of one system and software
 //     (Narayanan 2021's code base runs ≈10 % slower than Korthikanti 2022's); what can reorder two
-//     plans on one system is the spread within one published table: at most 17.3 % (Table 5).
+//     plans on one system is the spread within one published table: at most 17.1 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
 //     1.29 to 1.90, median 1.54 (uncompiled rows with Note [eager kernels], Float8 rows with Note

@@ -116,7 +116,20 @@ enum class Attention { materialized, flash };
 //   eager  uncompiled PyTorch as torchtitan's Llama writes it: every operator its own kernel, every
 //          intermediate through HBM (fp32 RMSNorm in five pieces, complex fp32 rotary, GQA's
 //          repeat_kv copies, SiLU and the gate's product apart)
-enum class Kernels { fused, eager };
+//   local  Megatron-LM's own modules (--transformer-impl local, all of Megatron-LM before
+//          Transformer Engine): fused as above, but each linear layer's bias is added by a kernel
+//          of its own after its GEMM and its gradient summed by another, and materialised
+//          attention's context is permuted by a copy (Note [local kernels] in operators.hpp)
+enum class Kernels { fused, eager, local };
+// How the loss's kernels run (Note [loss kernels] in operators.hpp):
+//   fused           one fused cross-entropy kernel (Megatron-Core --cross-entropy-loss-fusion,
+//                   Transformer Engine's, flash-attn's): e + 12 B per logit forward, 8 + e backward
+//   vocab-parallel  Megatron-LM's vocab_parallel_cross_entropy as written, its default: the fp32
+//                   cast, then max, in-place subtract, exp and divide and a sum, one kernel each:
+//                   e + 36 forward, 12 + e backward
+//   eager           PyTorch's uncompiled cross_entropy(logits.float()): e + 20, 24 + e, and three
+//                   fp32 tensors of the logits' size held (the others hold one)
+enum class Loss { fused, vocab_parallel, eager };
 // How a step's micro-batches' weight gradients are summed (Note [gradient accumulation] in
 // planner.cpp):
 //   fused     inside the weight-gradient GEMM, which adds into the gradient buffer (Megatron-LM's
@@ -132,6 +145,7 @@ std::string_view to_string(Optimizer o);
 std::string_view to_string(Recompute r);
 std::string_view to_string(Attention a);
 std::string_view to_string(Kernels k);
+std::string_view to_string(Loss l);
 std::string_view to_string(GradAccumulation g);
 
 // Parsers for the boundary (CLI, files). Return nullopt on unknown names; allowed_*() lists the names.
@@ -140,6 +154,7 @@ std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<Recompute> parse_recompute(std::string_view s);
 std::optional<Attention> parse_attention(std::string_view s);
 std::optional<Kernels> parse_kernels(std::string_view s);
+std::optional<Loss> parse_loss(std::string_view s);
 std::optional<GradAccumulation> parse_grad_accumulation(std::string_view s);
 std::optional<SizeUnit> parse_size_unit(std::string_view s);
 const std::vector<std::string>& allowed_precisions();
@@ -147,6 +162,7 @@ const std::vector<std::string>& allowed_optimizers();
 const std::vector<std::string>& allowed_recomputes();
 const std::vector<std::string>& allowed_attentions();
 const std::vector<std::string>& allowed_kernels();
+const std::vector<std::string>& allowed_losses();
 const std::vector<std::string>& allowed_grad_accumulations();
 
 // Bytes of one element of the training dtype of parameters, gradients and activations (a
