@@ -456,7 +456,7 @@ std::string ActivationResult::convention() const {
   if (a.etp > 0 && a.etp != a.tp) c += " ETP " + std::to_string(a.etp);
   c += " | micro-batch " + std::to_string(a.micro_batch) + " seq " + std::to_string(a.seq);
   if (a.capacity_factor != 1.0) c += " | MoE capacity factor " + format_number(a.capacity_factor);
-  c += a.eager_loss ? " | eager fp32 loss (12sbV/t)" : " | fused loss (4sbV/t)";
+  c += a.eager_loss ? " | eager fp32 loss (12sbV/t)" : " | one fp32 logits tensor (4sbV/t)";
   if (a.linear_input_bytes > 0)
     c += " | low-precision linears' saved inputs at q = " + format_number(a.linear_input_bytes) +
          " B per element (Transformer Engine), the rest bf16";

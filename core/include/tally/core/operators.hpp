@@ -102,7 +102,8 @@
 //   context copy        materialised attention's context, [b·a/t, s, d] → [s, b, a/t·d], by
 //                       permute(2, 0, 1, 3).contiguous(): read + write T·h_q, 2e (and in a replay);
 //                       its gradient reaches the context GEMM's backward as a strided view, no copy
-// Flash attention (Transformer Engine or flash-attn) writes [s, b, h] itself: no context copy.
+// Flash attention (Transformer Engine or flash-attn) writes [s, b, h] itself: no context copy. A MoE
+// layer's expert biases are not counted (Megatron-LM's local modules predate its MoE layers).
 // Note [low-precision casts] (OperatorSetup::recipe fp8, mxfp8, nvfp4): each low-precision GEMM's
 // operands are made by memory-bound quantize kernels, added per GEMM as <gemm>.quantize-input and
 // .quantize-weight (forward, and again in a replay of that GEMM), .quantize-grad and, where a copy
