@@ -28,12 +28,12 @@ class Builder {
   void memory(std::string_view name, std::string_view backward, double bytes) {
     memory(name, backward, bytes, 1.5 * bytes);
   }
-  // Streaming kernels whose backward moves `backward_bytes` (Note [eager kernels]).
+  // Streaming kernels whose backward moves `backward_bytes` (Note [eager kernels]); 0 = the
+  // gradient passes through as a view: no backward kernel (and no launch overhead) at all.
   void memory(std::string_view name, std::string_view backward, double bytes,
               double backward_bytes) {
     forward_memory(name, bytes);
-    out_.push_back(Op{.name = backward, .kind = OpKind::memory, .pass = Pass::backward,
-                      .bytes = backward_bytes});
+    if (backward_bytes > 0) backward_memory(backward, backward_bytes);
   }
   // Fused attention: FLOPs executed forward; backward 2.5×.
   void flash(std::string_view name, std::string_view backward, i64 sq, i64 skv, i64 d,
@@ -54,7 +54,8 @@ class Builder {
     out_.push_back(Op{.name = name, .kind = OpKind::attention, .pass = pass_, .m = sq, .n = skv,
                       .k = d, .batch = batch, .flops = flops, .bytes = bytes});
   }
-  // A gradient kernel with no forward of its own (Note [local kernels]: a bias's gradient sum).
+  // A gradient kernel with no forward kernel of its own (Note [local kernels]: a bias's gradient
+  // sum).
   void backward_memory(std::string_view name, double bytes) {
     out_.push_back(Op{.name = name, .kind = OpKind::memory, .pass = Pass::backward,
                       .bytes = bytes});
