@@ -20,6 +20,7 @@
 
 namespace {
 
+using tally::cli_test::expect_bad_input;
 using tally::cli_test::json_of;
 using tally::cli_test::Run;
 using tally::cli_test::tally;
@@ -282,10 +283,7 @@ TEST(Cli, CompareThreeOptions) {
 
 // Bad input: exit 2, one line on stderr naming the flag (or file and field), nothing on stdout.
 void expect_bad(const std::string& args, const std::string& names) {
-  const auto r = tally(args);
-  EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
-  EXPECT_NE(r.err.find(names), std::string::npos) << args << "\n" << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  expect_bad_input(args, {names});
 }
 
 TEST(Cli, BadInputExitsTwoNamingTheFlag) {
@@ -326,16 +324,6 @@ TEST(Cli, HelpOnEveryCommand) {
 // ---- Issue 8 (hardening), command line: items 8, 9 and 10 ------------------------------------
 // Every run of tally here costs a process start, which is ~1 s where tally links libtorch (the
 // engine build), so the sweeps below are tables and --help reads, not value × flag products.
-
-// Exit 2, nothing on stdout, one line on stderr naming each of `names`; returns that line.
-std::string expect_bad_input(const std::string& args, const std::vector<std::string>& names) {
-  const auto r = tally(args);
-  EXPECT_EQ(r.rc, 2) << args << "\n" << r.out << r.err;
-  EXPECT_TRUE(r.out.empty()) << args << "\n" << r.out;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
-  for (const auto& n : names) EXPECT_NE(r.err.find(n), std::string::npos) << args << "\n" << r.err;
-  return r.err;
-}
 
 // An interval as the messages print it: "[0.001, 1]", "(0, 86400]".
 const std::regex kInterval(R"([\[(][-+0-9.e]+, [-+0-9.e]+[\])])");

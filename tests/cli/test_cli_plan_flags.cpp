@@ -13,6 +13,7 @@
 
 namespace {
 
+using tally::cli_test::expect_bad_input;
 using tally::cli_test::json_of;
 using tally::cli_test::Run;
 using tally::cli_test::tally;
@@ -62,11 +63,8 @@ TEST(Cli, CompareTakesPipelineStageLayers) {
 // the allowed names.
 void expect_choice_error(const std::string& command, const std::string& flag,
                          const std::string& value, const std::string& allowed) {
-  const auto bad = tally(command + " " + flag + " " + value);
-  EXPECT_EQ(bad.rc, 2);
-  EXPECT_NE(bad.err.find(flag + ": '" + value + "' is not one of: " + allowed), std::string::npos)
-      << bad.err;
-  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  expect_bad_input(command + " " + flag + " " + value,
+                   {flag + ": '" + value + "' is not one of: " + allowed});
 }
 
 // --kernels eager (Note [eager kernels] in core/operators.hpp): torchtitan's uncompiled Llama moves
@@ -126,13 +124,10 @@ TEST(Cli, MegatronLocalKernelsAndUnfusedLossSlowTheStepNotTheMemory) {
   EXPECT_EQ(plan.rc, 0) << plan.err;
   EXPECT_NE(plan.out.find("Megatron-LM local modules, unfused vocab-parallel loss"),
             std::string::npos);
-  for (const std::string cmd : {"plan", "compare --tp 8 --pp 8"}) {
-    const auto bad = tally(cmd + " --model gpt3-175b --gpus 64 --global-batch 64 --gpu h100-80g "
-                                 "--precision fp8 --kernels local");
-    EXPECT_EQ(bad.rc, 2) << cmd << ": " << bad.out;
-    EXPECT_NE(bad.err.find("--kernels local: --precision fp8"), std::string::npos) << bad.err;
-    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
-  }
+  for (const std::string cmd : {"plan", "compare --tp 8 --pp 8"})
+    expect_bad_input(cmd + " --model gpt3-175b --gpus 64 --global-batch 64 --gpu h100-80g "
+                           "--precision fp8 --kernels local",
+                     {"--kernels local: --precision fp8"});
   expect_choice_error("plan --model gpt3-175b", "--loss", "unfused",
                       "fused, vocab-parallel, eager");
 }
@@ -186,11 +181,8 @@ TEST(Cli, MemoryQloraLedger) {
                           "memory --model gpt2-124m --method lora --lora-targets gate",
                           "memory --model llama-2-7b --method qlora --lora-targets q,x",
                           "memory --model llama-2-7b --method qlora --precision fp32",
-                          "memory --model llama-2-7b --lora-rank 16"}) {
-    const auto r = tally(bad);
-    EXPECT_EQ(r.rc, 2) << bad;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
-  }
+                          "memory --model llama-2-7b --lora-rank 16"})
+    expect_bad_input(bad);
 }
 
 }  // namespace
@@ -239,11 +231,8 @@ TEST(Cli, PlanFineTune) {
   // One line, exit 2: LoRA flags with --method full; planner-only flags with a fine-tune.
   for (const char* bad : {"plan --lora-rank 16", "plan --method qlora --max-tp 2",
                           "plan --method qlora --gpus 3 --global-batch 16",
-                          "plan --method qlora --precision fp8 --gpu h100-80g"}) {
-    const auto r = tally(bad);
-    EXPECT_EQ(r.rc, 2) << bad;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
-  }
+                          "plan --method qlora --precision fp8 --gpu h100-80g"})
+    expect_bad_input(bad);
 }
 
 }  // namespace
