@@ -28,8 +28,9 @@ Op stream_op(std::string_view name, double streams, double n) {
             .bytes = streams * kFp32 * n};
 }
 
-// The optimizer's kernels over one parameter tensor of n elements (chunked as the engine's Adam).
-void optimizer_ops(Optimizer o, i64 n, std::vector<Op>& out) {
+}  // namespace
+
+void host_optimizer_ops(Optimizer o, i64 n, std::vector<Op>& out) {
   if (o == Optimizer::sgd) {
     for (double s : kSgdStreams) out.push_back(stream_op("sgd", s, double(n)));
     return;
@@ -39,13 +40,11 @@ void optimizer_ops(Optimizer o, i64 n, std::vector<Op>& out) {
       out.push_back(stream_op("adam", s, double(std::min(kAdamChunkElements, n - i0))));
 }
 
-double ops_seconds(const std::vector<Op>& ops, const GpuSpec& gpu) {
+double host_ops_seconds(const std::vector<Op>& ops, const GpuSpec& gpu) {
   double t = 0;
   for (const Op& op : ops) t += op_seconds(op, gpu, Precision::fp32);
   return t;
 }
-
-}  // namespace
 
 void MlpStepSetup::validate() const {
   require_int(widths.size() >= 2 && widths.size() <= 64, "widths", i64(widths.size()),
@@ -124,7 +123,7 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   const GpuSpec& cpu = host.gpu;
   t.memory_bps = cpu.memory_bps * cpu.kernels.memory_fraction;
 
-  t.compute_s = ops_seconds(mlp_ops(s.widths, s.rows), cpu);
+  t.compute_s = host_ops_seconds(mlp_ops(s.widths, s.rows), cpu);
 
   std::vector<Op> grads;
   switch (s.zero_stage) {
@@ -151,17 +150,17 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
         grads.push_back(stream_op("shard-copy", kCopyStreams, std::ceil(nu / k)));
       }
   }
-  t.gradient_s = ops_seconds(grads, cpu);
+  t.gradient_s = host_ops_seconds(grads, cpu);
 
   std::vector<Op> opt;
   if (s.zero_stage == 0) {
-    for (i64 n_tensor : tensors) optimizer_ops(s.optimizer, n_tensor, opt);
+    for (i64 n_tensor : tensors) host_optimizer_ops(s.optimizer, n_tensor, opt);
   } else if (s.zero_stage < 3) {
-    optimizer_ops(s.optimizer, i64(shard), opt);
+    host_optimizer_ops(s.optimizer, i64(shard), opt);
   } else {
-    for (i64 nu : units) optimizer_ops(s.optimizer, (nu + k - 1) / k, opt);
+    for (i64 nu : units) host_optimizer_ops(s.optimizer, (nu + k - 1) / k, opt);
   }
-  t.optimizer_s = ops_seconds(opt, cpu);
+  t.optimizer_s = host_ops_seconds(opt, cpu);
 
   if (k > 1) {
     const LinkSpec& link = host.intra_node;

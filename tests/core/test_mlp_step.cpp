@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "ideal_host.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::test_mlp_step {
@@ -39,16 +40,7 @@ TEST(MlpStep, GemmFlopsAreForwardPlusTwoBackwardLessTheFirstDgrad) {
   EXPECT_DOUBLE_EQ(bwd, 2 * 2.0 * B * sum - 2.0 * B * 6 * 5);
 }
 
-ClusterSpec ideal_host(double peak, double alpha, double beta, double W) {
-  ClusterSpec h;
-  h.gpu.peak_fp32_flops = h.gpu.peak_tf32_flops = h.gpu.peak_bf16_flops = peak;
-  h.gpu.memory_bps = W;
-  h.gpu.kernels = KernelPerf{.sm_count = 1, .tile_m = 1, .tile_n = 1, .gemm_fraction = 1,
-                             .gemm_half_k = 0, .gemm_half_mn = 0, .memory_fraction = 1,
-                             .kernel_overhead_s = 0};
-  h.intra_node = {.bandwidth_bps = beta, .latency_s = alpha};
-  return h;
-}
+using test::ideal_host;
 
 // ZeRO-1 at k = 2 on widths 8 → 6 → 4, B = 3, every term by hand.
 TEST(MlpStep, ZeroOneStepIsTheSumOfItsTerms) {

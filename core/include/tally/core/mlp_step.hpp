@@ -94,6 +94,11 @@ std::int64_t mlp_parameters(const std::vector<std::int64_t>& widths);
 // The engine's Adam walks each parameter in chunks of this many elements (engine/runtime/
 // optimizer_torch.hpp: its temporaries stay under 8 MiB); each chunk is one call of each kernel.
 inline constexpr std::int64_t kAdamChunkElements = std::int64_t(1) << 20;
+// The engine's optimizer kernels over one parameter tensor (or flat buffer) of n elements: Adam's
+// eight (20 streams per element) per 2^20-element chunk, SGD's one (Note [host step model]).
+void host_optimizer_ops(Optimizer o, std::int64_t n, std::vector<Op>& out);
+// Σ op_seconds in fp32: the host's kernels one after another.
+double host_ops_seconds(const std::vector<Op>& ops, const GpuSpec& gpu);
 // The MLP's forward and backward kernels on B rows (act_bytes per element).
 std::vector<Op> mlp_ops(const std::vector<std::int64_t>& widths, std::int64_t rows,
                         double act_bytes = 4);

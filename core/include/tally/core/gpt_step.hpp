@@ -1,0 +1,81 @@
+// The engine's GPT on a calibrated host: one pipeline stage's kernels per micro-batch and its
+// optimizer step, timed by the operator model (issue 10: the engine's TP/PP runs predicted by the
+// same core code as the planner's; `tally run 3d --calibration`).
+//
+// Note [host GPT step]
+// The stage's kernels are core's operator inventory (layer_ops, embedding_ops, output_ops) for the
+// engine's GPT (engine/runtime/gpt_model.cpp, tp_model.cpp): fp32 (e = 4), materialised attention
+// over all T×T scores, no dropout, eager libtorch kernels (Kernels::eager: LayerNorm and GeLU
+// single kernels, the attention output's transpose copy) and PyTorch's cross-entropy on the
+// logits (Loss::eager) — plus the kernels the engine's own code adds, each from its lines:
+//   q, k copies   torch::matmul(q, kᵀ) on (B, a', T, d) transposed views reshapes both into
+//                 contiguous (B·a', T, d) batches for bmm: 2e per element of each, forward (and
+//                 in every replay of the forward)
+//   v copy        torch::matmul(probs, v): the same for v
+//   scale, mask   `scores * (1/√d)` and `masked_fill(mask, −∞)` are kernels of their own over
+//                 the B·a'·T² scores: 2e per score forward; their backward kernels (the gradient
+//                 scaled, then masked) 2e each
+//   bias kernels  the row-parallel linears add their bias after the reduction, `(r + b)`: 2e per
+//                 element of the T_n × h output, forward; every bias's gradient is a sum over the
+//                 tokens (addmm's backward for the column-parallel q/k/v and MLP up: T × 3h/t and
+//                 T × f/t; the row-parallel two: T_n × h each): e per element read
+// A replay (full recompute: the block's forward again) repeats the forward kernels, extras
+// included; the selective policies replay the softmax chain (scale and mask with it).
+// Per micro-batch: forward = the stage's layers + the embedding (first stage) + the head and loss
+// (last stage); backward likewise (with the replays). The optimizer is the engine's Adam
+// (Note [host step model] in mlp_step.hpp: 20 streams per element, one kernel per 2^20-element
+// chunk) over the rank's own parameters N_r (its shard under ZeRO ≥ 1), as one flat buffer
+// (engine/runtime/zero_flat.hpp).
+// Contention: with k·t > c (ranks × threads over cores) every kernel time stretches by k·t/c, as
+// in Note [host step model]; the α–β collectives were calibrated at the same k.
+// What is not counted: the TP, CP, PP and DP communication (the α–β items of core/comm.hpp, timed
+// beside this), the gradient-buffer passes of the flat DP buffers, and the pipeline's bubble
+// (core/pipeline.hpp on these times).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tally/core/hardware.hpp"
+#include "tally/core/model.hpp"
+#include "tally/core/operators.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally {
+
+struct GptStageSetup {
+  ModelSpec model;                    // the engine's GPT (engine::gpt_model_spec)
+  std::int64_t seq = 1;               // T, the whole sequence
+  std::int64_t micro_batch = 1;       // B
+  int tp = 1;                         // t
+  bool sequence_parallel = false;
+  int cp = 1;                         // c
+  Recompute recompute = Recompute::none;
+  int stage_layers = 1;               // this stage's layers (all its chunks)
+  bool first_stage = true, last_stage = true;  // embedding / head and loss
+  int micro_batches = 1;              // M per step
+  double own_params = 0;              // N_r: the elements this rank's Adam updates
+  int ranks = 1, threads_per_rank = 1, cores = 1;  // k, t, c (contention)
+  void validate() const;              // InvalidInput naming the field
+};
+
+struct GptStageTime {
+  double forward_s = 0, backward_s = 0;  // per micro-batch (backward includes any replay)
+  double compute_s = 0;                  // M · (forward + backward)
+  double optimizer_s = 0;
+  double contention = 1;                 // max(1, k·t/c), already applied to the times above
+  std::string convention() const;        // one line: what is counted
+};
+
+// The engine's extra kernels of one layer (Note [host GPT step]), forward and backward (and their
+// replays under `s.recompute`), appended to `ops`.
+void add_engine_gpt_kernels(const ModelSpec& m, const OperatorSetup& s, std::vector<Op>& ops);
+// The OperatorSetup the engine's GPT runs (fp32, materialised, no dropout, eager).
+OperatorSetup engine_gpt_setup(const GptStageSetup& s);
+// One stage's kernels on one micro-batch: layer_ops + the engine's kernels for each of its
+// layers, the embedding on the first stage, the head and loss on the last.
+std::vector<Op> gpt_stage_ops(const GptStageSetup& s);
+GptStageTime predict_gpt_stage(const GptStageSetup& s, const ClusterSpec& host);
+
+}  // namespace tally

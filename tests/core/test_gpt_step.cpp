@@ -1,0 +1,158 @@
+// core/gpt_step: the engine's GPT on a calibrated host (Note [host GPT step]). The engine's own
+// kernels are counted by hand from the formulas of the Note; a stage's forward time is checked
+// against a hand count of its GEMM FLOPs and streamed bytes on a host whose kernels run exactly
+// at peak (η = 1, no overhead), so each kernel takes FLOPs / peak or bytes / bandwidth.
+#include "tally/core/gpt_step.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "ideal_host.hpp"
+#include "tally/core/types.hpp"
+
+namespace tally::test_gpt_step {
+namespace {
+
+// The engine's default 3-D model (three_d.hpp Note [default 3-D model]): h 32, L 4, a 4, V 64,
+// T 16, as engine::gpt_model_spec builds it.
+ModelSpec engine_gpt() {
+  return ModelSpec{.name = "tally-gpt", .hidden = 32, .layers = 4, .heads = 4, .kv_heads = 4,
+                   .ffn = 128, .vocab = 64, .max_positions = 16, .tied_embeddings = true,
+                   .linear_bias = true, .mlp = MlpKind::gelu, .norm = NormKind::layernorm,
+                   .position = PositionKind::learned};
+}
+
+// No link: the stage model times kernels only.
+ClusterSpec ideal_host(double peak, double W) { return test::ideal_host(peak, 0, 1e9, W); }
+
+// Bytes of each engine kernel, by name and pass.
+std::map<std::string, double> engine_kernels(const GptStageSetup& s) {
+  std::vector<Op> ops;
+  add_engine_gpt_kernels(s.model, engine_gpt_setup(s), ops);
+  std::map<std::string, double> out;
+  for (const Op& op : ops) {
+    EXPECT_EQ(op.kind, OpKind::memory) << op.name;
+    const char* pass = op.pass == Pass::forward ? "" : op.pass == Pass::backward ? "" : "@replay";
+    out[std::string(op.name) + pass] += op.bytes;
+  }
+  return out;
+}
+
+// t = 2 with SP, B = 2, T = 16, e = 4: T_tok = 32 tokens, T_n = 16, a' = 2 heads of d = 8
+// (h_q = 16), f/t = 64, scores B·a'·T² = 1024.
+TEST(GptStep, EngineKernelsByHand) {
+  GptStageSetup s{.model = engine_gpt(), .seq = 16, .micro_batch = 2, .tp = 2,
+                  .sequence_parallel = true};
+  const auto k = engine_kernels(s);
+  const std::map<std::string, double> want = {
+      {"qk-copies", 2 * 2 * 4 * 32 * 16},   // q and k, read + write
+      {"scale", 2 * 4 * 1024},              {"mask", 2 * 4 * 1024},
+      {"v-copy", 2 * 4 * 32 * 16},          {"out-proj-bias", 2 * 4 * 16 * 32},
+      {"mlp-down-bias", 2 * 4 * 16 * 32},   {"scale.backward", 2 * 4 * 1024},
+      {"mask.backward", 2 * 4 * 1024},
+      // q/k/v and MLP-up biases over all 32 tokens (48 + 64 wide), the two row-parallel ones
+      // over T_n = 16 (32 wide each)
+      {"bias-grads.backward", 4 * (32 * (48 + 64) + 2 * 16 * 32)}};
+  EXPECT_EQ(k, want);
+
+  // Full recompute replays the six forward kernels; the selective policies the softmax chain's
+  // scale and mask.
+  s.recompute = Recompute::full;
+  auto full = engine_kernels(s);
+  for (const char* name : {"qk-copies", "scale", "mask", "v-copy", "out-proj-bias",
+                           "mlp-down-bias"})
+    EXPECT_EQ(full[std::string(name) + "@replay"], want.at(name)) << name;
+  EXPECT_EQ(full.size(), want.size() + 6);
+  for (Recompute r : {Recompute::selective, Recompute::save_matmuls, Recompute::op_sac}) {
+    s.recompute = r;
+    auto sel = engine_kernels(s);
+    EXPECT_EQ(sel.size(), want.size() + 2) << int(r);
+    EXPECT_EQ(sel["scale@replay"], want.at("scale")) << int(r);
+    EXPECT_EQ(sel["mask@replay"], want.at("mask")) << int(r);
+  }
+}
+
+// One stage holding the whole model (embedding, 4 layers, head and loss), B = 2, T = 16, t = 1:
+// the forward by hand. GEMM FLOPs per layer 2·T_tok·h·(3h + h + 4h + 4h) + QKᵀ and PV
+// 2·2·(B·a)·T²·d; the head 2·T_tok·V·h. Streamed bytes per layer (e = 4, T_tok·h = 1024
+// elements, scores 2048): the two LayerNorms 2e each, the attention output's copy 2e, softmax 2e
+// per score, two residual adds 3e, GeLU 2e on 4h, and the engine's kernels: q, k copies 4e,
+// scale and mask 2e per score each, the v copy 2e, the two bias adds 2e. Embedding: two gathers
+// (tokens, positions) 2e each; head: the final LayerNorm 2e; PyTorch's cross-entropy (e + 20) per
+// logit (Note [loss kernels]).
+TEST(GptStep, ForwardOnAnIdealHostByHand) {
+  const double peak = 1e9, W = 2e9, e = 4, th = 32 * 32, scores = 2 * 4 * 16 * 16;
+  const GptStageSetup s{.model = engine_gpt(), .seq = 16, .micro_batch = 2, .stage_layers = 4,
+                        .micro_batches = 3, .own_params = 1000};
+  const double gemm_flops = 2.0 * 32 * 32 * (12 * 32) + 2 * 2.0 * 8 * 16 * 16 * 8;
+  const double layer_bytes = e * (2 * th + 2 * th + 2 * scores + 2 * 3 * th + 2 * th + 2 * 4 * th +
+                                   4 * th + 2 * 2 * scores + 2 * th + 2 * 2 * th);
+  const double head_flops = 2.0 * 32 * 64 * 32;
+  const double ends_bytes = 2 * 2 * e * th + 2 * e * th + (e + 20) * 32 * 64;
+  const GptStageTime t = predict_gpt_stage(s, ideal_host(peak, W));
+  EXPECT_NEAR(t.forward_s,
+              4 * (gemm_flops / peak + layer_bytes / W) + head_flops / peak + ends_bytes / W,
+              1e-12);
+  EXPECT_DOUBLE_EQ(t.compute_s, 3 * (t.forward_s + t.backward_s));
+  EXPECT_EQ(t.contention, 1);
+  // Adam on the rank's 1000 elements: 20 streams of 4 B each (Note [host step model]).
+  EXPECT_NEAR(t.optimizer_s, 20 * 4 * 1000 / W, 1e-15);
+
+  // The backward is the sum of the non-forward kernels' times; a middle stage has no ends.
+  double backward = 0;
+  for (const Op& op : gpt_stage_ops(s))
+    if (op.pass != Pass::forward)
+      backward += op_seconds(op, ideal_host(peak, W).gpu, Precision::fp32);
+  EXPECT_NEAR(t.backward_s, backward, 1e-12);
+  GptStageSetup middle = s;
+  middle.first_stage = middle.last_stage = false;
+  middle.stage_layers = 2;
+  EXPECT_NEAR(predict_gpt_stage(middle, ideal_host(peak, W)).forward_s,
+              2 * (gemm_flops / peak + layer_bytes / W), 1e-12);
+}
+
+// Four single-threaded ranks on two cores: every kernel stretches by 2 (Note [host step model]).
+TEST(GptStep, OversubscribedCoresStretchEveryKernel) {
+  GptStageSetup s{.model = engine_gpt(), .seq = 16, .micro_batch = 2, .stage_layers = 4,
+                  .own_params = 5000, .ranks = 2, .cores = 2};
+  const GptStageTime one = predict_gpt_stage(s, ideal_host(1e9, 2e9));
+  s.ranks = 4;
+  const GptStageTime two = predict_gpt_stage(s, ideal_host(1e9, 2e9));
+  EXPECT_EQ(two.contention, 2);
+  EXPECT_DOUBLE_EQ(two.forward_s, 2 * one.forward_s);
+  EXPECT_DOUBLE_EQ(two.backward_s, 2 * one.backward_s);
+  EXPECT_DOUBLE_EQ(two.optimizer_s, 2 * one.optimizer_s);
+  EXPECT_NE(two.convention().find("contention 2"), std::string::npos) << two.convention();
+}
+
+TEST(GptStep, BadSetupsNameTheirField) {
+  const auto field_of = [](GptStageSetup s) {
+    try {
+      predict_gpt_stage(s, ideal_host(1e9, 1e9));
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const GptStageSetup ok{.model = engine_gpt(), .seq = 16, .micro_batch = 2};
+  GptStageSetup s = ok;
+  s.stage_layers = 5;  // of 4
+  EXPECT_NE(field_of(s).find("stage_layers"), std::string::npos) << field_of(s);
+  s = ok;
+  s.own_params = -1;
+  EXPECT_NE(field_of(s).find("own_params"), std::string::npos) << field_of(s);
+  s = ok;
+  s.micro_batches = 0;
+  EXPECT_NE(field_of(s).find("micro_batches"), std::string::npos) << field_of(s);
+  s = ok;
+  s.tp = 3;  // does not divide the 4 heads
+  EXPECT_NE(field_of(s).find("tp"), std::string::npos) << field_of(s);
+  s = ok;
+  s.cores = 0;
+  EXPECT_NE(field_of(s).find("cores"), std::string::npos) << field_of(s);
+}
+
+}  // namespace
+}  // namespace tally::test_gpt_step
