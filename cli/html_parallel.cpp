@@ -311,10 +311,10 @@ std::string traffic_3d_section(const json& j) {
          html::table("Bytes sent per step by group (B)", header, rows);
 }
 
-// The step's parts: the JSON's key (a {…} object or, for the optimizer, a number), the name.
+// The step's parts: the JSON's key (a {measured, predicted, ratio} object), the name.
 constexpr Group kTimeParts[] = {{"compute_s", "compute"}, {"tp_comm_s", "TP comm"},
                                 {"cp_comm_s", "CP comm"}, {"pp_wait_s", "PP wait"},
-                                {"dp_comm_s", "DP comm"}, {"optimizer_s", "optimizer"}};
+                                {"dp_comm_s", "DP comm"}, {"optimizer_time_s", "optimizer"}};
 
 double measured_s(const json& v) { return v.is_object() ? num(v["measured"]) : num(v); }
 
@@ -324,7 +324,8 @@ std::string time_3d_section(const json& j) {
                    .convention = std::string("measured: the parts of each rank's step, the rest "
                                              "is the step less the parts (ZeRO gathers, "
                                              "bookkeeping); core: ") +
-                                 (calibrated ? "step_compute and the α–β items on the host "
+                                 (calibrated ? "the operator model (Note [host GPT step]) "
+                                               "and the α–β items on the host "
                                                "calibration, the PP wait as the bubble "
                                                "(P−1)(t_f+t_b)/v on the measured t_f, t_b"
                                              : "drawn with --calibration only; without it core "
@@ -335,7 +336,7 @@ std::string time_3d_section(const json& j) {
   std::vector<std::string> header{"rank", "step (ms)"};
   for (const Group& g : kTimeParts) {
     header.push_back(std::string(g.name) + " (ms)");
-    if (std::string(g.key) != "optimizer_s") header.push_back("core (ms)");
+    header.push_back("core (ms)");
   }
   Rows rows;
   for (const json& x : j["ranks"]) {

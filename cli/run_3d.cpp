@@ -207,8 +207,14 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"pp_wait_s", vs(x.pp_wait_s, x.predicted_pp_wait_s)},
          {"dp_comm_s", vs_time(x.dp_comm_s, x.predicted_dp_comm_s)},
          {"optimizer_s", x.optimizer_s},
+         {"step_time_s", vs_time(x.step_s, x.predicted_step_s)},
+         {"optimizer_time_s", vs_time(x.optimizer_s, x.predicted_optimizer_s)},
+         {"pp_send_predicted_s", x.predicted_pp_send_s < 0 ? nlohmann::json(nullptr)
+                                                           : nlohmann::json(x.predicted_pp_send_s)},
          {"forward_s_per_micro_batch", x.forward_s},
-         {"backward_s_per_micro_batch", x.backward_s}});
+         {"backward_s_per_micro_batch", x.backward_s},
+         {"forward_time_per_micro_batch_s", vs_time(x.forward_s, x.predicted_forward_s)},
+         {"backward_time_per_micro_batch_s", vs_time(x.backward_s, x.predicted_backward_s)}});
   }
   j["ranks"] = ranks;
   add_checks_json(j, checks);
@@ -301,17 +307,21 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                cell(x.pp_send_bytes, x.pp_layout_bytes), cell(x.dp_bytes, x.dp_layout_bytes),
                x.tp_other_bytes, x.pp_embedding_bytes);
   fmt::print("step time, ms, mean of {} step(s), measured/core=ratio (PP wait: core's bubble "
-             "(P-1)(t_f+t_b)/v on the measured t_f, t_b; compute and comm: {}):\n",
-             o.steps, o.host ? "step_compute and the alpha-beta items on the host calibration"
-                             : "need --calibration, '-' without");
-  fmt::print("  {:>4} {:>9} {:>22} {:>22} {:>22} {:>22} {:>9}{}\n", "rank", "step", "compute",
-             "TP comm", "PP wait", "DP comm", "optimizer", cp ? fmt::format(" {:>22}", "CP comm") : "");
+             "(P-1)(t_f+t_b)/v on the measured t_f, t_b; {}):\n",
+             o.steps, o.host ? "compute, optimizer and comm: the operator model (Note [host GPT "
+                               "step]) and the alpha-beta items on the host calibration; step: "
+                               "their sum with the bubble on the predicted t_f, t_b"
+                             : "the rest need --calibration, '-' without");
+  fmt::print("  {:>4} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}{}\n", "rank", "step", "compute",
+             "TP comm", "PP wait", "DP comm", "optimizer",
+             cp ? fmt::format(" {:>22}", "CP comm") : "");
   for (const auto& x : r.ranks)
-    fmt::print("  {:>4} {:>9.2f} {:>22} {:>22} {:>22} {:>22} {:>9.2f}{}\n", x.rank, 1e3 * x.step_s,
-               ms_cell(x.compute_s, x.predicted_compute_s),
+    fmt::print("  {:>4} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}{}\n", x.rank,
+               ms_cell(x.step_s, x.predicted_step_s), ms_cell(x.compute_s, x.predicted_compute_s),
                ms_cell(x.tp_comm_s, x.predicted_tp_comm_s),
                ms_cell(x.pp_wait_s, o.pp > 1 ? x.predicted_pp_wait_s : 0),
-               ms_cell(x.dp_comm_s, x.predicted_dp_comm_s), 1e3 * x.optimizer_s,
+               ms_cell(x.dp_comm_s, x.predicted_dp_comm_s),
+               ms_cell(x.optimizer_s, x.predicted_optimizer_s),
                cp ? fmt::format(" {:>22}", ms_cell(x.cp_comm_s, x.predicted_cp_comm_s)) : "");
   print_policy_table(r);
   int failed = 0;
@@ -335,8 +345,10 @@ void run(Flags& f) {
     f.run.schedule = PipelineSchedule::interleaved;  // --interleave v alone means interleaved
   }
   if (f.plan.empty()) f.run.recompute = recompute_from(f.recompute);
-  if (!f.calibration.empty())
+  if (!f.calibration.empty()) {
     f.run.host = load_host_model("--calibration", f.calibration, env.world_size).host;
+    f.run.host_cores = host_cores();
+  }
   if (f.html && env.rank == 0) html::check_writable("--html", *f.html);  // before the run
   const engine::ThreeDResult r = engine::run_3d(env, f.run);
   const auto checks = engine::three_d_checks(r);

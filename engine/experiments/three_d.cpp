@@ -23,7 +23,7 @@
 #include "rank_liveness.hpp"
 #include "tally/core/activations.hpp"
 #include "tally/core/comm.hpp"
-#include "tally/core/compute.hpp"
+#include "tally/core/gpt_step.hpp"
 #include "tally/core/model_states.hpp"
 #include "tally/core/sharding.hpp"
 #include "tally/core/types.hpp"
@@ -460,18 +460,43 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.in_flight = peak_in_flight(ops);
   me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
                                   (double(me.stage_layers) / v) * me.in_flight;
-  if (o.host) {  // a host calibration: core's compute and α–β comm times on this host
-    me.predicted_compute_s = step_compute({.model = gpt_model_spec(o.model),
-                                           .seq_len = o.model.seq,
-                                           .global_batch = o.dp * M * o.model.micro_batch,
-                                           .gpus = g.world().world_size(),
-                                           .peak_flops = o.host->gpu.peak_flops(Precision::fp32),
-                                           .utilisation = 1})
-                                 .seconds;
+  if (o.host) {  // a host calibration: core's operator and α–β times on this host
+    const GptStageTime k = predict_gpt_stage(
+        {.model = gpt_model_spec(o.model), .seq = o.model.seq,
+         .micro_batch = o.model.micro_batch, .tp = o.tp, .sequence_parallel = o.sp, .cp = o.cp,
+         .recompute = o.recompute, .stage_layers = me.stage_layers,
+         .first_stage = rm.stage.first(), .last_stage = rm.stage.last(), .micro_batches = M,
+         .own_params = me.own_params, .ranks = g.world().world_size(),
+         .threads_per_rank = o.threads > 0 ? o.threads : at::get_num_threads(),
+         .cores = o.host_cores},
+        *o.host);
+    me.predicted_compute_s = k.compute_s;
+    me.predicted_optimizer_s = k.optimizer_s;
     me.predicted_tp_comm_s = traffic_seconds(mine.tp, *o.host);
     me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);
+    me.predicted_pp_send_s = traffic_seconds(mine.pp, *o.host);
+    // Note [predicted 3-D step]
+    // One rank's step on the calibrated host: M micro-batches of its stage's forward and backward
+    // kernels (core/gpt_step.hpp), each with its share of the TP and CP collectives (α–β on the
+    // rank's own traffic items, split between forward and backward as the kernels are); core's
+    // bubble for the schedule on those t_f, t_b; the PP sends' α–β time (Gloo sends block: on the
+    // critical path); DP/ZeRO traffic (after the backward, not overlapped); Adam. No overlap
+    // anywhere (a CPU rank runs its sends and kernels on one thread). The step ends with the
+    // slowest rank: every rank reports the maximum of the ranks' figures.
+    const double comm_per_mb = (me.predicted_tp_comm_s + me.predicted_cp_comm_s) / M;
+    const double tf = k.forward_s + comm_per_mb * k.forward_s / (k.forward_s + k.backward_s);
+    const double tb = k.backward_s + comm_per_mb - (tf - k.forward_s);
+    const double bubble_s =
+        o.pp > 1 ? *bubble({.stages = o.pp, .micro_batches = M, .interleave = o.interleave,
+                            .backward_forward_ratio = tb / tf, .forward_time_s = tf})
+                        .bubble_time_s
+                 : 0.0;
+    me.predicted_forward_s = tf;
+    me.predicted_backward_s = tb;
+    me.predicted_step_s = M * (tf + tb) + bubble_s + me.predicted_pp_send_s +
+                          me.predicted_dp_comm_s + me.predicted_optimizer_s;
   }
   if (o.pp > 1 && me.forward_s > 0)
     me.predicted_pp_wait_s = *bubble({.stages = o.pp,
@@ -504,7 +529,9 @@ void fields(ThreeDRank& m, F&& f) {
   f(m.layer_norm_stat_bytes);
   f(m.step_s), f(m.compute_s), f(m.tp_comm_s), f(m.pp_wait_s), f(m.dp_comm_s), f(m.optimizer_s);
   f(m.forward_s), f(m.backward_s), f(m.predicted_pp_wait_s), f(m.predicted_compute_s);
-  f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s);
+  f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s), f(m.predicted_optimizer_s);
+  f(m.predicted_pp_send_s), f(m.predicted_step_s), f(m.predicted_forward_s);
+  f(m.predicted_backward_s);
 }
 
 std::vector<ThreeDRank> gather_ranks(Comm& world, ThreeDRank me) {
@@ -689,6 +716,10 @@ void run_layout(const DistEnv& env, const ThreeDOptions& options, Comm& world, i
   train_f32(options, g, grad, r.stage_layers, ops, M, r.n_params, me, r.losses_fp32,
             env.rank == 0, step);
   r.ranks = gather_ranks(world, me);
+  // Note [predicted 3-D step]: the step ends when the slowest rank's does.
+  double slowest = -1;
+  for (const ThreeDRank& x : r.ranks) slowest = std::max(slowest, x.predicted_step_s);
+  for (ThreeDRank& x : r.ranks) x.predicted_step_s = slowest;
   // The f64 loss: the mean over DP and CP of the last stage's (TP rank 0's) mean over its
   // micro-batches and tokens.
   for (const ThreeDRank& m : r.ranks)

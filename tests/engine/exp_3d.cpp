@@ -486,6 +486,9 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
     EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 3);
     EXPECT_DOUBLE_EQ(x["dp_bytes"]["measured"].get<double>(), 0);  // DP 1
     EXPECT_TRUE(x["compute_s"]["predicted"].is_null());           // no --calibration
+    EXPECT_TRUE(x["step_time_s"]["predicted"].is_null());
+    EXPECT_TRUE(x["optimizer_time_s"]["predicted"].is_null());
+    EXPECT_TRUE(x["pp_send_predicted_s"].is_null());
   }
   EXPECT_NE(r.err.find("3d dp=1 tp=2 pp=2 sp zero=0: step 1/1 loss "), std::string::npos) << r.err;
 }

@@ -216,6 +216,33 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   ASSERT_EQ(z["stages"].size(), 4u);
   for (const json& st : z["stages"]) expect_prediction(st, st["step_seconds_median"]);
 
+  // run 3d (Note [predicted 3-D step]): TP 2 on the default model, one pipeline stage, DP 1, so
+  // each rank's step is its kernels (compute + Adam) plus its TP collectives; both ranks report
+  // the slower rank's figure, and the ratio is measured / predicted.
+  r = launched(2, {"run", "3d", "--tp", "2", "--steps", "2", "--json", "--calibration", cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json t = rank0_json(r);
+  ASSERT_EQ(t["ranks"].size(), 2u);
+  double slowest = 0;
+  for (const json& x : t["ranks"]) {
+    const double compute = x["compute_s"]["predicted"], tp = x["tp_comm_s"]["predicted"],
+                 adam = x["optimizer_time_s"]["predicted"], dp = x["dp_comm_s"]["predicted"];
+    EXPECT_GT(compute, 0);
+    EXPECT_GT(tp, 0);  // t = 2: the collectives cost something
+    EXPECT_GT(adam, 0);
+    EXPECT_EQ(dp, 0);
+    EXPECT_EQ(double(x["pp_send_predicted_s"]), 0);
+    slowest = std::max(slowest, compute + tp + adam);
+    const double fwd = x["forward_time_per_micro_batch_s"]["predicted"],
+                 bwd = x["backward_time_per_micro_batch_s"]["predicted"];
+    EXPECT_NEAR(t["micro_batches"].get<double>() * (fwd + bwd), compute + tp, 1e-9 * compute);
+  }
+  for (const json& x : t["ranks"]) {
+    const json& step = x["step_time_s"];
+    EXPECT_NEAR(double(step["predicted"]), slowest, 1e-9 * slowest);
+    EXPECT_NEAR(double(step["ratio"]), double(step["measured"]) / slowest, 1e-9);
+  }
+
   // bf16 is refused (each rank exits 2; `tally launch` reports the failed rank and exits 1).
   r = launched(2, {"run", "zero", "--precision", "bf16", "--calibration", cal});
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;

@@ -38,7 +38,9 @@
 //                 CP comm (the ring's shifts), PP wait (receives, posted sends, the tied-
 //                 embedding exchange), DP comm (the DP × CP Comm's seconds), beside
 //                 core: the bubble (P−1)(t_f + t_b)/v from the measured t_f, t_b; with a host
-//                 calibration, step_compute() and the α–β time of each traffic item — reported
+//                 calibration, the operator model's kernels (core/gpt_step.hpp), the α–β time
+//                 of each traffic item and the step they add up to (Note [predicted 3-D step]
+//                 in three_d.cpp) — reported
 //
 // Legend: D = DP ranks, T = TP ranks (t), P = stages, c = CP ranks, v = chunks per stage, M = micro-batches per
 // DP rank per step, B = micro-batch, S = sequence, C = hidden, L = layers, N_r = a rank's own
@@ -84,6 +86,7 @@ struct ThreeDOptions {
   int threads = 1;                     // torch intra-op threads per rank (0 = libtorch's)
   // A host calibration's cluster (io::host_cluster): enables the compute and comm time predictions.
   std::optional<ClusterSpec> host;
+  int host_cores = 1;  // c, the cores the ranks share (Note [host GPT step]: contention)
   // Fault (--kill-rank, --kill-at-step): this global rank SIGKILLs itself after the first
   // operation of its schedule in that fp32 step, so the others must notice (DESIGN.md §5).
   int kill_rank = -1;
@@ -147,8 +150,13 @@ struct ThreeDRank {
   double optimizer_s = 0;
   double forward_s = 0, backward_s = 0;  // per micro-batch (all chunks), compute incl. TP comm
   double predicted_pp_wait_s = 0;         // core's bubble on the measured t_f, t_b
-  double predicted_compute_s = -1;        // -1: no host calibration
+  // With a host calibration (-1 without one): core's operator model (core/gpt_step.hpp, Note
+  // [host GPT step]) and α–β items, and the step they add up to (Note [predicted 3-D step]).
+  double predicted_compute_s = -1;        // M · (forward + backward kernels)
   double predicted_tp_comm_s = -1, predicted_cp_comm_s = -1, predicted_dp_comm_s = -1;
+  double predicted_optimizer_s = -1, predicted_pp_send_s = -1;
+  double predicted_step_s = -1;
+  double predicted_forward_s = -1, predicted_backward_s = -1;  // per micro-batch, TP/CP comm in
 };
 
 struct ThreeDResult {
