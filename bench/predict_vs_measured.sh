@@ -19,7 +19,10 @@
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
 # 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
-#    --calibration cal-ALGO-k<k>-r<r>.json --json.
+#    --calibration cal-ALGO-k<k>-r<r>.json --json; and `tally run 3d` (the engine's GPT, h 256,
+#    a 4, L 4, V 512, T 128, B 4, fp32 Adam; Note [host GPT step] in core/gpt_step.hpp) in the
+#    layouts of THREE_D below whose rank count is k, on the gloo calibration (its TP and DP
+#    all-reduces and all-gathers are Gloo's; ZeRO >= 1's reduce-scatter is tally's ring).
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
 #    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
 #    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
@@ -44,6 +47,10 @@ done
 TALLY=$(cd "$BUILD" && pwd)/cli/tally
 [[ -x $TALLY ]] || { echo "no $TALLY: build first (scripts/build.sh tally tally-engine)" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d)}
+# run 3d: name:ranks:flags
+THREE_D=("single:1:" "tp2:2:--tp 2" "pp2:2:--pp 2" "dp2:2:--dp 2" "tp2-pp2:4:--tp 2 --pp 2"
+         "dp2-tp2:4:--dp 2 --tp 2")
+GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 3)
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -76,12 +83,27 @@ for r in $(seq 1 "$ROUNDS"); do
       --json | sed -n 's/^\[rank 0\] //p' >"$OUT/ddp-k$k-r$r.json"
     "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$OUT/cal-ring-k$k-r$r.json" --json \
       | sed -n 's/^\[rank 0\] //p' >"$OUT/zero-k$k-r$r.json"
+    for layout in "${THREE_D[@]}"; do
+      IFS=: read -r name ranks flags <<<"$layout"
+      [[ $ranks == "$k" ]] || continue
+      # shellcheck disable=SC2086  # flags is a word list
+      "$TALLY" launch --nproc "$k" -- "$TALLY" run 3d $flags "${GPT[@]}" \
+        --calibration "$OUT/cal-gloo-k$k-r$r.json" --json 2>/dev/null \
+        | sed -n 's/^\[rank 0\] //p' >"$OUT/3d-$name-r$r.json"
+    done
   done
 done
 
-python3 - "$OUT" "$WORLD_SIZES" "$ROUNDS" <<'EOF'
+THREE_D_NAMES=""
+for layout in "${THREE_D[@]}"; do
+  IFS=: read -r name ranks _ <<<"$layout"
+  [[ " $WORLD_SIZES " == *" $ranks "* ]] && THREE_D_NAMES+="$name:$ranks "
+done
+
+python3 - "$OUT" "$WORLD_SIZES" "$ROUNDS" "$THREE_D_NAMES" <<'EOF'
 import json, statistics, sys
 out, ks, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+three_d = [x.split(":") for x in sys.argv[4].split()]
 rows, phases, zero_phases = [], [], []
 def row(name, k, runs):
     m = statistics.median(x["measured"] for x in runs)
@@ -132,6 +154,30 @@ for k, name, runs in zero_phases:
     print(f"| {k} | {name} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
           f"{med('collectives'):.2f} / {t['comm_s']*1e3:.2f} | {med('optimizer'):.2f} / {c*t['optimizer_s']*1e3:.2f} |")
 ratios = [q for *_, q, _ in rows]
+if three_d:
+    print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "
+          "with the largest prediction), ms: measured / predicted")
+    print("| layout | k | measured ms | predicted ms | measured/predicted | compute | TP comm | "
+          "PP sends | DP comm | optimizer |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+for name, k in three_d:
+    runs = []
+    for r in range(1, rounds + 1):
+        d = json.load(open(f"{out}/3d-{name}-r{r}.json"))
+        measured = max(x["step_time_s"]["measured"] for x in d["ranks"])
+        predicted = d["ranks"][0]["step_time_s"]["predicted"]
+        top = max(d["ranks"],
+                  key=lambda x: x["compute_s"]["predicted"] + x["tp_comm_s"]["predicted"])
+        runs.append((measured, predicted, measured / predicted, top))
+    m = statistics.median(x[0] for x in runs)
+    p = statistics.median(x[1] for x in runs)
+    q = statistics.median(x[2] for x in runs)
+    t = runs[0][3]
+    ratios.append(q)
+    print(f"| {name} | {k} | {m*1e3:.1f} | {p*1e3:.1f} | {q:.3f} | "
+          f"{t['compute_s']['predicted']*1e3:.1f} | {t['tp_comm_s']['predicted']*1e3:.1f} | "
+          f"{t['pp_send_predicted_s']*1e3:.1f} | {t['dp_comm_s']['predicted']*1e3:.1f} | "
+          f"{t['optimizer_time_s']['predicted']*1e3:.1f} |")
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")
 EOF
