@@ -20,7 +20,11 @@
 //                 tokens (addmm's backward for the column-parallel q/k/v and MLP up: T × 3h/t and
 //                 T × f/t; the row-parallel two: T_n × h each): e per element read
 // A replay (full recompute: the block's forward again) repeats the forward kernels, extras
-// included; the selective policies replay the softmax chain (scale and mask with it).
+// included; the selective policies replay the softmax chain (scale and mask with it). With
+// context parallelism the engine's ring attention runs kernels of its own (per-block scores and
+// the online-softmax rescaling, Note [ring attention]); they are counted as the materialised
+// attention's on the rank's T/c queries against all T keys — an approximation, and CP is left out
+// of bench/predict_vs_measured.sh.
 // Per micro-batch: forward = the stage's layers + the embedding (first stage) + the head and loss
 // (last stage); backward likewise (with the replays). The optimizer is the engine's Adam
 // (Note [host step model] in mlp_step.hpp: 20 streams per element, one kernel per 2^20-element
