@@ -164,8 +164,7 @@ for name, k in three_d:
     runs = []
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/3d-{name}-r{r}.json"))
-        measured = max(x["step_time_s"]["measured"] for x in d["ranks"])
-        predicted = d["ranks"][0]["step_time_s"]["predicted"]
+        measured, predicted = d["measured_step_seconds"], d["predicted_step_seconds"]
         top = max(d["ranks"],
                   key=lambda x: x["compute_s"]["predicted"] + x["tp_comm_s"]["predicted"])
         runs.append((measured, predicted, measured / predicted, top))

@@ -217,6 +217,15 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"backward_time_per_micro_batch_s", vs_time(x.backward_s, x.predicted_backward_s)}});
   }
   j["ranks"] = ranks;
+  // The run's step (issue 10's `predicted_step_seconds`, as bench ddp and run zero report it): the
+  // slowest rank's measured step beside Note [predicted 3-D step]'s; null without --calibration.
+  double measured = 0;
+  for (const auto& x : r.ranks) measured = std::max(measured, x.step_s);
+  const double predicted = r.ranks.empty() ? -1 : r.ranks.front().predicted_step_s;
+  j["measured_step_seconds"] = measured;
+  j["predicted_step_seconds"] = predicted < 0 ? nlohmann::json(nullptr) : nlohmann::json(predicted);
+  j["measured_over_predicted"] =
+      predicted < 0 ? nlohmann::json(nullptr) : nlohmann::json(ratio(measured, predicted));
   add_checks_json(j, checks);
   return j;
 }

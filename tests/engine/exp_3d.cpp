@@ -490,6 +490,9 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
     EXPECT_TRUE(x["optimizer_time_s"]["predicted"].is_null());
     EXPECT_TRUE(x["pp_send_predicted_s"].is_null());
   }
+  EXPECT_TRUE(j["predicted_step_seconds"].is_null());
+  EXPECT_TRUE(j["measured_over_predicted"].is_null());
+  EXPECT_GT(double(j["measured_step_seconds"]), 0);
   EXPECT_NE(r.err.find("3d dp=1 tp=2 pp=2 sp zero=0: step 1/1 loss "), std::string::npos) << r.err;
 }
 

@@ -6,6 +6,7 @@
 // ratios); suite names start with "bench".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -237,11 +238,16 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
                  bwd = x["backward_time_per_micro_batch_s"]["predicted"];
     EXPECT_NEAR(t["micro_batches"].get<double>() * (fwd + bwd), compute + tp, 1e-9 * compute);
   }
+  double measured = 0;
   for (const json& x : t["ranks"]) {
     const json& step = x["step_time_s"];
     EXPECT_NEAR(double(step["predicted"]), slowest, 1e-9 * slowest);
     EXPECT_NEAR(double(step["ratio"]), double(step["measured"]) / slowest, 1e-9);
+    measured = std::max(measured, double(step["measured"]));
   }
+  EXPECT_DOUBLE_EQ(double(t["measured_step_seconds"]), measured);
+  EXPECT_NEAR(double(t["predicted_step_seconds"]), slowest, 1e-9 * slowest);
+  EXPECT_NEAR(double(t["measured_over_predicted"]), measured / slowest, 1e-9);
 
   // bf16 is refused (each rank exits 2; `tally launch` reports the failed rank and exits 1).
   r = launched(2, {"run", "zero", "--precision", "bf16", "--calibration", cal});
