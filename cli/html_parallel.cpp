@@ -333,7 +333,7 @@ std::string time_3d_section(const json& j) {
                    .unit = "time per step, mean over the fp32 steps (ms)"};
   for (const Group& g : kTimeParts) c.segments.push_back(g.name);
   c.segments.push_back("rest of the step");
-  std::vector<std::string> header{"rank", "step (ms)"};
+  std::vector<std::string> header{"rank", "step (ms)", "core (ms)"};
   for (const Group& g : kTimeParts) {
     header.push_back(std::string(g.name) + " (ms)");
     header.push_back("core (ms)");
@@ -342,7 +342,10 @@ std::string time_3d_section(const json& j) {
   for (const json& x : j["ranks"]) {
     const double step = num(x["step_s"]) * 1e3;
     std::vector<double> measured, core;
-    std::vector<std::string> row{rank_name(x), number(step)};
+    // The step Note [predicted 3-D step] adds up (the slowest rank's, on every rank).
+    const json& predicted_step = x["step_time_s"]["predicted"];
+    std::vector<std::string> row{rank_name(x), number(step),
+                                 predicted_step.is_null() ? "" : number(num(predicted_step) * 1e3)};
     double parts = 0;
     for (const Group& g : kTimeParts) {
       const json& v = x[g.key];

@@ -373,14 +373,15 @@ TEST(HtmlEngine, ThreeDPageHoldsTheRunsFigures) {
     EXPECT_EQ(b[11], whole(x["pp_embedding_bytes"])) << who;
     EXPECT_EQ(b[12], whole(x["pp_sends"]["measured"])) << who;
     const auto t = row_after(time, {who});
-    ASSERT_EQ(t.size(), 14u) << who;  // rank, step, 6 × (measured, core)
+    ASSERT_EQ(t.size(), 15u) << who;  // rank, 7 × (measured, core): the step, then its parts
     EXPECT_EQ(t[1], sig4(x["step_s"].get<double>() * 1e3)) << who;
-    EXPECT_EQ(t[2], sig4(x["compute_s"]["measured"].get<double>() * 1e3)) << who;
-    EXPECT_EQ(t[3], "") << who << ": compute needs --calibration";
-    EXPECT_EQ(t[8], sig4(x["pp_wait_s"]["measured"].get<double>() * 1e3)) << who;
-    EXPECT_EQ(t[9], sig4(x["pp_wait_s"]["predicted"].get<double>() * 1e3)) << who;
-    EXPECT_EQ(t[12], sig4(x["optimizer_s"].get<double>() * 1e3)) << who;
-    EXPECT_EQ(t[13], "") << who << ": the optimizer's prediction needs --calibration";
+    EXPECT_EQ(t[2], "") << who << ": the step's prediction needs --calibration";
+    EXPECT_EQ(t[3], sig4(x["compute_s"]["measured"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[4], "") << who << ": compute needs --calibration";
+    EXPECT_EQ(t[9], sig4(x["pp_wait_s"]["measured"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[10], sig4(x["pp_wait_s"]["predicted"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[13], sig4(x["optimizer_s"].get<double>() * 1e3)) << who;
+    EXPECT_EQ(t[14], "") << who << ": the optimizer's prediction needs --calibration";
     const auto a = row_after(policies, {who});
     ASSERT_EQ(a.size(), 17u) << who;  // rank, 5 policies × 3, LayerNorm stats
     const char* order[] = {"none", "selective", "full", "save-matmuls", "op-sac"};

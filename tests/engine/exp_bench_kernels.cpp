@@ -220,8 +220,12 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   // run 3d (Note [predicted 3-D step]): TP 2 on the default model, one pipeline stage, DP 1, so
   // each rank's step is its kernels (compute + Adam) plus its TP collectives; both ranks report
   // the slower rank's figure, and the ratio is measured / predicted.
-  r = launched(2, {"run", "3d", "--tp", "2", "--steps", "2", "--json", "--calibration", cal});
+  const std::string page = (dir / "3d.html").string();
+  r = launched(2, {"run", "3d", "--tp", "2", "--steps", "2", "--json", "--calibration", cal,
+                   "--html", page});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // The page draws core's bars beside the measured ones (HtmlEngine.* check the page without one).
+  EXPECT_NE(io::read_text_file(page).find(">rank 1: core<"), std::string::npos);
   const json t = rank0_json(r);
   ASSERT_EQ(t["ranks"].size(), 2u);
   double slowest = 0;
