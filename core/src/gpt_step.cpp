@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tally/core/mlp_step.hpp"
+#include "tally/core/pipeline.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally {
@@ -106,6 +107,28 @@ GptStageTime predict_gpt_stage(const GptStageSetup& s, const ClusterSpec& host) 
   std::vector<Op> adam;
   host_optimizer_ops(Optimizer::adam, i64(std::ceil(s.own_params)), adam);
   t.optimizer_s = t.contention * host_ops_seconds(adam, host.gpu);
+  return t;
+}
+
+GptStepTime predict_gpt_step(const GptStageTime& stage, int micro_batches, const GptStepComm& c) {
+  require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");
+  for (double t : {stage.forward_s, stage.backward_s, stage.optimizer_s, c.tp_cp_s, c.pp_send_s,
+                   c.dp_s})
+    require_real(std::isfinite(t) && t >= 0, "seconds", t, "must be finite and >= 0");
+  const double kernels = stage.forward_s + stage.backward_s;
+  require_real(kernels > 0, "forward + backward seconds", kernels, "must be > 0");
+  const int M = micro_batches;
+  GptStepTime t;
+  const double comm_per_mb = c.tp_cp_s / M;
+  t.forward_s = stage.forward_s + comm_per_mb * stage.forward_s / kernels;
+  t.backward_s = stage.backward_s + comm_per_mb * stage.backward_s / kernels;
+  if (c.stages > 1)
+    t.bubble_s = *bubble({.stages = c.stages, .micro_batches = M, .interleave = c.interleave,
+                          .backward_forward_ratio = t.backward_s / t.forward_s,
+                          .forward_time_s = t.forward_s})
+                      .bubble_time_s;
+  t.step_s = M * (t.forward_s + t.backward_s) + t.bubble_s + c.pp_send_s + c.dp_s +
+             stage.optimizer_s;
   return t;
 }
 

@@ -477,26 +477,15 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);
     me.predicted_pp_send_s = traffic_seconds(mine.pp, *o.host);
-    // Note [predicted 3-D step]
-    // One rank's step on the calibrated host: M micro-batches of its stage's forward and backward
-    // kernels (core/gpt_step.hpp), each with its share of the TP and CP collectives (α–β on the
-    // rank's own traffic items, split between forward and backward as the kernels are); core's
-    // bubble for the schedule on those t_f, t_b; the PP sends' α–β time (Gloo sends block: on the
-    // critical path); DP/ZeRO traffic (after the backward, not overlapped); Adam. No overlap
-    // anywhere (a CPU rank runs its sends and kernels on one thread). The step ends with the
-    // slowest rank: every rank reports the maximum of the ranks' figures.
-    const double comm_per_mb = (me.predicted_tp_comm_s + me.predicted_cp_comm_s) / M;
-    const double tf = k.forward_s + comm_per_mb * k.forward_s / (k.forward_s + k.backward_s);
-    const double tb = k.backward_s + comm_per_mb - (tf - k.forward_s);
-    const double bubble_s =
-        o.pp > 1 ? *bubble({.stages = o.pp, .micro_batches = M, .interleave = o.interleave,
-                            .backward_forward_ratio = tb / tf, .forward_time_s = tf})
-                        .bubble_time_s
-                 : 0.0;
-    me.predicted_forward_s = tf;
-    me.predicted_backward_s = tb;
-    me.predicted_step_s = M * (tf + tb) + bubble_s + me.predicted_pp_send_s +
-                          me.predicted_dp_comm_s + me.predicted_optimizer_s;
+    // Note [predicted 3-D step] (core/gpt_step.hpp)
+    const GptStepTime whole = predict_gpt_step(
+        k, M,
+        {.tp_cp_s = me.predicted_tp_comm_s + me.predicted_cp_comm_s,
+         .pp_send_s = me.predicted_pp_send_s, .dp_s = me.predicted_dp_comm_s, .stages = o.pp,
+         .interleave = o.interleave});
+    me.predicted_forward_s = whole.forward_s;
+    me.predicted_backward_s = whole.backward_s;
+    me.predicted_step_s = whole.step_s;
   }
   if (o.pp > 1 && me.forward_s > 0)
     me.predicted_pp_wait_s = *bubble({.stages = o.pp,
@@ -716,7 +705,7 @@ void run_layout(const DistEnv& env, const ThreeDOptions& options, Comm& world, i
   train_f32(options, g, grad, r.stage_layers, ops, M, r.n_params, me, r.losses_fp32,
             env.rank == 0, step);
   r.ranks = gather_ranks(world, me);
-  // Note [predicted 3-D step]: the step ends when the slowest rank's does.
+  // Note [predicted 3-D step] (core/gpt_step.hpp): the step ends when the slowest rank's does.
   double slowest = -1;
   for (const ThreeDRank& x : r.ranks) slowest = std::max(slowest, x.predicted_step_s);
   for (ThreeDRank& x : r.ranks) x.predicted_step_s = slowest;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <string>
 
@@ -125,6 +126,33 @@ TEST(GptStep, OversubscribedCoresStretchEveryKernel) {
   EXPECT_DOUBLE_EQ(two.backward_s, 2 * one.backward_s);
   EXPECT_DOUBLE_EQ(two.optimizer_s, 2 * one.optimizer_s);
   EXPECT_NE(two.convention().find("contention 2"), std::string::npos) << two.convention();
+}
+
+// Note [predicted 3-D step] by hand: kernels t_f = 1, t_b = 2 s per micro-batch, M = 4, TP
+// collectives 1.2 s a step → 0.3 s per micro-batch, split 1 : 2 → t_f 1.1, t_b 2.2; 1F1B over
+// P = 2 stages idles (P − 1)(t_f + t_b) = 3.3 s (Narayanan 2021 §2.2.1), v = 2 halves it; then
+// sends 0.5, DP 0.25 and Adam 0.125.
+TEST(GptStep, StepAddsTheMicroBatchesTheBubbleAndTheRest) {
+  const GptStageTime k{.forward_s = 1, .backward_s = 2, .compute_s = 12, .optimizer_s = 0.125};
+  GptStepComm c{.tp_cp_s = 1.2, .pp_send_s = 0.5, .dp_s = 0.25, .stages = 2};
+  GptStepTime t = predict_gpt_step(k, 4, c);
+  EXPECT_DOUBLE_EQ(t.forward_s, 1.1);
+  EXPECT_DOUBLE_EQ(t.backward_s, 2.2);
+  EXPECT_NEAR(t.bubble_s, 3.3, 1e-12);
+  EXPECT_NEAR(t.step_s, 4 * 3.3 + 3.3 + 0.5 + 0.25 + 0.125, 1e-12);
+  c.interleave = 2;
+  EXPECT_NEAR(predict_gpt_step(k, 4, c).bubble_s, 3.3 / 2, 1e-12);
+  c.stages = 1;  // no pipeline, no bubble
+  t = predict_gpt_step(k, 4, c);
+  EXPECT_EQ(t.bubble_s, 0);
+  EXPECT_NEAR(t.step_s, 4 * 3.3 + 0.5 + 0.25 + 0.125, 1e-12);
+  // Never a negative, infinite or NaN time: bad inputs name what is wrong.
+  EXPECT_THROW(predict_gpt_step(k, 0, c), InvalidInput);
+  EXPECT_THROW(predict_gpt_step(GptStageTime{}, 4, c), InvalidInput);
+  c.dp_s = -1;
+  EXPECT_THROW(predict_gpt_step(k, 4, c), InvalidInput);
+  c.dp_s = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(predict_gpt_step(k, 4, c), InvalidInput);
 }
 
 TEST(GptStep, BadSetupsNameTheirField) {

@@ -82,4 +82,24 @@ OperatorSetup engine_gpt_setup(const GptStageSetup& s);
 std::vector<Op> gpt_stage_ops(const GptStageSetup& s);
 GptStageTime predict_gpt_stage(const GptStageSetup& s, const ClusterSpec& host);
 
+// Note [predicted 3-D step]
+// One rank's step on the calibrated host: M micro-batches of its stage's forward and backward
+// kernels (predict_gpt_stage), each with its share of the TP and CP collectives (their α–β time
+// split between forward and backward as the kernels are); the schedule's bubble (P−1)(t_f + t_b)/v
+// (core/pipeline.hpp) on those t_f, t_b; the PP sends (Gloo sends block: on the critical path);
+// DP/ZeRO traffic (after the backward); Adam. No overlap anywhere (a CPU rank runs its sends and
+// kernels on one thread). The run's step is the slowest rank's (`tally run 3d` takes the maximum).
+struct GptStepComm {
+  double tp_cp_s = 0;   // the step's TP + CP collectives (α–β), all micro-batches
+  double pp_send_s = 0;
+  double dp_s = 0;      // DP/ZeRO gradient reduction and parameter gathers
+  int stages = 1, interleave = 1;  // P, v
+};
+struct GptStepTime {
+  double forward_s = 0, backward_s = 0;  // t_f, t_b per micro-batch, collectives included
+  double bubble_s = 0;
+  double step_s = 0;  // M·(t_f + t_b) + bubble + sends + DP + Adam
+};
+GptStepTime predict_gpt_step(const GptStageTime& stage, int micro_batches, const GptStepComm& c);
+
 }  // namespace tally

@@ -39,8 +39,8 @@
 //                 embedding exchange), DP comm (the DP × CP Comm's seconds), beside
 //                 core: the bubble (P−1)(t_f + t_b)/v from the measured t_f, t_b; with a host
 //                 calibration, the operator model's kernels (core/gpt_step.hpp), the α–β time
-//                 of each traffic item and the step they add up to (Note [predicted 3-D step]
-//                 in three_d.cpp) — reported
+//                 of each traffic item and the step they add up to (Note [predicted 3-D
+//                 step], core/gpt_step.hpp) — reported
 //
 // Legend: D = DP ranks, T = TP ranks (t), P = stages, c = CP ranks, v = chunks per stage, M = micro-batches per
 // DP rank per step, B = micro-batch, S = sequence, C = hidden, L = layers, N_r = a rank's own
