@@ -367,9 +367,11 @@ TEST(Operators, LowPrecisionGemmsPerGpu) {
   EXPECT_DOUBLE_EQ(low_precision_gemms(mixtral, 1, 2), 2 + 2 * 4);
 }
 
-// Note [low precision]: under an fp8 recipe the linear GEMMs run at the GPU's fp8 peak, while the
-// attention core, the router and the LM head stay at the bf16 peak — so on an H100 (fp8 peak twice
-// bf16's) a big MLP GEMM takes half the time (both compute-bound) and the others the same.
+// Note [low precision]: under an fp8 recipe the linear GEMMs run at the GPU's fp8 peak with its fp8
+// GEMM constants, while the attention core, the router and the LM head stay at the bf16 peak — so
+// on an H100 (fp8 peak twice bf16's, fp8 GEMMs at a smaller fraction of it: presets.cpp
+// hopper_fp8_kernels) a big MLP GEMM takes between half and two thirds of the time (both compute-
+// bound) and the others the same.
 TEST(Operators, LowPrecisionRunsOnlyTheLinearGemmsInTheFormat) {
   const ModelSpec m = *model_preset("mixtral-8x7b");
   const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
@@ -390,7 +392,14 @@ TEST(Operators, LowPrecisionRunsOnlyTheLinearGemmsInTheFormat) {
     } else {
       EXPECT_LT(fp8, bf16) << op.name;
       if (op.name == "mlp-down") {
-        EXPECT_NEAR(fp8, bf16 / 2, 1e-3 * bf16) << op.name;
+        EXPECT_GT(fp8, bf16 / 2) << op.name;
+        EXPECT_LT(fp8, bf16 / 1.5) << op.name;
+        EXPECT_NEAR(fp8,
+                    op.flops / (gpu.peak_fp8_flops *
+                                gemm_efficiency(*gpu.fp8_gemm, op.m, op.n, op.k, op.batch)) +
+                        gpu.fp8_gemm->kernel_overhead_s,
+                    1e-9 * bf16)
+            << op.name;
       }
       ++linear;
     }

@@ -90,10 +90,11 @@ struct GpuSpec {
   // keeps transposed copies (Note [fp8 operand layouts], types.hpp).
   int compute_capability = 0;
   KernelPerf kernels;
-  // The GEMM constants of fp8 GEMMs where a measured fp8 table gives them (B200: XLA's table,
-  // presets.cpp); unset, fp8 GEMMs take `kernels` at the fp8 peak — fast-biased, since fp8 GEMMs
-  // reach a smaller fraction of their peak than bf16 ones (B200: a median 1.2× bf16's speed on the
-  // same shapes, where the peaks are 2× apart).
+  // The GEMM constants of fp8 GEMMs where measured fp8 GEMMs give them (B200: XLA's table;
+  // H100/H200: two published torch._scaled_mm tables; presets.cpp); unset, fp8 GEMMs take
+  // `kernels` at the fp8 peak — fast-biased, since fp8 GEMMs reach a smaller fraction of their
+  // peak than bf16 ones (B200: a median 1.2× bf16's speed on the same shapes, H100 ≈ 1.7× on large
+  // ones, where the peaks are 2× apart).
   std::optional<KernelPerf> fp8_gemm;
   // The GEMM constants of precision p's GEMMs: fp8_gemm for fp8 and mxfp8 (the same fp8 tensor
   // cores, MX scales applied in the MMA: an assumption, no measured MX table) when set, else

@@ -278,9 +278,10 @@ struct PlanEval {
 //     plans on one system is the spread within one published table: at most 17.1 % (Table 5).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.29 to 1.90, median 1.54 (uncompiled rows with Note [eager kernels], Float8 rows with Note
-//     [low-precision casts]) — the model runs much faster than these runs; within one table up to
-//     41 % apart (Table 4: AsyncTP, which tally hides entirely, gained 6 %).
+//     1.25 to 1.86, median 1.50 (uncompiled rows with Note [eager kernels], Float8 rows with Note
+//     [low-precision casts] and Hopper's fp8 GEMM constants) — the model runs much faster than
+//     these runs; within one table up to 37 % apart (Table 4: AsyncTP, which tally hides
+//     entirely, gained 6 %).
 //   A100, data parallelism alone (DP / ZeRO / FSDP: no TP, PP, CP or EP; LayoutFamily) — kept
 //     aside, tests/validation/test_published_fsdp.cpp: MosaicML llm-foundry's MPT tables on A100
 //     80GB and 40GB, 139 FSDP runs, 125M-70B, sequence 512-65536): 1.05 to 1.75, median 1.35,
@@ -291,7 +292,7 @@ struct PlanEval {
 //     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 1.015 to 2.157,
 //     median 1.277; within one system's table up to 77 % apart (GB200: GPT-OSS's BF16 MoE row
 //     2.16 beside Llama's). The same tables'
-//     3 H100 rows read 0.94-1.70, inside the Hopper band's range but for its low end (0.94 < 1.29):
+//     3 H100 rows read 0.92-1.70, inside the Hopper band's range but for its low end (0.92 < 1.25):
 //     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
 //   any other GPU (a cluster file, a calibrated host): no published run checks it; the band of
 //     the newest generation checked by torchtitan (H100 / H200), said so in its source.
