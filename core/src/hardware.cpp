@@ -20,7 +20,9 @@ double GpuSpec::peak_flops(Precision p) const {
 }
 
 const KernelPerf& GpuSpec::gemm_kernels(Precision p) const {
-  return (p == Precision::fp8 || p == Precision::mxfp8) && fp8_gemm ? *fp8_gemm : kernels;
+  if ((p == Precision::fp8 || p == Precision::mxfp8) && fp8_gemm) return *fp8_gemm;
+  if (p == Precision::nvfp4 && fp4_gemm) return *fp4_gemm;
+  return kernels;
 }
 
 bool GpuSpec::supports(Precision p) const {

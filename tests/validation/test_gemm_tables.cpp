@@ -5,7 +5,8 @@
 // re-fits them, checks the presets carry that fit, and reports how closely the clock reproduces
 // every measured GEMM. The same table's fp8 columns (tests/data/xla_gemm_fp8.json) give the B200's
 // fp8 GEMM constants; two published H100 torch._scaled_mm tables
-// (tests/data/published_fp8_gemm_h100.json) give Hopper's.
+// (tests/data/published_fp8_gemm_h100.json) give Hopper's, and a published B200 cuBLAS FP4 table
+// (tests/data/published_fp4_gemm_b200.json) Blackwell's nvfp4 ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -226,6 +227,69 @@ TEST(GemmTables, HopperFp8GemmsAreThePublishedTables) {
   const double bf16_s = flops / (h.peak_bf16_flops * gemm_efficiency(h.kernels, 8192, 8192, 8192));
   const double fp8_s = flops / (peak * gemm_efficiency(*h.fp8_gemm, 8192, 8192, 8192));
   EXPECT_NEAR(bf16_s / fp8_s, 1.7, 0.1);
+}
+
+// The Blackwell presets' nvfp4 GEMM constants against the published B200 cuBLAS FP4 table they come
+// from (tests/data/published_fp4_gemm_b200.json): B200's fp8 shape terms, the best published GEMM
+// as the ceiling, and the one fraction that makes the median of published / predicted 1.
+TEST(GemmTables, BlackwellFp4GemmsAreThePublishedTable) {
+  const auto& data = fixture("published_fp4_gemm_b200.json");
+  std::vector<GemmSample> points;
+  double best = 0;
+  for (const auto& r : data["rows"]) {
+    const double flops_per_s = r[3].get<double>() * 1e12;
+    GemmSample g{.m = r[0], .n = r[1], .k = r[2], .batch = 1};
+    g.seconds = 2.0 * double(g.m) * double(g.n) * double(g.k) / flops_per_s;
+    points.push_back(g);
+    best = std::max(best, flops_per_s);
+  }
+  ASSERT_EQ(points.size(), 7u);
+  const GpuSpec b200 = cluster_preset("b200")->gpu;
+  const double peak = b200.peak_fp4_flops;
+  auto ratios = [&](const KernelPerf& k) {  // published / predicted, as times predicted / published
+    std::vector<double> r;
+    for (const GemmSample& g : points) {
+      const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
+      r.push_back((flops / (peak * gemm_efficiency(k, g.m, g.n, g.k)) + k.kernel_overhead_s) /
+                  g.seconds);
+    }
+    return r;
+  };
+  KernelPerf k = *b200.fp8_gemm;
+  k.gemm_ceiling = best / peak;
+  double lo = 0.2, hi = 1.5;
+  for (int i = 0; i < 60; ++i) {
+    k.gemm_fraction = (lo + hi) / 2;
+    (median(ratios(k)) > 1 ? lo : hi) = k.gemm_fraction;
+  }
+  ASSERT_TRUE(b200.fp4_gemm.has_value());
+  const KernelPerf& f = *b200.fp4_gemm;
+  EXPECT_NEAR(f.gemm_fraction, k.gemm_fraction, 1e-5);
+  EXPECT_NEAR(f.gemm_ceiling, best / peak, 1e-12);
+  EXPECT_EQ(f.gemm_half_k, b200.fp8_gemm->gemm_half_k);
+  EXPECT_EQ(f.half_tile_efficiency, b200.fp8_gemm->half_tile_efficiency);
+  EXPECT_EQ(f.kernel_overhead_s, b200.fp8_gemm->kernel_overhead_s);
+  const std::vector<double> r = ratios(f);
+  const auto [rlo, rhi] = std::minmax_element(r.begin(), r.end());
+  std::printf("  b200 nvfp4: fraction %.6f, ceiling %.4f; published / predicted %.3f to %.3f, "
+              "median %.3f\n", f.gemm_fraction, f.gemm_ceiling, *rlo, *rhi, median(r));
+  EXPECT_NEAR(median(r), 1.0, 0.005);
+  EXPECT_GT(*rlo, 0.7);   // the k = 2048 shapes run 30-40 % slower than the fp8 shape terms say
+  EXPECT_LT(*rhi, 1.25);
+  // Before, bf16's constants at the fp4 peak ran every point 26-140 % fast.
+  const std::vector<double> old = ratios(b200.kernels);
+  EXPECT_LT(*std::max_element(old.begin(), old.end()), 0.8);
+  // Every Blackwell part: the same fractions of its own fp4 peak; an nvfp4 GEMM takes them.
+  for (const char* name : {"b200", "b300", "gb200-nvl72", "gb300-nvl72"}) {
+    SCOPED_TRACE(name);
+    const GpuSpec gpu = cluster_preset(name)->gpu;
+    ASSERT_TRUE(gpu.fp4_gemm.has_value());
+    EXPECT_EQ(gpu.fp4_gemm->gemm_fraction, f.gemm_fraction);
+    EXPECT_NEAR(gpu.fp4_gemm->gemm_ceiling, f.gemm_ceiling, 1e-12);
+    EXPECT_EQ(&gpu.gemm_kernels(Precision::nvfp4), &*gpu.fp4_gemm);
+    EXPECT_EQ(&gpu.gemm_kernels(Precision::mxfp8), &*gpu.fp8_gemm);
+  }
+  EXPECT_FALSE(cluster_preset("h100-80g")->gpu.fp4_gemm.has_value());
 }
 
 }  // namespace

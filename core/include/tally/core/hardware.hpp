@@ -96,9 +96,12 @@ struct GpuSpec {
   // peak than bf16 ones (B200: a median 1.2× bf16's speed on the same shapes, H100 ≈ 1.7× on large
   // ones, where the peaks are 2× apart).
   std::optional<KernelPerf> fp8_gemm;
+  // The GEMM constants of nvfp4 GEMMs where measured FP4 GEMMs give them (Blackwell: a published
+  // B200 cuBLAS table, presets.cpp); unset, nvfp4 GEMMs take `kernels` at the fp4 peak.
+  std::optional<KernelPerf> fp4_gemm;
   // The GEMM constants of precision p's GEMMs: fp8_gemm for fp8 and mxfp8 (the same fp8 tensor
-  // cores, MX scales applied in the MMA: an assumption, no measured MX table) when set, else
-  // `kernels`.
+  // cores, MX scales applied in the MMA: an assumption, no measured MX table), fp4_gemm for nvfp4,
+  // when set, else `kernels`.
   const KernelPerf& gemm_kernels(Precision p) const;
   // Tensor-core peak of a GEMM in dtype p (fp32 → tf32; fp8 and mxfp8 → fp8; nvfp4 → fp4); 0 when
   // the GPU lacks it (supports() says so first).
