@@ -472,7 +472,10 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
         *o.host);
     me.predicted_compute_s = k.compute_s;
     me.predicted_optimizer_s = k.optimizer_s;
-    me.predicted_tp_comm_s = traffic_seconds(mine.tp, *o.host);
+    // With SP the re-gathers (core's tp_regather item) are on the critical path here: the engine
+    // issues them blocking (Note [predicted 3-D step]).
+    me.predicted_tp_comm_s =
+        traffic_seconds(mine.tp, *o.host) + traffic_seconds(mine.tp_regather, *o.host);
     me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);

@@ -252,6 +252,30 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   EXPECT_DOUBLE_EQ(double(t["measured_step_seconds"]), measured);
   EXPECT_NEAR(double(t["predicted_step_seconds"]), slowest, 1e-9 * slowest);
   EXPECT_NEAR(double(t["measured_over_predicted"]), measured / slowest, 1e-9);
+  // Without SP, k = 2: 2(k−1) = 2 α-steps per all-reduce, the bytes over β (the file's 20 µs and
+  // 1 GB/s above); core's calls and bytes are checked against the run's elsewhere (ThreeD*).
+  constexpr double alpha = 2e-5, beta = 1e9;
+  for (const json& x : t["ranks"])
+    EXPECT_NEAR(double(x["tp_comm_s"]["predicted"]),
+                2 * alpha * double(x["tp_calls"]["predicted"]) +
+                    double(x["tp_bytes"]["predicted"]) / beta,
+                1e-9);
+  // With SP the TP item's all-gathers and reduce-scatters take k−1 = 1 step each, and the backward
+  // re-gathers (core's tp_regather) are on the critical path too: the engine issues them blocking.
+  r = launched(2, {"run", "3d", "--tp", "2", "--sp", "--steps", "1", "--json", "--calibration",
+                   cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json sp = rank0_json(r);  // named: a range-for over a temporary's member reads freed memory
+  ASSERT_EQ(sp["ranks"].size(), 2u);
+  for (const json& x : sp["ranks"]) {
+    const double regather_calls = x["tp_regather_calls"]["predicted"];
+    EXPECT_GT(regather_calls, 0);
+    EXPECT_NEAR(double(x["tp_comm_s"]["predicted"]),
+                alpha * (double(x["tp_calls"]["predicted"]) + regather_calls) +
+                    (double(x["tp_bytes"]["predicted"]) +
+                     double(x["tp_regather_bytes"]["predicted"])) / beta,
+                1e-9);
+  }
 
   // bf16 is refused (each rank exits 2; `tally launch` reports the failed rank and exits 1).
   r = launched(2, {"run", "zero", "--precision", "bf16", "--calibration", cal});

@@ -88,7 +88,11 @@ GptStageTime predict_gpt_stage(const GptStageSetup& s, const ClusterSpec& host);
 // split between forward and backward as the kernels are); the schedule's bubble (P−1)(t_f + t_b)/v
 // (core/pipeline.hpp) on those t_f, t_b; the PP sends (Gloo sends block: on the critical path);
 // DP/ZeRO traffic (after the backward); Adam. No overlap anywhere (a CPU rank runs its sends and
-// kernels on one thread). The run's step is the slowest rank's (`tally run 3d` takes the maximum).
+// kernels on one thread): under SP the TP time includes core's tp_regather item, which Megatron
+// overlaps with the input-gradient GEMM and the engine issues blocking. Not predicted: SP's edge
+// all-gathers and its once-per-step all-reduce of the sequence-sharded parameters' gradients (the
+// run's tp_other_bytes, outside core's items). The run's step is the slowest rank's (`tally run
+// 3d` takes the maximum).
 struct GptStepComm {
   double tp_cp_s = 0;   // the step's TP + CP collectives (α–β), all micro-batches
   double pp_send_s = 0;
