@@ -299,8 +299,9 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                cell(x.dp_bytes, x.dp_predicted_bytes),
                cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
   if (o.sp && o.tp > 1) {
-    fmt::print("SP re-gathers in backward (core's tp_regather, overlapped with the input-gradient "
-               "GEMM), bytes per step, measured/core=ratio:");
+    fmt::print("SP re-gathers in backward (core's tp_regather; Megatron overlaps them with the "
+               "input-gradient GEMM, this engine runs them blocking), bytes per step, "
+               "measured/core=ratio:");
     for (const auto& x : r.ranks)
       fmt::print(" rank {} {}", x.rank, cell(x.tp_regather_bytes, x.tp_regather_predicted_bytes));
     fmt::print("\n");

@@ -165,39 +165,56 @@ TEST(GemmTables, H100Fp8ColumnIsAboveThePeak) {
   EXPECT_GT(above, 50);  // 29 + 28 + 30 rows
 }
 
+// A published GEMM table: each row's time from its FLOP/s, and the best FLOP/s.
+struct Published {
+  std::vector<GemmSample> points;
+  double best_flops = 0;
+  void add(const nlohmann::json& row) {  // [m, n, k, TFLOP/s]
+    const double flops_per_s = row[3].get<double>() * 1e12;
+    GemmSample g{.m = row[0], .n = row[1], .k = row[2], .batch = 1};
+    g.seconds = 2.0 * double(g.m) * double(g.n) * double(g.k) / flops_per_s;
+    points.push_back(g);
+    best_flops = std::max(best_flops, flops_per_s);
+  }
+};
+
+// Predicted / published time of every point at `peak` with constants k (= published / predicted
+// FLOP/s): below 1, the model is fast.
+std::vector<double> time_ratios(const KernelPerf& k, double peak, const Published& t) {
+  std::vector<double> r;
+  for (const GemmSample& g : t.points) {
+    const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
+    r.push_back((flops / (peak * gemm_efficiency(k, g.m, g.n, g.k)) + k.kernel_overhead_s) /
+                g.seconds);
+  }
+  return r;
+}
+
+// `base`'s shape terms with the best published GEMM as the ceiling and the one fraction at which
+// the median time ratio is 1, by bisection over [0.2, 1.5].
+KernelPerf median_anchored(KernelPerf base, double peak, const Published& t) {
+  base.gemm_ceiling = t.best_flops / peak;
+  double lo = 0.2, hi = 1.5;
+  for (int i = 0; i < 60; ++i) {
+    base.gemm_fraction = (lo + hi) / 2;
+    (median(time_ratios(base, peak, t)) > 1 ? lo : hi) = base.gemm_fraction;
+  }
+  return base;
+}
+
 // The Hopper presets' fp8 GEMM constants against the two published H100 SXM torch._scaled_mm
 // tables they come from (tests/data/published_fp8_gemm_h100.json): bf16's shape terms, the best
 // published GEMM as the ceiling, and the one fraction that makes the median of published /
 // predicted 1 — recomputed here by bisection.
 TEST(GemmTables, HopperFp8GemmsAreThePublishedTables) {
-  struct Point { std::int64_t m, n, k; double flops_per_s; };
-  std::vector<Point> points;
-  double best = 0;
+  Published table;
   for (const auto& src : fixture("published_fp8_gemm_h100.json")["sources"])
-    for (const auto& r : src["rows"]) {
-      points.push_back({r[0], r[1], r[2], r[3].get<double>() * 1e12});
-      best = std::max(best, points.back().flops_per_s);
-    }
-  ASSERT_EQ(points.size(), 10u);
+    for (const auto& r : src["rows"]) table.add(r);
+  ASSERT_EQ(table.points.size(), 10u);
   const GpuSpec h = cluster_preset("h100-80g")->gpu;
-  const double peak = h.peak_fp8_flops;
-  auto ratios = [&](const KernelPerf& k) {  // published / predicted FLOP/s
-    std::vector<double> r;
-    for (const Point& p : points) {
-      const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
-      const double predicted_s =
-          flops / (peak * gemm_efficiency(k, p.m, p.n, p.k)) + k.kernel_overhead_s;
-      r.push_back(p.flops_per_s / (flops / predicted_s));
-    }
-    return r;
-  };
-  KernelPerf k = h.kernels;
-  k.gemm_ceiling = best / peak;
-  double lo = 0.3, hi = 1.0;
-  for (int i = 0; i < 60; ++i) {
-    k.gemm_fraction = (lo + hi) / 2;
-    (median(ratios(k)) > 1 ? lo : hi) = k.gemm_fraction;
-  }
+  const double peak = h.peak_fp8_flops, best = table.best_flops;
+  auto ratios = [&](const KernelPerf& k) { return time_ratios(k, peak, table); };
+  const KernelPerf k = median_anchored(h.kernels, peak, table);
   for (const char* name : {"h100-80g", "h200"}) {
     SCOPED_TRACE(name);
     const GpuSpec gpu = cluster_preset(name)->gpu;
@@ -233,35 +250,13 @@ TEST(GemmTables, HopperFp8GemmsAreThePublishedTables) {
 // from (tests/data/published_fp4_gemm_b200.json): B200's fp8 shape terms, the best published GEMM
 // as the ceiling, and the one fraction that makes the median of published / predicted 1.
 TEST(GemmTables, BlackwellFp4GemmsAreThePublishedTable) {
-  const auto& data = fixture("published_fp4_gemm_b200.json");
-  std::vector<GemmSample> points;
-  double best = 0;
-  for (const auto& r : data["rows"]) {
-    const double flops_per_s = r[3].get<double>() * 1e12;
-    GemmSample g{.m = r[0], .n = r[1], .k = r[2], .batch = 1};
-    g.seconds = 2.0 * double(g.m) * double(g.n) * double(g.k) / flops_per_s;
-    points.push_back(g);
-    best = std::max(best, flops_per_s);
-  }
-  ASSERT_EQ(points.size(), 7u);
+  Published table;
+  for (const auto& r : fixture("published_fp4_gemm_b200.json")["rows"]) table.add(r);
+  ASSERT_EQ(table.points.size(), 7u);
   const GpuSpec b200 = cluster_preset("b200")->gpu;
-  const double peak = b200.peak_fp4_flops;
-  auto ratios = [&](const KernelPerf& k) {  // published / predicted, as times predicted / published
-    std::vector<double> r;
-    for (const GemmSample& g : points) {
-      const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
-      r.push_back((flops / (peak * gemm_efficiency(k, g.m, g.n, g.k)) + k.kernel_overhead_s) /
-                  g.seconds);
-    }
-    return r;
-  };
-  KernelPerf k = *b200.fp8_gemm;
-  k.gemm_ceiling = best / peak;
-  double lo = 0.2, hi = 1.5;
-  for (int i = 0; i < 60; ++i) {
-    k.gemm_fraction = (lo + hi) / 2;
-    (median(ratios(k)) > 1 ? lo : hi) = k.gemm_fraction;
-  }
+  const double peak = b200.peak_fp4_flops, best = table.best_flops;
+  auto ratios = [&](const KernelPerf& k) { return time_ratios(k, peak, table); };
+  const KernelPerf k = median_anchored(*b200.fp8_gemm, peak, table);
   ASSERT_TRUE(b200.fp4_gemm.has_value());
   const KernelPerf& f = *b200.fp4_gemm;
   EXPECT_NEAR(f.gemm_fraction, k.gemm_fraction, 1e-5);
