@@ -423,6 +423,7 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
     const double mlp_layers =
         layers_stage - (st.sequence_parallel && !st.shared_experts ? moe_stage : 0.0);
     const double ar_calls = (full ? 3.0 : 2.0) * (layers_stage + mlp_layers) * m;
+    r.tp_input_grad_calls = (layers_stage + mlp_layers) * m;
     if (st.sequence_parallel) {
       t.collective = Collective::all_gather;
       t.paired_with = Collective::reduce_scatter;

@@ -17,6 +17,12 @@ class Builder {
  public:
   Builder(const OperatorSetup& s, std::vector<Op>& out) : s_(s), out_(out) {}
 
+  std::size_t size() const { return out_.size(); }
+  // The ops pushed since `from` are a routed expert MLP's (Op::routed_expert).
+  void mark_routed(std::size_t from) {
+    for (std::size_t i = from; i < out_.size(); ++i) out_[i].routed_expert = true;
+  }
+
   // Forward GEMM C (m × n) = A (m × k) · B (k × n), B-batched, and its two backward GEMMs.
   void gemm(std::string_view name, std::string_view dgrad, std::string_view wgrad, i64 m, i64 n,
             i64 k, double batch = 1) {
@@ -294,7 +300,9 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   }
   const double routed =
       moe ? expert_tokens * double(m.experts_per_token) * s.capacity_factor : double(d.T);
+  const std::size_t routed_from = b.size();
   mlp_block(m, d, gemm, kernels, rows, moe ? m.ffn / etp : d.f, experts, routed, /*shared=*/false);
+  if (moe) b.mark_routed(routed_from);
   // Shared experts: one always-active MLP of width E_s·f_s beside the routed ones (TP-split).
   if (moe && m.shared_experts > 0)
     mlp_block(m, d, gemm, kernels, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
@@ -466,6 +474,14 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
   return 0;
 }
 
+bool is_column_wgrad(std::string_view name) {
+  for (std::string_view w : {kGelu.up_wgrad, kSwiglu.up_wgrad, kSharedGelu.up_wgrad,
+                             kSharedSwiglu.up_wgrad, std::string_view("qkv.wgrad"),
+                             std::string_view("q-proj.wgrad")})
+    if (name == w) return true;
+  return false;
+}
+
 OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
   OpsTime t;
   for (const Op& op : ops) {
@@ -477,7 +493,11 @@ OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p) {
     }
     switch (op.pass) {
       case Pass::forward: t.forward_s += s; break;
-      case Pass::backward: t.backward_s += s; break;
+      case Pass::backward:
+        t.backward_s += s;
+        if (op.kind == OpKind::gemm && !op.routed_expert && is_column_wgrad(op.name))
+          t.column_wgrad_s += s;
+        break;
       case Pass::recompute: t.recompute_s += s; break;
     }
   }
@@ -502,6 +522,7 @@ OpsTime mix_layer_times(const ModelSpec& m, const OpsTime& moe_layer, const OpsT
   t.recompute_s += w * (d.recompute_s - t.recompute_s);
   t.weight_cast_forward_s += w * (d.weight_cast_forward_s - t.weight_cast_forward_s);
   t.weight_cast_s += w * (d.weight_cast_s - t.weight_cast_s);
+  t.column_wgrad_s += w * (d.column_wgrad_s - t.column_wgrad_s);
   t.flops += w * (d.flops - t.flops);
   return t;
 }

@@ -22,6 +22,7 @@ namespace tally::detail {
 struct MicroTimes {
   double layer_s = 0;           // one transformer layer: forward + backward + recompute
   double layer_backward_s = 0;  // its backward (and recompute) part
+  double column_wgrad_s = 0;    // of it, the column-parallel weight gradients (OpsTime)
   double embedding_s = 0;       // first stage
   double output_s = 0;          // last stage
   double output_backward_s = 0;
@@ -146,6 +147,7 @@ struct Prepared {
     }
     MicroTimes t{.layer_s = layer.total_s(),
                  .layer_backward_s = layer.backward_s + layer.recompute_s,
+                 .column_wgrad_s = layer.column_wgrad_s,
                  .embedding_s = bt.embedding_s,
                  .output_s = bt.output_s,
                  .output_backward_s = bt.output_backward_s,

@@ -32,7 +32,8 @@ namespace tally {
 //             the GPU type's utilisation (ClusterSpec::mfu or a calibration file); the last
 //             stage's LM-head share stretches it by (1 + (P−1)·F_head/F).
 //   TP, CP    on the critical path: Megatron's TP all-reduces block the next matmul (unless
-//             tp_overlap); CP's ring is counted exposed (conservative: ring attention can overlap
+//             tp_overlap), but for the backward input-gradient ones (Note [TP gradient
+//             overlap]); CP's ring is counted exposed (conservative: ring attention can overlap
 //             it).
 //   PP        point-to-point sends per micro-batch, exposed.
 //   bubble    pipeline wall = (stage time + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
@@ -52,6 +53,19 @@ namespace tally {
 //   ZeRO-3    per-layer gathers are prefetched one layer ahead and overlap the whole compute.
 //   tp_overlap (default off, Megatron's default; on = Transformer Engine comm-GEMM overlap): each
 //             layer's TP collectives hide behind that layer's kernels.
+//   tp_grad_overlap (default on) — Note [TP gradient overlap]: in backward a column-parallel
+//             linear (QKV, the MLP's up or gate-up) computes its input gradient, issues that
+//             gradient's all-reduce (under SP: reduce-scatter) asynchronously and computes its
+//             weight gradient meanwhile; the collective costs max(0, its time − that GEMM's).
+//             Megatron-LM since cf7efd4f5a (2021-08-30, --async-tensor-parallel-allreduce; on by
+//             default from 2022, LinearWithGradAccumulationAndAsyncCommunication, which Korthikanti
+//             2022's runs use) and Transformer Engine's Linear / LayerNormLinear ("Overlap dgrad-
+//             RS/AR with wgrad"). Off: exposed — Megatron-LM de7dc40f88 (Narayanan 2021's runs)
+//             and PyTorch DTensor TP (torchtitan), whose autograd node runs both GEMMs before the
+//             collective. The forward's collectives, a full-recompute replay's, and under SP the
+//             row-parallel outputs' all-gathers in backward stay exposed. The bound is the
+//             planner's sum: per step, m · layers · the layer's column-parallel weight-gradient
+//             GEMMs.
 //   EP        the MoE dispatch and combine all-to-alls (Note [expert parallelism], comm.cpp) are
 //             on the critical path, per layer like TP (Megatron-Core's default); ep_overlap (on =
 //             Megatron-Core 0.14 --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
@@ -311,6 +325,11 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
       micro != nullptr && r.grad_accumulation == GradAccumulation::autograd && m > 1
           ? (m - 1) / m * roofline_seconds(c.gpu, 0.0, 1.0, 3.0 * states.bytes.grads)
           : 0.0;
+  // Note [TP gradient overlap]: of the TP time, the input-gradient collectives' share (every TP
+  // call moves the same bytes) hides behind the column-parallel weight-gradient GEMMs.
+  if (r.tp_grad_overlap && !r.tp_overlap && micro != nullptr && traffic.tp.calls > 0)
+    e.tp_s -= std::min(e.tp_s * traffic.tp_input_grad_calls / traffic.tp.calls,
+                       m * busiest * micro->column_wgrad_s);
   if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
     e.tp_s = std::max(0.0, e.tp_s - m * busiest * st.layer_s);
   if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels

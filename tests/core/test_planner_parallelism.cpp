@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "tally/core/operators.hpp"
 #include "tally/core/planner.hpp"
 #include "tally/core/presets.hpp"
 
@@ -35,6 +36,53 @@ TEST(Planner, OverlapSwitchesFollowTheFrameworks) {
   const PlanEval tp = evaluate_layout(r, L);
   EXPECT_LT(tp.tp_s, both.tp_s);
   EXPECT_LE(tp.step_s, both.step_s);
+}
+
+// Note [TP gradient overlap]: Megatron's f all-reduces 4 times per layer per micro-batch without
+// SP (forward g twice, backward f twice: Shoeybi 2019 §3); 2 of those are QKV's and the MLP up's
+// input gradients, each hidden behind its weight-gradient GEMM up to that GEMM's time. Under SP
+// the 8 calls are all-gather/reduce-scatter pairs and 2 are those reduce-scatters; full recompute
+// replays the forward's 2 (or 4) exposed. The GEMMs' times are the layer's own kernels, picked
+// here by name.
+TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
+  const ModelSpec model = *model_preset("llama-2-7b");
+  const ClusterSpec c = *cluster_preset("a100-80g");
+  struct Case { std::int64_t seq, b; bool sp; Recompute rc; double share; bool hidden; };
+  const Case cases[] = {{4096, 2, false, Recompute::none, 2.0 / 4, true},
+                        {4096, 2, true, Recompute::none, 2.0 / 8, true},
+                        {4096, 2, false, Recompute::full, 2.0 / 6, true},
+                        {512, 1, false, Recompute::none, 2.0 / 4, false}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.seq);
+    PlanRequest r{.model = model, .cluster = c, .gpus = 8, .global_batch = 4 * k.b,
+                  .seq = k.seq, .tp_grad_overlap = false};
+    const Layout L{.dp = 1, .tp = 8, .sp = k.sp, .micro_batch = k.b, .grad_accum = 4,
+                   .recompute = k.rc};
+    const PlanEval off = evaluate_layout(r, L);
+    r.tp_grad_overlap = true;
+    const PlanEval on = evaluate_layout(r, L);
+    const OperatorSetup os{.seq = k.seq, .micro_batch = k.b, .tp = 8, .sequence_parallel = k.sp,
+                           .recompute = k.rc, .act_bytes = 2};
+    double wgrad = 0;  // one layer, one micro-batch
+    for (const Op& op : layer_ops(model, os))
+      if (op.name == "qkv.wgrad" || op.name == "mlp-gate-up.wgrad")
+        wgrad += op_seconds(op, c.gpu, Precision::bf16);
+    ASSERT_GT(wgrad, 0);
+    const double async = k.share * off.tp_s, behind = 4.0 * double(model.layers) * wgrad;
+    EXPECT_EQ(async <= behind, k.hidden);
+    EXPECT_NEAR(off.tp_s - on.tp_s, std::min(async, behind), 1e-9 * off.tp_s);
+    EXPECT_NEAR(off.step_s - on.step_s, std::min(async, behind), 1e-9 * off.step_s);
+    // Transformer Engine's comm-GEMM overlap already hides every TP collective: nothing more.
+    r.tp_overlap = true;
+    const PlanEval both = evaluate_layout(r, L);
+    r.tp_grad_overlap = false;
+    EXPECT_DOUBLE_EQ(evaluate_layout(r, L).tp_s, both.tp_s);
+  }
+  // The plan says which it assumed.
+  PlanRequest r{.model = model, .cluster = c, .gpus = 8, .global_batch = 8, .seq = 4096};
+  EXPECT_NE(plan_convention(r).find("input-gradient collectives"), std::string::npos);
+  r.tp_grad_overlap = false;
+  EXPECT_EQ(plan_convention(r).find("input-gradient collectives"), std::string::npos);
 }
 
 // Expert parallelism (Note [expert parallelism]): DeepSeek-V3 on 1024 H100s with Megatron's

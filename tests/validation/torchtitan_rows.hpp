@@ -30,6 +30,9 @@ inline PlanRequest published_request(const nlohmann::json& run) {
                      .precision = *parse_precision(run["precision"].get<std::string>()),
                      .optimizer = Optimizer::adamw,
                      .tp_overlap = run.value("async_tp", false),
+                     // DTensor TP: the autograd node runs both backward GEMMs before the input
+                     // gradient's collective (Note [TP gradient overlap], planner.cpp)
+                     .tp_grad_overlap = false,
                      // the row's fsdp_float8_all_gather_source gives where it was set
                      .fsdp_float8_all_gather = run.value("fsdp_float8_all_gather", false),
                      .loss = run["loss"].get<std::string>() == "eager" ? Loss::eager : Loss::fused,

@@ -164,6 +164,11 @@ struct StepTraffic {
   // Note [SP re-gather] (comm.cpp): under SP, the all-gathers in backward that rebuild each
   // column-parallel linear's input for its weight gradient. Sent, but off the critical path.
   TrafficItem tp_regather;
+  // Of tp's calls, the backward input-gradient collectives of the column-parallel linears (the
+  // all-reduce, or under SP the reduce-scatter, of QKV's and the MLP up's input gradient): one per
+  // such linear per micro-batch. Note [TP gradient overlap] (planner.cpp) hides them behind their
+  // weight-gradient GEMMs.
+  double tp_input_grad_calls = 0;
   TrafficItem pp;
   TrafficItem cp;
   TrafficItem ep;                // MoE token dispatch and combine all-to-alls

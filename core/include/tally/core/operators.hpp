@@ -189,6 +189,9 @@ struct Op {
   // A low-precision weight's quantize kernel (Note [low-precision casts]): once per step where
   // weight_casts_cached, else in every forward and replay.
   bool weight_cast = false;
+  // A routed expert's GEMM or kernel (its tokens arrive by all-to-all; no TP input-gradient
+  // collective follows its up projection).
+  bool routed_expert = false;
 };
 
 struct OperatorSetup {
@@ -269,10 +272,18 @@ struct OpsTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;
   // Of those, the weights' quantize kernels (Op::weight_cast): in the forward, and in all passes.
   double weight_cast_forward_s = 0, weight_cast_s = 0;
+  // Of backward_s, the weight-gradient GEMMs of the column-parallel linears (is_column_wgrad):
+  // what each one's input-gradient collective hides behind (Note [TP gradient overlap]).
+  double column_wgrad_s = 0;
   double flops = 0;                  // executed
   double total_s() const { return forward_s + backward_s + recompute_s; }
 };
 OpsTime time_ops(const std::vector<Op>& ops, const GpuSpec& gpu, Precision p);
+// Whether an op is the weight-gradient GEMM of a column-parallel linear whose input gradient is
+// reduced over the TP group: qkv, q-proj (MLA without a q latent) and the dense or shared MLP's
+// up (gate-up). MLA's down projections are whole on every rank; routed experts reduce nothing
+// over TP.
+bool is_column_wgrad(std::string_view name);
 
 // One layer's kernels timed (layer_ops, time_ops). A MoE model with dense leading layers
 // (ModelSpec::dense_layers) gets the average over its layers, (L_d·dense + (L − L_d)·MoE) / L:
