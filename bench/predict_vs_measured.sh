@@ -48,7 +48,8 @@ TALLY=$(cd "$BUILD" && pwd)/cli/tally
 [[ -x $TALLY ]] || { echo "no $TALLY: build first (scripts/build.sh tally tally-engine)" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d)}
 # run 3d: name:ranks:flags
-THREE_D=("single:1:" "tp2:2:--tp 2" "pp2:2:--pp 2" "dp2:2:--dp 2" "tp2-pp2:4:--tp 2 --pp 2"
+THREE_D=("single:1:" "tp2:2:--tp 2" "tp2-sp:2:--tp 2 --sp" "pp2:2:--pp 2" "dp2:2:--dp 2"
+         "tp2-pp2:4:--tp 2 --pp 2"
          "dp2-tp2:4:--dp 2 --tp 2")
 GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 3)
 mkdir -p "$OUT"

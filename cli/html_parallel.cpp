@@ -138,10 +138,10 @@ std::string tp_bytes_section(const json& j) {
   }
   return "<h2>Bytes per layer</h2>\n" + byte_bars(c, "bytes sent per layer per step") +
          html::table("Bytes and calls per layer, measured beside core's TP item; the step's TP "
-                     "bytes, all of them, and those outside core's ledger (SP edges, SP gradient "
-                     "all-reduce, SP re-gathers) (B)",
+                     "bytes, all of them, and those outside core's TP item (SP edges, SP gradient "
+                     "all-reduce: core's engine_sp_traffic; SP re-gathers: its tp_regather) (B)",
                      {"layout", "per layer", "core", "ratio", "calls", "core", "ratio",
-                      "TP per step", "core", "outside core"},
+                      "TP per step", "core", "outside TP item"},
                      totals) +
          html::table("Every layer's collectives in one training step (B)",
                      {"layout", "layer", "collective", "calls", "bytes sent", "per call",
@@ -276,14 +276,15 @@ std::string traffic_3d_section(const json& j) {
                    .convention = "bytes each rank sent in the first fp32 step; core step_traffic "
                                  "on the rank's own stage and parameters (TP: its layers' "
                                  "collectives, PP: the schedule's sends, DP: gradient reduction "
-                                 "+ ZeRO gather); outside core's items: SP edges, re-gathers and "
-                                 "gradients (TP), the tied embedding (PP)"};
+                                 "+ ZeRO gather); outside those items: SP edges and gradients "
+                                 "(TP; core's engine_sp_traffic in the core bar), the tied "
+                                 "embedding (PP, not predicted)"};
   for (const Group& g : groups) c.segments.push_back(g.name);
-  c.segments.push_back("outside core's items");
+  c.segments.push_back("outside the layout's items");
   std::vector<std::string> header{"rank"};
   for (const Group& g : groups)
     header.insert(header.end(), {std::string(g.name), "core", "ratio"});
-  header.insert(header.end(), {"TP outside core", "PP embedding", "PP sends", "core sends",
+  header.insert(header.end(), {"TP SP edges+grads", "PP embedding", "PP sends", "core sends",
                                "DP calls"});
   Rows rows;
   for (const json& x : j["ranks"]) {
@@ -295,7 +296,7 @@ std::string traffic_3d_section(const json& j) {
       for (const std::string& s : vs_cells(x[g.key])) row.push_back(s);
     }
     measured.push_back(num(x["tp_other_bytes"]) + num(x["pp_embedding_bytes"]));
-    core.push_back(0);
+    core.push_back(x.value("tp_other_predicted_bytes", 0.0));  // Note [engine SP edges]
     c.rows.push_back(rank_name(x) + ": measured");
     c.values.push_back(measured);
     c.rows.push_back(rank_name(x) + ": core");

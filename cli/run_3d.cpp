@@ -190,6 +190,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"tp_regather_bytes", vs(x.tp_regather_bytes, x.tp_regather_predicted_bytes)},
          {"tp_regather_calls", vs(x.tp_regather_calls, x.tp_regather_predicted_calls)},
          {"tp_other_bytes", x.tp_other_bytes},
+         {"tp_other_predicted_bytes", x.tp_other_predicted_bytes},
          {"pp_bytes", vs(x.pp_send_bytes, x.pp_sends * x.pp_predicted_per_call)},
          {"pp_bytes_layout", vs(x.pp_send_bytes, x.pp_layout_bytes)},
          {"pp_sends", vs(x.pp_sends, x.pp_expected_sends)},
@@ -299,16 +300,24 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                cell(x.dp_bytes, x.dp_predicted_bytes),
                cp ? fmt::format(" {:>23}", cell(x.cp_bytes, x.cp_predicted_bytes)) : "");
   if (o.sp && o.tp > 1) {
-    fmt::print("SP re-gathers in backward (core's tp_regather; Megatron overlaps them with the "
-               "input-gradient GEMM, this engine runs them blocking), bytes per step, "
-               "measured/core=ratio:");
-    for (const auto& x : r.ranks)
-      fmt::print(" rank {} {}", x.rank, cell(x.tp_regather_bytes, x.tp_regather_predicted_bytes));
-    fmt::print("\n");
+    // One line per SP item: each rank's measured/core bytes.
+    using Rank = engine::ThreeDRank;
+    const auto per_rank = [&](const char* what, double Rank::*measured, double Rank::*predicted) {
+      fmt::print("{}, bytes per step, measured/core=ratio:", what);
+      for (const Rank& x : r.ranks)
+        fmt::print(" rank {} {}", x.rank, cell(x.*measured, x.*predicted));
+      fmt::print("\n");
+    };
+    per_rank("SP re-gathers in backward (core's tp_regather; Megatron overlaps them with the "
+             "input-gradient GEMM, this engine runs them blocking)",
+             &Rank::tp_regather_bytes, &Rank::tp_regather_predicted_bytes);
+    per_rank("SP edges and the sequence-sharded gradients' all-reduce (core's engine_sp_traffic: "
+             "this engine's replicated embedding and head; Megatron's edges differ)",
+             &Rank::tp_other_bytes, &Rank::tp_other_predicted_bytes);
   }
   fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2vM "
              "sends), measured/core=ratio:\n");
-  fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside core's items: TP (SP edges, "
+  fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside the layout's items: TP (SP edges, "
              "SP grads), PP (tied embedding)\n",
              "rank", "states", "TP", "PP", "DP");
   for (const auto& x : r.ranks)

@@ -61,6 +61,11 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
                                              : v.per_layer[0])
       per_call[std::string(to_string(m.collective))] =
           measured_json(m.bytes_sent / double(m.calls), t.bytes_per_call);
+    const auto sent = [](const std::vector<engine::TpCollectiveMeasure>& ms) {
+      double b = 0;
+      for (const auto& m : ms) b += m.bytes_sent;
+      return b;
+    };
     j["variants"].push_back(
         {{"sequence_parallel", v.sequence_parallel},
          {"full_recompute", v.full_recompute},
@@ -87,6 +92,10 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
          {"layers", layers},
          {"sp_edges", collectives_json(v.edges)},
          {"sp_grad_reduce", collectives_json(v.sp_grad_reduce)},
+         {"sp_edge_bytes_per_step",
+          measured_json(sent(v.edges), v.predicted_sp.edges.bytes_per_rank)},
+         {"sp_grad_reduce_bytes_per_step",
+          measured_json(sent(v.sp_grad_reduce), v.predicted_sp.grads.bytes_per_rank)},
          {"sp_regather", collectives_json(v.sp_regather)},
          {"sp_regather_bytes_per_step",
           measured_json(
@@ -154,9 +163,15 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
                  ratio(regather, v.predicted.tp_regather.bytes_per_rank));
       fmt::print("  (core's tp_regather: the column-parallel inputs' shards gathered again for the "
                  "weight gradients, as Megatron does, overlapped)\n");
-      fmt::print("  outside core's ledger: SP edges (embedding split, final gather) {:.0f} bytes, "
-                 "sequence-sharded parameter gradients all-reduce {:.0f} bytes per step\n",
-                 edge, grads);
+      fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n", "SP edge bytes per step", edge,
+                 v.predicted_sp.edges.bytes_per_rank,
+                 ratio(edge, v.predicted_sp.edges.bytes_per_rank));
+      fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n", "SP gradient all-reduce bytes per step",
+                 grads, v.predicted_sp.grads.bytes_per_rank,
+                 ratio(grads, v.predicted_sp.grads.bytes_per_rank));
+      fmt::print("  (core's engine_sp_traffic: the embedding split's backward all-gather and the "
+                 "final gather, and the sequence-sharded parameters' gradients all-reduced once "
+                 "per step, as this engine's replicated embedding and head need them)\n");
     }
   }
   for (const auto& c : checks)

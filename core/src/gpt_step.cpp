@@ -34,6 +34,35 @@ void GptStageSetup::validate() const {
   require_int(cores >= 1 && cores <= 65536, "cores", cores, "must be in [1, 65536]");
 }
 
+GptSpTraffic engine_sp_traffic(const GptStageSetup& s, bool per_micro_batch) {
+  s.validate();
+  GptSpTraffic r;
+  for (TrafficItem* it : {&r.edges, &r.grads}) {
+    it->kind = TrafficKind::tp;
+    it->group = s.tp;
+    it->stride = 1;
+  }
+  r.edges.collective = Collective::all_gather;
+  r.grads.collective = Collective::all_reduce;
+  if (!s.sequence_parallel || s.tp <= 1) return r;
+  const double fp32 = 4, h = double(s.model.hidden);
+  const double edge = double(s.micro_batch) * double(s.seq / s.cp) * h * fp32;
+  r.edges.calls = double(s.micro_batches) * ((s.first_stage ? 1 : 0) + (s.last_stage ? 1 : 0));
+  r.edges.bytes_per_call = collective_bytes_per_rank(Collective::all_gather, edge, s.tp);
+  r.edges.bytes_per_rank = r.edges.calls * r.edges.bytes_per_call;
+  r.edges.formula = "all-gather S(t-1)/t per micro-batch at each end of the model the stage holds "
+                    "(first: the embedding split's backward; last: the gather before ln_f), "
+                    "S = B*(T/cp)*C*4";
+  r.grads.calls = per_micro_batch ? double(s.micro_batches) : 1.0;
+  const double sharded = 6 * h * double(s.stage_layers) * fp32;  // ln_1, ln_2, two biases
+  r.grads.bytes_per_call = collective_bytes_per_rank(Collective::all_reduce, sharded, s.tp);
+  r.grads.bytes_per_rank = r.grads.calls * r.grads.bytes_per_call;
+  r.grads.formula = std::string("all-reduce 2S(t-1)/t ") +
+                    (per_micro_batch ? "per micro-batch" : "once per step") +
+                    ", S = 6*C*stage_layers*4 (ln_1, ln_2, out-proj and W2 biases)";
+  return r;
+}
+
 OperatorSetup engine_gpt_setup(const GptStageSetup& s) {
   return OperatorSetup{.seq = s.seq, .micro_batch = s.micro_batch, .tp = s.tp,
                        .sequence_parallel = s.sequence_parallel, .cp = s.cp,

@@ -460,22 +460,26 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.in_flight = peak_in_flight(ops);
   me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
                                   (double(me.stage_layers) / v) * me.in_flight;
+  const GptStageSetup stage{
+      .model = gpt_model_spec(o.model), .seq = o.model.seq, .micro_batch = o.model.micro_batch,
+      .tp = o.tp, .sequence_parallel = o.sp, .cp = o.cp, .recompute = o.recompute,
+      .stage_layers = me.stage_layers, .first_stage = rm.stage.first(),
+      .last_stage = rm.stage.last(), .micro_batches = M, .own_params = me.own_params,
+      .ranks = g.world().world_size(),
+      .threads_per_rank = o.threads > 0 ? o.threads : at::get_num_threads(),
+      .cores = o.host_cores};
+  // Note [engine SP edges]; ZeRO-2/3 without PP sum the SP gradients after each micro-batch
+  const GptSpTraffic sp = engine_sp_traffic(stage, rm.opt->reduces_each_micro_batch());
+  me.tp_other_predicted_bytes = sp.edges.bytes_per_rank + sp.grads.bytes_per_rank;
   if (o.host) {  // a host calibration: core's operator and α–β times on this host
-    const GptStageTime k = predict_gpt_stage(
-        {.model = gpt_model_spec(o.model), .seq = o.model.seq,
-         .micro_batch = o.model.micro_batch, .tp = o.tp, .sequence_parallel = o.sp, .cp = o.cp,
-         .recompute = o.recompute, .stage_layers = me.stage_layers,
-         .first_stage = rm.stage.first(), .last_stage = rm.stage.last(), .micro_batches = M,
-         .own_params = me.own_params, .ranks = g.world().world_size(),
-         .threads_per_rank = o.threads > 0 ? o.threads : at::get_num_threads(),
-         .cores = o.host_cores},
-        *o.host);
+    const GptStageTime k = predict_gpt_stage(stage, *o.host);
     me.predicted_compute_s = k.compute_s;
     me.predicted_optimizer_s = k.optimizer_s;
-    // With SP the re-gathers (core's tp_regather item) are on the critical path here: the engine
-    // issues them blocking (Note [predicted 3-D step]).
+    // With SP the re-gathers (core's tp_regather item) and the edges and gradient all-reduce are
+    // on the critical path here: the engine issues them blocking (Note [predicted 3-D step]).
     me.predicted_tp_comm_s =
-        traffic_seconds(mine.tp, *o.host) + traffic_seconds(mine.tp_regather, *o.host);
+        traffic_seconds(mine.tp, *o.host) + traffic_seconds(mine.tp_regather, *o.host) +
+        traffic_seconds(sp.edges, *o.host) + traffic_seconds(sp.grads, *o.host);
     me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);
@@ -507,7 +511,8 @@ void fields(ThreeDRank& m, F&& f) {
   f(m.cp_bytes), f(m.cp_sends), f(m.cp_predicted_bytes), f(m.cp_predicted_sends), f(m.cp_comm_s);
   f(m.predicted_cp_comm_s);
   f(m.max_grad_rel_diff), f(m.max_param_rel_diff), f(m.loss);
-  f(m.tp_layer_bytes), f(m.tp_layer_calls), f(m.tp_other_bytes), f(m.tp_predicted_bytes);
+  f(m.tp_layer_bytes), f(m.tp_layer_calls), f(m.tp_other_bytes), f(m.tp_other_predicted_bytes);
+  f(m.tp_predicted_bytes);
   f(m.tp_predicted_calls), f(m.tp_layout_bytes);
   f(m.tp_regather_bytes), f(m.tp_regather_calls), f(m.tp_regather_predicted_bytes);
   f(m.tp_regather_predicted_calls);
@@ -655,6 +660,8 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
         m.tp_regather_predicted_bytes, kByteRounding);
     rel(rk + "SP re-gather calls of its layers vs core's", m.tp_regather_calls,
         m.tp_regather_predicted_calls, 0);
+    rel(rk + "SP edge and gradient bytes vs core's engine_sp_traffic", m.tp_other_bytes,
+        m.tp_other_predicted_bytes, kByteRounding);
     rel(rk + "PP sends vs the schedule's", m.pp_sends, m.pp_expected_sends, 0);
     if (m.pp_sends > 0) {
       rel(rk + "smallest PP send bytes vs core's per call", m.pp_min_send, m.pp_predicted_per_call, 0);

@@ -263,6 +263,10 @@ std::vector<TpCheck> tp_checks(const TpResult& r) {
       rel(sp + "backward re-gather bytes (core tp_regather)", bytes_of(v.sp_regather),
           v.predicted.tp_regather.bytes_per_rank, kTpBytesTolerance);
       rel(sp + "backward re-gather calls", calls, v.predicted.tp_regather.calls, 0);
+      rel(sp + "edge bytes (core engine_sp_traffic)", bytes_of(v.edges),
+          v.predicted_sp.edges.bytes_per_rank, kTpBytesTolerance);
+      rel(sp + "sequence-sharded gradient all-reduce bytes (core engine_sp_traffic)",
+          bytes_of(v.sp_grad_reduce), v.predicted_sp.grads.bytes_per_rank, kTpBytesTolerance);
     }
   }
   // Seed plan 2: the SP-on / SP-off activation ratio against core's, for each recompute setting.
@@ -306,6 +310,10 @@ TpResult run_tp(const DistEnv& env, const TpOptions& options) {
       train_f32(options, groups.tp(), data, v, env.rank == 0);
       measure_activations(options, groups.tp(), data, v);
       v.predicted = predict(options, r.n_params, env.world_size, sp, full);
+      v.predicted_sp = engine_sp_traffic(
+          {.model = gpt_model_spec(options.model), .seq = options.model.seq,
+           .micro_batch = options.model.micro_batch, .tp = env.world_size,
+           .sequence_parallel = sp, .stage_layers = int(options.model.layers)});
       r.variants.push_back(std::move(v));
     }
   world.barrier();  // no rank tears its groups down while a peer still reduces

@@ -155,6 +155,53 @@ TEST(GptStep, StepAddsTheMicroBatchesTheBubbleAndTheRest) {
   EXPECT_THROW(predict_gpt_step(k, 4, c), InvalidInput);
 }
 
+// Note [engine SP edges], against what the engine sent: `tally run 3d --tp 2 --sp` on the host
+// report's GPT (h 256, L 4, T 128, B 4, M 2; bench/predict_vs_measured.sh) measured 1,073,152
+// bytes of TP traffic outside its layers' sites per rank: two edge all-gathers per micro-batch of
+// S = 4·128·256·4 = 524,288 B, S/2 each at t = 2 (4 × 262,144), and one all-reduce of
+// 6·256·4 layers·4 B = 24,576 B, 2·S'/2 = 24,576.
+TEST(GptStep, EngineSpEdgesAreWhatTheEngineSent) {
+  const ModelSpec m{.name = "tally-gpt", .hidden = 256, .layers = 4, .heads = 4, .kv_heads = 4,
+                    .ffn = 1024, .vocab = 512, .max_positions = 128, .tied_embeddings = true,
+                    .linear_bias = true, .mlp = MlpKind::gelu, .norm = NormKind::layernorm,
+                    .position = PositionKind::learned};
+  GptStageSetup s{.model = m, .seq = 128, .micro_batch = 4, .tp = 2, .sequence_parallel = true,
+                  .stage_layers = 4, .micro_batches = 2};
+  GptSpTraffic r = engine_sp_traffic(s);
+  EXPECT_EQ(r.edges.calls, 4);
+  EXPECT_EQ(r.edges.bytes_per_call, 262144);
+  EXPECT_EQ(r.grads.calls, 1);
+  EXPECT_EQ(r.edges.bytes_per_rank + r.grads.bytes_per_rank, 1073152);
+  EXPECT_EQ(r.edges.collective, Collective::all_gather);
+  EXPECT_EQ(r.grads.collective, Collective::all_reduce);
+  EXPECT_EQ(r.edges.group, 2);
+  // The first of two stages (2 layers): its edge only, its layers' gradients; at t = 4 each rank
+  // sends 3/4 of S per all-gather and 2·3/4 of S' per all-reduce; CP 2 halves S.
+  s.last_stage = false;
+  s.stage_layers = 2;
+  s.tp = 4;
+  s.cp = 2;
+  r = engine_sp_traffic(s);
+  EXPECT_EQ(r.edges.calls, 2);
+  EXPECT_DOUBLE_EQ(r.edges.bytes_per_call, 0.75 * 4 * 64 * 256 * 4);
+  EXPECT_DOUBLE_EQ(r.grads.bytes_per_rank, 1.5 * 6 * 256 * 2 * 4);
+  // Reduced after every micro-batch (ZeRO-2/3 without PP: the engine sums the SP gradients
+  // before each micro-batch's DP reduction): M calls.
+  EXPECT_EQ(engine_sp_traffic(s, true).grads.calls, 2);
+  EXPECT_DOUBLE_EQ(engine_sp_traffic(s, true).grads.bytes_per_rank,
+                   2 * r.grads.bytes_per_rank);
+  // Without SP, or alone, the group moves nothing outside its layers.
+  s.sequence_parallel = false;
+  r = engine_sp_traffic(s);
+  EXPECT_EQ(r.edges.bytes_per_rank + r.grads.bytes_per_rank, 0);
+  s.sequence_parallel = true;
+  s.tp = 1;
+  r = engine_sp_traffic(s);
+  EXPECT_EQ(r.edges.calls + r.grads.calls, 0);
+  s.stage_layers = 9;  // of 4
+  EXPECT_THROW(engine_sp_traffic(s), InvalidInput);
+}
+
 TEST(GptStep, BadSetupsNameTheirField) {
   const auto field_of = [](GptStageSetup s) {
     try {

@@ -261,19 +261,25 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
                     double(x["tp_bytes"]["predicted"]) / beta,
                 1e-9);
   // With SP the TP item's all-gathers and reduce-scatters take k−1 = 1 step each, and the backward
-  // re-gathers (core's tp_regather) are on the critical path too: the engine issues them blocking.
+  // re-gathers (core's tp_regather) are on the critical path too: the engine issues them blocking;
+  // so are the edges (2 all-gathers per micro-batch on the one stage, 1 step each) and the
+  // once-per-step all-reduce of the sequence-sharded gradients (2 steps): Note [engine SP edges].
   r = launched(2, {"run", "3d", "--tp", "2", "--sp", "--steps", "1", "--json", "--calibration",
                    cal});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const json sp = rank0_json(r);  // named: a range-for over a temporary's member reads freed memory
   ASSERT_EQ(sp["ranks"].size(), 2u);
+  const double M = sp["micro_batches"];
   for (const json& x : sp["ranks"]) {
     const double regather_calls = x["tp_regather_calls"]["predicted"];
     EXPECT_GT(regather_calls, 0);
+    EXPECT_GT(double(x["tp_other_predicted_bytes"]), 0);
+    EXPECT_EQ(double(x["tp_other_predicted_bytes"]), double(x["tp_other_bytes"]));
     EXPECT_NEAR(double(x["tp_comm_s"]["predicted"]),
-                alpha * (double(x["tp_calls"]["predicted"]) + regather_calls) +
+                alpha * (double(x["tp_calls"]["predicted"]) + regather_calls + 2 * M + 2) +
                     (double(x["tp_bytes"]["predicted"]) +
-                     double(x["tp_regather_bytes"]["predicted"])) / beta,
+                     double(x["tp_regather_bytes"]["predicted"]) +
+                     double(x["tp_other_predicted_bytes"])) / beta,
                 1e-9);
   }
 

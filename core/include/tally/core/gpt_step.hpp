@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "tally/core/comm.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
 #include "tally/core/operators.hpp"
@@ -82,6 +83,27 @@ OperatorSetup engine_gpt_setup(const GptStageSetup& s);
 std::vector<Op> gpt_stage_ops(const GptStageSetup& s);
 GptStageTime predict_gpt_stage(const GptStageSetup& s, const ClusterSpec& host);
 
+// Note [engine SP edges]
+// Under sequence parallelism the engine's GPT (engine/runtime/tp_model.hpp, Note [conjugate
+// operators]) keeps the embedding, ln_f and the tied LM head whole on every TP rank, so beside the
+// layers' collectives (core's tp and tp_regather items) its TP group moves, per micro-batch, the
+// first stage's split of the embedding output to the sequence shard — its backward all-gathers
+// the shards' gradients — and the last stage's all-gather of the last block's output before ln_f
+// (its backward keeps this rank's part): one all-gather of S = B·(T/c)·C·4 bytes each, S(t−1)/t
+// sent per rank; and one all-reduce of the sequence-sharded parameters' gradients (ln_1 and ln_2
+// weights and biases, the out-proj and W2 biases: 6C per layer of the stage, fp32, flattened into
+// one call by TpGpt::sp_reduce_grads), 2·S'(t−1)/t, once per step — or after every micro-batch's
+// backward (`per_micro_batch`) where the DP gradients are reduced per micro-batch (ZeRO-2/3
+// without PP, as core's dp_grad item counts them), so that reduction sees the summed gradients.
+// Megatron differs at the edges (its vocabulary-parallel embedding reduce-scatters, its exit
+// gather reduce-scatters in backward) and all-reduces the final norm's gradients too; this is the
+// engine's. Without SP, or at t = 1, nothing.
+struct GptSpTraffic {
+  TrafficItem edges;  // the edge all-gathers (TrafficKind::tp)
+  TrafficItem grads;  // the sequence-sharded gradients' all-reduce (TrafficKind::tp)
+};
+GptSpTraffic engine_sp_traffic(const GptStageSetup& s, bool per_micro_batch = false);
+
 // Note [predicted 3-D step]
 // One rank's step on the calibrated host: M micro-batches of its stage's forward and backward
 // kernels (predict_gpt_stage), each with its share of the TP and CP collectives (their α–β time
@@ -89,10 +111,9 @@ GptStageTime predict_gpt_stage(const GptStageSetup& s, const ClusterSpec& host);
 // (core/pipeline.hpp) on those t_f, t_b; the PP sends (Gloo sends block: on the critical path);
 // DP/ZeRO traffic (after the backward); Adam. No overlap anywhere (a CPU rank runs its sends and
 // kernels on one thread): under SP the TP time includes core's tp_regather item, which Megatron
-// overlaps with the input-gradient GEMM and the engine issues blocking. Not predicted: SP's edge
-// all-gathers and its once-per-step all-reduce of the sequence-sharded parameters' gradients (the
-// run's tp_other_bytes, outside core's items). The run's step is the slowest rank's (`tally run
-// 3d` takes the maximum).
+// overlaps with the input-gradient GEMM and the engine issues blocking, and engine_sp_traffic's
+// edges and gradient all-reduce (Note [engine SP edges]). The run's step is the slowest rank's
+// (`tally run 3d` takes the maximum).
 struct GptStepComm {
   double tp_cp_s = 0;   // the step's TP + CP collectives (α–β), all micro-batches
   double pp_send_s = 0;

@@ -115,6 +115,7 @@ struct ThreeDRank {
   double tp_regather_bytes = 0, tp_regather_calls = 0;  // its layers' SP re-gathers
   double tp_regather_predicted_bytes = 0, tp_regather_predicted_calls = 0;  // core's tp_regather
   double tp_other_bytes = 0;         // SP edges, SP gradient all-reduce
+  double tp_other_predicted_bytes = 0;  // core's engine_sp_traffic (Note [engine SP edges])
   double tp_predicted_bytes = 0;     // step_traffic TP item, this stage's layers
   double tp_predicted_calls = 0;
   double tp_layout_bytes = 0;        // step_traffic TP item, the layout (busiest stage)

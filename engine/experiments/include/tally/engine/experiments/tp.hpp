@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "tally/core/comm.hpp"
+#include "tally/core/gpt_step.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/engine/gpt.hpp"
@@ -78,7 +79,8 @@ struct TpVariant {
   std::vector<double> step_seconds;
   // Communication in the first training step, this rank: per layer, by collective (kinds with
   // calls only); the SP edges (embedding split's backward all-gather, final all-gather) and the
-  // SP gradient all-reduce of the sequence-sharded parameters, which core's ledger does not hold.
+  // SP gradient all-reduce of the sequence-sharded parameters (core's engine_sp_traffic, Note
+  // [engine SP edges], not the planner's step_traffic).
   std::vector<std::vector<TpCollectiveMeasure>> per_layer;
   std::vector<TpCollectiveMeasure> edges, sp_grad_reduce;
   std::vector<TpCollectiveMeasure> sp_regather;  // Note [SP re-gather], all layers together
@@ -91,6 +93,7 @@ struct TpVariant {
   double layer_norm_stat_bytes = 0;
   double tp_comm_bytes = 0;                // all the TP Comm's bytes in that step
   StepTraffic predicted;                   // core step_traffic() for this layout (fp32 bytes)
+  GptSpTraffic predicted_sp;               // core engine_sp_traffic() for it
   // Derived, this rank: bytes per layer (mean over layers; each layer checked apart by checks).
   double measured_bytes_per_layer() const;
   double predicted_bytes_per_layer() const;
