@@ -252,7 +252,7 @@ std::string plan_convention(const PlanRequest& r) {
          ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                               : "flat ring") +
          ", TP/CP/PP exposed" +
-         (r.tp_grad_overlap && !r.tp_overlap
+         (r.tp_grad_overlap && !r.tp_overlap && r.time_model == TimeModel::operators
               ? " (but TP's input-gradient collectives, behind the weight-gradient GEMMs)"
               : "") +
          ", DP/ZeRO " +

@@ -83,6 +83,14 @@ TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
   EXPECT_NE(plan_convention(r).find("input-gradient collectives"), std::string::npos);
   r.tp_grad_overlap = false;
   EXPECT_EQ(plan_convention(r).find("input-gradient collectives"), std::string::npos);
+  // The utilisation model has no weight-gradient GEMMs to hide them behind: it changes nothing.
+  r.tp_grad_overlap = true;
+  r.time_model = TimeModel::utilisation;
+  EXPECT_EQ(plan_convention(r).find("input-gradient collectives"), std::string::npos);
+  const Layout L{.dp = 1, .tp = 8, .micro_batch = 2, .grad_accum = 4};
+  const double util_on = evaluate_layout(r, L).tp_s;
+  r.tp_grad_overlap = false;
+  EXPECT_DOUBLE_EQ(evaluate_layout(r, L).tp_s, util_on);
 }
 
 // Expert parallelism (Note [expert parallelism]): DeepSeek-V3 on 1024 H100s with Megatron's
