@@ -61,11 +61,6 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
                                              : v.per_layer[0])
       per_call[std::string(to_string(m.collective))] =
           measured_json(m.bytes_sent / double(m.calls), t.bytes_per_call);
-    const auto sent = [](const std::vector<engine::TpCollectiveMeasure>& ms) {
-      double b = 0;
-      for (const auto& m : ms) b += m.bytes_sent;
-      return b;
-    };
     j["variants"].push_back(
         {{"sequence_parallel", v.sequence_parallel},
          {"full_recompute", v.full_recompute},
@@ -93,18 +88,12 @@ nlohmann::json to_json(const engine::TpResult& r, const std::vector<engine::TpCh
          {"sp_edges", collectives_json(v.edges)},
          {"sp_grad_reduce", collectives_json(v.sp_grad_reduce)},
          {"sp_edge_bytes_per_step",
-          measured_json(sent(v.edges), v.predicted_sp.edges.bytes_per_rank)},
+          measured_json(engine::bytes_sent(v.edges), v.predicted_sp.edges.bytes_per_rank)},
          {"sp_grad_reduce_bytes_per_step",
-          measured_json(sent(v.sp_grad_reduce), v.predicted_sp.grads.bytes_per_rank)},
+          measured_json(engine::bytes_sent(v.sp_grad_reduce), v.predicted_sp.grads.bytes_per_rank)},
          {"sp_regather", collectives_json(v.sp_regather)},
          {"sp_regather_bytes_per_step",
-          measured_json(
-              [&] {
-                double b = 0;
-                for (const auto& m : v.sp_regather) b += m.bytes_sent;
-                return b;
-              }(),
-              v.predicted.tp_regather.bytes_per_rank)},
+          measured_json(engine::bytes_sent(v.sp_regather), v.predicted.tp_regather.bytes_per_rank)},
          {"tp_comm_bytes_per_step", v.tp_comm_bytes},
          {"predicted_tp", {{"collective", std::string(to_string(t.collective))},
                            {"calls_per_step", t.calls},
@@ -152,11 +141,8 @@ void print_text(const engine::TpResult& r, const std::vector<engine::TpCheck>& c
                  "which Korthikanti's inventory omits)\n",
                  v.activation_bytes_per_layer, v.layer_norm_stat_bytes);
     if (v.sequence_parallel) {
-      double edge = 0, grads = 0;
-      for (const auto& c : v.edges) edge += c.bytes_sent;
-      for (const auto& c : v.sp_grad_reduce) grads += c.bytes_sent;
-      double regather = 0;
-      for (const auto& c : v.sp_regather) regather += c.bytes_sent;
+      const double edge = engine::bytes_sent(v.edges), grads = engine::bytes_sent(v.sp_grad_reduce);
+      const double regather = engine::bytes_sent(v.sp_regather);
       fmt::print("  {:<38} {:>14.0f} {:>14.0f} {:>8.4f}\n",
                  "backward re-gather bytes per step", regather,
                  v.predicted.tp_regather.bytes_per_rank,

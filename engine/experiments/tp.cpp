@@ -19,6 +19,12 @@
 
 namespace tally::engine {
 
+double bytes_sent(const std::vector<TpCollectiveMeasure>& ms) {
+  double b = 0;
+  for (const auto& m : ms) b += m.bytes_sent;
+  return b;
+}
+
 namespace {
 
 Recompute policy_of(const TpVariant& v) {
@@ -37,12 +43,6 @@ std::vector<TpCollectiveMeasure> measures(const CommCounters& c) {
                      .bytes_sent = c.by_collective[i].bytes_sent,
                      .seconds = c.by_collective[i].seconds});
   return out;
-}
-
-double bytes_of(const std::vector<TpCollectiveMeasure>& ms) {
-  double b = 0;
-  for (const auto& m : ms) b += m.bytes_sent;
-  return b;
 }
 
 struct Batches {
@@ -213,7 +213,7 @@ void TpOptions::validate(int world_size) const {
 
 double TpVariant::measured_bytes_per_layer() const {
   double b = 0;
-  for (const auto& l : per_layer) b += bytes_of(l);
+  for (const auto& l : per_layer) b += bytes_sent(l);
   return per_layer.empty() ? 0 : b / double(per_layer.size());
 }
 double TpVariant::predicted_bytes_per_layer() const {
@@ -243,7 +243,8 @@ std::vector<TpCheck> tp_checks(const TpResult& r) {
     const TrafficItem& t = v.predicted.tp;
     for (std::size_t l = 0; l < v.per_layer.size(); ++l) {
       const std::string layer = sp + "layer " + std::to_string(l) + " ";
-      rel(layer + "bytes", bytes_of(v.per_layer[l]), v.predicted_bytes_per_layer(), kTpBytesTolerance);
+      rel(layer + "bytes", bytes_sent(v.per_layer[l]), v.predicted_bytes_per_layer(),
+          kTpBytesTolerance);
       std::int64_t calls = 0;
       for (const auto& m : v.per_layer[l]) {
         calls += m.calls;
@@ -260,13 +261,13 @@ std::vector<TpCheck> tp_checks(const TpResult& r) {
     if (v.sequence_parallel && r.world_size > 1) {  // Note [SP re-gather]: core's tp_regather
       double calls = 0;
       for (const auto& m : v.sp_regather) calls += double(m.calls);
-      rel(sp + "backward re-gather bytes (core tp_regather)", bytes_of(v.sp_regather),
+      rel(sp + "backward re-gather bytes (core tp_regather)", bytes_sent(v.sp_regather),
           v.predicted.tp_regather.bytes_per_rank, kTpBytesTolerance);
       rel(sp + "backward re-gather calls", calls, v.predicted.tp_regather.calls, 0);
-      rel(sp + "edge bytes (core engine_sp_traffic)", bytes_of(v.edges),
+      rel(sp + "edge bytes (core engine_sp_traffic)", bytes_sent(v.edges),
           v.predicted_sp.edges.bytes_per_rank, kTpBytesTolerance);
       rel(sp + "sequence-sharded gradient all-reduce bytes (core engine_sp_traffic)",
-          bytes_of(v.sp_grad_reduce), v.predicted_sp.grads.bytes_per_rank, kTpBytesTolerance);
+          bytes_sent(v.sp_grad_reduce), v.predicted_sp.grads.bytes_per_rank, kTpBytesTolerance);
     }
   }
   // Seed plan 2: the SP-on / SP-off activation ratio against core's, for each recompute setting.

@@ -64,6 +64,8 @@ struct TpCollectiveMeasure {
   double bytes_sent = 0;      // Comm counters (core's formula on each call's real S)
   double seconds = 0;
 };
+// The bytes sent over all of `ms`'s collectives.
+double bytes_sent(const std::vector<TpCollectiveMeasure>& ms);
 
 struct TpVariant {
   bool sequence_parallel = false;
