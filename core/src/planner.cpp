@@ -71,6 +71,22 @@ namespace tally {
 //             Megatron-Core 0.14 --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
 //             hides them behind the kernels of another micro-batch, up to the stage's compute.
 //   PP        sends stay on the critical path at stage boundaries.
+// Note [TP edges] — the model's ends under TP, per micro-batch, as Megatron-LM (and DTensor's
+//             vocabulary-sharded embedding and column-wise output layer) run them, each of
+//             S = b·(s/c)·h, on the end stages only:
+//             first stage: the vocabulary-parallel embedding's partial outputs all-reduced
+//               (under SP: reduce-scattered to the sequence shard, Megatron-Core's
+//               reduce_scatter_embeddings — Megatron-LM 2022 all-reduced, then split: one unit
+//               more, not counted — and its backward all-gathers the shards' gradients) —
+//               exposed;
+//             last stage: the output layer's input gathered from the sequence shards (SP:
+//               all-gather forward, exposed; its backward's reduce-scatter, or without SP the
+//               input gradient's all-reduce, is that linear's input-gradient collective, hidden
+//               behind the LM head's weight-gradient GEMM under tp_grad_overlap or tp_overlap,
+//               else exposed).
+//             Not counted: the vocabulary-parallel loss's three all-reduces of b·s fp32 values
+//             (max, target logit, sum of exponentials: latency) and the once-per-step all-reduce
+//             of the sequence-parallel norms' and biases' gradients (6h per layer).
 // Note [gradient accumulation] (PlanRequest::grad_accumulation): with m > 1 micro-batches each
 // one's weight gradients are added into the step's gradient buffer.
 //   fused (default: Megatron-Core --gradient-accumulation-fusion, Transformer Engine
@@ -325,6 +341,15 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
       micro != nullptr && r.grad_accumulation == GradAccumulation::autograd && m > 1
           ? (m - 1) / m * roofline_seconds(c.gpu, 0.0, 1.0, 3.0 * states.bytes.grads)
           : 0.0;
+  // Note [TP edges]: the end stages' own TP collectives, per micro-batch, in units of one call of
+  // the TP item (every one moves S = b·(s/c)·h).
+  double edge_first_s = 0, edge_last_s = 0;
+  if (traffic.tp.calls > 0) {
+    const double per_call = e.tp_s / traffic.tp.calls;
+    const bool hidden = (r.tp_grad_overlap && micro != nullptr) || r.tp_overlap;
+    edge_first_s = per_call * (L.sp ? 2.0 : 1.0);
+    edge_last_s = per_call * (L.sp ? (hidden ? 1.0 : 2.0) : (hidden ? 0.0 : 1.0));
+  }
   // Note [TP gradient overlap]: of the TP time, the input-gradient collectives' share (every TP
   // call moves the same bytes) hides behind the column-parallel weight-gradient GEMMs.
   if (r.tp_grad_overlap && !r.tp_overlap && micro != nullptr && traffic.tp.calls > 0)
@@ -339,21 +364,24 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   // Per run of equal stages (stage 0 and stage P − 1 are runs of their own).
   std::vector<StageRun>& stage_s = P.stage_seconds;
   stage_s.clear();
-  double slowest = 0, slowest_compute = 0, slowest_backward = 0;
+  double slowest = 0, slowest_compute = 0, slowest_backward = 0, slowest_edges = 0;
   for (std::size_t i = 0; i < stages.runs.size(); ++i) {
     const bool first = i == 0, last = i + 1 == stages.runs.size();
     const int n = stages.runs[i].layers;
     const double compute = n * st.layer_s + (first ? st.first_extra_s : 0.0) +
                            (last ? st.last_extra_s : 0.0) + accumulate_s;
-    const double seconds = compute + n * comm_per_layer + pp_per_mb;
+    const double edges = (first ? edge_first_s : 0.0) + (last ? edge_last_s : 0.0);
+    const double seconds = compute + n * comm_per_layer + edges + pp_per_mb;
     stage_s.push_back({.seconds = seconds, .stages = stages.runs[i].stages});
     if (seconds > slowest) {
       slowest = seconds;
       slowest_compute = compute;
+      slowest_edges = edges;
       slowest_backward =
           n * st.layer_backward_s + (last ? st.last_extra_backward_s : 0.0) + accumulate_s;
     }
   }
+  e.tp_s += m * slowest_edges;  // the slowest stage's exposed TP time, its edges included
   const double beta = st.layer_s > 0 ? st.layer_backward_s / st.layer_s : 2.0 / 3.0;
   const double pipe = pipeline_makespan(stage_s, int(L.grad_accum), L.interleave, beta);
   const double busy = m * slowest;

@@ -11,7 +11,7 @@
 // both ran Megatron-LM's own modules and its unfused loss, no Transformer Engine: Kernels::local
 // and Loss::vocab_parallel (Note [local kernels], Note [loss kernels] in core/operators.hpp).
 // The goals: median |error| ≤ 10 % per table; the published trend (efficiency rising with size).
-// Table 4 meets it (median 9.1 %); Table 5 (11.7 %) and Table 1 (12.3 %) do not yet, so their
+// Table 4 meets it (median 9.1 %); Table 5 (11.5 %) and Table 1 (12.1 %) do not yet, so their
 // bounds here are 15 % and 20 %. Every one of the 28 points is predicted too fast (1.5–17.3 %):
 // Korthikanti's code hides the backward input-gradient collectives behind the weight-gradient
 // GEMMs and Narayanan's does not (Note [TP gradient overlap], planner.cpp), and with that counted

@@ -297,7 +297,7 @@ struct PlanEval {
 //   B200 / B300 / GB200 / GB300 (kept aside, tests/validation/test_published_bridge.cpp: NVIDIA
 //     Megatron-Bridge's 26.04.01 performance summary, the 16 Blackwell rows tally can express —
 //     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 0.94 to 2.157,
-//     median 1.22; within one system's table up to 92.5 % apart (GB200: GPT-OSS's BF16 MoE row
+//     median 1.22; within one system's table up to 92.6 % apart (GB200: GPT-OSS's BF16 MoE row
 //     2.16 beside Llama's NVFP4 1.12). The same tables'
 //     3 H100 rows read 0.92-1.70, inside the Hopper band's range but for its low end (0.92 < 1.25):
 //     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
