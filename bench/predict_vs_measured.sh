@@ -48,8 +48,8 @@ TALLY=$(cd "$BUILD" && pwd)/cli/tally
 [[ -x $TALLY ]] || { echo "no $TALLY: build first (scripts/build.sh tally tally-engine)" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d)}
 # run 3d: name:ranks:flags
-THREE_D=("single:1:" "tp2:2:--tp 2" "tp2-sp:2:--tp 2 --sp" "pp2:2:--pp 2" "dp2:2:--dp 2"
-         "tp2-pp2:4:--tp 2 --pp 2"
+THREE_D=("single:1:" "tp2:2:--tp 2" "tp2-sp:2:--tp 2 --sp" "cp2:2:--cp 2" "pp2:2:--pp 2"
+         "dp2:2:--dp 2" "tp2-pp2:4:--tp 2 --pp 2"
          "dp2-tp2:4:--dp 2 --tp 2")
 GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 3)
 mkdir -p "$OUT"
@@ -159,15 +159,16 @@ if three_d:
     print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "
           "with the largest prediction), ms: measured / predicted")
     print("| layout | k | measured ms | predicted ms | measured/predicted | compute | TP comm | "
-          "PP sends | DP comm | optimizer |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "CP comm | PP sends | DP comm | optimizer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, k in three_d:
     runs = []
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/3d-{name}-r{r}.json"))
         measured, predicted = d["measured_step_seconds"], d["predicted_step_seconds"]
         top = max(d["ranks"],
-                  key=lambda x: x["compute_s"]["predicted"] + x["tp_comm_s"]["predicted"])
+                  key=lambda x: x["compute_s"]["predicted"] + x["tp_comm_s"]["predicted"] +
+                  x["cp_comm_s"]["predicted"])
         runs.append((measured, predicted, measured / predicted, top))
     m = statistics.median(x[0] for x in runs)
     p = statistics.median(x[1] for x in runs)
@@ -176,7 +177,7 @@ for name, k in three_d:
     ratios.append(q)
     print(f"| {name} | {k} | {m*1e3:.1f} | {p*1e3:.1f} | {q:.3f} | "
           f"{t['compute_s']['predicted']*1e3:.1f} | {t['tp_comm_s']['predicted']*1e3:.1f} | "
-          f"{t['pp_send_predicted_s']*1e3:.1f} | {t['dp_comm_s']['predicted']*1e3:.1f} | "
+          f"{t['cp_comm_s']['predicted']*1e3:.1f} | {t['pp_send_predicted_s']*1e3:.1f} | {t['dp_comm_s']['predicted']*1e3:.1f} | "
           f"{t['optimizer_time_s']['predicted']*1e3:.1f} |")
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")
