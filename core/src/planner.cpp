@@ -86,7 +86,10 @@ namespace tally {
 //               else exposed).
 //             Not counted: the vocabulary-parallel loss's three all-reduces of b·s fp32 values
 //             (max, target logit, sum of exponentials: latency) and the once-per-step all-reduce
-//             of the sequence-parallel norms' and biases' gradients (6h per layer).
+//             of the sequence-parallel norms' and biases' gradients (6h per layer). Their time
+//             only: step_traffic's per-rank byte ledger is the busiest stage's layers (the one the
+//             engine checks exactly), so the plan's bytes per GPU leave these 1–2 calls per
+//             micro-batch out.
 // Note [gradient accumulation] (PlanRequest::grad_accumulation): with m > 1 micro-batches each
 // one's weight gradients are added into the step's gradient buffer.
 //   fused (default: Megatron-Core --gradient-accumulation-fusion, Transformer Engine

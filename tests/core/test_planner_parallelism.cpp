@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string_view>
 #include <vector>
 
 #include "tally/core/comm.hpp"
@@ -98,6 +99,35 @@ TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
   const double util_on = evaluate_layout(r, L).tp_s;
   r.tp_grad_overlap = false;
   EXPECT_DOUBLE_EQ(evaluate_layout(r, L).tp_s, util_on);
+}
+
+// What the input-gradient collectives hide behind (OpsTime::column_wgrad_s): in a MoE layer the
+// routed experts' up projection runs on tokens that arrived by all-to-all and reduces nothing over
+// TP, so only QKV's weight gradient counts for Mixtral (no shared experts), DeepSeek-V3's shared
+// expert's up too (MLA with a q latent has no q-proj); a dense layer counts QKV's and the MLP up's.
+TEST(Planner, ColumnWeightGradientsLeaveTheRoutedExpertsOut) {
+  const GpuSpec gpu = cluster_preset("h100-80g")->gpu;
+  const auto check = [&](const char* preset, std::vector<std::string_view> counted) {
+    SCOPED_TRACE(preset);
+    const ModelSpec m = *model_preset(preset);
+    const OperatorSetup os{.seq = 4096, .micro_batch = 1, .tp = 2, .sequence_parallel = true,
+                           .act_bytes = 2};
+    const std::vector<Op> ops = layer_ops(m, os);
+    double by_name = 0, routed = 0;
+    for (const Op& op : ops) {
+      if (op.pass != Pass::backward) continue;
+      for (std::string_view n : counted)
+        if (op.name == n && !op.routed_expert) by_name += op_seconds(op, gpu, Precision::bf16);
+      if (op.routed_expert && op.name.ends_with("up.wgrad"))
+        routed += op_seconds(op, gpu, Precision::bf16);
+    }
+    EXPECT_GT(by_name, 0);
+    EXPECT_NEAR(time_ops(ops, gpu, Precision::bf16).column_wgrad_s, by_name, 1e-12 * by_name);
+    if (m.is_moe()) EXPECT_GT(routed, 0);  // present, and left out
+  };
+  check("llama-2-7b", {"qkv.wgrad", "mlp-gate-up.wgrad"});
+  check("mixtral-8x7b", {"qkv.wgrad"});
+  check("deepseek-v3", {"shared-gate-up.wgrad"});
 }
 
 // Note [TP edges]: one stage (first and last at once), t = 8, M = 4, llama-2-7b (32 layers,
