@@ -123,7 +123,9 @@ TEST(Planner, ColumnWeightGradientsLeaveTheRoutedExpertsOut) {
     }
     EXPECT_GT(by_name, 0);
     EXPECT_NEAR(time_ops(ops, gpu, Precision::bf16).column_wgrad_s, by_name, 1e-12 * by_name);
-    if (m.is_moe()) EXPECT_GT(routed, 0);  // present, and left out
+    if (m.is_moe()) {
+      EXPECT_GT(routed, 0);  // present, and left out
+    }
   };
   check("llama-2-7b", {"qkv.wgrad", "mlp-gate-up.wgrad"});
   check("mixtral-8x7b", {"qkv.wgrad"});
