@@ -27,7 +27,8 @@ struct CommOptions {
   int max_route_nodes = 0;
   int interleave = 1;  // v, model chunks per pipeline stage
   double capacity_factor = 1;
-  bool sp = false, fsdp_float8_all_gather = false, fp8_param_gather = false;
+  bool sp = false, fsdp_float8_all_gather = false, fp8_param_gather = false,
+       pp_scatter_gather = false;
   std::int64_t seq = 2048, micro_batch = 1, grad_accum = 1;
   std::string precision = "bf16", recompute = "none";
 };
@@ -97,7 +98,7 @@ void run_step(const CommOptions& o) {
       .fp8_gather_experts = fp8.experts, .grad_bytes = elem, .act_bytes = elem,
       .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
-      .interleave = o.interleave,
+      .interleave = o.interleave, .pp_scatter_gather = o.pp_scatter_gather,
       .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
       .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep, .etp = etp,
       .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),
@@ -148,6 +149,7 @@ void run_step(const CommOptions& o) {
                             {"seed_reduce_scatter_only_bytes", t.reduce_scatter_only_bytes},
                             {"fsdp_float8_all_gather", o.fsdp_float8_all_gather},
                             {"fp8_param_gather", o.fp8_param_gather},
+                            {"pp_scatter_gather", t.pp_gather.calls > 0},
                             {"fp8_gather_experts", t.setup.fp8_gather_experts},
                             {"fp8_gather_share", t.setup.fp8_gather_share},
                             {"seconds_unoverlapped", total_s}};
@@ -225,6 +227,7 @@ void register_comm(CLI::App& app) {
   add_fsdp_float8_flag(cmd, o->fsdp_float8_all_gather);
   add_fp8_param_gather_flag(cmd, o->fp8_param_gather);
   cmd->add_flag("--sp", o->sp, "sequence parallelism");
+  add_pp_scatter_gather_flag(cmd, o->pp_scatter_gather);
   cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
   cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));

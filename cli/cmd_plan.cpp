@@ -43,7 +43,8 @@ struct PlanOptions {
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
   bool no_overlap_dp = false, overlap_dp = false, no_overlap_param_gather = false,
-       tp_overlap = false, no_tp_grad_overlap = false, ep_overlap = false, no_dropout = false,
+       tp_overlap = false, no_tp_grad_overlap = false, pp_scatter_gather = false,
+       ep_overlap = false, no_dropout = false,
        dropout = false, exhaustive = false,
        fsdp_float8_all_gather = false, fp8_param_gather = false;
   // compare
@@ -68,6 +69,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .runtime_bytes = o.memory.runtime_mib * kMiB, .overlap_dp = !o.no_overlap_dp,
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .tp_grad_overlap = !o.no_tp_grad_overlap,
+                .pp_scatter_gather = o.pp_scatter_gather,
                 .ep_overlap = o.ep_overlap,
                 .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
                 .amax_history = o.amax_history,
@@ -252,6 +254,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
                 "TP input-gradient collectives in backward exposed (Megatron-LM before 2021-08, "
                 "PyTorch DTensor; default: behind the weight-gradient GEMM, as Megatron-LM's "
                 "async all-reduce and Transformer Engine do)");
+  add_pp_scatter_gather_flag(cmd, o.pp_scatter_gather);
   cmd->add_flag("--no-dropout", o.no_dropout,
                 "no dropout masks or kernels (default: the model's config; Llama-family: none)")
       ->excludes(cmd->add_flag("--dropout", o.dropout,

@@ -175,6 +175,13 @@ void add_fp8_param_gather_flag(CLI::App* cmd, bool& fp8_param_gather) {
                 "Megatron-Core's default)");
 }
 
+void add_pp_scatter_gather_flag(CLI::App* cmd, bool& pp_scatter_gather) {
+  cmd->add_flag("--pp-scatter-gather", pp_scatter_gather,
+                "TP > 1 without SP: each TP rank sends 1/t of a PP activation and the next stage "
+                "all-gathers it over TP (Megatron-LM 2021-02 to 2023-03, its default there; "
+                "default: whole activations, as Megatron-Core)");
+}
+
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,
                         bool sequence_parallel) {
   if (m.params_only && (ep > 1 || etp != layout.tp))

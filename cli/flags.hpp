@@ -78,6 +78,9 @@ void add_amax_history_flag(CLI::App* cmd, int& amax_history);
 // --fsdp-float8-all-gather: ZeRO-3 gathers the float8 weights (Note [fp8 all-gather], comm.cpp).
 void add_fsdp_float8_flag(CLI::App* cmd, bool& fsdp_float8_all_gather);
 void add_fp8_param_gather_flag(CLI::App* cmd, bool& fp8_param_gather);
+// --pp-scatter-gather (`tally comm`, `plan`, `compare`): Megatron-LM's scatter/gather of PP sends
+// (Note [PP scatter/gather], comm.cpp).
+void add_pp_scatter_gather_flag(CLI::App* cmd, bool& pp_scatter_gather);
 // A layout's expert split checked with core's rules (Note [expert rank groups], Note [expert tensor
 // parallelism]): one line naming --ep or --etp when it does not hold.
 void check_expert_split(const ModelSpec& m, const ParallelLayout& layout, int ep, int etp,

@@ -104,7 +104,7 @@ LayoutFamily layout_family(const Layout& l) {
 
 std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutFamily family) {
   if (t != TimeModel::operators) return std::nullopt;
-  const ErrorBand a100{.low = 1.01, .median = 1.12, .high = 1.21, .rank_spread = 0.192,
+  const ErrorBand a100{.low = 1.06, .median = 1.15, .high = 1.21, .rank_spread = 0.101,
                        .source = "measured / predicted step time of 28 published Megatron-LM "
                                  "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
                                  "Table 1)",
@@ -252,6 +252,9 @@ std::string plan_convention(const PlanRequest& r) {
          ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                               : "flat ring") +
          ", TP/CP/PP exposed" +
+         (r.pp_scatter_gather
+              ? " (PP sends scattered over TP and all-gathered: Megatron-LM 2021-23)"
+              : "") +
          (r.tp_grad_overlap && !r.tp_overlap && r.time_model == TimeModel::operators
               ? " (but TP's input-gradient collectives, behind the weight-gradient GEMMs)"
               : "") +

@@ -35,7 +35,8 @@ namespace tally {
 //             tp_overlap), but for the backward input-gradient ones (Note [TP gradient
 //             overlap]); CP's ring is counted exposed (conservative: ring attention can overlap
 //             it).
-//   PP        point-to-point sends per micro-batch, exposed.
+//   PP        point-to-point sends per micro-batch, exposed (with pp_scatter_gather, Megatron-LM
+//             2021–23: 1/t of each over the network, then an all-gather over TP, exposed too).
 //   bubble    pipeline wall = (stage time + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
 //   DP/ZeRO   Note [planner overlap].
 //   step      pipeline wall + optimizer + exposed DP time. E = t_ideal / step, t_ideal = the time
@@ -313,7 +314,8 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
       .fp8_gather_experts = fp8.experts, .grad_bytes = P.param_bytes,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
       .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
-      .tp = L.tp, .pp = L.pp, .cp = L.cp, .interleave = L.interleave, .zero_stage = L.zero,
+      .tp = L.tp, .pp = L.pp, .cp = L.cp, .interleave = L.interleave,
+      .pp_scatter_gather = r.pp_scatter_gather, .zero_stage = L.zero,
       .sequence_parallel = L.sp,
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim(),
       .busiest_stage_layers = busiest, .ep = L.ep, .etp = L.etp, .expert_share = P.expert_share,
@@ -325,7 +327,8 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   e.comm_bytes_per_gpu = traffic.total_bytes();
   e.tp_s = traffic_seconds(traffic.tp, c);
   e.cp_s = traffic_seconds(traffic.cp, c);
-  e.pp_s = traffic_seconds(traffic.pp, c);
+  // Note [PP scatter/gather] (comm.cpp): the gather after each receive is part of the transfer.
+  e.pp_s = traffic_seconds(traffic.pp, c) + traffic_seconds(traffic.pp_gather, c);
   e.ep_s = traffic_seconds(traffic.ep, c) + traffic_seconds(traffic.expert_tp, c);
   const double grad_s =
       traffic_seconds(traffic.dp_grad, c) + traffic_seconds(traffic.expert_grad, c);

@@ -273,6 +273,62 @@ TEST(StepTraffic, InterleavedPipelineSendsVTimesAsOften) {
   EXPECT_THROW(step_traffic(s), InvalidInput);
 }
 
+// Note [PP scatter/gather]: Megatron-LM's p2p_communication.py (de7dc40f88) splits each PP tensor
+// into t equal 1-D chunks, sends one per TP rank and all-gathers them on the receiving stage
+// (Narayanan 2021 §4.1). S = 4 · 2048 · 4096 · 2 B = 67,108,864 (the test above); t = 8: each rank
+// sends S/8 = 8,388,608 B per call and its ring all-gather sends 7S/8 = 58,720,256 B.
+TEST(StepTraffic, PipelineScatterGatherSendsOneTpShareAndGathersTheRest) {
+  auto s = seed_tp(Recompute::none);
+  s.pp = 4;
+  s.micro_batches = 8;
+  s.pp_scatter_gather = true;
+  auto r = step_traffic(s);
+  EXPECT_DOUBLE_EQ(r.pp.bytes_per_call, 8388608.0);
+  EXPECT_EQ(r.pp.calls, 16);
+  EXPECT_EQ(r.pp_gather.collective, Collective::all_gather);
+  EXPECT_EQ(r.pp_gather.group, 8);
+  EXPECT_EQ(r.pp_gather.stride, 1);
+  EXPECT_EQ(r.pp_gather.calls, 16);
+  EXPECT_DOUBLE_EQ(r.pp_gather.bytes_per_call, 58720256.0);
+  EXPECT_DOUBLE_EQ(r.pp_gather.bytes_per_rank, 16 * 58720256.0);
+  EXPECT_NE(r.convention().find("scatter/gather"), std::string::npos);
+  // The total counts the gather: a rank sends S/8 + 7S/8 = S per transfer, as many bytes as
+  // without the optimisation, but only S/8 of them leave the node.
+  s.pp_scatter_gather = false;
+  const auto whole = step_traffic(s);
+  EXPECT_DOUBLE_EQ(whole.pp.bytes_per_call, 67108864.0);
+  EXPECT_EQ(whole.pp_gather.calls, 0);
+  EXPECT_DOUBLE_EQ(r.total_bytes(), whole.total_bytes());
+  EXPECT_EQ(whole.convention().find("scatter/gather"), std::string::npos);
+  // Interleaved: both v times as often.
+  s.pp_scatter_gather = true;
+  s.interleave = 3;
+  r = step_traffic(s);
+  EXPECT_EQ(r.pp.calls, 48);
+  EXPECT_EQ(r.pp_gather.calls, 48);
+  s.interleave = 1;
+  // Megatron-LM 2022 (cfd2e21607) skips it under SP (already 1/t) and when t does not divide the
+  // elements (1 · 2047 · 4100 = 8,392,700 = 4 mod 8); with t = 1 there is nothing to split.
+  s.sequence_parallel = true;
+  r = step_traffic(s);
+  EXPECT_DOUBLE_EQ(r.pp.bytes_per_call, 67108864.0 / 8);
+  EXPECT_EQ(r.pp_gather.calls, 0);
+  s.sequence_parallel = false;
+  s.micro_batch = 1;
+  s.seq_len = 2047;
+  s.hidden = 4100;
+  r = step_traffic(s);
+  EXPECT_DOUBLE_EQ(r.pp.bytes_per_call, 2047.0 * 4100 * 2);
+  EXPECT_EQ(r.pp_gather.calls, 0);
+  s = seed_tp(Recompute::none);
+  s.pp = 4;
+  s.tp = 1;
+  s.pp_scatter_gather = true;
+  r = step_traffic(s);
+  EXPECT_DOUBLE_EQ(r.pp.bytes_per_call, 67108864.0);
+  EXPECT_EQ(r.pp_gather.calls, 0);
+}
+
 // Ring attention: per layer per micro-batch (c−1) K,V sends forward, 2(c−1) backward.
 TEST(StepTraffic, ContextParallelRingOfKV) {
   auto s = seed_tp(Recompute::none);
@@ -292,7 +348,7 @@ TEST(StepTraffic, ContextParallelRingOfKV) {
 TEST(StepTraffic, SingleRankMovesNothing) {
   const auto r = step_traffic(StepTrafficSetup{.params = 7e9});
   EXPECT_EQ(r.total_bytes(), 0.0);
-  EXPECT_EQ(r.items().size(), 10u);
+  EXPECT_EQ(r.items().size(), 11u);
   for (const auto& it : r.items()) EXPECT_EQ(it.calls, 0.0) << to_string(it.kind);
 }
 

@@ -168,6 +168,37 @@ TEST(Planner, TpEdgesRunOnTheEndStages) {
   EXPECT_NEAR(two.tp_s, ar * M * (4 * L / 2 + 1), 1e-9 * two.tp_s);
 }
 
+// Note [PP scatter/gather]: on 4 stages of TP 8 the stage boundaries cross nodes (8 A100s per
+// node, stride t = 8), so each send goes over one 25 GB/s HDR rail. With the switch each TP rank
+// sends S/8 there and the next stage all-gathers 7S/8 over NVLink; the exposed PP time is
+// 2m · (that send + that gather), costed by the cluster's own collectives, S = b·s·h·2.
+TEST(Planner, PipelineScatterGatherSendsATpShareAcrossNodes) {
+  const ModelSpec model = *model_preset("llama-2-7b");
+  const ClusterSpec c = *cluster_preset("a100-80g");
+  const double S = 2.0 * 4096 * 4096 * 2, M = 4;
+  PlanRequest r{.model = model, .cluster = c, .gpus = 32, .global_batch = 8, .seq = 4096};
+  const Layout lay{.dp = 1, .tp = 8, .pp = 4, .micro_batch = 2, .grad_accum = 4};
+  const PlanEval whole = evaluate_layout(r, lay);
+  EXPECT_NEAR(whole.pp_s, 2 * M * collective_seconds(Collective::send_recv, S, 2, 8, c),
+              1e-9 * whole.pp_s);
+  r.pp_scatter_gather = true;
+  const PlanEval split = evaluate_layout(r, lay);
+  const double send = collective_seconds(Collective::send_recv, S / 8, 2, 8, c);
+  const double gather = collective_seconds(
+      Collective::all_gather, collective_bytes_per_rank(Collective::all_gather, S, 8), 8, 1, c);
+  EXPECT_NEAR(split.pp_s, 2 * M * (send + gather), 1e-9 * split.pp_s);
+  EXPECT_LT(split.pp_s, whole.pp_s / 2);  // an HDR rail is ~10× slower than NVLink
+  EXPECT_LT(split.step_s, whole.step_s);
+  EXPECT_EQ(split.comm_bytes_per_gpu, whole.comm_bytes_per_gpu);  // the same bytes, elsewhere
+  EXPECT_NE(plan_convention(r).find("scatter"), std::string::npos);
+  // Under SP the activation is already a 1/t shard: the switch changes nothing.
+  const Layout sp{.dp = 1, .tp = 8, .pp = 4, .sp = true, .micro_batch = 2, .grad_accum = 4};
+  r.pp_scatter_gather = false;
+  const double sp_off = evaluate_layout(r, sp).pp_s;
+  r.pp_scatter_gather = true;
+  EXPECT_EQ(evaluate_layout(r, sp).pp_s, sp_off);
+}
+
 // Expert parallelism (Note [expert parallelism]): DeepSeek-V3 on 1024 H100s with Megatron's
 // distributed optimizer (ZeRO-1) and no pipeline cannot hold 671B parameters' bf16 weights and
 // gradients on TP ≤ 8 alone (4 B × 671e9 / 8 = 335 GB); with the routed experts split over EP it

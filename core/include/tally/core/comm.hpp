@@ -103,6 +103,11 @@ struct StepTrafficSetup {
   // v, model chunks per pipeline stage (interleaved 1F1B): each micro-batch crosses every stage
   // boundary v times each way, so the PP sends grow v-fold (Narayanan et al. 2021 §2.2.2).
   int interleave = 1;
+  // Megatron-LM's scatter/gather of PP sends (Note [PP scatter/gather] in comm.cpp): with tp > 1
+  // and no SP each TP rank sends 1/tp of the activation and the receiving stage all-gathers it over
+  // its TP group (Megatron-LM 2021-02 to 2023-03, --scatter-gather-tensors-in-pipeline, on by
+  // default there); false = each TP rank sends the whole activation (Megatron-Core, the engine).
+  bool pp_scatter_gather = false;
   int zero_stage = 0;                 // 0..3, sharded over dp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
@@ -137,8 +142,8 @@ struct RouteLimit {
   std::int64_t copies_per_token = 1;  // k: its routed copies (top-k)
 };
 
-enum class TrafficKind { dp_grad, zero_param_gather, tp, tp_regather, pp, cp, ep, expert_tp,
-                         expert_grad, expert_param_gather };
+enum class TrafficKind { dp_grad, zero_param_gather, tp, tp_regather, pp, pp_gather, cp, ep,
+                         expert_tp, expert_grad, expert_param_gather };
 std::string_view to_string(TrafficKind k);
 
 // One line of the per-step ledger. bytes_per_rank = calls · bytes_per_call.
@@ -170,6 +175,9 @@ struct StepTraffic {
   // weight-gradient GEMMs.
   double tp_input_grad_calls = 0;
   TrafficItem pp;
+  // Note [PP scatter/gather] (comm.cpp): the receiving stage's all-gather of the 1/tp pieces, over
+  // its TP group; on the critical path with the send.
+  TrafficItem pp_gather;
   TrafficItem cp;
   TrafficItem ep;                // MoE token dispatch and combine all-to-alls
   // The expert-TP all-gather of the dispatched tokens and reduce-scatter of the expert outputs
@@ -189,7 +197,7 @@ struct StepTraffic {
            expert_grad.bytes_per_rank + expert_param_gather.bytes_per_rank;
   }
   double total_bytes() const;
-  std::vector<TrafficItem> items() const;  // the ten items in ledger order
+  std::vector<TrafficItem> items() const;  // the eleven items in ledger order
   std::string convention() const;
 };
 

@@ -106,6 +106,11 @@ struct PlanRequest {
   // async_tensor_model_parallel_allreduce, Transformer Engine's Linear and LayerNormLinear); false
   // = exposed (Megatron-LM before 2021-08-30, e.g. Narayanan 2021's runs; PyTorch DTensor TP).
   bool tp_grad_overlap = true;
+  // Note [PP scatter/gather] (comm.cpp): with TP > 1 and no SP each TP rank sends 1/t of the
+  // stage's activation and the next stage all-gathers it over TP (Megatron-LM from 2021-02 until
+  // Megatron-Core's pipeline code of 2023-03, on by default there: the dev set's runs); false =
+  // whole activations (Megatron-Core, torchtitan).
+  bool pp_scatter_gather = false;
   // MoE all-to-alls hidden behind another micro-batch's kernels (Megatron-Core 0.14
   // --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe); false = exposed (Megatron-Core's
   // default).
@@ -278,11 +283,12 @@ struct PlanEval {
 // Note [error band]: how far measured step times have been from the operator model's predictions,
 // measured / predicted, on the published runs that check the GPU's generation:
 //   A100 (the development set, tests/validation/test_published_runs.cpp: Korthikanti 2022 Tables
-//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 1.01 to 1.21, median
-//     1.12 — every figure slower than predicted, a bias of the A100 kernel constants shared by
-//     both code bases once Korthikanti's backward TP overlap is counted (Note [TP gradient
-//     overlap], planner.cpp); what can reorder two plans on one system is the spread within one
-//     published table: at most 19.2 % (Table 5).
+//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 1.06 to 1.21, median
+//     1.15 — every figure slower than predicted, a bias of the A100 kernel constants shared by
+//     both code bases once Korthikanti's backward TP overlap and Megatron-LM's PP scatter/gather
+//     are counted (Note [TP gradient overlap], planner.cpp; Note [PP scatter/gather], comm.cpp);
+//     what can reorder two plans on one system is the spread within one published table: at
+//     most 10.0 % (Table 4; Tables 5 and 1: 9.8 and 9.0 %).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
 //     1.25 to 1.86, median 1.50 (uncompiled rows with Note [eager kernels], Float8 rows with Note
