@@ -252,11 +252,11 @@ std::string plan_convention(const PlanRequest& r) {
          ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"
                                                               : "flat ring") +
          ", TP/CP/PP exposed" +
-         (r.pp_scatter_gather
-              ? " (PP sends scattered over TP and all-gathered: Megatron-LM 2021-23)"
-              : "") +
          (r.tp_grad_overlap && !r.tp_overlap && r.time_model == TimeModel::operators
               ? " (but TP's input-gradient collectives, behind the weight-gradient GEMMs)"
+              : "") +
+         (r.pp_scatter_gather
+              ? ", PP sends scattered over TP and all-gathered (Megatron-LM 2021-23)"
               : "") +
          ", DP/ZeRO " +
          (r.overlap_dp ? "gradients overlapped with backward" : "gradients exposed") +

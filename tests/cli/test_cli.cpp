@@ -161,6 +161,33 @@ TEST(Cli, CommPerStepTable) {
   EXPECT_NEAR(z2["seed_reduce_scatter_only_bytes"].get<double>(), 12.25e9, 1);
 }
 
+// Note [PP scatter/gather]: GPT-3 175B (h 12288), b 1, s 2048, bf16: S = 2048 · 12288 · 2 =
+// 50,331,648 B per PP tensor; with t = 8 each rank sends S/8 = 6,291,456 B and all-gathers
+// 7S/8 = 44,040,192 B, 2m = 8 times a step; without the flag it sends S and gathers nothing.
+TEST(Cli, CommPpScatterGatherSplitsEachSend) {
+  const std::string layout = "comm --model gpt3-175b --tp 8 --pp 8 --micro-batch 1 --grad-accum 4";
+  const auto on = json_of(tally(layout + " --pp-scatter-gather --json"));
+  const auto off = json_of(tally(layout + " --json"));
+  auto item = [](const nlohmann::json& j, const char* kind) {
+    for (const auto& it : j["items"])
+      if (it["kind"] == kind) return it;
+    return nlohmann::json();
+  };
+  EXPECT_TRUE(on["pp_scatter_gather"].get<bool>());
+  EXPECT_FALSE(off["pp_scatter_gather"].get<bool>());
+  EXPECT_DOUBLE_EQ(item(on, "pp")["bytes_per_call"].get<double>(), 6291456.0);
+  EXPECT_DOUBLE_EQ(item(on, "pp-gather")["bytes_per_call"].get<double>(), 44040192.0);
+  EXPECT_EQ(item(on, "pp-gather")["calls"].get<double>(), 8.0);
+  EXPECT_EQ(item(on, "pp-gather")["collective"], "all-gather");
+  EXPECT_DOUBLE_EQ(item(off, "pp")["bytes_per_call"].get<double>(), 50331648.0);
+  EXPECT_EQ(item(off, "pp-gather")["calls"].get<double>(), 0.0);
+  EXPECT_NE(on["convention"].get<std::string>().find("scatter/gather"), std::string::npos);
+  // The plan's convention line says so too.
+  const auto plan = tally("plan --model gpt3-175b --gpus 64 --global-batch 64 --pp-scatter-gather");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+  EXPECT_NE(plan.out.find("PP sends scattered over TP"), std::string::npos) << plan.out;
+}
+
 // Note [error band]: the plan's "expect" line names whose runs its band comes from, and says so when
 // no published run checks the GPU.
 TEST(Cli, PlanBandNamesTheRunsBehindIt) {
