@@ -278,14 +278,15 @@ std::string traffic_3d_section(const json& j) {
                                  "collectives, PP: the schedule's sends, DP: gradient reduction "
                                  "+ ZeRO gather); outside those items: SP edges and gradients "
                                  "(TP; core's engine_sp_traffic in the core bar), the tied "
-                                 "embedding (PP, not predicted)"};
+                                 "embedding's exchange (PP; core's pp_embedding in the core "
+                                 "bar)"};
   for (const Group& g : groups) c.segments.push_back(g.name);
   c.segments.push_back("outside the layout's items");
   std::vector<std::string> header{"rank"};
   for (const Group& g : groups)
     header.insert(header.end(), {std::string(g.name), "core", "ratio"});
-  header.insert(header.end(), {"TP SP edges+grads", "PP embedding", "PP sends", "core sends",
-                               "DP calls"});
+  header.insert(header.end(), {"TP SP edges+grads", "PP embedding", "core embedding",
+                               "PP sends", "core sends", "DP calls"});
   Rows rows;
   for (const json& x : j["ranks"]) {
     std::vector<double> measured, core;
@@ -296,13 +297,16 @@ std::string traffic_3d_section(const json& j) {
       for (const std::string& s : vs_cells(x[g.key])) row.push_back(s);
     }
     measured.push_back(num(x["tp_other_bytes"]) + num(x["pp_embedding_bytes"]));
-    core.push_back(x.value("tp_other_predicted_bytes", 0.0));  // Note [engine SP edges]
+    // Note [engine SP edges], Note [tied embedding under PP]
+    core.push_back(x.value("tp_other_predicted_bytes", 0.0) +
+                   x.value("pp_embedding_predicted_bytes", 0.0));
     c.rows.push_back(rank_name(x) + ": measured");
     c.values.push_back(measured);
     c.rows.push_back(rank_name(x) + ": core");
     c.values.push_back(core);
     row.insert(row.end(), {bytes_cell(num(x["tp_other_bytes"])),
                            bytes_cell(num(x["pp_embedding_bytes"])),
+                           bytes_cell(x.value("pp_embedding_predicted_bytes", 0.0)),
                            fmt::format("{:.0f}", num(x["pp_sends"]["measured"])),
                            fmt::format("{:.0f}", num(x["pp_sends"]["predicted"])),
                            fmt::format("{:.0f}", num(x["dp_calls"]))});

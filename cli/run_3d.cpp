@@ -196,6 +196,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"pp_sends", vs(x.pp_sends, x.pp_expected_sends)},
          {"pp_bytes_per_send", vs(x.pp_max_send, x.pp_predicted_per_call)},
          {"pp_embedding_bytes", x.pp_embedding_bytes},
+         {"pp_embedding_predicted_bytes", x.pp_embedding_predicted_bytes},
          {"cp_bytes", vs(x.cp_bytes, x.cp_predicted_bytes)},
          {"cp_sends", vs(x.cp_sends, x.cp_predicted_sends)},
          {"dp_bytes", vs(x.dp_bytes, x.dp_predicted_bytes)},
@@ -318,13 +319,16 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
   fmt::print("the layout's items (core at N/(t*p) parameters per rank, the busiest stage, 2vM "
              "sends), measured/core=ratio:\n");
   fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  outside the layout's items: TP (SP edges, "
-             "SP grads), PP (tied embedding)\n",
+             "SP grads); PP tied embedding, measured/core's pp_embedding\n",
              "rank", "states", "TP", "PP", "DP");
   for (const auto& x : r.ranks)
-    fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  {:.0f}, {:.0f}\n", x.rank,
+    fmt::print("  {:>4} {:>23} {:>23} {:>25} {:>23}  {:.0f}; {}\n", x.rank,
                cell(x.state_bytes, x.state_layout_bytes), cell(x.tp_layer_bytes, x.tp_layout_bytes),
                cell(x.pp_send_bytes, x.pp_layout_bytes), cell(x.dp_bytes, x.dp_layout_bytes),
-               x.tp_other_bytes, x.pp_embedding_bytes);
+               x.tp_other_bytes,
+               x.pp_embedding_predicted_bytes > 0  // middle stages and P = 1 hold no copy
+                   ? cell(x.pp_embedding_bytes, x.pp_embedding_predicted_bytes)
+                   : fmt::format("{:.0f}", x.pp_embedding_bytes));
   fmt::print("step time, ms, mean of {} step(s), measured/core=ratio (PP wait: core's bubble "
              "(P-1)(t_f+t_b)/v on the measured t_f, t_b; {}):\n",
              o.steps, o.host ? "compute, optimizer and comm: the operator model (Note [host GPT "

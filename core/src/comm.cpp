@@ -164,6 +164,7 @@ std::string_view to_string(TrafficKind k) {
     case TrafficKind::tp_regather: return "tp-sp-regather";
     case TrafficKind::pp: return "pp";
     case TrafficKind::pp_gather: return "pp-gather";
+    case TrafficKind::pp_embedding: return "pp-tied-embedding";
     case TrafficKind::cp: return "cp";
     case TrafficKind::ep: return "ep-all-to-all";
     case TrafficKind::expert_tp: return "expert-tp";
@@ -179,6 +180,8 @@ void StepTrafficSetup::validate() const {
   require_real(param_bytes > 0, "param_bytes", param_bytes, "must be > 0 (2 bf16, 4 fp32)");
   require_real(grad_bytes > 0, "grad_bytes", grad_bytes, "must be > 0 (2 bf16, 4 fp32)");
   require_real(act_bytes > 0, "act_bytes", act_bytes, "must be > 0 (2 bf16, 4 fp32)");
+  require_real(std::isfinite(tied_embedding_elements) && tied_embedding_elements >= 0,
+               "tied_embedding_elements", tied_embedding_elements, "must be finite and >= 0");
   require_int(dp >= 1, "dp", dp, "must be >= 1");
   require_int(tp >= 1, "tp", tp, "must be >= 1");
   require_int(pp >= 1, "pp", pp, "must be >= 1");
@@ -512,6 +515,29 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
     }
   }
 
+  // Note [tied embedding under PP]
+  // A model whose output layer is its word embedding (GPT-2/3, the dev set's GPT; Llama's are
+  // untied) keeps a copy of that matrix on the last stage when pp > 1, and the two copies must see
+  // the sum of both stages' gradients before the optimizer step: Megatron-LM all-reduces the word
+  // embedding's (main) gradient over its embedding group, the first and the last stage, once per
+  // step after the schedule (de7dc40f88 training.py; Megatron-Core finalize_model_grads.py
+  // _allreduce_word_embedding_grads), not overlapped; tally's engine exchanges the two gradients
+  // (PpStage::reduce_tied_embedding). An all-reduce of two ranks sends S = elements · grad_bytes
+  // per rank; the group spans the whole pipeline (stride (p−1)·t·c·d in tp-cp-dp-pp rank order).
+  auto& pe = r.pp_embedding;
+  pe.kind = TrafficKind::pp_embedding;
+  pe.collective = Collective::all_reduce;
+  pe.group = 2;
+  pe.stride = std::max(1, (st.pp - 1) * st.tp * st.cp * st.dp);
+  if (st.pp > 1 && st.tied_embedding_elements > 0) {
+    pe.calls = 1;
+    pe.bytes_per_call = collective_bytes_per_rank(
+        Collective::all_reduce, st.tied_embedding_elements * st.grad_bytes, 2);
+    if (st.formulas)
+      pe.formula = "the tied word embedding's gradient all-reduced between the first and the last "
+                   "stage once per step: S = its elements on a rank x grad_bytes (end stages only)";
+  }
+
   // CP.
   auto& c = r.cp;
   c.kind = TrafficKind::cp;
@@ -569,7 +595,7 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
                   "*top_k*capacity*h*act_bytes";
   }
 
-  for (TrafficItem* it : {&g, &z, &t, &r.tp_regather, &p, &pg, &c, &e, &x, &r.expert_grad,
+  for (TrafficItem* it : {&g, &z, &t, &r.tp_regather, &p, &pg, &pe, &c, &e, &x, &r.expert_grad,
                           &r.expert_param_gather})
     it->bytes_per_rank = it->calls * it->bytes_per_call;
   return r;
@@ -592,13 +618,13 @@ Fp8Gather fp8_gather(const ModelSpec& m, Precision p, int zero_stage, bool fsdp_
 
 double StepTraffic::total_bytes() const {
   return dp_total_bytes() + tp.bytes_per_rank + tp_regather.bytes_per_rank + pp.bytes_per_rank +
-         pp_gather.bytes_per_rank + cp.bytes_per_rank + ep.bytes_per_rank +
-         expert_tp.bytes_per_rank;
+         pp_gather.bytes_per_rank + pp_embedding.bytes_per_rank + cp.bytes_per_rank +
+         ep.bytes_per_rank + expert_tp.bytes_per_rank;
 }
 
 std::vector<TrafficItem> StepTraffic::items() const {
-  return {dp_grad, zero_param_gather, tp,        tp_regather, pp,         pp_gather,
-          cp,      ep,                expert_tp, expert_grad, expert_param_gather};
+  return {dp_grad, zero_param_gather, tp,        tp_regather, pp,          pp_gather,
+          pp_embedding, cp,         ep,        expert_tp,   expert_grad, expert_param_gather};
 }
 
 std::string StepTraffic::convention() const {

@@ -36,11 +36,14 @@ namespace tally {
 //             overlap]); CP's ring is counted exposed (conservative: ring attention can overlap
 //             it).
 //   PP        point-to-point sends per micro-batch, exposed (with pp_scatter_gather, Megatron-LM
-//             2021–23: 1/t of each over the network, then an all-gather over TP, exposed too).
+//             2021–23: 1/t of each over the network, then an all-gather over TP, exposed too);
+//             a tied embedding's gradient all-reduce between the end stages once per step, after
+//             the schedule (Note [tied embedding under PP], comm.cpp).
 //   bubble    pipeline wall = (stage time + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
 //   DP/ZeRO   Note [planner overlap].
-//   step      pipeline wall + optimizer + exposed DP time. E = t_ideal / step, t_ideal = the time
-//             one GPU would take for B with the same kernels and no parallelism, over G.
+//   step      pipeline wall + optimizer + exposed DP time + the tied embedding's all-reduce.
+//             E = t_ideal / step, t_ideal = the time one GPU would take for B with the same
+//             kernels and no parallelism, over G.
 // Note [planner overlap] — each default follows a framework, each is a PlanRequest switch:
 //   overlap_dp (default on; PyTorch DDP/FSDP, DeepSpeed overlap_comm, Megatron --overlap-grad-
 //             reduce): gradient buckets are reduced while backward continues; a reduction done
@@ -315,7 +318,11 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
       .act_bytes = P.act_bytes, .hidden = r.model.hidden, .layers = r.model.layers,
       .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .interleave = L.interleave,
-      .pp_scatter_gather = r.pp_scatter_gather, .zero_stage = L.zero,
+      .pp_scatter_gather = r.pp_scatter_gather,
+      // Note [tied embedding under PP] (comm.cpp): Megatron-LM's vocabulary-parallel copy
+      .tied_embedding_elements =
+          r.model.tied_embeddings ? double(r.model.vocab) * double(r.model.hidden) / L.tp : 0.0,
+      .zero_stage = L.zero,
       .sequence_parallel = L.sp,
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim(),
       .busiest_stage_layers = busiest, .ep = L.ep, .etp = L.etp, .expert_share = P.expert_share,
@@ -420,7 +427,11 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     gather_exposed = std::max(last_bucket_s(traffic.zero_param_gather, shard_bytes),
                               gather_s - (slowest_compute - slowest_backward));
   e.dp_exposed_s = grad_exposed + gather_exposed;
-  e.step_s = pipe + e.optimizer_s + e.dp_exposed_s;
+  // Note [tied embedding under PP] (comm.cpp): after the schedule, before the optimizer step;
+  // counted with the exposed PP time.
+  const double tied_s = traffic_seconds(traffic.pp_embedding, c);
+  e.pp_s += tied_s;
+  e.step_s = pipe + e.optimizer_s + e.dp_exposed_s + tied_s;
 
   const double G = r.gpus;
   e.tokens_per_s = P.tokens / e.step_s;

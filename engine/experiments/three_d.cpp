@@ -289,6 +289,8 @@ StepTrafficSetup traffic_setup(const ThreeDOptions& o, double params, int M) {
           .pp = o.pp,
           .cp = o.cp,
           .interleave = o.interleave,
+          // Note [tied embedding under PP]: the engine keeps wte whole on every TP rank
+          .tied_embedding_elements = double(m.vocab) * double(m.hidden),
           .zero_stage = o.zero,
           .sequence_parallel = o.sp,
           .recompute = o.recompute,
@@ -442,6 +444,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.cp_predicted_bytes = mine.cp.bytes_per_rank;
   me.cp_predicted_sends = mine.cp.calls;
   me.pp_layout_bytes = layout.pp.bytes_per_rank;
+  // Note [tied embedding under PP]: core's item is an end stage's; middle stages hold no copy.
+  const bool end_stage = rm.stage.first() || rm.stage.last();
+  me.pp_embedding_predicted_bytes = end_stage ? mine.pp_embedding.bytes_per_rank : 0.0;
   const int v = o.interleave;
   me.pp_expected_sends = o.pp == 1 ? 0
                                    : 2.0 * v * M - (rm.stage.first() ? M : 0) -
@@ -483,7 +488,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);
-    me.predicted_pp_send_s = traffic_seconds(mine.pp, *o.host);
+    // The tied embedding's exchange blocks like the schedule's sends (PpStage).
+    me.predicted_pp_send_s = traffic_seconds(mine.pp, *o.host) +
+                             (end_stage ? traffic_seconds(mine.pp_embedding, *o.host) : 0.0);
     // Note [predicted 3-D step] (core/gpt_step.hpp)
     const GptStepTime whole = predict_gpt_step(
         k, M,
@@ -518,6 +525,7 @@ void fields(ThreeDRank& m, F&& f) {
   f(m.tp_regather_predicted_calls);
   f(m.pp_sends), f(m.pp_min_send), f(m.pp_max_send), f(m.pp_send_bytes), f(m.pp_expected_sends);
   f(m.pp_predicted_per_call), f(m.pp_layout_bytes), f(m.pp_embedding_bytes);
+  f(m.pp_embedding_predicted_bytes);
   f(m.dp_bytes), f(m.dp_calls), f(m.dp_predicted_bytes), f(m.dp_layout_bytes);
   f(m.state_bytes), f(m.state_predicted_bytes), f(m.state_layout_bytes);
   f(m.peak_activation_bytes), f(m.predicted_activation_bytes), f(m.in_flight);
@@ -663,6 +671,8 @@ std::vector<ThreeDCheck> three_d_checks(const ThreeDResult& r) {
     rel(rk + "SP edge and gradient bytes vs core's engine_sp_traffic", m.tp_other_bytes,
         m.tp_other_predicted_bytes, kByteRounding);
     rel(rk + "PP sends vs the schedule's", m.pp_sends, m.pp_expected_sends, 0);
+    rel(rk + "PP tied-embedding bytes vs core's pp_embedding item", m.pp_embedding_bytes,
+        m.pp_embedding_predicted_bytes, kByteRounding);
     if (m.pp_sends > 0) {
       rel(rk + "smallest PP send bytes vs core's per call", m.pp_min_send, m.pp_predicted_per_call, 0);
       rel(rk + "largest PP send bytes vs core's per call", m.pp_max_send, m.pp_predicted_per_call, 0);

@@ -366,12 +366,15 @@ TEST(HtmlEngine, ThreeDPageHoldsTheRunsFigures) {
     EXPECT_EQ(m[8], whole(x["peak_activation_bytes"]["measured"])) << who;
     EXPECT_EQ(m[9], whole(x["peak_activation_bytes"]["predicted"])) << who;
     const auto b = row_after(bytes, {who});
-    ASSERT_EQ(b.size(), 15u) << who;  // rank, TP, PP, DP × 3, then 5
+    ASSERT_EQ(b.size(), 16u) << who;  // rank, TP, PP, DP × 3, then 6
     EXPECT_EQ(b[4], whole(x["pp_bytes"]["measured"])) << who;
     EXPECT_EQ(b[5], whole(x["pp_bytes"]["predicted"])) << who;
     EXPECT_EQ(b[7], whole(x["dp_bytes"]["measured"])) << who;
     EXPECT_EQ(b[11], whole(x["pp_embedding_bytes"])) << who;
-    EXPECT_EQ(b[12], whole(x["pp_sends"]["measured"])) << who;
+    // Note [tied embedding under PP]: core's item on both end stages of this 2-stage run
+    EXPECT_EQ(b[12], whole(x["pp_embedding_predicted_bytes"])) << who;
+    EXPECT_EQ(b[11], b[12]) << who;
+    EXPECT_EQ(b[13], whole(x["pp_sends"]["measured"])) << who;
     const auto t = row_after(time, {who});
     ASSERT_EQ(t.size(), 15u) << who;  // rank, 7 × (measured, core): the step, then its parts
     EXPECT_EQ(t[1], sig4(x["step_s"].get<double>() * 1e3)) << who;

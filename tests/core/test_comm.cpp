@@ -329,6 +329,32 @@ TEST(StepTraffic, PipelineScatterGatherSendsOneTpShareAndGathersTheRest) {
   EXPECT_EQ(r.pp_gather.calls, 0);
 }
 
+// Note [tied embedding under PP]: GPT-3's word embedding (V 51200, h 12288) split over t = 8 holds
+// 78,643,200 elements per rank; in bf16 S = 157,286,400 B, and an all-reduce of the two end stages
+// sends 2S(2−1)/2 = S per rank, once per step. Ranks are ordered tp-cp-dp-pp, so the first and the
+// last of p = 4 stages sit (p − 1)·t·d = 3 · 8 · 2 = 48 ranks apart.
+TEST(StepTraffic, TiedEmbeddingGradientAllReducedBetweenTheEndStages) {
+  StepTrafficSetup s{.params = 175e9, .hidden = 12288, .layers = 96, .seq_len = 2048,
+                     .micro_batch = 1, .micro_batches = 8, .dp = 2, .tp = 8, .pp = 4,
+                     .tied_embedding_elements = 51200.0 * 12288 / 8};
+  auto r = step_traffic(s);
+  EXPECT_EQ(r.pp_embedding.collective, Collective::all_reduce);
+  EXPECT_EQ(r.pp_embedding.calls, 1);
+  EXPECT_EQ(r.pp_embedding.group, 2);
+  EXPECT_EQ(r.pp_embedding.stride, 48);
+  EXPECT_DOUBLE_EQ(r.pp_embedding.bytes_per_call, 157286400.0);
+  EXPECT_DOUBLE_EQ(r.pp_embedding.bytes_per_rank, 157286400.0);
+  const double with = r.total_bytes();
+  s.tied_embedding_elements = 0;  // untied (Llama): nothing to exchange
+  EXPECT_EQ(step_traffic(s).pp_embedding.calls, 0);
+  EXPECT_DOUBLE_EQ(with - step_traffic(s).total_bytes(), 157286400.0);
+  s.tied_embedding_elements = 51200.0 * 12288 / 8;
+  s.pp = 1;  // one stage holds the only copy
+  EXPECT_EQ(step_traffic(s).pp_embedding.calls, 0);
+  s.tied_embedding_elements = -1;
+  EXPECT_THROW(step_traffic(s), InvalidInput);
+}
+
 // Ring attention: per layer per micro-batch (c−1) K,V sends forward, 2(c−1) backward.
 TEST(StepTraffic, ContextParallelRingOfKV) {
   auto s = seed_tp(Recompute::none);
@@ -348,7 +374,7 @@ TEST(StepTraffic, ContextParallelRingOfKV) {
 TEST(StepTraffic, SingleRankMovesNothing) {
   const auto r = step_traffic(StepTrafficSetup{.params = 7e9});
   EXPECT_EQ(r.total_bytes(), 0.0);
-  EXPECT_EQ(r.items().size(), 11u);
+  EXPECT_EQ(r.items().size(), 12u);
   for (const auto& it : r.items()) EXPECT_EQ(it.calls, 0.0) << to_string(it.kind);
 }
 

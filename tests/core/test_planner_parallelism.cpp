@@ -199,6 +199,32 @@ TEST(Planner, PipelineScatterGatherSendsATpShareAcrossNodes) {
   EXPECT_EQ(evaluate_layout(r, sp).pp_s, sp_off);
 }
 
+// Note [tied embedding under PP]: a tied model's end stages all-reduce the word embedding's
+// gradient once per step, after the schedule: V·h/t elements at the gradient's 2 B, over the two
+// ranks (p − 1)·t = 24 apart. The same layout with the embedding untied sends the same PP
+// activations, so the exposed PP time and the step differ by exactly that all-reduce.
+TEST(Planner, TiedEmbeddingGradientIsAllReducedAfterTheSchedule) {
+  ModelSpec model = *model_preset("gpt3-175b");
+  ASSERT_TRUE(model.tied_embeddings);
+  const ClusterSpec c = *cluster_preset("a100-80g");
+  const Layout lay{.dp = 1, .tp = 8, .pp = 4, .micro_batch = 1, .grad_accum = 8,
+                   .recompute = Recompute::full};
+  const PlanRequest tied{.model = model, .cluster = c, .gpus = 32, .global_batch = 8, .seq = 2048};
+  const double S = double(model.vocab) * double(model.hidden) / 8 * 2;
+  const double allreduce = collective_seconds(
+      Collective::all_reduce, collective_bytes_per_rank(Collective::all_reduce, S, 2), 2, 24, c);
+  model.tied_embeddings = false;
+  PlanRequest untied = tied;
+  untied.model = model;
+  const PlanEval a = evaluate_layout(tied, lay), b = evaluate_layout(untied, lay);
+  EXPECT_NEAR(a.pp_s - b.pp_s, allreduce, 1e-9 * a.pp_s);
+  EXPECT_GT(allreduce, 0);
+  // No pipeline, one copy: nothing to exchange.
+  const Layout one{.dp = 4, .tp = 8, .micro_batch = 1, .grad_accum = 2,
+                   .recompute = Recompute::full};
+  EXPECT_EQ(evaluate_layout(tied, one).pp_s, 0);
+}
+
 // Expert parallelism (Note [expert parallelism]): DeepSeek-V3 on 1024 H100s with Megatron's
 // distributed optimizer (ZeRO-1) and no pipeline cannot hold 671B parameters' bf16 weights and
 // gradients on TP ≤ 8 alone (4 B × 671e9 / 8 = 335 GB); with the routed experts split over EP it

@@ -108,6 +108,10 @@ struct StepTrafficSetup {
   // its TP group (Megatron-LM 2021-02 to 2023-03, --scatter-gather-tensors-in-pipeline, on by
   // default there); false = each TP rank sends the whole activation (Megatron-Core, the engine).
   bool pp_scatter_gather = false;
+  // Elements of the tied word embedding that a rank of the first or the last stage holds (Note
+  // [tied embedding under PP] in comm.cpp; Megatron-LM's vocabulary-parallel V·h/t, tally's engine
+  // V·h); 0 = untied. Only counted when pp > 1.
+  double tied_embedding_elements = 0;
   int zero_stage = 0;                 // 0..3, sharded over dp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
@@ -142,8 +146,8 @@ struct RouteLimit {
   std::int64_t copies_per_token = 1;  // k: its routed copies (top-k)
 };
 
-enum class TrafficKind { dp_grad, zero_param_gather, tp, tp_regather, pp, pp_gather, cp, ep,
-                         expert_tp, expert_grad, expert_param_gather };
+enum class TrafficKind { dp_grad, zero_param_gather, tp, tp_regather, pp, pp_gather,
+                         pp_embedding, cp, ep, expert_tp, expert_grad, expert_param_gather };
 std::string_view to_string(TrafficKind k);
 
 // One line of the per-step ledger. bytes_per_rank = calls · bytes_per_call.
@@ -178,6 +182,10 @@ struct StepTraffic {
   // Note [PP scatter/gather] (comm.cpp): the receiving stage's all-gather of the 1/tp pieces, over
   // its TP group; on the critical path with the send.
   TrafficItem pp_gather;
+  // Note [tied embedding under PP] (comm.cpp): the end stages' all-reduce of the tied word
+  // embedding's gradient, once per step after the schedule; a rank of the first or the last stage
+  // sends it (middle stages hold no copy).
+  TrafficItem pp_embedding;
   TrafficItem cp;
   TrafficItem ep;                // MoE token dispatch and combine all-to-alls
   // The expert-TP all-gather of the dispatched tokens and reduce-scatter of the expert outputs
@@ -197,7 +205,7 @@ struct StepTraffic {
            expert_grad.bytes_per_rank + expert_param_gather.bytes_per_rank;
   }
   double total_bytes() const;
-  std::vector<TrafficItem> items() const;  // the eleven items in ledger order
+  std::vector<TrafficItem> items() const;  // the twelve items in ledger order
   std::string convention() const;
 };
 

@@ -124,7 +124,8 @@ struct ThreeDRank {
   double pp_expected_sends = 0;      // by the schedule: v·M per direction less the ends
   double pp_predicted_per_call = 0;  // step_traffic PP bytes per call
   double pp_layout_bytes = 0;        // step_traffic PP item (2vM sends)
-  double pp_embedding_bytes = 0;     // tied-embedding gradient exchange (outside core's item)
+  double pp_embedding_bytes = 0;     // tied-embedding gradient exchange
+  double pp_embedding_predicted_bytes = 0;  // core's pp_embedding item (end stages; 0 elsewhere)
   // CP group (ring attention's sends, cp > 1)
   double cp_bytes = 0, cp_sends = 0;
   double cp_predicted_bytes = 0, cp_predicted_sends = 0;  // step_traffic CP item, this stage
