@@ -88,12 +88,17 @@ namespace tally {
 //               input gradient's all-reduce, is that linear's input-gradient collective, hidden
 //               behind the LM head's weight-gradient GEMM under tp_grad_overlap or tp_overlap,
 //               else exposed).
-//             Not counted: the vocabulary-parallel loss's three all-reduces of b·s fp32 values
-//             (max, target logit, sum of exponentials: latency) and the once-per-step all-reduce
-//             of the sequence-parallel norms' and biases' gradients (6h per layer). Their time
-//             only: step_traffic's per-rank byte ledger is the busiest stage's layers (the one the
-//             engine checks exactly), so the plan's bytes per GPU leave these 1–2 calls per
-//             micro-batch out.
+//             last stage, forward: the vocabulary-parallel loss's all-reduces of one fp32 value
+//               per token, b·(s/c)·4 B (latency, mostly): Megatron-LM's unfused loss (mpu/
+//               cross_entropy.py, de7dc40f88; core/tensor_parallel/cross_entropy.py) 3 (the max,
+//               the target's logit, the sum of exponentials), its fused one (core/fusions/
+//               fused_cross_entropy.py) 2 (the max; the other two concatenated, 2·b·(s/c)·4 B),
+//               PyTorch's loss_parallel (DTensor, torchtitan's eager loss) 3 (the max, the sum of
+//               exponentials, the target's log-probability); none in backward.
+//             Not counted: the once-per-step all-reduce of the sequence-parallel norms' and
+//             biases' gradients (6h per layer). Time only: step_traffic's per-rank byte ledger is
+//             the busiest stage's layers (the one the engine checks exactly), so the plan's bytes
+//             per GPU leave these few calls per micro-batch out.
 // Note [gradient accumulation] (PlanRequest::grad_accumulation): with m > 1 micro-batches each
 // one's weight gradients are added into the step's gradient buffer.
 //   fused (default: Megatron-Core --gradient-accumulation-fusion, Transformer Engine
@@ -362,6 +367,15 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     const bool hidden = (r.tp_grad_overlap && micro != nullptr) || r.tp_overlap;
     edge_first_s = per_call * (L.sp ? 2.0 : 1.0);
     edge_last_s = per_call * (L.sp ? (hidden ? 1.0 : 2.0) : (hidden ? 0.0 : 1.0));
+    // The vocabulary-parallel loss's all-reduces of one fp32 value per token (Note [TP edges]).
+    const double values = double(L.micro_batch) * double(r.seq) / L.cp * 4.0;
+    auto all_reduce_s = [&](double bytes) {
+      return collective_seconds(Collective::all_reduce,
+                                collective_bytes_per_rank(Collective::all_reduce, bytes, L.tp),
+                                L.tp, 1, c);
+    };
+    edge_last_s += r.loss == Loss::fused ? all_reduce_s(values) + all_reduce_s(2 * values)
+                                         : 3 * all_reduce_s(values);
   }
   // Note [TP gradient overlap]: of the TP time, the input-gradient collectives' share (every TP
   // call moves the same bytes) hides behind the column-parallel weight-gradient GEMMs.

@@ -47,7 +47,7 @@ TEST(Planner, OverlapSwitchesFollowTheFrameworks) {
 // replays the forward's 2 (or 4) exposed. The GEMMs' times are the layer's own kernels, picked
 // here by name. The one stage also runs the model's ends (Note [TP edges]: 2 calls per micro-
 // batch, SP 4), of which the output layer's input-gradient one (1) is hidden too, behind the LM
-// head's weight gradient.
+// head's weight gradient, and the loss's two small all-reduces, which nothing hides.
 TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
   const ModelSpec model = *model_preset("llama-2-7b");
   const ClusterSpec c = *cluster_preset("a100-80g");
@@ -74,7 +74,15 @@ TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
       if (op.name == "qkv.wgrad" || op.name == "mlp-gate-up.wgrad")
         wgrad += op_seconds(op, c.gpu, Precision::bf16);
     ASSERT_GT(wgrad, 0);
-    const double per_call = off.tp_s / (M * (k.layer_calls + k.edge_calls));
+    // The last stage's fused loss all-reduces (n, 2n of one fp32 per token): outside the overlap.
+    const double n = double(k.b) * double(k.seq) * 4;
+    auto small = [&](double bytes) {
+      return collective_seconds(Collective::all_reduce,
+                                collective_bytes_per_rank(Collective::all_reduce, bytes, 8), 8,
+                                1, c);
+    };
+    const double per_call =
+        (off.tp_s - M * (small(n) + small(2 * n))) / (M * (k.layer_calls + k.edge_calls));
     const double async = per_call * M * 2 * L32, behind = M * L32 * wgrad;
     EXPECT_EQ(async <= behind, k.hidden);
     const double hidden = std::min(async, behind) + per_call * M;  // + the output layer's
@@ -137,7 +145,9 @@ TEST(Planner, ColumnWeightGradientsLeaveTheRoutedExpertsOut) {
 // an all-gather or reduce-scatter S·7/8, timed here by the cluster's collective model directly.
 // Exposed per micro-batch, with the overlap off: 4 all-reduces per layer and the embedding's and
 // the output layer's (2); under SP 8 calls per layer and 2 + 2. With the overlap on (every input-
-// gradient collective hidden at this shape): 2 per layer + the embedding's 1; SP 6 + 2 + 1.
+// gradient collective hidden at this shape): 2 per layer + the embedding's 1; SP 6 + 2 + 1. The
+// last stage's loss adds its all-reduces of one fp32 per token, n = b·s·4 = 32,768 B: Megatron's
+// fused loss 2 (n, then 2n), its unfused one 3 of n.
 TEST(Planner, TpEdgesRunOnTheEndStages) {
   const ModelSpec model = *model_preset("llama-2-7b");
   const ClusterSpec c = *cluster_preset("a100-80g");
@@ -148,16 +158,26 @@ TEST(Planner, TpEdgesRunOnTheEndStages) {
   const double ag = collective_seconds(Collective::all_gather,
                                        collective_bytes_per_rank(Collective::all_gather, S, 8),
                                        8, 1, c);
+  const double n = 2.0 * 4096 * 4;
+  auto small = [&](double bytes) {
+    return collective_seconds(Collective::all_reduce,
+                              collective_bytes_per_rank(Collective::all_reduce, bytes, 8), 8, 1, c);
+  };
+  const double fused_loss = small(n) + small(2 * n), unfused_loss = 3 * small(n);
+  EXPECT_GT(unfused_loss, fused_loss);  // latency: three calls cost more than two
   struct Case { bool sp, overlap; double per_call, calls; };
   const Case cases[] = {{false, false, ar, M * (4 * L + 2)}, {true, false, ag, M * (8 * L + 4)},
                         {false, true, ar, M * (2 * L + 1)}, {true, true, ag, M * (6 * L + 3)}};
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(k.sp ? "SP" : "no SP") + (k.overlap ? ", overlap" : ""));
-    const PlanRequest r{.model = model, .cluster = c, .gpus = 8, .global_batch = 8, .seq = 4096,
-                        .tp_grad_overlap = k.overlap};
+    PlanRequest r{.model = model, .cluster = c, .gpus = 8, .global_batch = 8, .seq = 4096,
+                  .tp_grad_overlap = k.overlap};
     const Layout lay{.dp = 1, .tp = 8, .sp = k.sp, .micro_batch = 2, .grad_accum = 4};
     const PlanEval e = evaluate_layout(r, lay);
-    EXPECT_NEAR(e.tp_s, k.per_call * k.calls, 1e-9 * e.tp_s);
+    EXPECT_NEAR(e.tp_s, k.per_call * k.calls + M * fused_loss, 1e-9 * e.tp_s);
+    r.loss = Loss::vocab_parallel;
+    EXPECT_NEAR(evaluate_layout(r, lay).tp_s, k.per_call * k.calls + M * unfused_loss,
+                1e-9 * e.tp_s);
   }
   // On two stages the first holds the embedding's, the last the output layer's: the slowest of
   // them (the last, with the LM head) carries its own, not both.
@@ -165,7 +185,7 @@ TEST(Planner, TpEdgesRunOnTheEndStages) {
                       .tp_grad_overlap = false};
   const PlanEval two = evaluate_layout(r, Layout{.dp = 1, .tp = 8, .pp = 2, .micro_batch = 2,
                                                  .grad_accum = 4});
-  EXPECT_NEAR(two.tp_s, ar * M * (4 * L / 2 + 1), 1e-9 * two.tp_s);
+  EXPECT_NEAR(two.tp_s, ar * M * (4 * L / 2 + 1) + M * fused_loss, 1e-9 * two.tp_s);
 }
 
 // Note [PP scatter/gather]: on 4 stages of TP 8 the stage boundaries cross nodes (8 A100s per

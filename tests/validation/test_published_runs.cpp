@@ -12,7 +12,7 @@
 // and Loss::vocab_parallel (Note [local kernels], Note [loss kernels] in core/operators.hpp).
 // The goals: median |error| ≤ 10 % per table; the published trend (efficiency rising with size).
 // Both papers' code scatters each PP send over the TP ranks (Note [PP scatter/gather], comm.cpp).
-// Table 4 meets it (median 9.1 %); Table 5 (12.2 %) and Table 1 (13.9 %) do not yet, so their
+// Table 4 meets it (median 9.1 %); Table 5 (12.1 %) and Table 1 (13.9 %) do not yet, so their
 // bounds here are 15 % and 20 %. Every one of the 28 points is predicted too fast (6.3–17.2 %):
 // Korthikanti's code hides the backward input-gradient collectives behind the weight-gradient
 // GEMMs and Narayanan's does not (Note [TP gradient overlap], planner.cpp), and with that counted
