@@ -95,10 +95,16 @@ namespace tally {
 //               fused_cross_entropy.py) 2 (the max; the other two concatenated, 2·b·(s/c)·4 B),
 //               PyTorch's loss_parallel (DTensor, torchtitan's eager loss) 3 (the max, the sum of
 //               exponentials, the target's log-probability); none in backward.
-//             Not counted: the once-per-step all-reduce of the sequence-parallel norms' and
-//             biases' gradients (6h per layer). Time only: step_traffic's per-rank byte ledger is
-//             the busiest stage's layers (the one the engine checks exactly), so the plan's bytes
-//             per GPU leave these few calls per micro-batch out.
+//             once per step, under SP, after the schedule: the all-reduce of the gradients of
+//               the parameters every TP rank holds whole and sees a sequence shard of — the norms'
+//               weights (and LayerNorm's biases) and the row-parallel linears' biases, 6h per
+//               GPT layer, 2h per Llama layer, at the gradients' bytes (Megatron-LM 2022
+//               training.py "All-reduce layernorm parameters ... when sequence parallelism is
+//               used", Megatron-Core finalize_model_grads.py _allreduce_layernorm_grads),
+//               charged to the busiest stage's layers.
+//             Time only: step_traffic's per-rank byte ledger is the busiest stage's layers (the
+//             one the engine checks exactly), so the plan's bytes per GPU leave these few calls
+//             out.
 // Note [gradient accumulation] (PlanRequest::grad_accumulation): with m > 1 micro-batches each
 // one's weight gradients are added into the step's gradient buffer.
 //   fused (default: Megatron-Core --gradient-accumulation-fusion, Transformer Engine
@@ -445,7 +451,20 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   // counted with the exposed PP time.
   const double tied_s = traffic_seconds(traffic.pp_embedding, c);
   e.pp_s += tied_s;
-  e.step_s = pipe + e.optimizer_s + e.dp_exposed_s + tied_s;
+  // Note [TP edges]: under SP the sequence-parallel parameters' gradients, all-reduced over TP
+  // once per step after the schedule.
+  double sp_grads_s = 0;
+  if (L.sp && L.tp > 1) {
+    const ModelSpec& mo = r.model;
+    const double per_layer = 2.0 * (mo.norm == NormKind::layernorm ? 2.0 : 1.0) +
+                             (mo.linear_bias ? 2.0 : 0.0);  // × h
+    const double bytes = per_layer * double(mo.hidden) * busiest * P.param_bytes;
+    sp_grads_s = collective_seconds(
+        Collective::all_reduce, collective_bytes_per_rank(Collective::all_reduce, bytes, L.tp),
+        L.tp, 1, c);
+    e.tp_s += sp_grads_s;
+  }
+  e.step_s = pipe + e.optimizer_s + e.dp_exposed_s + tied_s + sp_grads_s;
 
   const double G = r.gpus;
   e.tokens_per_s = P.tokens / e.step_s;

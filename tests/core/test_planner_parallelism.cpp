@@ -81,8 +81,10 @@ TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
                                 collective_bytes_per_rank(Collective::all_reduce, bytes, 8), 8,
                                 1, c);
     };
-    const double per_call =
-        (off.tp_s - M * (small(n) + small(2 * n))) / (M * (k.layer_calls + k.edge_calls));
+    // Under SP, once per step: the norms' gradients, 2h per Llama layer in bf16.
+    const double sp_grads = k.sp ? small(2.0 * 4096 * L32 * 2) : 0.0;
+    const double per_call = (off.tp_s - M * (small(n) + small(2 * n)) - sp_grads) /
+                            (M * (k.layer_calls + k.edge_calls));
     const double async = per_call * M * 2 * L32, behind = M * L32 * wgrad;
     EXPECT_EQ(async <= behind, k.hidden);
     const double hidden = std::min(async, behind) + per_call * M;  // + the output layer's
@@ -147,7 +149,8 @@ TEST(Planner, ColumnWeightGradientsLeaveTheRoutedExpertsOut) {
 // the output layer's (2); under SP 8 calls per layer and 2 + 2. With the overlap on (every input-
 // gradient collective hidden at this shape): 2 per layer + the embedding's 1; SP 6 + 2 + 1. The
 // last stage's loss adds its all-reduces of one fp32 per token, n = b·s·4 = 32,768 B: Megatron's
-// fused loss 2 (n, then 2n), its unfused one 3 of n.
+// fused loss 2 (n, then 2n), its unfused one 3 of n. Under SP, once per step, the norms' gradients
+// (RMSNorm weights, no biases: 2h per layer, 2 · 4096 · 32 · 2 B = 524,288 B) are all-reduced.
 TEST(Planner, TpEdgesRunOnTheEndStages) {
   const ModelSpec model = *model_preset("llama-2-7b");
   const ClusterSpec c = *cluster_preset("a100-80g");
@@ -174,9 +177,10 @@ TEST(Planner, TpEdgesRunOnTheEndStages) {
                   .tp_grad_overlap = k.overlap};
     const Layout lay{.dp = 1, .tp = 8, .sp = k.sp, .micro_batch = 2, .grad_accum = 4};
     const PlanEval e = evaluate_layout(r, lay);
-    EXPECT_NEAR(e.tp_s, k.per_call * k.calls + M * fused_loss, 1e-9 * e.tp_s);
+    const double sp_grads = k.sp ? small(524288) : 0.0;
+    EXPECT_NEAR(e.tp_s, k.per_call * k.calls + M * fused_loss + sp_grads, 1e-9 * e.tp_s);
     r.loss = Loss::vocab_parallel;
-    EXPECT_NEAR(evaluate_layout(r, lay).tp_s, k.per_call * k.calls + M * unfused_loss,
+    EXPECT_NEAR(evaluate_layout(r, lay).tp_s, k.per_call * k.calls + M * unfused_loss + sp_grads,
                 1e-9 * e.tp_s);
   }
   // On two stages the first holds the embedding's, the last the output layer's: the slowest of
