@@ -41,9 +41,10 @@ namespace tally {
 //             the schedule (Note [tied embedding under PP], comm.cpp).
 //   bubble    pipeline wall = (stage time + TP + CP + PP) / (1 − f), f = (P−1)/(v·m + P−1).
 //   DP/ZeRO   Note [planner overlap].
-//   step      pipeline wall + optimizer + exposed DP time + the tied embedding's all-reduce.
-//             E = t_ideal / step, t_ideal = the time one GPU would take for B with the same
-//             kernels and no parallelism, over G.
+//   step      pipeline wall + optimizer + exposed DP time + the once-per-step all-reduces after
+//             the schedule (a tied embedding's; under SP the replicated parameters' gradients,
+//             Note [TP edges]). E = t_ideal / step, t_ideal = the time one GPU would take for B
+//             with the same kernels and no parallelism, over G.
 // Note [planner overlap] — each default follows a framework, each is a PlanRequest switch:
 //   overlap_dp (default on; PyTorch DDP/FSDP, DeepSpeed overlap_comm, Megatron --overlap-grad-
 //             reduce): gradient buckets are reduced while backward continues; a reduction done
@@ -104,7 +105,8 @@ namespace tally {
 //               charged to the busiest stage's layers.
 //             Time only: step_traffic's per-rank byte ledger is the busiest stage's layers (the
 //             one the engine checks exactly), so the plan's bytes per GPU leave these few calls
-//             out.
+//             out (the tied embedding's exchange is a ledger item: Note [tied embedding under
+//             PP]).
 // Note [gradient accumulation] (PlanRequest::grad_accumulation): with m > 1 micro-batches each
 // one's weight gradients are added into the step's gradient buffer.
 //   fused (default: Megatron-Core --gradient-accumulation-fusion, Transformer Engine
