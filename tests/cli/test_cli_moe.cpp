@@ -165,8 +165,9 @@ TEST(Cli, Fp8SavedInputsAndAmaxHistory) {
 }
 
 // Note [fp8 operand layouts] on the command line, in the label and in --json. Llama 3 8B's
-// 6,979,321,856 linear weights (counted by hand in test_comm.cpp): with --gpu b200 (compute
-// capability 10.0) fp8 keeps 1 B of copies per weight, without a GPU 2 B (TN only assumed).
+// 6,979,321,856 linear weights (counted by hand in test_comm_collectives.cpp): with --gpu b200
+// (compute capability 10.0) fp8 keeps 1 B of copies per weight, without a GPU 2 B (TN only
+// assumed).
 TEST(Cli, Fp8WeightCopiesFollowTheGpu) {
   const auto none = json_of(tally("memory --model llama-3-8b --precision fp8 --json"));
   const auto b200 = json_of(tally("memory --model llama-3-8b --precision fp8 --gpu b200 --json"));
