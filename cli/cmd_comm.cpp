@@ -99,9 +99,7 @@ void run_step(const CommOptions& o) {
       .hidden = m.hidden, .layers = m.layers, .seq_len = o.seq, .micro_batch = o.micro_batch,
       .micro_batches = o.grad_accum, .dp = o.dp, .tp = o.tp, .pp = o.pp, .cp = o.cp,
       .interleave = o.interleave, .pp_scatter_gather = o.pp_scatter_gather,
-      // Note [tied embedding under PP]: Megatron-LM's vocabulary-parallel copy, as the planner
-      .tied_embedding_elements =
-          m.tied_embeddings ? double(m.vocab) * double(m.hidden) / o.tp : 0.0,
+      .tied_embedding_elements = megatron_tied_embedding_elements(m, o.tp),
       .zero_stage = o.zero, .sequence_parallel = o.sp, .recompute = recompute_from(o.recompute),
       .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep, .etp = etp,
       .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),

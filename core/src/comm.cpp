@@ -616,6 +616,11 @@ Fp8Gather fp8_gather(const ModelSpec& m, Precision p, int zero_stage, bool fsdp_
   return {};
 }
 
+double megatron_tied_embedding_elements(const ModelSpec& m, int tp) {
+  require_int(tp >= 1, "tp", tp, "must be >= 1");
+  return m.tied_embeddings ? double(m.vocab) * double(m.hidden) / tp : 0.0;
+}
+
 double StepTraffic::total_bytes() const {
   return dp_total_bytes() + tp.bytes_per_rank + tp_regather.bytes_per_rank + pp.bytes_per_rank +
          pp_gather.bytes_per_rank + pp_embedding.bytes_per_rank + cp.bytes_per_rank +

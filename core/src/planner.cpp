@@ -332,9 +332,7 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
       .seq_len = r.seq, .micro_batch = L.micro_batch, .micro_batches = L.grad_accum, .dp = L.dp,
       .tp = L.tp, .pp = L.pp, .cp = L.cp, .interleave = L.interleave,
       .pp_scatter_gather = r.pp_scatter_gather,
-      // Note [tied embedding under PP] (comm.cpp): Megatron-LM's vocabulary-parallel copy
-      .tied_embedding_elements =
-          r.model.tied_embeddings ? double(r.model.vocab) * double(r.model.hidden) / L.tp : 0.0,
+      .tied_embedding_elements = megatron_tied_embedding_elements(r.model, L.tp),
       .zero_stage = L.zero,
       .sequence_parallel = L.sp,
       .recompute = L.recompute, .kv_hidden = r.model.kv_heads * r.model.head_dim(),

@@ -353,6 +353,11 @@ TEST(StepTraffic, TiedEmbeddingGradientAllReducedBetweenTheEndStages) {
   EXPECT_EQ(step_traffic(s).pp_embedding.calls, 0);
   s.tied_embedding_elements = -1;
   EXPECT_THROW(step_traffic(s), InvalidInput);
+  // What the planner and `tally comm` pass: GPT-3's 50257 × 12288 split over 8; Llama's untied.
+  EXPECT_DOUBLE_EQ(megatron_tied_embedding_elements(*model_preset("gpt3-175b"), 8),
+                   50257.0 * 12288 / 8);
+  EXPECT_EQ(megatron_tied_embedding_elements(*model_preset("llama-2-7b"), 8), 0);
+  EXPECT_THROW(megatron_tied_embedding_elements(*model_preset("gpt3-175b"), 0), InvalidInput);
 }
 
 // Ring attention: per layer per micro-batch (c−1) K,V sends forward, 2(c−1) backward.

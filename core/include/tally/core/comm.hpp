@@ -231,6 +231,10 @@ struct Fp8Gather {
 Fp8Gather fp8_gather(const ModelSpec& m, Precision p, int zero_stage, bool fsdp_float8_all_gather,
                      bool fp8_param_gather);
 
+// StepTrafficSetup::tied_embedding_elements as Megatron-LM holds it (Note [tied embedding under
+// PP]): the word embedding split over the vocabulary, V·h/t per end-stage rank; 0 when untied.
+double megatron_tied_embedding_elements(const ModelSpec& m, int tp);
+
 // α–β time of one ledger item on a link: calls·steps·α + bytes_per_rank/β.
 double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
 // The same on `cluster`, under its comm_model: flat_ring = the α–β time on link_for_group(cluster,
