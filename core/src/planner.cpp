@@ -318,6 +318,13 @@ double ideal_seconds(const Prepared& P, const Layout& L, const MicroTimes* micro
   return (single + accumulate) / double(r.gpus);
 }
 
+// One all-reduce of `bytes` over a TP group of `tp` adjacent ranks (Note [TP edges]).
+double tp_all_reduce_s(double bytes, int tp, const ClusterSpec& c) {
+  return collective_seconds(Collective::all_reduce,
+                            collective_bytes_per_rank(Collective::all_reduce, bytes, tp), tp, 1,
+                            c);
+}
+
 void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
                const ModelStateResult& states, PlanEval& e) {
   const PlanRequest& r = *P.req;
@@ -375,13 +382,9 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     edge_last_s = per_call * (L.sp ? (hidden ? 1.0 : 2.0) : (hidden ? 0.0 : 1.0));
     // The vocabulary-parallel loss's all-reduces of one fp32 value per token (Note [TP edges]).
     const double values = double(L.micro_batch) * double(r.seq) / L.cp * 4.0;
-    auto all_reduce_s = [&](double bytes) {
-      return collective_seconds(Collective::all_reduce,
-                                collective_bytes_per_rank(Collective::all_reduce, bytes, L.tp),
-                                L.tp, 1, c);
-    };
-    edge_last_s += r.loss == Loss::fused ? all_reduce_s(values) + all_reduce_s(2 * values)
-                                         : 3 * all_reduce_s(values);
+    edge_last_s += r.loss == Loss::fused
+                       ? tp_all_reduce_s(values, L.tp, c) + tp_all_reduce_s(2 * values, L.tp, c)
+                       : 3 * tp_all_reduce_s(values, L.tp, c);
   }
   // Note [TP gradient overlap]: of the TP time, the input-gradient collectives' share (every TP
   // call moves the same bytes) hides behind the column-parallel weight-gradient GEMMs.
@@ -458,10 +461,7 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     const ModelSpec& mo = r.model;
     const double per_layer = 2.0 * (mo.norm == NormKind::layernorm ? 2.0 : 1.0) +
                              (mo.linear_bias ? 2.0 : 0.0);  // × h
-    const double bytes = per_layer * double(mo.hidden) * busiest * P.param_bytes;
-    sp_grads_s = collective_seconds(
-        Collective::all_reduce, collective_bytes_per_rank(Collective::all_reduce, bytes, L.tp),
-        L.tp, 1, c);
+    sp_grads_s = tp_all_reduce_s(per_layer * double(mo.hidden) * busiest * P.param_bytes, L.tp, c);
     e.tp_s += sp_grads_s;
   }
   e.step_s = pipe + e.optimizer_s + e.dp_exposed_s + tied_s + sp_grads_s;
