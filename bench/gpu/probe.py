@@ -2,23 +2,29 @@
 """Kernel and step-time probe for the operator time model (issue 10), one GPU.
 
 Run on a machine with a CUDA PyTorch (not part of tally's build or CI):
-    python3 bench/gpu/probe.py --out-dir probe-h200          # ~3 minutes on an H200
+    python3 bench/gpu/probe.py --out-dir probe-h200          # ~4 minutes on an H200
     python3 bench/gpu/probe.py --device cpu --smoke --out-dir /tmp/p   # checks the script here
 Writes
   calibration.json  tally-calibration format, "kernels" section (docs/formats.md): a bf16 GEMM grid
                     (torch.matmul), a streaming-copy bandwidth, SDPA attention forward/backward;
                     `tally plan --calibration calibration.json` fits the kernel constants to it.
-  steps.json        measured training steps of GPT-style models (forward + backward + AdamW) with
-                    their shapes, for tests/validation to compare with tally's prediction.
+  steps.json        measured training steps (forward, backward, AdamW on fp32 masters, each phase
+                    timed) of two GPT-2-style models and a Llama-3-8B-shaped one (8 layers, eager;
+                    then compiled per block if --budget-s allows), with their shapes and peak
+                    memory, for tests/validation to compare with tally's prediction.
+  ops.json          per-operator times (probe_ops.py): eager memory-bound kernels, AdamW, the
+                    steps' own GEMMs in forward/dgrad/wgrad layouts, SDPA attention per backend.
 Timing: CUDA events, warm-up then the median of repetitions; every GEMM result is checked against
 an fp32 reference on a slice (correctness in the same run, as nccl-tests does).
 """
-import argparse, json, math, os, statistics, sys, time
+import argparse, json, math, os, statistics, sys, time, warnings
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_probe import GPT  # the same GPT-style decoder as the memory probe
+from llama import Llama  # a Llama-3-style decoder (torchtitan's, uncompiled)
+import probe_ops
 
 
 def timer(device):
@@ -39,14 +45,56 @@ def timer(device):
     return run
 
 
+def graph_timer(device):
+    """Median seconds of one call of fn as the GPU runs it back to back: `calls` calls captured
+    into a CUDA graph and replayed, so the host's launch cost (Python, dispatch; ~10-20 µs a
+    call) is not timed; the operator model prices kernels queued behind each other. On a CPU
+    (--smoke) a plain loop."""
+    def loop(fn, reps, calls):
+        def many():
+            for _ in range(calls):
+                fn()
+        return timer(device)(many, reps) / calls
+    if device.type != "cuda":
+        return loop
+
+    def run(fn, reps, calls):
+        try:
+            return graphed(fn, reps, calls)
+        except Exception as e:  # a kernel that cannot be captured: time the loop
+            print(f"graph capture failed ({type(e).__name__}): timing a loop", file=sys.stderr)
+            torch.cuda.synchronize()
+            return loop(fn, reps, calls)
+
+    def graphed(fn, reps, calls):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        g.replay()
+        return timer(device)(g.replay, reps) / calls
+    return run
+
+
+def calls_for(seconds):
+    """Back-to-back calls so that one timed replay lasts about 2 ms."""
+    return max(1, min(50, round(2e-3 / max(seconds, 1e-7))))
+
+
 def gemm_grid(device, dtype, smoke):
     dims = [64, 256, 1024, 4096] if smoke else [128, 512, 1024, 2048, 4096, 8192, 16384]
-    inner = [64, 256, 4096] if smoke else [64, 128, 512, 2048, 8192]
-    time_it, out = timer(device), []
+    inner = [64, 256, 4096] if smoke else [64, 128, 512, 2048, 8192, 16384]
+    time_it, graphed, out, eager = timer(device), graph_timer(device), [], []
     for m in dims:
         for n in dims:
             for k in inner:
-                if m * n * k > (2 ** 36 if not smoke else 2 ** 28):
+                if m * n * k > (2 ** 38 if not smoke else 2 ** 28):
                     continue
                 a = torch.randn(m, k, device=device, dtype=dtype)
                 b = torch.randn(k, n, device=device, dtype=dtype)
@@ -57,10 +105,12 @@ def gemm_grid(device, dtype, smoke):
                     raise SystemExit(f"gemm {m}x{n}x{k}: relative error {err:.3g}")
                 for _ in range(3):
                     a @ b
-                reps = 5 if smoke else 20
-                out.append({"m": m, "n": n, "k": k, "batch": 1,
-                            "seconds_median": time_it(lambda: a @ b, reps)})
-    return out
+                reps = 5 if smoke else 10
+                one = time_it(lambda: a @ b, reps)  # one call between two events, host included
+                t = graphed(lambda: torch.matmul(a, b, out=c), reps, calls_for(one))
+                out.append({"m": m, "n": n, "k": k, "batch": 1, "seconds_median": t})
+                eager.append({"m": m, "n": n, "k": k, "seconds_one_call": one})
+    return out, eager
 
 
 def copy_bandwidth(device, smoke):
@@ -105,32 +155,120 @@ def attention_points(device, dtype, smoke):
     return out
 
 
-def training_steps(device, smoke):
-    # (h, layers, heads, seq, micro-batch): GPT-2-medium-like and a wider one.
-    shapes = [(256, 2, 4, 256, 2)] if smoke else [(1024, 24, 16, 2048, 8), (2048, 16, 16, 2048, 4)]
-    out = []
-    for h, L, a, s, b in shapes:
-        torch.manual_seed(0)
-        model = GPT(50304, s, h, L, a, flash=HAS_SDPA).to(device)
-        fused = {"fused": True} if device.type == "cuda" and HAS_SDPA else {}  # torch >= 2.0
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
-        x = torch.randint(0, 50304, (b, s), device=device)
+def phase_clock(device):
+    """mark() → a token; seconds(a, b) after a synchronize: CUDA events on a GPU."""
+    if device.type == "cuda":
+        def mark():
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return mark, lambda a, b: a.elapsed_time(b) / 1e3, torch.cuda.synchronize
+    return time.perf_counter, lambda a, b: b - a, lambda: None
 
-        def step():
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(x, x)  # the memory probe's GPT returns the fp32 cross-entropy
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        for _ in range(3):
-            step()
-        t = timer(device)(step, 3 if smoke else 10)
-        out.append({"hidden": h, "layers": L, "heads": a, "seq": s, "micro_batch": b,
-                    "vocab": 50304, "precision": "bf16-autocast", "optimizer": "adamw-fp32",
-                    "attention": "sdpa-causal" if HAS_SDPA else "materialised",
-                    "dropout": False, "seconds_median": t})
-        del model, opt
+
+def step_models(smoke):
+    """The probe's training steps: GPT-2-style (memory_probe.GPT: tied head, learned positions,
+    LayerNorm, GELU, biases) and Llama-3-8B-shaped (llama.Llama) with 8 of its 32 layers."""
+    if smoke:
+        return [dict(model="gpt", hidden=256, layers=2, heads=4, seq=256, micro_batch=2,
+                     vocab=4096),
+                dict(model="llama", hidden=256, layers=2, heads=4, kv_heads=2, ffn=704,
+                     seq=256, micro_batch=1, vocab=4096),
+                dict(model="llama", hidden=256, layers=2, heads=4, kv_heads=2, ffn=704,
+                     seq=256, micro_batch=1, vocab=4096, norm="composite")]
+    return [dict(model="gpt", hidden=1024, layers=24, heads=16, seq=2048, micro_batch=8,
+                 vocab=50304),
+            dict(model="gpt", hidden=2048, layers=16, heads=16, seq=2048, micro_batch=4,
+                 vocab=50304),
+            dict(model="llama", hidden=4096, layers=8, heads=32, kv_heads=8, ffn=14336,
+                 seq=8192, micro_batch=1, vocab=128256),
+            # torchtitan's kernels of Dec 2024: composite RMSNorm, FlashAttention-2 (SDPA's
+            # flash backend), as its published H100 rows ran uncompiled
+            dict(model="llama", hidden=4096, layers=8, heads=32, kv_heads=8, ffn=14336,
+                 seq=8192, micro_batch=1, vocab=128256, norm="composite",
+                 attention_backend="FLASH_ATTENTION")]
+
+
+def build(st):
+    if st["model"] == "llama":
+        return Llama(st["vocab"], st["hidden"], st["layers"], st["heads"], st["kv_heads"],
+                     st["ffn"], st["seq"], composite_norm=st.get("norm") == "composite",
+                     attention_backend=st.get("attention_backend") if HAS_SDPA else None)
+    return GPT(st["vocab"], st["seq"], st["hidden"], st["layers"], st["heads"], flash=HAS_SDPA)
+
+
+def training_step(st, device, smoke, compiled=False):
+    """Forward + backward in bf16, then AdamW on fp32 masters (Megatron's mixed precision, as the
+    memory probe holds it): the bf16 gradients cast into the masters' fp32 gradients, the step,
+    the masters cast back into the bf16 parameters. Phases timed with CUDA events."""
+    torch.manual_seed(0)
+    model = build(st).to(device).to(torch.bfloat16)
+    if compiled:  # torchtitan compiles each transformer block
+        for i, blk in enumerate(model.layers if st["model"] == "llama" else model.blocks):
+            (model.layers if st["model"] == "llama" else model.blocks)[i] = torch.compile(blk)
+    params = list(model.parameters())
+    master = [p.detach().float().clone() for p in params]
+    for m in master:
+        m.grad = torch.zeros_like(m)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(master, lr=1e-4, **fused)
+    cast = probe_ops.cast
+    x, y = (torch.randint(0, st["vocab"], (st["micro_batch"], st["seq"]), device=device)
+            for _ in range(2))
+    mark, seconds, sync = phase_clock(device)
+
+    def step():
+        t0 = mark()
+        loss = model(x, y)
+        t1 = mark()
+        loss.backward()
+        t2 = mark()
+        cast([m.grad for m in master], [p.grad for p in params])
+        opt.step()
+        cast(params, master)
+        for p in params:
+            p.grad = None
+        t3 = mark()
+        return loss, (t0, t1, t2, t3)
+    w0 = time.perf_counter()
+    for _ in range(3):
+        loss0, _ = step()
+    sync()
+    warmup = time.perf_counter() - w0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    marks, losses = [], []
+    for _ in range(3 if smoke else 10):
+        loss, m = step()
+        marks.append(m)
+        losses.append(loss.detach())
+    sync()
+    ph = [[seconds(m[i], m[i + 1]) for m in marks] for i in range(3)]
+    total = [seconds(m[0], m[3]) for m in marks]
+    out = dict(st, precision="bf16 parameters, fp32 master + AdamW",
+               attention=("sdpa-causal" + (", " + st["attention_backend"]
+                                          if st.get("attention_backend") else "")
+                          if HAS_SDPA else "materialised"), dropout=False,
+               compiled=compiled, params=sum(p.numel() for p in params),
+               seconds_median=statistics.median(total),
+               forward_seconds=statistics.median(ph[0]), backward_seconds=statistics.median(ph[1]),
+               optimizer_seconds=statistics.median(ph[2]), warmup_seconds=warmup,
+               loss_first=float(losses[0]), loss_last=float(losses[-1]))
+    if device.type == "cuda":
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        out["reserved_bytes"] = torch.cuda.memory_reserved()
+    if st["model"] == "gpt":
+        out["ffn"] = 4 * st["hidden"]
+    del model, opt, master, params
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return out
+
+
+def write(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def main():
@@ -140,27 +278,66 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: check the script runs")
     ap.add_argument("--peak-flops", type=float, default=989.4e12,
                     help="the device's dense bf16 peak (H100/H200 SXM: 989.4e12)")
+    ap.add_argument("--budget-s", type=float, default=330,
+                    help="skip the compiled step when this many seconds have passed")
     o = ap.parse_args()
+    warnings.filterwarnings("ignore", category=UserWarning)  # SDPA's "kernel not used" notes
+    began = time.perf_counter()
     device = torch.device(o.device)
     dtype = torch.bfloat16
     os.makedirs(o.out_dir, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     sm = torch.cuda.get_device_properties(device).multi_processor_count \
         if device.type == "cuda" else os.cpu_count()
+    log = lambda msg: print(f"[{time.perf_counter() - began:6.1f} s] {msg}", file=sys.stderr,
+                            flush=True)
     kernels = {"device": name, "precision": "bf16", "peak_flops": o.peak_flops, "sm_count": sm,
-               "memory_bytes_per_s": copy_bandwidth(device, o.smoke),
-               "gemm": gemm_grid(device, dtype, o.smoke),
-               "attention": attention_points(device, dtype, o.smoke)}
+               "memory_bytes_per_s": copy_bandwidth(device, o.smoke)}
+    log(f"{name}: copy {kernels['memory_bytes_per_s'] / 1e12:.3f} TB/s")
+    kernels["gemm"], gemm_one_call = gemm_grid(device, dtype, o.smoke)
+    log(f"{len(kernels['gemm'])} GEMMs")
+    kernels["attention"] = attention_points(device, dtype, o.smoke)
+    log("attention")
     cal = {"format": "tally-calibration", "version": 1,
            "source": f"bench/gpu/probe.py on {name}, torch {torch.__version__}",
            "kernels": kernels}
-    with open(os.path.join(o.out_dir, "calibration.json"), "w") as f:
-        json.dump(cal, f, indent=1)
-    steps = {"device": name, "torch": torch.__version__, "steps": training_steps(device, o.smoke)}
-    with open(os.path.join(o.out_dir, "steps.json"), "w") as f:
-        json.dump(steps, f, indent=1)
-    print(f"wrote {o.out_dir}/calibration.json ({len(kernels['gemm'])} GEMMs) and steps.json",
-          file=sys.stderr)
+    write(os.path.join(o.out_dir, "calibration.json"), cal)
+
+    steps = {"device": name, "torch": torch.__version__, "steps": []}
+    shapes = step_models(o.smoke)
+    for st in shapes:
+        steps["steps"].append(training_step(st, device, o.smoke))
+        write(os.path.join(o.out_dir, "steps.json"), steps)
+        log(f"step {st['model']} h {st['hidden']}: {steps['steps'][-1]['seconds_median']:.4f} s")
+
+    ops = {"device": name, "torch": torch.__version__, "errors": [],
+           "gemm_grid_one_call": gemm_one_call}
+    time_it = timer(device)
+    reps = 5 if o.smoke else 20
+    for key, fn in (("elementwise", lambda: probe_ops.elementwise(device, o.smoke, time_it, reps)),
+                    ("optimizer", lambda: probe_ops.optimizer(device, o.smoke, time_it, reps)),
+                    ("gemm_layouts", lambda: probe_ops.gemm_layouts(device, shapes, time_it, reps,
+                                                                     graph_timer(device))),
+                    ("attention", lambda: probe_ops.attention_backends(device, o.smoke, time_it,
+                                                                       reps))):
+        try:
+            ops[key] = fn()
+        except Exception as e:  # keep what the other sections measured
+            ops["errors"].append(f"{key}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        write(os.path.join(o.out_dir, "ops.json"), ops)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        log(key)
+
+    llama = [st for st in shapes if st["model"] == "llama"]
+    if device.type == "cuda" and llama and time.perf_counter() - began < o.budget_s:
+        try:
+            steps["steps"].append(training_step(llama[0], device, o.smoke, compiled=True))
+        except Exception as e:
+            steps["compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        write(os.path.join(o.out_dir, "steps.json"), steps)
+        log("compiled llama step")
+    log(f"wrote {o.out_dir}/calibration.json, steps.json, ops.json")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Cold against working GPU: do GEMMs run slower once the GPU has been busy? (issue 10)
+
+probe.py times its GEMM grid on a GPU that has just woken, and the training steps' own GEMMs after
+the steps; the second ran ~10 % slower on one H200. This probe times the steps' GEMMs (forward,
+dgrad, wgrad of each linear of probe.py's models) cold, then runs back-to-back 8192³ bf16 GEMMs
+for --soak-s seconds (their throughput each second is the sustained figure), then times the same
+GEMMs and the whole grid again, while nvidia-smi samples the SM clock, power and temperature.
+Before the soak, 8192³ calls in threes 0.3 s apart give the burst figure a short benchmark sees;
+with --step, probe.py's eager Llama training step runs last under the same sampler.
+    python3 bench/gpu/warm_probe.py --out-dir DIR      # ~1 minute on an H200
+Writes DIR/warm.json (with nvidia-smi's samples folded in, fold_samples) and
+DIR/calibration_warm.json (probe.py's grid, timed warm); the raw samples stay in DIR/clocks.csv and
+DIR/reasons.csv.
+"""
+import argparse, datetime, json, os, subprocess, sys, time
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import probe
+import probe_ops
+
+
+def fold_samples(out_dir, out):
+    """nvidia-smi's samples (clocks.csv, reasons.csv) into out["samples"]: [seconds since the
+    probe began, SM MHz, memory MHz, board W, °C], and out["reasons"]: each distinct
+    clocks_event_reasons.active bit mask with its count (0x4: the software power cap)."""
+    began = out["marks"][0]["unix_s"] - out["marks"][0]["since_start_s"]
+    def rows(name):
+        with open(os.path.join(out_dir, name)) as f:
+            return [line.strip().split(", ") for line in f.readlines()[1:]]
+    def unix(stamp):  # nvidia-smi prints local time; the machine runs on UTC
+        t = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f")
+        return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+    out["samples"] = [[round(unix(r[0]) - began, 3), int(r[1].split()[0]), int(r[2].split()[0]),
+                       float(r[3].split()[0]), int(r[4])]
+                      for r in rows("clocks.csv") if len(r) == 5 and r[1].endswith("MHz")]
+    reasons = {}
+    for r in rows("reasons.csv"):
+        if len(r) == 2 and r[1].startswith("0x"):
+            reasons[r[1]] = reasons.get(r[1], 0) + 1
+    out["reasons"] = reasons
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--soak-s", type=float, default=30)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--step", action="store_true",
+                    help="then probe.py's Llama step (eager), sampled the same way")
+    o = ap.parse_args()
+    device = torch.device(o.device)
+    began = time.time()
+    samplers = []
+    if device.type == "cuda":  # the reasons' field name differs between drivers: its own file
+        for fields, name in (("timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu",
+                              "clocks.csv"),
+                             ("timestamp,clocks_event_reasons.active", "reasons.csv")):
+            samplers.append(subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=" + fields, "--format=csv", "-lms", "200"],
+                stdout=open(os.path.join(o.out_dir, name), "w"), stderr=subprocess.STDOUT))
+    marks = []
+    mark = lambda what: marks.append({"what": what, "unix_s": time.time(),
+                                      "since_start_s": time.time() - began})
+    time_it, graphed = probe.timer(device), probe.graph_timer(device)
+    shapes = probe.step_models(o.smoke)
+    reps = 5 if o.smoke else 10
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__}
+    try:
+        time.sleep(0 if o.smoke else 2)  # the sampler's first idle rows
+        mark("cold layouts")
+        out["cold"] = probe_ops.gemm_layouts(device, shapes, time_it, reps, graphed)
+        n = 1024 if o.smoke else 8192
+        a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        b, c = torch.randn_like(a), torch.empty_like(a)
+        mark("burst")  # the third of three calls, 0.3 s apart: what a short benchmark sees
+        burst = []
+        for _ in range(3 if o.smoke else 8):
+            time.sleep(0 if o.smoke else 0.3)
+            torch.matmul(a, b, out=c)
+            torch.matmul(a, b, out=c)
+            burst.append({"since_start_s": time.time() - began, "m": n, "n": n, "k": n,
+                          "seconds_median": time_it(lambda: torch.matmul(a, b, out=c), 1)})
+        out["burst"] = burst
+        mark("soak")
+        soak, t_end = [], time.time() + (1 if o.smoke else o.soak_s)
+        while time.time() < t_end:
+            t = graphed(lambda: torch.matmul(a, b, out=c), 5, 20 if not o.smoke else 1)
+            soak.append({"since_start_s": time.time() - began, "m": n, "n": n, "k": n,
+                         "seconds_median": t})
+        out["soak"] = soak
+        mark("warm layouts")
+        out["warm"] = probe_ops.gemm_layouts(device, shapes, time_it, reps, graphed)
+        mark("warm grid")
+        grid, _ = probe.gemm_grid(device, torch.bfloat16, o.smoke)
+        mark("warm layouts after the grid")
+        out["warm_after_grid"] = probe_ops.gemm_layouts(device, shapes, time_it, reps, graphed)
+        if o.step:  # a training step under the same sampler: the clock a step runs at
+            time.sleep(0 if o.smoke else 3)
+            mark("step")
+            out["step"] = probe.training_step(shapes[-1] if o.smoke else shapes[2], device,
+                                              o.smoke)
+        mark("end")
+        out["marks"] = marks
+        for p in samplers:
+            p.terminate()
+            p.wait()
+        if samplers:
+            fold_samples(o.out_dir, out)
+        with open(os.path.join(o.out_dir, "warm.json"), "w") as f:
+            json.dump(out, f, indent=1)
+        cal = {"format": "tally-calibration", "version": 1,
+               "source": f"bench/gpu/warm_probe.py on {out['device']}, torch {torch.__version__}, "
+                         f"after {o.soak_s:g} s of 8192³ GEMMs",
+               "kernels": {"device": out["device"], "precision": "bf16", "peak_flops": 989.4e12,
+                           "gemm": grid}}
+        with open(os.path.join(o.out_dir, "calibration_warm.json"), "w") as f:
+            json.dump(cal, f, indent=1)
+    finally:
+        for p in samplers:
+            p.terminate()
+    print(f"wrote {o.out_dir}/warm.json, calibration_warm.json", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
