@@ -457,7 +457,8 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
       const Precision g = op.high_precision ? compute_precision(p) : p;
       const KernelPerf& gk = gpu.gemm_kernels(g);
       return roofline_seconds(gpu, op.flops,
-                              gpu.peak_flops(g) * gemm_efficiency(gk, op.m, op.n, op.k, op.batch),
+                              gpu.peak_flops(g) * gemm_efficiency(gk, op.m, op.n, op.k, op.batch) *
+                                  gk.sustained_gemm,
                               op.bytes, gk.kernel_overhead_s);
     }
     case OpKind::attention: {

@@ -34,6 +34,7 @@ void validate_kernel_perf(const GpuSpec& gpu) {
   fraction(k.attention_forward_fraction, "gpu attention_forward_fraction");
   fraction(k.attention_backward_fraction, "gpu attention_backward_fraction");
   fraction(k.memory_fraction, "gpu memory_fraction");
+  fraction(k.sustained_gemm, "gpu sustained_gemm");
   require_real(std::isfinite(k.gemm_half_k) && k.gemm_half_k >= 0 && k.gemm_half_k <= 1e6,
                "gpu gemm_half_k", k.gemm_half_k, "must be in [0, 1000000] elements");
   require_real(std::isfinite(k.gemm_half_mn) && k.gemm_half_mn >= 0 && k.gemm_half_mn <= 1e6,

@@ -47,15 +47,18 @@ TEST(Operators, Fp8GemmsRunOnTheirMeasuredConstants) {
   // Hopper (presets.cpp hopper_fp8_kernels): bf16's shape terms with the fraction 0.759049 set
   // from published torch._scaled_mm tables. 4096³ on 132 SMs: 512 tiles of 256 × 128 in
   // ⌈512/132⌉ = 4 waves, q = 512/528 (a halved tile doubles the tiles and waves, and costs 0.70);
-  // k/(k + k½) = 4096/4608; under the 1520/1978.9 ceiling; plus 2 µs. bf16 keeps its own.
-  for (const char* name : {"h100-80g", "h200"}) {
+  // k/(k + k½) = 4096/4608; under the 1520/1978.9 ceiling; plus 2 µs. bf16 keeps its own, on
+  // the H200 at its measured power-capped clock (Note [power cap], presets.cpp: 1/1.128136 of the
+  // burst figure); fp8 there is not measured and keeps the burst.
+  for (const auto& [name, capped] : {std::pair{"h100-80g", 1.0}, std::pair{"h200", 1 / 1.128136}}) {
     const GpuSpec h = cluster_preset(name)->gpu;
     const double eta_h = 0.759049 * (512.0 / 528) * (4096.0 / 4608);
     EXPECT_NEAR(op_seconds(gemm, h, Precision::fp8), gemm.flops / (1978.9e12 * eta_h) + 2e-6,
                 1e-9)
         << name;
     EXPECT_NEAR(op_seconds(gemm, h, Precision::bf16),
-                gemm.flops / (989.4e12 * gemm_efficiency(h.kernels, 4096, 4096, 4096)) + 2e-6,
+                gemm.flops / (989.4e12 * gemm_efficiency(h.kernels, 4096, 4096, 4096) * capped) +
+                    2e-6,
                 1e-12)
         << name;
   }

@@ -72,6 +72,11 @@ struct KernelPerf {
   double memory_fraction = 0.85;
   // Per-kernel fixed cost (launch and tail), seconds; 0 = hidden by asynchronous launches.
   double kernel_overhead_s = 0;
+  // Note [power cap] (core/src/presets.cpp): a training step's GEMMs run back to back at the
+  // board's power limit, where the SM clock falls below the boost clock a short benchmark sees;
+  // the GEMM terms above describe short benchmarks, and a GEMM's time in the step is divided by
+  // this (1 = not measured, or no cap reached).
+  double sustained_gemm = 1.0;
 };
 
 struct GpuSpec {
