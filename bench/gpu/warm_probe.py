@@ -21,6 +21,37 @@ import probe
 import probe_ops
 
 
+def start_samplers(out_dir):
+    """nvidia-smi every 200 ms into out_dir/clocks.csv and reasons.csv (the reasons' field name
+    differs between drivers: its own file, so a refusal loses only it)."""
+    samplers = []
+    for fields, name in (("timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu",
+                          "clocks.csv"),
+                         ("timestamp,clocks_event_reasons.active", "reasons.csv")):
+        samplers.append(subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=" + fields, "--format=csv", "-lms", "200"],
+            stdout=open(os.path.join(out_dir, name), "w"), stderr=subprocess.STDOUT))
+    return samplers
+
+
+def burst_and_soak(fn, flops, time_it, graphed, soak_s, began, smoke, on_soak=lambda: None):
+    """fn's time as a short benchmark sees it (the third of three calls, 0.3 s apart, eight
+    times) and back to back (graph replays of 20 calls for soak_s seconds)."""
+    burst = []
+    for _ in range(3 if smoke else 8):
+        time.sleep(0 if smoke else 0.3)
+        fn()
+        fn()
+        burst.append({"since_start_s": time.time() - began, **flops,
+                      "seconds_median": time_it(fn, 1)})
+    on_soak()
+    soak, t_end = [], time.time() + (1 if smoke else soak_s)
+    while time.time() < t_end:
+        soak.append({"since_start_s": time.time() - began, **flops,
+                     "seconds_median": graphed(fn, 5, 20 if not smoke else 1)})
+    return burst, soak
+
+
 def fold_samples(out_dir, out):
     """nvidia-smi's samples (clocks.csv, reasons.csv) into out["samples"]: [seconds since the
     probe began, SM MHz, memory MHz, board W, °C], and out["reasons"]: each distinct
@@ -53,14 +84,7 @@ def main():
     o = ap.parse_args()
     device = torch.device(o.device)
     began = time.time()
-    samplers = []
-    if device.type == "cuda":  # the reasons' field name differs between drivers: its own file
-        for fields, name in (("timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu",
-                              "clocks.csv"),
-                             ("timestamp,clocks_event_reasons.active", "reasons.csv")):
-            samplers.append(subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=" + fields, "--format=csv", "-lms", "200"],
-                stdout=open(os.path.join(o.out_dir, name), "w"), stderr=subprocess.STDOUT))
+    samplers = start_samplers(o.out_dir) if device.type == "cuda" else []
     marks = []
     mark = lambda what: marks.append({"what": what, "unix_s": time.time(),
                                       "since_start_s": time.time() - began})
@@ -76,22 +100,10 @@ def main():
         n = 1024 if o.smoke else 8192
         a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
         b, c = torch.randn_like(a), torch.empty_like(a)
-        mark("burst")  # the third of three calls, 0.3 s apart: what a short benchmark sees
-        burst = []
-        for _ in range(3 if o.smoke else 8):
-            time.sleep(0 if o.smoke else 0.3)
-            torch.matmul(a, b, out=c)
-            torch.matmul(a, b, out=c)
-            burst.append({"since_start_s": time.time() - began, "m": n, "n": n, "k": n,
-                          "seconds_median": time_it(lambda: torch.matmul(a, b, out=c), 1)})
-        out["burst"] = burst
-        mark("soak")
-        soak, t_end = [], time.time() + (1 if o.smoke else o.soak_s)
-        while time.time() < t_end:
-            t = graphed(lambda: torch.matmul(a, b, out=c), 5, 20 if not o.smoke else 1)
-            soak.append({"since_start_s": time.time() - began, "m": n, "n": n, "k": n,
-                         "seconds_median": t})
-        out["soak"] = soak
+        mark("burst")
+        out["burst"], out["soak"] = burst_and_soak(
+            lambda: torch.matmul(a, b, out=c), {"m": n, "n": n, "k": n}, time_it, graphed,
+            o.soak_s, began, o.smoke, on_soak=lambda: mark("soak"))
         mark("warm layouts")
         out["warm"] = probe_ops.gemm_layouts(device, shapes, time_it, reps, graphed)
         mark("warm grid")

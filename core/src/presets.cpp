@@ -236,8 +236,11 @@ KernelPerf hopper_fp8_kernels() {
 //    own 45 GEMMs (forward, dgrad and wgrad of every linear layer of the probe's three models,
 //    timed after the steps): measured / the preset's burst prediction, median 1.128 (1.07–1.13
 //    over three timings). sustained_gemm = 1 / 1.128136: the shape terms stay XLA's, one number
-//    moves, as Hopper's fp8 constants do. H100 (same die, same 700 W, less HBM power) is not
-//    measured here and keeps 1; fp8 likewise.
+//    moves, as Hopper's fp8 constants do. fp8 GEMMs lose the same to the cap
+//    (tests/data/h200_cap_probe.json, bench/gpu/cap_probe.py: torch._scaled_mm 8192³ e4m3,
+//    per-tensor scales, 1465 TFLOP/s in bursts, 1236 back to back, 0.844, beside bf16's 0.835
+//    in the same run), so the H200's fp8 constants take the same factor. H100 (same die, same
+//    700 W, less HBM power) is not measured here and keeps 1.
 //  - Attention: SDPA's FlashAttention-2 backend (torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 //    on five causal shapes (head dims 64 and 128, sequence 2048–8192, grouped-query included),
 //    median executed-FLOP fraction of the peak 0.2648 forward and 0.2543 backward, under Dao's
@@ -264,6 +267,7 @@ GpuSpec hopper(std::string name, double mib, double hbm_bps) {
 GpuSpec h200() {
   GpuSpec g = hopper("h200", 143771, 4.8e12);
   g.kernels = h200_kernels();
+  g.fp8_gemm->sustained_gemm = g.kernels.sustained_gemm;
   return g;
 }
 

@@ -291,7 +291,7 @@ struct PlanEval {
 //     most 10.0 % (Table 4; Tables 5 and 1: 9.8 and 9.0 %).
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.19 to 1.86, median 1.50 (uncompiled rows with Note [eager kernels], Float8 rows with Note
+//     1.12 to 1.86, median 1.50 (uncompiled rows with Note [eager kernels], Float8 rows with Note
 //     [low-precision casts] and Hopper's fp8 GEMM constants) — the model runs much faster than
 //     these runs; within one table up to 37 % apart (Table 4: AsyncTP, which tally hides
 //     entirely, gained 6 %).
@@ -305,7 +305,7 @@ struct PlanEval {
 //     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 0.94 to 2.157,
 //     median 1.22; within one system's table up to 92.6 % apart (GB200: GPT-OSS's BF16 MoE row
 //     2.16 beside Llama's NVFP4 1.12). The same tables'
-//     3 H100 rows read 0.92-1.70, inside the Hopper band's range but for its low end (0.92 < 1.19):
+//     3 H100 rows read 0.92-1.70, inside the Hopper band's range but for its low end (0.92 < 1.12):
 //     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
 //   any other GPU (a cluster file, a calibrated host): no published run checks it; the band of
 //     the newest generation checked by torchtitan (H100 / H200), said so in its source.
