@@ -9,7 +9,7 @@ them one call at a time, so a ~60 µs kernel carried its launch), with nvidia-sm
     python3 bench/gpu/cap_probe.py --out-dir DIR       # ~1 minute on an H200
 Writes DIR/cap.json.
 """
-import argparse, json, os, sys, time
+import argparse, os, sys, time
 import torch
 import torch.nn.functional as F
 
@@ -96,13 +96,7 @@ def main():
             out["errors"].append(f"fp8: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         mark("end")
         out["marks"] = marks
-        for p in samplers:
-            p.terminate()
-            p.wait()
-        if samplers:
-            warm_probe.fold_samples(o.out_dir, out)
-        with open(os.path.join(o.out_dir, "cap.json"), "w") as f:
-            json.dump(out, f, indent=1)
+        warm_probe.write_with_samples(o.out_dir, "cap.json", out, samplers)
     finally:
         for p in samplers:
             p.terminate()

@@ -52,6 +52,17 @@ def burst_and_soak(fn, flops, time_it, graphed, soak_s, began, smoke, on_soak=la
     return burst, soak
 
 
+def write_with_samples(out_dir, name, out, samplers):
+    """Stop the samplers, fold their rows into out, write out_dir/name."""
+    for p in samplers:
+        p.terminate()
+        p.wait()
+    if samplers:
+        fold_samples(out_dir, out)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def fold_samples(out_dir, out):
     """nvidia-smi's samples (clocks.csv, reasons.csv) into out["samples"]: [seconds since the
     probe began, SM MHz, memory MHz, board W, °C], and out["reasons"]: each distinct
@@ -117,13 +128,7 @@ def main():
                                               o.smoke)
         mark("end")
         out["marks"] = marks
-        for p in samplers:
-            p.terminate()
-            p.wait()
-        if samplers:
-            fold_samples(o.out_dir, out)
-        with open(os.path.join(o.out_dir, "warm.json"), "w") as f:
-            json.dump(out, f, indent=1)
+        write_with_samples(o.out_dir, "warm.json", out, samplers)
         cal = {"format": "tally-calibration", "version": 1,
                "source": f"bench/gpu/warm_probe.py on {out['device']}, torch {torch.__version__}, "
                          f"after {o.soak_s:g} s of 8192³ GEMMs",
