@@ -226,7 +226,7 @@ KernelPerf hopper_fp8_kernels() {
 // Note [power cap]: H200's kernels as one H200 ran them (tests/data/h200_probe_*.json and
 // h200_power_probe.json, recorded 2026-12-04 by bench/gpu/probe.py and warm_probe.py on one H200
 // SXM, 700 W limit, PyTorch 2.11 + CUDA 13.0; tests/validation/test_h200_kernels.cpp re-derives
-// both numbers below and checks the steps).
+// the numbers below and checks the steps).
 //  - GEMMs. Alone, in short bursts, the H200 runs what XLA's table says: the probe's grid at
 //    ≥ 10 GFLOP a median 0.97× the preset's time, 8192³ at 799 TFLOP/s (the preset: 803.5) with
 //    the SM clock at its 1980 MHz boost. Back to back the board sits at its 700 W limit
@@ -235,7 +235,7 @@ KernelPerf hopper_fp8_kernels() {
 //    that regime (≈ 685 W, 1500–1830 MHz over the probe's Llama step), and so were the steps'
 //    own 45 GEMMs (forward, dgrad and wgrad of every linear layer of the probe's three models,
 //    timed after the steps): measured / the preset's burst prediction, median 1.128 (1.07–1.13
-//    over three timings). sustained_gemm = 1 / 1.128136: the shape terms stay XLA's, one number
+//    over four timings). sustained_gemm = 1 / 1.128136: the shape terms stay XLA's, one number
 //    moves, as Hopper's fp8 constants do. fp8 GEMMs lose the same to the cap
 //    (tests/data/h200_cap_probe.json, bench/gpu/cap_probe.py: torch._scaled_mm 8192³ e4m3,
 //    per-tensor scales, 1465 TFLOP/s in bursts, 1236 back to back, 0.844, beside bf16's 0.835
