@@ -6,7 +6,8 @@ Run on a machine with a CUDA PyTorch (not part of tally's build or CI):
     python3 bench/gpu/probe.py --device cpu --smoke --out-dir /tmp/p   # checks the script here
 Writes
   calibration.json  tally-calibration format, "kernels" section (docs/formats.md): a bf16 GEMM grid
-                    (torch.matmul), a streaming-copy bandwidth, SDPA attention forward/backward;
+                    (torch.matmul), the training steps' GEMMs timed after the steps
+                    (gemm_sustained: the power cap), a streaming-copy bandwidth, SDPA attention;
                     `tally plan --calibration calibration.json` fits the kernel constants to it.
   steps.json        measured training steps (forward, backward, AdamW on fp32 masters, each phase
                     timed) of two GPT-2-style models and a Llama-3-8B-shaped one (8 layers, eager;
@@ -265,6 +266,13 @@ def training_step(st, device, smoke, compiled=False):
     return out
 
 
+def sustained_samples(layouts):
+    """The steps' own GEMMs, timed after the steps (at the power cap), as the calibration's
+    kernels.gemm_sustained: tally sets the GPU's sustained_gemm from them (Note [power cap])."""
+    return [{"m": g["m"], "n": g["n"], "k": g["k"], "batch": 1,
+             "seconds_median": g["seconds_median"]} for g in layouts]
+
+
 def write(path, obj):
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=1)
@@ -328,6 +336,10 @@ def main():
         if device.type == "cuda":
             torch.cuda.empty_cache()
         log(key)
+
+    if ops.get("gemm_layouts"):
+        kernels["gemm_sustained"] = sustained_samples(ops["gemm_layouts"])
+        write(os.path.join(o.out_dir, "calibration.json"), cal)
 
     llama = [st for st in shapes if st["model"] == "llama"]
     if device.type == "cuda" and llama and time.perf_counter() - began < o.budget_s:

@@ -9,6 +9,7 @@
 
 #include "json_reader.hpp"
 #include "tally/core/hardware.hpp"
+#include "tally/core/operators.hpp"
 #include "tally/core/types.hpp"
 #include "tally/io/files.hpp"
 
@@ -100,7 +101,7 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
   const auto k = r.opt_object("kernels");
   if (!k) return std::nullopt;
   k->allow_only({"device", "precision", "peak_flops", "sm_count", "memory_bytes_per_s",
-                 "memory_curve", "gemm", "attention"});
+                 "memory_curve", "gemm", "gemm_sustained", "attention"});
   KernelCalibration c;
   c.device = k->opt_string("device", kMaxNameChars).value_or("");
   c.precision = k->opt_string("precision", 16).value_or("bf16");
@@ -115,13 +116,15 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
     return BandwidthPoint{.working_set_bytes = b.number("working_set_bytes", kWorkingSetBytes),
                           .bytes_per_s = b.number("bytes_per_s", kMemoryBps)};
   });
-  c.gemm = read_objects<GemmSample>(*k, "gemm", [](const ObjectReader& g, std::size_t) {
+  const auto gemm_sample = [](const ObjectReader& g, std::size_t) {
     g.allow_only({"m", "n", "k", "batch", "seconds_median"});
     return GemmSample{.m = g.integer("m", 1, kMaxDim), .n = g.integer("n", 1, kMaxDim),
                       .k = g.integer("k", 1, kMaxDim),
                       .batch = double(g.opt_integer("batch", 1, kMaxDim).value_or(1)),
                       .seconds = g.number("seconds_median", kKernelSeconds)};
-  });
+  };
+  c.gemm = read_objects<GemmSample>(*k, "gemm", gemm_sample);
+  c.gemm_sustained = read_objects<GemmSample>(*k, "gemm_sustained", gemm_sample);
   c.attention = read_objects<AttentionPoint>(*k, "attention", [](const ObjectReader& a, std::size_t) {
     a.allow_only({"batch", "heads", "seq", "head_dim", "causal", "forward_seconds",
                   "backward_seconds"});
@@ -144,9 +147,16 @@ json kernels_to_json(const KernelCalibration& c) {
   for (const auto& b : c.memory_curve)
     curve.push_back({{"working_set_bytes", b.working_set_bytes}, {"bytes_per_s", b.bytes_per_s}});
   if (!c.memory_curve.empty()) j["memory_curve"] = std::move(curve);
-  for (const auto& g : c.gemm)
-    gemm.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", std::int64_t(g.batch)},
-                    {"seconds_median", g.seconds}});
+  const auto gemm_json = [](const GemmSample& g) {
+    return json{{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", std::int64_t(g.batch)},
+                {"seconds_median", g.seconds}};
+  };
+  for (const auto& g : c.gemm) gemm.push_back(gemm_json(g));
+  if (!c.gemm_sustained.empty()) {
+    json sustained = json::array();
+    for (const auto& g : c.gemm_sustained) sustained.push_back(gemm_json(g));
+    j["gemm_sustained"] = std::move(sustained);
+  }
   for (const auto& a : c.attention)
     attention.push_back({{"batch", a.batch}, {"heads", a.heads}, {"seq", a.seq},
                          {"head_dim", a.head_dim}, {"causal", a.causal},
@@ -238,6 +248,12 @@ Calibration load_calibration(const std::filesystem::path& path) {
 
 namespace {
 
+// The upper median: the middle sample of an odd count, the larger middle one of an even count.
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Note [GEMM calibration] applied: fractions are relative to the peak the benchmark states, so a
 // measurement keeps its meaning on a preset whose peak is quoted differently.
 void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
@@ -265,6 +281,21 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
       best = std::max(best, 2.0 * g.batch * double(g.m) * double(g.n) * double(g.k) / g.seconds);
     kp.gemm_ceiling = std::clamp(best / gpu.peak_flops(p), 1e-6, 1.0);
   }
+  if (!k.gemm_sustained.empty()) {
+    // Note [power cap]: the burst terms above against GEMMs timed at the cap.
+    GpuSpec burst = gpu;
+    burst.kernels.sustained_gemm = 1;
+    std::vector<double> ratio;
+    for (const GemmSample& g : k.gemm_sustained) {
+      const double bytes = dtype_bytes(p) * g.batch *
+                           (double(g.m) * g.k + double(g.k) * g.n + double(g.m) * g.n);
+      const Op op{.name = "gemm", .kind = OpKind::gemm, .m = g.m, .n = g.n, .k = g.k,
+                  .batch = g.batch, .flops = 2.0 * g.batch * double(g.m) * g.n * g.k,
+                  .bytes = bytes};
+      ratio.push_back(g.seconds / op_seconds(op, burst, p));
+    }
+    kp.sustained_gemm = std::clamp(1 / median(ratio), 1e-6, 1.0);
+  }
   if (k.memory_bps) {
     if (gpu.memory_bps <= 0) gpu.memory_bps = *k.memory_bps;
     kp.memory_fraction = std::min(1.0, *k.memory_bps / gpu.memory_bps);
@@ -277,10 +308,6 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
       fwd.push_back(flops / (k.peak_flops * a.forward_seconds));
       bwd.push_back(2.5 * flops / (k.peak_flops * a.backward_seconds));
     }
-    auto median = [](std::vector<double> v) {
-      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-      return v[v.size() / 2];
-    };
     kp.attention_forward_fraction = std::clamp(median(fwd) * rescale, 1e-6, 1.0);
     kp.attention_backward_fraction = std::clamp(median(bwd) * rescale, 1e-6, 1.0);
   }

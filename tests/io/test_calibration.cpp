@@ -8,6 +8,7 @@
 #include <string>
 
 #include "io_test_util.hpp"
+#include "tally/core/operators.hpp"
 #include "tally/core/presets.hpp"
 
 namespace tally::io::test_calibration {
@@ -213,6 +214,7 @@ TEST(Calibration, KernelsRoundTripAndApply) {
   EXPECT_NEAR(a.gpu.kernels.memory_fraction, 1.7e12 / 2.039e12, 1e-12);
   EXPECT_NEAR(a.gpu.kernels.attention_forward_fraction, 0.5, 1e-9);
   EXPECT_NEAR(a.gpu.kernels.attention_backward_fraction, 0.4, 1e-9);
+  EXPECT_EQ(a.gpu.kernels.sustained_gemm, 1.0);  // no gemm_sustained: the preset's (A100: 1)
   // Hostile: an unknown precision is a one-line error naming the field.
   std::string text = calibration_to_json(c);
   expect_invalid([&] { parse(replaced(text, "\"bf16\"", "\"bf17\"")); }, {"kernels.precision"});
@@ -272,6 +274,32 @@ TEST(Calibration, HostClusterFromAHostCalibration) {
   // A host's kernels on a GPU preset: refused, naming both devices.
   expect_invalid([&] { apply_calibration(*cluster_preset("a100-80g"), back); },
                  {"test-cpu", "cannot describe", "a100"});
+}
+
+// Note [power cap]: GEMMs timed at the power cap set sustained_gemm to 1 / the median of measured /
+// the burst-predicted time. Three GEMMs at 1.25×, 1.25× and 2× the A100 preset's burst time: the
+// median 1.25, so 0.8; the list survives a round trip; GEMMs no slower than the burst leave 1.
+TEST(CalibrationKernels, SustainedGemmsSetThePowerCap) {
+  const ClusterSpec a100 = *cluster_preset("a100-80g");
+  const auto burst = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
+    const Op op{.name = "gemm", .kind = OpKind::gemm, .m = m, .n = n, .k = k,
+                .flops = 2.0 * double(m) * double(n) * double(k),
+                .bytes = 2.0 * double(m * k + k * n + m * n)};
+    return op_seconds(op, a100.gpu, Precision::bf16);
+  };
+  KernelCalibration k{.device = "test-gpu", .precision = "bf16", .peak_flops = 312e12};
+  k.gemm_sustained = {
+      {.m = 8192, .n = 4096, .k = 4096, .seconds = 1.25 * burst(8192, 4096, 4096)},
+      {.m = 8192, .n = 14336, .k = 4096, .seconds = 2 * burst(8192, 14336, 4096)},
+      {.m = 4096, .n = 4096, .k = 8192, .seconds = 1.25 * burst(4096, 4096, 8192)}};
+  const Calibration back = parse(calibration_to_json(Calibration{.source = "t", .kernels = k}));
+  ASSERT_TRUE(back.kernels.has_value());
+  ASSERT_EQ(back.kernels->gemm_sustained.size(), 3u);
+  EXPECT_EQ(back.kernels->gemm_sustained[1].seconds, k.gemm_sustained[1].seconds);
+  EXPECT_NEAR(apply_calibration(a100, back).gpu.kernels.sustained_gemm, 0.8, 1e-9);
+  for (auto& g : k.gemm_sustained) g.seconds = 0.9 * burst(g.m, g.n, g.k);
+  const Calibration faster{.source = "t", .kernels = k};
+  EXPECT_EQ(apply_calibration(a100, faster).gpu.kernels.sustained_gemm, 1.0);
 }
 
 }  // namespace

@@ -70,6 +70,10 @@ struct KernelCalibration {
   std::optional<double> memory_bps;         // measured streaming bandwidth (read + write)
   std::vector<BandwidthPoint> memory_curve; // by working set, may be empty
   std::vector<GemmSample> gemm;
+  // GEMMs timed at the power cap (after a training step or back to back; Note [power cap],
+  // core/src/presets.cpp): KernelPerf::sustained_gemm = 1 / (the median of measured / the
+  // burst-predicted time), at most 1. Empty: the preset's factor stands.
+  std::vector<GemmSample> gemm_sustained;
   std::vector<AttentionPoint> attention;
 };
 
