@@ -41,6 +41,7 @@ struct PlanOptions {
   MemoryBudgetOptions memory;
   double restart_minutes = 8;
   // Unset: the cluster preset's / the core's default (Note [numbers on the command line]).
+  double overlap_slowdown = kOverlapSlowdown;
   std::optional<double> failure_rate, write_bps, days, tokens, checkpoint_bytes, utilisation;
   bool no_overlap_dp = false, overlap_dp = false, no_overlap_param_gather = false,
        tp_overlap = false, no_tp_grad_overlap = false, pp_scatter_gather = false,
@@ -70,7 +71,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .overlap_param_gather = !o.no_overlap_param_gather, .tp_overlap = o.tp_overlap,
                 .tp_grad_overlap = !o.no_tp_grad_overlap,
                 .pp_scatter_gather = o.pp_scatter_gather,
-                .ep_overlap = o.ep_overlap,
+                .ep_overlap = o.ep_overlap, .overlap_slowdown = o.overlap_slowdown,
                 .capacity_factor = o.capacity_factor, .max_route_nodes = o.max_route_nodes,
                 .amax_history = o.amax_history,
                 .fsdp_float8_all_gather = o.fsdp_float8_all_gather,
@@ -254,6 +255,12 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
                 "TP input-gradient collectives in backward exposed (Megatron-LM before 2021-08, "
                 "PyTorch DTensor; default: behind the weight-gradient GEMM, as Megatron-LM's "
                 "async all-reduce and Transformer Engine do)");
+  cmd->add_option("--overlap-slowdown", o.overlap_slowdown,
+                  "how much slower kernels run beside a collective they hide, fraction (default "
+                  "0.189: Lee et al. 2025's average over A100, H100, MI250, MI210; 0 = a hidden "
+                  "collective is free)")
+      ->check(finite_in(0, 1))
+      ->capture_default_str();
   add_pp_scatter_gather_flag(cmd, o.pp_scatter_gather);
   cmd->add_flag("--no-dropout", o.no_dropout,
                 "no dropout masks or kernels (default: the model's config; Llama-family: none)")

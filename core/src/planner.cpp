@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 #include <string>
@@ -76,6 +77,20 @@ namespace tally {
 //             Megatron-Core 0.14 --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
 //             hides them behind the kernels of another micro-batch, up to the stage's compute.
 //   PP        sends stay on the critical path at stage boundaries.
+// Note [overlap contention] — a hidden collective is not free. NCCL's kernels run on SMs of
+//             their own and share HBM with the compute beside them, so the kernels that hide a
+//             collective run slower while it runs: Lee et al. 2025 ("Characterizing Compute-
+//             Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv
+//             2507.03114) measured an average computational slowdown of σ = 18.9 % (up to 40 %)
+//             over GPT and Llama training on A100, H100, MI250 and MI210, against the same
+//             kernels with no communication beside them. With kernels of w seconds beside a
+//             collective of c, the kernels progress at 1/(1 + σ) while it runs: everything ends
+//             after w + c·σ/(1 + σ) if c <= w·(1 + σ), else after c, so the critical path grows
+//             by max(c − w, c·σ/(1 + σ)) (overlap_exposed_s) instead of max(c − w, 0). Applied
+//             wherever a collective hides above: DP gradient buckets, ZeRO-1/2 and ZeRO-3 gathers,
+//             TP's input-gradient collectives, tp_overlap and ep_overlap. σ is one average over
+//             GPUs and models, not a per-GPU measurement; PlanRequest::overlap_slowdown
+//             (--overlap-slowdown) replaces it, 0 gives the ideal overlap.
 // Note [TP edges] — the model's ends under TP, per micro-batch, as Megatron-LM (and DTensor's
 //             vocabulary-sharded embedding and column-wise output layer) run them, each of
 //             S = b·(s/c)·h, on the end stages only:
@@ -126,6 +141,15 @@ namespace tally {
 // over NVLink and every rail, Note [NCCL collective model]).
 // Buffers: DDP-style gradient buckets 2 × 25 MiB (PyTorch DDP's default bucket) for ZeRO 0–2; two
 // layers of gathered parameters for ZeRO-3 (current + prefetched).
+
+// A window the collective always fits in (the LM head's weight gradient behind its input
+// gradient's collective, Note [TP edges]).
+constexpr double kFullyHidden = std::numeric_limits<double>::infinity();
+
+double overlap_exposed_s(double comm_s, double window_s, double slowdown) {
+  if (!(comm_s > 0)) return 0.0;
+  return std::max(comm_s - window_s, comm_s * slowdown / (1 + slowdown));
+}
 
 namespace {
 
@@ -372,6 +396,9 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
       micro != nullptr && r.grad_accumulation == GradAccumulation::autograd && m > 1
           ? (m - 1) / m * roofline_seconds(c.gpu, 0.0, 1.0, 3.0 * states.bytes.grads)
           : 0.0;
+  // Note [overlap contention]: every hidden collective still costs σ/(1 + σ) of its time (the
+  // utilisation model's u is an end-to-end figure that holds it already).
+  const double sigma = r.time_model == TimeModel::operators ? r.overlap_slowdown : 0.0;
   // Note [TP edges]: the end stages' own TP collectives, per micro-batch, in units of one call of
   // the TP item (every one moves S = b·(s/c)·h).
   double edge_first_s = 0, edge_last_s = 0;
@@ -379,7 +406,10 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     const double per_call = e.tp_s / traffic.tp.calls;
     const bool hidden = (r.tp_grad_overlap && micro != nullptr) || r.tp_overlap;
     edge_first_s = per_call * (L.sp ? 2.0 : 1.0);
-    edge_last_s = per_call * (L.sp ? (hidden ? 1.0 : 2.0) : (hidden ? 0.0 : 1.0));
+    // Hidden: the output layer's input-gradient collective, behind the LM head's weight gradient.
+    const double behind_head = hidden ? overlap_exposed_s(per_call, kFullyHidden, sigma)
+                                      : per_call;
+    edge_last_s = per_call * (L.sp ? 1.0 : 0.0) + behind_head;
     // The vocabulary-parallel loss's all-reduces of one fp32 value per token (Note [TP edges]).
     const double values = double(L.micro_batch) * double(r.seq) / L.cp * 4.0;
     edge_last_s += r.loss == Loss::fused
@@ -388,13 +418,15 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   }
   // Note [TP gradient overlap]: of the TP time, the input-gradient collectives' share (every TP
   // call moves the same bytes) hides behind the column-parallel weight-gradient GEMMs.
-  if (r.tp_grad_overlap && !r.tp_overlap && micro != nullptr && traffic.tp.calls > 0)
-    e.tp_s -= std::min(e.tp_s * traffic.tp_input_grad_calls / traffic.tp.calls,
-                       m * busiest * micro->column_wgrad_s);
+  if (r.tp_grad_overlap && !r.tp_overlap && micro != nullptr && traffic.tp.calls > 0) {
+    const double input_grad_s = e.tp_s * traffic.tp_input_grad_calls / traffic.tp.calls;
+    e.tp_s += overlap_exposed_s(input_grad_s, m * busiest * micro->column_wgrad_s, sigma) -
+              input_grad_s;
+  }
   if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
-    e.tp_s = std::max(0.0, e.tp_s - m * busiest * st.layer_s);
+    e.tp_s = overlap_exposed_s(e.tp_s, m * busiest * st.layer_s, sigma);
   if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels
-    e.ep_s = std::max(0.0, e.ep_s - m * busiest * st.layer_s);
+    e.ep_s = overlap_exposed_s(e.ep_s, m * busiest * st.layer_s, sigma);
   const double comm_per_layer = (e.tp_s + e.cp_s + e.ep_s) / (m * busiest);
   const double pp_per_mb = e.pp_s / m;
   // Per run of equal stages (stage 0 and stage P − 1 are runs of their own).
@@ -442,13 +474,15 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   double grad_exposed = grad_s, gather_exposed = gather_s;
   if (r.overlap_dp) {
     const double window_s = traffic.dp_grad.calls > 1 ? slowest_backward * m : slowest_backward;
-    grad_exposed = std::max(last_bucket_s(traffic.dp_grad, shard_bytes), grad_s - window_s);
+    grad_exposed = std::max(last_bucket_s(traffic.dp_grad, shard_bytes),
+                            overlap_exposed_s(grad_s, window_s, sigma));
   }
   if (L.zero == 3)
-    gather_exposed = std::max(0.0, gather_s - m * slowest_compute);
+    gather_exposed = overlap_exposed_s(gather_s, m * slowest_compute, sigma);
   else if (r.overlap_param_gather && gather_s > 0)
-    gather_exposed = std::max(last_bucket_s(traffic.zero_param_gather, shard_bytes),
-                              gather_s - (slowest_compute - slowest_backward));
+    gather_exposed =
+        std::max(last_bucket_s(traffic.zero_param_gather, shard_bytes),
+                 overlap_exposed_s(gather_s, slowest_compute - slowest_backward, sigma));
   e.dp_exposed_s = grad_exposed + gather_exposed;
   // Note [tied embedding under PP] (comm.cpp): after the schedule, before the optimizer step;
   // counted with the exposed PP time.

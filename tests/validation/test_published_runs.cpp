@@ -12,8 +12,8 @@
 // and Loss::vocab_parallel (Note [local kernels], Note [loss kernels] in core/operators.hpp).
 // The goals: median |error| ≤ 10 % per table; the published trend (efficiency rising with size).
 // Both papers' code scatters each PP send over the TP ranks (Note [PP scatter/gather], comm.cpp).
-// Table 4 meets it (median 9.1 %); Table 5 (12.1 %) and Table 1 (13.9 %) do not yet, so their
-// bounds here are 15 % and 20 %. Every one of the 28 points is predicted too fast (6.3–17.2 %):
+// Table 4 meets it (median 8.4 %); Table 5 (11.4 %) and Table 1 (13.6 %) do not yet, so their
+// bounds here are 15 % and 20 %. Every one of the 28 points is predicted too fast (6.3–17.1 %):
 // Korthikanti's code hides the backward input-gradient collectives behind the weight-gradient
 // GEMMs and Narayanan's does not (Note [TP gradient overlap], planner.cpp), and with that counted
 // both code bases' layers come out 9–15 % faster than published — a fast bias of the A100
@@ -79,12 +79,12 @@ std::vector<Point> table4() {
     // Korthikanti's code (Megatron-LM 2022, LinearWithGradAccumulationAndAsyncCommunication)
     // issues QKV's and the MLP up's input-gradient all-reduce (SP: reduce-scatter) beside their
     // weight-gradient GEMMs: Note [TP gradient overlap]. Both calls here; the GEMMs' sum hides
-    // them.
+    // them, and the GEMMs beside them run slower while they run (Note [overlap contention]).
     EXPECT_EQ(tr.tp_input_grad_calls, 2);
     const double async = tr.tp_input_grad_calls * per_call;
     const double bwd = t.backward_s + t.recompute_s +
                        (tr.tp.calls - calls_fwd - tr.tp_input_grad_calls) * per_call +
-                       std::max(0.0, async - t.column_wgrad_s);
+                       overlap_exposed_s(async, t.column_wgrad_s, kOverlapSlowdown);
     out.push_back({std::string(r.name) + " forward", fwd * 1e3, r.fwd_ms});
     out.push_back({std::string(r.name) + " backward", bwd * 1e3, r.bwd_ms});
   }
