@@ -328,6 +328,27 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("plan --gpus 67", "--gpus = 67");                              // no layout can use 67
   expect_bad("plan --global-batch 0", "--global-batch");                    // impossible batch
   expect_bad("plan --global-batch 3 --gpus 16 --max-pp 1 --max-cp 1", "--global-batch");
+  expect_bad("plan --overlap-slowdown 1.5", "--overlap-slowdown");          // outside [0, 1]
+}
+
+// Note [overlap contention]: the plan says how much slower the kernels beside a hidden collective
+// run (Lee et al. 2025's 18.9 % by default), and --overlap-slowdown 0 (the ideal overlap) can only
+// make a layout's step shorter: a ZeRO-3 layout's gathers hide behind compute on NVLink.
+TEST(Cli, PlanOverlapSlowdownIsAnInput) {
+  const auto text = tally("plan");
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("kernels beside a hidden collective 18.9 % slower"), std::string::npos)
+      << text.out;
+  const std::string base = "compare --model seed-7b --gpus 8 --zero 3 --micro-batch 4 "
+                           "--alternative double-gpus --json";
+  const auto slowed = nlohmann::json::parse(tally(base).out);
+  const auto ideal = nlohmann::json::parse(tally(base + " --overlap-slowdown 0").out);
+  const double s = slowed["options"][0]["eval"]["step_seconds"];
+  const double i = ideal["options"][0]["eval"]["step_seconds"];
+  EXPECT_LT(i, s);
+  EXPECT_GT(i, 0.9 * s);  // σ/(1 + σ) of the hidden gathers, not the step
+  EXPECT_NE(tally("plan --overlap-slowdown 0").out.find("collective 0 % slower"),
+            std::string::npos);
 }
 
 TEST(Cli, MalformedConfigJsonExitsTwo) {
