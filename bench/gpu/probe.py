@@ -327,7 +327,10 @@ def main():
                     ("gemm_layouts", lambda: probe_ops.gemm_layouts(device, shapes, time_it, reps,
                                                                      graph_timer(device))),
                     ("attention", lambda: probe_ops.attention_backends(device, o.smoke, time_it,
-                                                                       reps))):
+                                                                       reps)),
+                    ("megatron_layer", lambda: probe_ops.megatron_layer(device, o.smoke, time_it,
+                                                                        reps,
+                                                                        graph_timer(device)))):
         try:
             ops[key] = fn()
         except Exception as e:  # keep what the other sections measured

@@ -131,6 +131,24 @@ def linear_shapes(step):
     return [(3 * h, h), (h, h), (4 * h, h), (h, 4 * h), (V, h)]
 
 
+def linear_layouts(device, T, o, i, time_it, reps, graphed):
+    """One linear layer's three GEMMs on T tokens, (m, n, k) as core's operator list writes them,
+    each timed by CUDA-graph replays (and once by one call, for comparison)."""
+    out = []
+    x = torch.randn(T, i, device=device, dtype=torch.bfloat16)
+    w = torch.randn(o, i, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(T, o, device=device, dtype=torch.bfloat16)
+    for name, a, b in (("forward", x, w.t()), ("dgrad", dy, w), ("wgrad", dy.t(), x)):
+        c = a @ b
+        one = time_it(lambda: a @ b, reps)
+        t = graphed(lambda: torch.matmul(a, b, out=c), reps,
+                    max(1, min(50, round(2e-3 / max(one, 1e-7)))))
+        out.append({"tokens": T, "out": o, "in": i, "pass": name, "m": a.shape[0],
+                    "n": b.shape[1], "k": a.shape[1], "seconds_median": t,
+                    "seconds_one_call": one})
+    return out
+
+
 def gemm_layouts(device, steps, time_it, reps, graphed):
     out, seen = [], set()
     for st in steps:
@@ -139,18 +157,57 @@ def gemm_layouts(device, steps, time_it, reps, graphed):
             if (T, o, i) in seen:
                 continue
             seen.add((T, o, i))
-            x = torch.randn(T, i, device=device, dtype=torch.bfloat16)
-            w = torch.randn(o, i, device=device, dtype=torch.bfloat16)
-            dy = torch.randn(T, o, device=device, dtype=torch.bfloat16)
-            # (m, n, k) of each product as core's operator list writes it
-            for name, a, b in (("forward", x, w.t()), ("dgrad", dy, w), ("wgrad", dy.t(), x)):
-                c = a @ b
-                one = time_it(lambda: a @ b, reps)
-                t = graphed(lambda: torch.matmul(a, b, out=c), reps,
-                            max(1, min(50, round(2e-3 / max(one, 1e-7)))))
-                out.append({"tokens": T, "out": o, "in": i, "pass": name, "m": a.shape[0],
-                            "n": b.shape[1], "k": a.shape[1], "seconds_median": t,
-                            "seconds_one_call": one})
+            out += linear_layouts(device, T, o, i, time_it, reps, graphed)
+    return out
+
+
+def megatron_layer(device, smoke, time_it, reps, graphed):
+    """One tensor-parallel rank's kernels of Korthikanti et al. 2022's 22B layer (Table 4: h 6144,
+    64 heads, t = 8, b = 4, s = 2048; materialised attention, GELU MLP, biases, dropout 0.1),
+    each timed alone, forward and backward, in bf16: the kernels tally's development set prices
+    (tests/validation/test_published_runs.cpp), so a run on an A100 says which of them the A100
+    constants miss. The attention core runs as PyTorch's own kernels (Megatron's fused scale-mask-
+    softmax is not PyTorch's; the softmax here is torch.softmax on scaled, masked scores)."""
+    h, a, t, b, s = (256, 8, 2, 2, 256) if smoke else (6144, 64, 8, 4, 2048)
+    T, heads, d = b * s, a // t, h // a
+    out = {"model": "korthikanti-22b", "hidden": h, "heads": a, "tp": t, "micro_batch": b,
+           "seq": s, "gemm": [], "kernels": []}
+    for o, i in ((3 * h // t, h), (h, h // t), (4 * h // t, h), (h, 4 * h // t)):
+        out["gemm"] += linear_layouts(device, T, o, i, time_it, reps, graphed)
+    bf = torch.bfloat16
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=device, dtype=bf, requires_grad=True)
+
+    def add(op, shape, f, bw):
+        out["kernels"].append({"op": op, "shape": list(shape), "dtype": "bf16",
+                               "forward_seconds": f, "backward_seconds": bw})
+
+    add("scores_bmm", (b * heads, s, d, s),
+        *fwd_bwd(time_it, lambda: (rnd(b * heads, s, d), rnd(b * heads, d, s)), torch.bmm, reps))
+    mask = torch.ones(s, s, device=device, dtype=torch.bool).triu(1)
+    add("scale_mask_softmax", (b * heads, s, s),
+        *fwd_bwd(time_it, lambda: (rnd(b * heads, s, s),),
+                 lambda x: torch.softmax((x * d ** -0.5).masked_fill(mask, float("-inf")), -1),
+                 reps))
+    add("softmax", (b * heads, s, s),
+        *fwd_bwd(time_it, lambda: (rnd(b * heads, s, s),), lambda x: torch.softmax(x, -1), reps))
+    add("attention_dropout", (b * heads, s, s),
+        *fwd_bwd(time_it, lambda: (rnd(b * heads, s, s),),
+                 lambda x: F.dropout(x, 0.1, training=True), reps))
+    add("context_bmm", (b * heads, s, s, d),
+        *fwd_bwd(time_it, lambda: (rnd(b * heads, s, s), rnd(b * heads, s, d)), torch.bmm, reps))
+    w, bias = rnd(h), rnd(h)
+    add("layer_norm", (T, h),
+        *fwd_bwd(time_it, lambda: (rnd(T, h),), lambda x: F.layer_norm(x, (h,), w, bias), reps,
+                 (w, bias)))
+    add("bias_dropout_add", (T, h),
+        *fwd_bwd(time_it, lambda: (rnd(T, h), rnd(T, h)),
+                 lambda x, r: r + F.dropout(x + bias, 0.1, training=True), reps, (bias,)))
+    ub = rnd(4 * h // t)
+    add("bias_gelu", (T, 4 * h // t),
+        *fwd_bwd(time_it, lambda: (rnd(T, 4 * h // t),),
+                 lambda x: F.gelu(x + ub, approximate="tanh"), reps, (ub,)))
     return out
 
 

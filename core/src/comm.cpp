@@ -455,8 +455,8 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
     // recompute policy: a full-recompute replay keeps the shard too, and torchtitan's op-level SAC
     // (which saves no all-gather output) gathers each input once in backward for both its replayed
     // matmul and the weight gradient. Megatron issues it asynchronously beside the input-gradient
-    // GEMM, so the time model keeps it off the critical path (planner.cpp costs `tp` only); the
-    // bytes are sent all the same.
+    // GEMM, so the time model keeps it off the critical path but for what the GEMM beside it
+    // loses to it (planner.cpp, Note [overlap contention]); the bytes are sent all the same.
     if (st.sequence_parallel) {
       auto& rg = r.tp_regather;
       rg.collective = Collective::all_gather;

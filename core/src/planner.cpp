@@ -88,8 +88,9 @@ namespace tally {
 //             after w + c·σ/(1 + σ) if c <= w·(1 + σ), else after c, so the critical path grows
 //             by max(c − w, c·σ/(1 + σ)) (overlap_exposed_s) instead of max(c − w, 0). Applied
 //             wherever a collective hides above: DP gradient buckets, ZeRO-1/2 and ZeRO-3 gathers,
-//             TP's input-gradient collectives, tp_overlap and ep_overlap. σ is one average over
-//             GPUs and models, not a per-GPU measurement; PlanRequest::overlap_slowdown
+//             TP's input-gradient collectives and, under SP, the re-gathers of the same linears'
+//             inputs (Note [SP re-gather], comm.cpp), tp_overlap and ep_overlap. σ is one average
+//             over GPUs and models, not a per-GPU measurement; PlanRequest::overlap_slowdown
 //             (--overlap-slowdown) replaces it, 0 gives the ideal overlap.
 // Note [TP edges] — the model's ends under TP, per micro-batch, as Megatron-LM (and DTensor's
 //             vocabulary-sharded embedding and column-wise output layer) run them, each of
@@ -423,6 +424,12 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     e.tp_s += overlap_exposed_s(input_grad_s, m * busiest * micro->column_wgrad_s, sigma) -
               input_grad_s;
   }
+  // Note [SP re-gather] (comm.cpp): under SP the same linears' inputs are re-gathered beside their
+  // input-gradient GEMMs (as many FLOPs as the weight-gradient ones): hidden, not free.
+  if (L.sp && r.tp_grad_overlap && !r.tp_overlap && micro != nullptr &&
+      traffic.tp_regather.calls > 0)
+    e.tp_s += overlap_exposed_s(traffic_seconds(traffic.tp_regather, c),
+                                m * busiest * micro->column_wgrad_s, sigma);
   if (r.tp_overlap)  // each layer's TP collectives behind that layer's kernels
     e.tp_s = overlap_exposed_s(e.tp_s, m * busiest * st.layer_s, sigma);
   if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels

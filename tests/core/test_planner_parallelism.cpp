@@ -134,12 +134,16 @@ TEST(Planner, TpGradientOverlapHidesTheInputGradientCollectives) {
     // 2025), so of a hidden collective σ/(1 + σ) stays on the critical path; the output layer's
     // is hidden behind the LM head's weight gradient.
     const double kappa = 0.189 / 1.189;
-    const double exposed = std::max(async - behind, kappa * async) + kappa * per_call * M;
+    // Under SP the same linears' inputs are re-gathered beside their input-gradient GEMMs (Note
+    // [SP re-gather]): one all-gather of S each, hidden like them, at the same cost.
+    const double regather = k.sp ? async : 0.0;
+    const double exposed = std::max(async - behind, kappa * async) + kappa * per_call * M +
+                           (k.sp ? std::max(regather - behind, kappa * regather) : 0.0);
     const double saved = async + per_call * M - exposed;
     EXPECT_NEAR(off.tp_s - on.tp_s, saved, 1e-9 * off.tp_s);
     EXPECT_NEAR(off.step_s - on.step_s, saved, 1e-9 * off.step_s);
     // With no slowdown a hidden collective is free: up to the GEMMs' time.
-    r.overlap_slowdown = 0;
+    r.overlap_slowdown = 0;  // (the re-gathers free again)
     const double ideal = std::min(async, behind) + per_call * M;
     EXPECT_NEAR(off.tp_s - evaluate_layout(r, L).tp_s, ideal, 1e-9 * off.tp_s);
     r.overlap_slowdown = kOverlapSlowdown;
@@ -201,8 +205,9 @@ TEST(Planner, ColumnWeightGradientsLeaveTheRoutedExpertsOut) {
 // Exposed per micro-batch, with the overlap off: 4 all-reduces per layer and the embedding's and
 // the output layer's (2); under SP 8 calls per layer and 2 + 2. With the overlap on (every input-
 // gradient collective hidden at this shape): 2 per layer + the embedding's 1; SP 6 + 2 + 1, and
-// of the hidden ones (2 per layer + the output layer's 1) σ/(1 + σ) each, σ = 18.9 % (Note
-// [overlap contention], Lee et al. 2025). The
+// of the hidden ones (2 per layer + the output layer's 1; under SP also the 2 re-gathers per
+// layer, Note [SP re-gather]) σ/(1 + σ) each, σ = 18.9 % (Note [overlap contention], Lee et al.
+// 2025). The
 // last stage's loss adds its all-reduces of one fp32 per token, n = b·s·4 = 32,768 B: Megatron's
 // fused loss 2 (n, then 2n), its unfused one 3 of n. Under SP, once per step, the norms' gradients
 // (RMSNorm weights, no biases: 2h per layer, 2 · 4096 · 32 · 2 B = 524,288 B) are all-reduced.
@@ -224,10 +229,11 @@ TEST(Planner, TpEdgesRunOnTheEndStages) {
   const double fused_loss = small(n) + small(2 * n), unfused_loss = 3 * small(n);
   EXPECT_GT(unfused_loss, fused_loss);  // latency: three calls cost more than two
   const double kappa = 0.189 / 1.189, hidden = kappa * M * (2 * L + 1);
+  const double regathers = kappa * M * 2 * L;
   struct Case { bool sp, overlap; double per_call, calls; };
   const Case cases[] = {{false, false, ar, M * (4 * L + 2)}, {true, false, ag, M * (8 * L + 4)},
                         {false, true, ar, M * (2 * L + 1) + hidden},
-                        {true, true, ag, M * (6 * L + 3) + hidden}};
+                        {true, true, ag, M * (6 * L + 3) + hidden + regathers}};
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(k.sp ? "SP" : "no SP") + (k.overlap ? ", overlap" : ""));
     PlanRequest r{.model = model, .cluster = c, .gpus = 8, .global_batch = 8, .seq = 4096,
