@@ -88,10 +88,12 @@ struct ElementBytes {
 };
 
 // A norm's bytes per element: one read and one write fused (LayerNorm is one native kernel eager
-// too); torchtitan's fp32 RMSNorm in pieces eagerly (Note [eager kernels]).
+// too); torchtitan's fp32 RMSNorm in pieces eagerly (Note [eager kernels]). Backward, Note [norm
+// backward passes]: 5e in two passes (PyTorch's native kernels, Megatron-LM's own), 3e in one
+// (Transformer Engine).
 ElementBytes norm_bytes(const ModelSpec& m, const OperatorSetup& s, double e) {
   if (s.kernels == Kernels::eager && m.norm == NormKind::rmsnorm) return {28 + 4 * e, 76 + 8 * e};
-  return {2 * e, 3 * e};
+  return {2 * e, s.kernels == Kernels::fused ? 3 * e : 5 * e};
 }
 
 struct Dims {

@@ -211,6 +211,31 @@ TEST(H200Kernels, StreamingKernelsRunAtThePresetsFraction) {
   EXPECT_EQ(checked, 2);
 }
 
+// Note [norm backward passes]: PyTorch's LayerNorm and RMSNorm backward read x and dy twice (the
+// input gradient, then the weight's) and write dx, 5 tensors where the forward moves 2; one pass
+// would move 3. The probe's one-call timings (same kernels, same launch conditions, 8192 × 4096
+// bf16) put the backward nearer 5/2 of the forward than 3/2, on a log scale, for both norms — and
+// the model's eager GPT norm moves 5/2 as much backward as forward.
+TEST(H200Kernels, NormBackwardRunsTwoPasses) {
+  int checked = 0;
+  for (const auto& k : ops()["elementwise"]) {
+    if (k["op"] != "layer_norm" && k["op"] != "rms_norm") continue;
+    const double ratio = k["backward_seconds"].get<double>() / k["forward_seconds"].get<double>();
+    std::printf("  %s backward / forward %.2f (two passes 2.5, one 1.5)\n",
+                k["op"].get<std::string>().c_str(), ratio);
+    EXPECT_LT(std::fabs(std::log(ratio / 2.5)), std::fabs(std::log(ratio / 1.5))) << k["op"];
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+  const ModelSpec m = *model_preset("gpt2-124m");
+  double forward = 0, backward = 0;
+  for (const Op& op : layer_ops(m, OperatorSetup{.seq = 1024, .kernels = Kernels::eager})) {
+    if (op.name == "norm-1") forward = op.bytes;
+    if (op.name == "norm-1.backward") backward = op.bytes;
+  }
+  EXPECT_DOUBLE_EQ(backward / forward, 2.5);
+}
+
 // A recorded step as a one-GPU layout: the probe's model, its micro-batch, bf16 with fp32 master
 // weights and AdamW, no dropout, PyTorch's eager loss (logits cast to fp32), flash attention;
 // uncompiled steps with eager kernels (Note [eager kernels]), the compiled one fused.

@@ -12,8 +12,8 @@
 // and Loss::vocab_parallel (Note [local kernels], Note [loss kernels] in core/operators.hpp).
 // The goals: median |error| ≤ 10 % per table; the published trend (efficiency rising with size).
 // Both papers' code scatters each PP send over the TP ranks (Note [PP scatter/gather], comm.cpp).
-// Table 4 meets it (median 8.4 %); Table 5 (11.4 %) and Table 1 (13.6 %) do not yet, so their
-// bounds here are 15 % and 20 %. Every one of the 28 points is predicted too fast (6.3–17.1 %):
+// Table 4 meets it (median 7.9 %); Table 5 (10.7 %) and Table 1 (13.0 %) do not yet, so their
+// bounds here are 15 % and 20 %. Every one of the 28 points is predicted too fast (6.3–16.5 %):
 // Korthikanti's code hides the backward input-gradient collectives behind the weight-gradient
 // GEMMs and Narayanan's does not (Note [TP gradient overlap], planner.cpp), and with that counted
 // both code bases' layers come out 9–15 % faster than published — a fast bias of the A100

@@ -60,7 +60,8 @@
 //       operands' gradients, the weight's summed), cast 4+e, × rsqrt 24 (grad·r; Σ grad·x),
 //       mean's expand 4, pow's 2·x·grad 28 (x.pow(1) copy, × 2, × grad), the two gradients of the
 //       fp32 x added 12, cast back 4+e = 76 + 8e.  (fused: 2e forward, 3e backward; LayerNorm is
-//       one native kernel eager too, so GPT layouts keep the fused bytes)
+//       one native kernel eager too, so GPT layouts keep 2e forward, and 5e backward: Note [norm
+//       backward passes])
 //   rotary on q and k (view_as_complex(x.float()) · freqs, view_as_real, type_as): forward and
 //       backward each float cast e+4, complex product 8, cast back 4+e = 16 + 2e (fused 2e, 3e)
 //   repeat_kv (a_q/t > a_kv/t: GQA): expand + reshape copies k and v to every query head:
@@ -71,6 +72,19 @@
 //   SwiGLU silu(w1·x) · (w3·x): forward silu 2e, product 3e = 5e; backward the product's two
 //       gradients 6e, silu's 3e = 9e (fused 3e, 4.5e)
 //   residual adds and GeLU are one kernel either way.
+//
+// Note [norm backward passes]: a norm's backward computes the input gradient (per row: reads x
+// and dy, writes dx) and the weight's (and bias's) gradient (per column: a sum over the rows of
+// dy·x̂, reads x and dy again). PyTorch's native LayerNorm (aten/src/ATen/native/cuda/
+// layer_norm_kernel.cu: the dX kernel, then cuComputePartGradGammaBeta / GammaBetaBackward over
+// dY and X) and Megatron-LM's own fused LayerNorm (megatron/fused_kernels/
+// layer_norm_cuda_kernel.cu, apex's HostLayerNormGradient: cuComputePartGradGammaBeta(dout,
+// input), then cuComputeGradInput(dout, input) → grad_input) run them as two passes, 5e per element
+// (Kernels::eager and local); Transformer Engine's LayerNorm and RMSNorm backward computes dx and
+// per-block partial weight gradients in one pass, 3e (Kernels::fused; the partial sums are
+// h-sized). On one H200 (tests/data/h200_probe_ops.json, 8192 × 4096 bf16) PyTorch's LayerNorm
+// and RMSNorm backward took 2.09× and 2.45× their forward (2e), where two passes give 2.5×, one
+// 1.5× (H200Kernels.NormBackwardRunsTwoPasses).
 //
 // Note [loss kernels] (OperatorSetup::loss), bytes per logit of the rank's T × V/t:
 //   fused           one kernel reading the e-byte logits and making three fp32 passes forward
