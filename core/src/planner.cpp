@@ -89,9 +89,11 @@ namespace tally {
 //             by max(c − w, c·σ/(1 + σ)) (overlap_exposed_s) instead of max(c − w, 0). Applied
 //             wherever a collective hides above: DP gradient buckets, ZeRO-1/2 and ZeRO-3 gathers,
 //             TP's input-gradient collectives and, under SP, the re-gathers of the same linears'
-//             inputs (Note [SP re-gather], comm.cpp), tp_overlap and ep_overlap. σ is one average
-//             over GPUs and models, not a per-GPU measurement; PlanRequest::overlap_slowdown
-//             (--overlap-slowdown) replaces it, 0 gives the ideal overlap.
+//             inputs (Note [SP re-gather], comm.cpp), tp_overlap and ep_overlap; a DP reduction's
+//             last bucket (a ZeRO-1/2 gather's first) stays exposed whole, the rest runs beside
+//             the kernels. σ is one average over GPUs and models, not a per-GPU measurement;
+//             PlanRequest::overlap_slowdown (--overlap-slowdown) replaces it, 0 gives the ideal
+//             overlap.
 // Note [TP edges] — the model's ends under TP, per micro-batch, as Megatron-LM (and DTensor's
 //             vocabulary-sharded embedding and column-wise output layer) run them, each of
 //             S = b·(s/c)·h, on the end stages only:
@@ -481,15 +483,19 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   double grad_exposed = grad_s, gather_exposed = gather_s;
   if (r.overlap_dp) {
     const double window_s = traffic.dp_grad.calls > 1 ? slowest_backward * m : slowest_backward;
-    grad_exposed = std::max(last_bucket_s(traffic.dp_grad, shard_bytes),
-                            overlap_exposed_s(grad_s, window_s, sigma));
+    // The last bucket after the backward, the rest beside it: with σ = 0 this is
+    // max(last bucket, gradients − window).
+    const double last = std::min(grad_s, last_bucket_s(traffic.dp_grad, shard_bytes));
+    grad_exposed = last + overlap_exposed_s(grad_s - last, window_s, sigma);
   }
-  if (L.zero == 3)
+  if (L.zero == 3) {
     gather_exposed = overlap_exposed_s(gather_s, m * slowest_compute, sigma);
-  else if (r.overlap_param_gather && gather_s > 0)
+  } else if (r.overlap_param_gather && gather_s > 0) {
+    // The first bucket before the forward, the rest beside it.
+    const double first = std::min(gather_s, last_bucket_s(traffic.zero_param_gather, shard_bytes));
     gather_exposed =
-        std::max(last_bucket_s(traffic.zero_param_gather, shard_bytes),
-                 overlap_exposed_s(gather_s, slowest_compute - slowest_backward, sigma));
+        first + overlap_exposed_s(gather_s - first, slowest_compute - slowest_backward, sigma);
+  }
   e.dp_exposed_s = grad_exposed + gather_exposed;
   // Note [tied embedding under PP] (comm.cpp): after the schedule, before the optimizer step;
   // counted with the exposed PP time.

@@ -66,9 +66,11 @@ TEST(OperatorsLocal, MegatronLocalModulesAddTheirKernelsByHand) {
     EXPECT_DOUBLE_EQ(local.at(key), bytes);
     EXPECT_FALSE(fused.contains(key));
   }
-  for (const auto& [key, bytes] : fused)
-    if (!key.first.starts_with("norm-") || key.second != Pass::backward)
+  for (const auto& [key, bytes] : fused) {
+    if (!key.first.starts_with("norm-") || key.second != Pass::backward) {
       EXPECT_DOUBLE_EQ(local.at(key), bytes) << key.first;
+    }
+  }
   // No kernel at all for the copy's gradient, so no launch overhead either (0 bytes before).
   EXPECT_FALSE(local.contains({"context-copy.backward", Pass::backward}));
   EXPECT_EQ(to_string(Kernels::local), "local");

@@ -68,6 +68,18 @@ TEST(Planner, HiddenCollectivesSlowTheKernelsBesideThem) {
   EXPECT_NEAR(slowed.dp_exposed_s - ideal.dp_exposed_s, gathers * 0.189 / 1.189,
               1e-9 * slowed.step_s);
   EXPECT_NEAR(slowed.step_s - ideal.step_s, gathers * 0.189 / 1.189, 1e-9 * slowed.step_s);
+  // DDP with the gradient buckets overlapped: with σ = 0 only the last bucket is exposed (the
+  // rest hides in the backward), and σ/(1 + σ) of the rest comes back.
+  PlanRequest d{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("a100-80g"),
+                .gpus = 32, .global_batch = 256, .seq = 4096, .overlap_slowdown = 0};
+  const Layout D{.dp = 16, .tp = 2, .micro_batch = 1, .grad_accum = 16};
+  const PlanEval d0 = evaluate_layout(d, D);
+  const double rest = d0.dp_s - d0.dp_exposed_s;
+  ASSERT_GT(rest, 0);
+  ASSERT_GT(d0.dp_exposed_s, 0);  // the last bucket
+  d.overlap_slowdown = 0.189;
+  EXPECT_NEAR(evaluate_layout(d, D).dp_exposed_s - d0.dp_exposed_s, rest * 0.189 / 1.189,
+              1e-9 * d0.step_s);
   // The seed's utilisation model takes u end to end: nothing changes there.
   r.time_model = TimeModel::utilisation;
   const double util = evaluate_layout(r, L).step_s;
