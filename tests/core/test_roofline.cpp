@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tally/core/operators.hpp"
 #include "tally/core/presets.hpp"
 
 namespace tally::test_roofline {
@@ -27,6 +28,23 @@ TEST(Roofline, PresetsReproduceThePublishedBestGemm) {
     EXPECT_NEAR(gemm_efficiency(h.kernels, 2048, 2048, 13312) * h.peak_bf16_flops / 1e12 / 794.5,
                 1.0, 0.015)
         << name;
+  }
+}
+
+// A training step holds the A100 at its 400 W cap. H. He ("Strangely, Matrix Multiplications on
+// GPUs Run Faster When Given 'Predictable' Data!", thonking.ai, 2024) timed a 16-bit cuBLAS
+// 8192³ on an A100 at 257 TFLOP/s with torch.randn inputs and at 295 with zeros (the same
+// kernel under the cap with fewer bits flipping). The preset prices 8192³ at the search's burst
+// 271.2 and a training GEMM at He's 257; both A100 presets are the same 400 W SXM part.
+TEST(Roofline, A100GemmsRunAtThePowerCap) {
+  for (const char* name : {"a100-80g", "a100-40g"}) {
+    const GpuSpec a100 = cluster_preset(name)->gpu;
+    const double n = 8192, flops = 2 * n * n * n;
+    EXPECT_NEAR(gemm_efficiency(a100.kernels, 8192, 8192, 8192) * 312, 271.2, 0.01) << name;
+    const Op op{.name = "8192^3", .kind = OpKind::gemm, .m = 8192, .n = 8192, .k = 8192,
+                .flops = flops, .bytes = 3 * n * n * 2};
+    EXPECT_NEAR(flops / op_seconds(op, a100, Precision::bf16) / 1e12, 257.0, 0.01) << name;
+    EXPECT_NEAR(a100.kernels.sustained_gemm, 257 / 271.2, 1e-6) << name;
   }
 }
 

@@ -214,7 +214,8 @@ TEST(Calibration, KernelsRoundTripAndApply) {
   EXPECT_NEAR(a.gpu.kernels.memory_fraction, 1.7e12 / 2.039e12, 1e-12);
   EXPECT_NEAR(a.gpu.kernels.attention_forward_fraction, 0.5, 1e-9);
   EXPECT_NEAR(a.gpu.kernels.attention_backward_fraction, 0.4, 1e-9);
-  EXPECT_EQ(a.gpu.kernels.sustained_gemm, 1.0);  // no gemm_sustained: the preset's (A100: 1)
+  // No gemm_sustained: the preset's power cap stays (A100: He's 257 of the burst 271.2 TFLOP/s).
+  EXPECT_NEAR(a.gpu.kernels.sustained_gemm, 257 / 271.2, 1e-6);
   // Hostile: an unknown precision is a one-line error naming the field.
   std::string text = calibration_to_json(c);
   expect_invalid([&] { parse(replaced(text, "\"bf16\"", "\"bf17\"")); }, {"kernels.precision"});
@@ -281,11 +282,13 @@ TEST(Calibration, HostClusterFromAHostCalibration) {
 // median 1.25, so 0.8; the list survives a round trip; GEMMs no slower than the burst leave 1.
 TEST(CalibrationKernels, SustainedGemmsSetThePowerCap) {
   const ClusterSpec a100 = *cluster_preset("a100-80g");
+  GpuSpec uncapped = a100.gpu;  // the preset's burst terms without its own cap
+  uncapped.kernels.sustained_gemm = 1;
   const auto burst = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
     const Op op{.name = "gemm", .kind = OpKind::gemm, .m = m, .n = n, .k = k,
                 .flops = 2.0 * double(m) * double(n) * double(k),
                 .bytes = 2.0 * double(m * k + k * n + m * n)};
-    return op_seconds(op, a100.gpu, Precision::bf16);
+    return op_seconds(op, uncapped, Precision::bf16);
   };
   KernelCalibration k{.device = "test-gpu", .precision = "bf16", .peak_flops = 312e12};
   k.gemm_sustained = {

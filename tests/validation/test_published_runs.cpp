@@ -174,8 +174,8 @@ std::vector<Point> table5() {
 
 TEST(PublishedRuns, Korthikanti2022Table5_IterationTime) {
   const auto points = table5();
-  for (const Point& p : points) EXPECT_LT(std::fabs(p.error()), 0.20) << p.label;
-  EXPECT_LE(report(points, "s"), 0.15);  // goal 10 %: open (docs/ledgers.md §5)
+  for (const Point& p : points) EXPECT_LT(std::fabs(p.error()), 0.15) << p.label;
+  EXPECT_LE(report(points, "s"), 0.10);  // the issue's goal (docs/ledgers.md §5)
 }
 
 // Table 1: weak scaling, 1.7B on 32 GPUs to 1T on 3072. TFLOP/s per GPU by the paper's eq. 3,
@@ -231,7 +231,7 @@ std::vector<Point> table1() {
 TEST(PublishedRuns, Narayanan2021Table1_WeakScaling) {
   const auto points = table1();
   std::printf("  (step seconds; the paper's TFLOP/s per GPU by eq. 3 turned into its step time)\n");
-  EXPECT_LE(report(points, "s"), 0.20);  // goal 10 %: open (docs/ledgers.md §5)
+  EXPECT_LE(report(points, "s"), 0.10);  // the issue's goal (docs/ledgers.md §5)
   // The published trend (issue 10: "efficiency rising from 1.7 B to 1 T"; 137 → 163 TFLOP/s per
   // GPU, +19 %). Predicted TFLOP/s ∝ published TFLOP/s · published step / predicted step; compare
   // the three smallest runs with the three largest. The predicted rise is far weaker (docs/
@@ -245,10 +245,13 @@ TEST(PublishedRuns, Narayanan2021Table1_WeakScaling) {
   EXPECT_GT(large, small);
 }
 
-// Where the miss sits (docs/ledgers.md §5). Not in the memory-bound kernels' share (softmax,
-// dropout, norms, GELU, biases at 0.85 of HBM bandwidth): a least-squares line of measured /
-// predicted over each point's memory-bound share of its layer, fitted here only to describe the
-// 28 points (no constant of the model is set from it), is flat. What the misses follow is the pass
+// Where the miss sits (docs/ledgers.md §5). Little of it in the memory-bound kernels' share
+// (softmax, dropout, norms, GELU, biases at 0.85 of HBM bandwidth): a least-squares line of
+// measured / predicted over each point's memory-bound share of its layer, fitted here only to
+// describe the 28 points (no constant of the model is set from it), rises from share 0 to the
+// points' median share by less than a third of the miss at that share (it was flat, slope −0.006,
+// until the A100's GEMMs took the power cap; since, 0.066: at the median share the memory-bound
+// kernels carry an eighth of what is left). What the misses follow is the pass
 // and the policy: every backward row of Table 4 is missed by more than every forward row, and in
 // Table 5 every selective + SP row by more than the same model's full-recompute row — what an
 // A100 measurement should time first (bench/gpu/probe.py's `megatron_layer` section times Table
@@ -267,8 +270,13 @@ TEST(PublishedRuns, WhereTheMissSits) {
   }
   const double n = double(points.size());
   const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), at0 = (sy - slope * sx) / n;
-  std::printf("  line: %.3f at share 0, %.3f at share 1\n", at0, at0 + slope);
-  EXPECT_LT(std::fabs(slope), 0.05);  // flat: within 5 % from no memory-bound time to all of it
+  std::vector<double> shares;
+  for (const Point& p : points) shares.push_back(p.memory_share);
+  const double mid = median(shares), miss = at0 + slope * mid - 1;
+  std::printf("  line: %.3f at share 0, %.3f at share 1; at the median share %.3f the miss is "
+              "%.3f, %.3f of it the share's\n", at0, at0 + slope, mid, miss, slope * mid);
+  EXPECT_GT(miss, 0);
+  EXPECT_LT(std::fabs(slope * mid), miss / 3);
   const auto t4 = table4();
   double worst_forward = 0, best_backward = 1;
   for (const Point& p : t4) {

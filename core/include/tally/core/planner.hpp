@@ -294,12 +294,12 @@ struct PlanEval {
 // Note [error band]: how far measured step times have been from the operator model's predictions,
 // measured / predicted, on the published runs that check the GPU's generation:
 //   A100 (the development set, tests/validation/test_published_runs.cpp: Korthikanti 2022 Tables
-//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 1.06 to 1.20, median
-//     1.12 — every figure slower than predicted, a bias of the A100 kernel constants shared by
-//     both code bases once Korthikanti's backward TP overlap and Megatron-LM's PP scatter/gather
-//     are counted (Note [TP gradient overlap], planner.cpp; Note [PP scatter/gather], comm.cpp);
-//     what can reorder two plans on one system is the spread within one published table: at
-//     most 9.2 %.
+//     4–5, Narayanan 2021 Table 1; 28 Megatron-LM figures, nothing fitted): 1.03 to 1.16, median
+//     1.085 — every figure slower than predicted, a bias of the A100 kernel constants shared by
+//     both code bases once Korthikanti's backward TP overlap, Megatron-LM's PP scatter/gather and
+//     the 400 W power cap are counted (Note [TP gradient overlap], planner.cpp; Note [PP
+//     scatter/gather], comm.cpp; presets.cpp); what can reorder two plans on one system is the
+//     spread within one published table: at most 10.7 %.
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
 //     1.12 to 1.84, median 1.48 (uncompiled rows with Note [eager kernels], Float8 rows with Note
@@ -308,8 +308,8 @@ struct PlanEval {
 //     entirely, gained 6 %).
 //   A100, data parallelism alone (DP / ZeRO / FSDP: no TP, PP, CP or EP; LayoutFamily) — kept
 //     aside, tests/validation/test_published_fsdp.cpp: MosaicML llm-foundry's MPT tables on A100
-//     80GB and 40GB, 139 FSDP runs, 125M-70B, sequence 512-65536): 1.05 to 1.69, median 1.33,
-//     within one table up to 53 % apart. The Megatron band above does not cover these layouts
+//     80GB and 40GB, 139 FSDP runs, 125M-70B, sequence 512-65536): 1.00 to 1.62, median 1.28,
+//     within one table up to 55 % apart. The Megatron band above does not cover these layouts
 //     (the default plan, a 7B on 8 A100s with ZeRO-3, printed 85 % MFU beside it).
 //   B200 / B300 / GB200 / GB300 (kept aside, tests/validation/test_published_bridge.cpp: NVIDIA
 //     Megatron-Bridge's 26.04.01 performance summary, the 16 Blackwell rows tally can express —
