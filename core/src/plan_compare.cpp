@@ -1,5 +1,6 @@
 // `tally compare`: a base layout and the seed's alternatives, each costed with the planner's own
 // evaluate_layout (one "does it fit", one time model).
+#include <cstdint>
 #include <string>
 
 #include "tally/core/planner.hpp"
@@ -40,6 +41,17 @@ std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, co
     }
     out.push_back(std::move(c));
   };
+  // An alternative that cannot hold the global batch: say why, never cost an impossible layout.
+  auto refuse = [&](Alternative a, std::string change, const PlanRequest& req, const Layout& l,
+                    std::string reason) {
+    Comparison c{.name = std::string(to_string(a)), .change = std::move(change), .request = req,
+                 .layout = l};
+    c.invalid_reason = std::move(reason);
+    out.push_back(std::move(c));
+  };
+  const auto arrow = [](const char* what, std::int64_t from, std::int64_t to) {
+    return std::string(what) + " " + std::to_string(from) + " → " + std::to_string(to);
+  };
   add("base", base.describe(), base_request, base);
   for (Alternative a : alternatives) {
     PlanRequest req = base_request;
@@ -49,14 +61,9 @@ std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, co
       case Alternative::double_micro_batch:
         if (base.grad_accum < 2) {
           // Holding the global batch needs an accumulation step to halve; never print "1 → 0".
-          Comparison c{.name = std::string(to_string(a)),
-                       .change = "micro-batch " + std::to_string(base.micro_batch) + " → " +
-                                 std::to_string(2 * base.micro_batch),
-                       .request = req, .layout = l};
-          c.invalid_reason = "doubling the micro-batch at the same global batch needs accumulation "
-                             ">= 2 (it is 1 here); at accumulation 1 it would double the global "
-                             "batch instead";
-          out.push_back(std::move(c));
+          refuse(a, arrow("micro-batch", base.micro_batch, 2 * base.micro_batch), req, l,
+                 "doubling the micro-batch at the same global batch needs accumulation >= 2 (it "
+                 "is 1 here); at accumulation 1 it would double the global batch instead");
           continue;
         }
         l.micro_batch *= 2;
@@ -71,18 +78,30 @@ std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, co
         change = "full recompute, sequence " + std::to_string(base_request.seq) + " → " +
                  std::to_string(req.seq);
         break;
-      case Alternative::double_gpus:
+      case Alternative::double_gpus: {
         req.gpus *= 2;
         l.dp *= 2;
-        if (l.grad_accum % 2 == 0)
+        change = arrow("GPUs", base_request.gpus, req.gpus) + " (" + arrow("DP", base.dp, l.dp) +
+                 "), global batch held by ";
+        // Twice the data-parallel ranks take half the samples each: half the accumulation, or
+        // half the micro-batch; with both odd no layout holds the global batch.
+        if (l.grad_accum % 2 == 0) {
           l.grad_accum /= 2;
-        else
+          change += arrow("accumulation", base.grad_accum, l.grad_accum);
+        } else if (l.micro_batch % 2 == 0) {
           l.micro_batch /= 2;
-        change = "GPUs " + std::to_string(base_request.gpus) + " → " + std::to_string(req.gpus) +
-                 " (DP " + std::to_string(base.dp) + " → " + std::to_string(l.dp) +
-                 "), global batch held by accumulation " + std::to_string(base.grad_accum) +
-                 " → " + std::to_string(l.grad_accum);
+          change += arrow("micro-batch", base.micro_batch, l.micro_batch);
+        } else {
+          refuse(a, arrow("GPUs", base_request.gpus, req.gpus), req, l,
+                 "doubling the GPUs at the same global batch halves each rank's samples: it needs "
+                 "an even accumulation or micro-batch (accumulation " +
+                     std::to_string(base.grad_accum) + ", micro-batch " +
+                     std::to_string(base.micro_batch) + " here); otherwise it would double the "
+                     "global batch");
+          continue;
+        }
         break;
+      }
     }
     add(std::string(to_string(a)), change, req, l);
   }

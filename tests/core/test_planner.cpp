@@ -283,6 +283,35 @@ TEST(Planner, SeedPlan3_CompareThreeOptions) {
   EXPECT_LT(C.step_s, b.step_s);
 }
 
+// Option C holds the global batch by halving each rank's samples: the accumulation when it is
+// even, else the micro-batch (and says which); with both odd no layout holds it, and it says so
+// instead of costing dp × micro-batch × accum = 0 or a smaller global batch.
+TEST(Planner, DoubleGpusHoldsTheGlobalBatch) {
+  auto req = seed_request();  // 8 GPUs, global batch 256
+  const auto by_micro = compare_alternatives(req, Layout{.dp = 8, .zero = 2, .micro_batch = 32},
+                                             {Alternative::double_gpus});
+  ASSERT_EQ(by_micro.size(), 2u);
+  const Comparison& c = by_micro[1];
+  ASSERT_TRUE(c.eval.has_value()) << c.invalid_reason;
+  EXPECT_EQ(c.layout.dp, 16);
+  EXPECT_EQ(c.layout.micro_batch, 16);
+  EXPECT_EQ(c.layout.grad_accum, 1);
+  EXPECT_NE(c.change.find("micro-batch 32 → 16"), std::string::npos) << c.change;
+  EXPECT_EQ(c.change.find("accumulation"), std::string::npos) << c.change;
+  req.global_batch = 24;
+  for (const Layout& odd : {Layout{.dp = 8, .zero = 2, .micro_batch = 3},
+                            Layout{.dp = 8, .zero = 2, .micro_batch = 1, .grad_accum = 3}}) {
+    const auto r = compare_alternatives(req, odd, {Alternative::double_gpus});
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_FALSE(r[1].eval.has_value());
+    EXPECT_NE(r[1].invalid_reason.find("needs an even accumulation or micro-batch (accumulation " +
+                                       std::to_string(odd.grad_accum) + ", micro-batch " +
+                                       std::to_string(odd.micro_batch) + " here)"),
+              std::string::npos)
+        << r[1].invalid_reason;
+  }
+}
+
 // Reasons: the seed's plan 1 says why TP, PP and a lower ZeRO stage are not used.
 TEST(Planner, ReasonsFlipOneDimension) {
   const auto r = plan(seed_request());
