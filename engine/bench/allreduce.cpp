@@ -9,6 +9,7 @@
 
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
+#include "tally/engine/tracking_allocator.hpp"
 
 namespace tally::engine {
 
@@ -281,8 +282,18 @@ std::optional<double> BenchAllReduceResult::ring_over_gloo_busbw() const {
   return ring.back().busbw_bps / gloo.back().busbw_bps;
 }
 
+// Note [calibration allocator]
+// The runs this calibrates (`run zero`: DP's ring all-reduce, the ZeRO stages' reduce-scatter)
+// train under the engine's caching allocator (tracking_allocator.hpp), so the owned tensors each
+// ring exchange allocates (Note [owned tensors], comm.cpp) come from its cache. Timed under
+// glibc's malloc instead, a chunk of a few MB is mmap'ed and unmapped at every exchange, and on
+// the 2-core CI VM that put the ring into a slow mode at random (2026-12-04: 4 MB in 17–31 ms or
+// in 2–4 ms, back to back; the runs' own ring moved 6.3 MB in 8.6 ms; with glibc's mmap threshold
+// raised, always fast). So the timed loops run under the same caching allocator: the collective
+// as the runs call it. Gloo's algorithm allocates its scratch outside c10 and is unaffected.
 BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions& o) {
   o.validate();
+  TrackingAllocatorScope cache({.cache = true});
   const int k = comm.world_size();
   BenchAllReduceResult result{.world_size = k, .warmup_iters = o.warmup_iters, .iters = o.iters,
                               .algorithms = o.algorithms};
