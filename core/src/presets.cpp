@@ -188,14 +188,14 @@ KernelPerf anchored(KernelPerf k, std::int64_t m, std::int64_t n, std::int64_t k
 
 GpuSpec a100(std::string name, double mib, double hbm_bps) {
   GpuSpec g{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 19.5e12,
-                 .peak_tf32_flops = 156e12, .peak_bf16_flops = 312e12, .peak_fp8_flops = 0,
-                 .memory_bps = hbm_bps, .compute_capability = 80,
-                 .kernels = anchored(KernelPerf{.sm_count = 108, .gemm_half_k = 128,
-                                                .half_tile_efficiency = 0.9,
-                                                .attention_forward_fraction = 0.6,
-                                                .attention_backward_fraction = 0.45,
-                                                .memory_fraction = 0.85},
-                                     1024, 10240, 5120, 271.2 / 312)};
+            .peak_tf32_flops = 156e12, .peak_bf16_flops = 312e12, .peak_fp8_flops = 0,
+            .memory_bps = hbm_bps, .compute_capability = 80,
+            .kernels = anchored(KernelPerf{.sm_count = 108, .gemm_half_k = 128,
+                                           .half_tile_efficiency = 0.9,
+                                           .attention_forward_fraction = 0.6,
+                                           .attention_backward_fraction = 0.45,
+                                           .memory_fraction = 0.85},
+                                1024, 10240, 5120, 271.2 / 312)};
   // He 2024: cuBLAS 8192³ on randn inputs at the 400 W cap (see above).
   g.kernels.sustained_gemm = 257e12 / (g.peak_bf16_flops * gemm_efficiency(g.kernels, 8192, 8192,
                                                                               8192));
