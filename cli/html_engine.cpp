@@ -275,7 +275,9 @@ std::string traffic_section(const json& j) {
          list(formulas);
 }
 
-constexpr const char* kZeroPhases[] = {"forward_backward", "collectives", "optimizer"};
+// arrival_wait is there when the ranks shared this host (run_zero.cpp's zero_phases); else 0.
+constexpr const char* kZeroPhases[] = {"forward_backward", "arrival_wait", "collectives",
+                                       "optimizer"};
 
 std::string phases_section(const json& j) {
   html::BarChart c{.id = "phases", .title = "Step time by phase (rank 0, medians)",
@@ -291,8 +293,9 @@ std::string phases_section(const json& j) {
     std::vector<double> v;
     std::vector<std::string> row{str(st["name"]), number(num(st["step_seconds_median"]) * 1e3)};
     for (const char* p : kZeroPhases) {
-      v.push_back(num(ph[p]) * 1e3);
-      row.push_back(number(num(ph[p]) * 1e3));
+      const double ms = ph.contains(p) ? num(ph[p]) * 1e3 : 0.0;
+      v.push_back(ms);
+      row.push_back(number(ms));
     }
     if (predicted) v.push_back(0);
     c.rows.push_back(str(st["name"]) + ": measured");
@@ -300,7 +303,9 @@ std::string phases_section(const json& j) {
     if (st.contains("predicted_step_seconds")) {
       const double p = num(st["predicted_step_seconds"]) * 1e3;
       c.rows.push_back(str(st["name"]) + ": predicted");
-      c.values.push_back({0, 0, 0, p});
+      std::vector<double> only(std::size(kZeroPhases), 0.0);
+      only.push_back(p);
+      c.values.push_back(only);
       row.push_back(number(p));
     } else {
       row.push_back("");
@@ -309,8 +314,8 @@ std::string phases_section(const json& j) {
   }
   return "<h2>Step time</h2>\n" + html::bar_chart(c) +
          html::table("Rank 0's step and its phases, medians over the steps (ms)",
-                     {"stage", "step", "forward_backward", "collectives", "optimizer",
-                      "predicted step"},
+                     {"stage", "step", "forward_backward", "arrival_wait", "collectives",
+                      "optimizer", "predicted step"},
                      rows);
 }
 

@@ -205,6 +205,10 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"step_s", x.step_s},
          {"compute_s", vs_time(x.compute_s, x.predicted_compute_s)},
          {"tp_comm_s", vs_time(x.tp_comm_s, x.predicted_tp_comm_s)},
+         // Of tp_comm_s: waiting for the TP partners to arrive (Note [arrival wait]); null when
+         // not measured (TP 1, or ranks on several hosts).
+         {"tp_arrival_wait_s", x.tp_arrival_wait_s < 0 ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(x.tp_arrival_wait_s)},
          {"cp_comm_s", vs_time(x.cp_comm_s, x.predicted_cp_comm_s)},
          {"pp_wait_s", vs(x.pp_wait_s, x.predicted_pp_wait_s)},
          {"dp_comm_s", vs_time(x.dp_comm_s, x.predicted_dp_comm_s)},

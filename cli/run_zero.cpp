@@ -98,20 +98,31 @@ std::string calls_str(const engine::RankTraffic& t) {
 
 
 // Rank 0's phases of the stage's steps, medians (engine::ZeroStepPhases, Note [zero phases]).
+// With the arrival measured, collectives is what is left of them once every rank had arrived.
 StepPhases zero_phases(const engine::StageResult& st) {
-  std::vector<double> fb, coll, opt;
+  std::vector<double> fb, wait, coll, opt;
   for (const engine::ZeroStepPhases& p : st.step_phases) {
     fb.push_back(p.forward_backward_s);
-    coll.push_back(p.collectives_s);
+    wait.push_back(p.arrival_wait_s);
+    coll.push_back(p.collectives_s - p.arrival_wait_s);
     opt.push_back(p.optimizer_s);
   }
-  return {.median_s = {{"forward_backward", engine::time_stats(fb).median_s},
-                       {"collectives", engine::time_stats(coll).median_s},
-                       {"optimizer", engine::time_stats(opt).median_s}},
-          .convention = "rank 0's own phases of each step, medians over the steps; collectives = "
-                        "time inside the Comm's collectives (gradient reduction, parameter "
-                        "gathers), optimizer = the Adam update, forward_backward = the rest of "
-                        "the step (forward, backward, passes over gradient buffers)"};
+  StepPhases out{.median_s = {{"forward_backward", engine::time_stats(fb).median_s}}};
+  if (st.arrival_measured)
+    out.median_s.push_back({"arrival_wait", engine::time_stats(wait).median_s});
+  out.median_s.push_back({"collectives", engine::time_stats(coll).median_s});
+  out.median_s.push_back({"optimizer", engine::time_stats(opt).median_s});
+  out.convention = std::string("rank 0's own phases of each step, medians over the steps; ") +
+                   (st.arrival_measured
+                        ? "arrival_wait = time inside the Comm's collectives before the last "
+                          "rank entered each (every rank's entry times on this host's clock), "
+                          "collectives = the rest of that time (gradient reduction, parameter "
+                          "gathers)"
+                        : "collectives = time inside the Comm's collectives (gradient "
+                          "reduction, parameter gathers)") +
+                   ", optimizer = the Adam update, forward_backward = the rest of the step "
+                   "(forward, backward, passes over gradient buffers)";
+  return out;
 }
 
 std::string widths_str(const std::vector<std::int64_t>& w) {

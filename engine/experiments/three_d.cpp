@@ -355,6 +355,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.own_params = double(rm.opt->numel());
   me.stage_layers = layers[std::size_t(g.coords().pp)];
   const double steps = o.steps;
+  // Note [arrival wait] in comm.cpp: the TP collectives' spans, split after the steps.
+  const bool tp_arrival = o.tp > 1 && g.tp().on_one_host();
+  std::vector<CallSpan> tp_spans;
   for (int s = 1; s <= o.steps; ++s) {
     step = s;
     const Data d = draw(o, M, 100 + std::uint64_t(s));
@@ -364,6 +367,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     const double dpc0 = all_calls(grad), cpc0 = all_calls(g.cp());
     const double tps0 = comm_seconds(g.tp()), dps0 = comm_seconds(grad);
     const auto start = Clock::now();
+    g.tp().record_spans(tp_arrival);
     const StepRecord step = rm.backward_step(ops, d, g.coords().dp, M, s == 1 ? &memory : nullptr);
     const PpStageRecord& rec = step.schedule;
     const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
@@ -372,6 +376,8 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     const double opt_s = seconds_since(t);
     rm.opt->gather();
     const double step_s = seconds_since(start);
+    g.tp().record_spans(false);
+    for (const CallSpan& c : g.tp().take_spans()) tp_spans.push_back(c);
     const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
     std::vector<double> all_loss(std::size_t(g.world().world_size()));
     g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));
@@ -425,6 +431,11 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
       std::fprintf(stderr, "3d dp=%d tp=%d pp=%d%s%s zero=%d: step %d/%d loss %.6f %.3f s\n",
                    o.dp, o.tp, o.pp, o.cp > 1 ? (" cp=" + std::to_string(o.cp)).c_str() : "",
                    o.sp ? " sp" : "", o.zero, s, o.steps, losses.back(), step_s);
+  }
+  if (tp_arrival) {
+    me.tp_arrival_wait_s = 0;
+    for (const ArrivalSplit& a : arrival_splits(g.tp(), tp_spans)) me.tp_arrival_wait_s += a.wait_s;
+    me.tp_arrival_wait_s /= steps;
   }
 
   // core, for this rank and for the layout
@@ -533,6 +544,7 @@ void fields(ThreeDRank& m, F&& f) {
     f(m.layer_activation_bytes[i]), f(m.layer_activation_predicted[i]);
   f(m.layer_norm_stat_bytes);
   f(m.step_s), f(m.compute_s), f(m.tp_comm_s), f(m.pp_wait_s), f(m.dp_comm_s), f(m.optimizer_s);
+  f(m.tp_arrival_wait_s);
   f(m.forward_s), f(m.backward_s), f(m.predicted_pp_wait_s), f(m.predicted_compute_s);
   f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s), f(m.predicted_optimizer_s);
   f(m.predicted_pp_send_s), f(m.predicted_step_s), f(m.predicted_forward_s);

@@ -58,7 +58,10 @@
 // the strategy's own timing of its Adam update (Strategy::optimizer_seconds); forward_backward =
 // the step's wall time minus both, which is the forward, the backward and the strategy's passes
 // over its buffers. Measured on each rank, reported for rank 0 (the text and JSON give medians
-// over the steps).
+// over the steps). When every rank runs on this host (loopback rendezvous), each rank records the
+// span of every collective of its steps (Comm::record_spans) and, after the stage, the spans of
+// all ranks are gathered and each call split (Note [arrival wait] in comm.cpp): arrival_wait =
+// the part of collectives spent waiting for the last rank to arrive.
 //
 // Note [zero tolerances]
 //   memory ±5 %        issue 4's criterion; the stated sources of difference are shard rounding
@@ -193,6 +196,22 @@ std::vector<double> gather_all(Comm& comm, const std::vector<double>& mine) {
   return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
 }
 
+// This rank's arrival wait per step (Note [zero phases]): spans[i] = its collective spans of
+// step i, split by arrival_splits (a collective: every rank calls it).
+std::vector<double> arrival_waits(Comm& comm, const std::vector<std::vector<CallSpan>>& spans) {
+  std::vector<CallSpan> mine;
+  for (const auto& step : spans) mine.insert(mine.end(), step.begin(), step.end());
+  const std::vector<ArrivalSplit> split = arrival_splits(comm, mine);
+  std::vector<double> waits;
+  std::size_t call = 0;
+  for (const auto& step : spans) {
+    double wait = 0;
+    for (std::size_t j = 0; j < step.size(); ++j) wait += split[call++].wait_s;
+    waits.push_back(wait);
+  }
+  return waits;
+}
+
 // Allocated bytes once nothing is in flight: a barrier (every rank has finished the collectives
 // before it), then readings 2 ms apart until three agree (at most ~0.5 s; Note [zero memory
 // measurement]).
@@ -277,6 +296,8 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
   if (options.threads > 0) at::set_num_threads(options.threads);
   Comm comm(env, {.timeout_s = options.timeout_s});
   const int k = comm.world_size(), r = comm.rank();
+  // Spans compare only on one clock: every rank on this host (Note [zero phases]).
+  const bool arrival = k > 1 && comm.on_one_host();
   const at::ScalarType dtype = options.precision == Precision::fp32 ? at::kFloat : at::kBFloat16;
 
   ZeroResult res;
@@ -328,6 +349,7 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     std::vector<double> losses;
     RankTraffic first;
     bool steady = true;
+    std::vector<std::vector<CallSpan>> step_spans;  // per step, this rank's collectives
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < options.steps; ++i) {
       const CommCounters before = comm.counters();
@@ -336,9 +358,12 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       scope.reset_peak();
       peak_to_update = -1;
       const auto s0 = std::chrono::steady_clock::now();
+      comm.record_spans(arrival);
       losses.push_back(strategy->step(batch));
       const double step_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      comm.record_spans(false);
+      step_spans.push_back(comm.take_spans());
       const std::int64_t rest = scope.counters().peak_allocated_bytes;
       if (peak_to_update >= 0) {
         peak_forward_backward = std::max(peak_forward_backward, peak_to_update);
@@ -362,6 +387,11 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
         steady = steady && same_traffic(first, t);
     }
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (arrival) {
+      const std::vector<double> waits = arrival_waits(comm, step_spans);
+      for (std::size_t i = 0; i < waits.size(); ++i) st.step_phases[i].arrival_wait_s = waits[i];
+      st.arrival_measured = true;
+    }
     first.steady = steady;
     peak = std::max(peak, scope.counters().peak_allocated_bytes);
     const RankMemory mine{

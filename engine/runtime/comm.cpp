@@ -30,6 +30,7 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "comm_impl.hpp"
 #include "comm_p2p.hpp"
@@ -197,6 +198,7 @@ PendingCollective::State Comm::Impl::start_all_reduce(const at::Tensor& t, Reduc
 }
 
 void Comm::Impl::all_reduce(at::Tensor& t, ReduceOp op) {
+  const detail::SpanScope span(*this);
   PendingCollective::State pending = start_all_reduce(t, op);
   finish(pending);
 }
@@ -402,6 +404,53 @@ double Comm::timeout_s() const { return impl_->options.timeout_s; }
 const CommCounters& Comm::counters() const { return impl_->counters; }
 void Comm::reset_counters() { impl_->counters = CommCounters{}; }
 
+// Note [arrival wait]
+// A collective cannot finish on any rank before the last rank has entered it, so the time a rank
+// spends inside one is two things: waiting for the slowest rank to arrive (the ranks' compute
+// before the call differs: jitter, uneven work, a slower core) and the collective itself. The
+// α–β model prices only the second; a step pays both. With spans recorded on every rank, the
+// split is exact on one host: entry times on one monotonic clock, no barrier added to the step.
+void Comm::record_spans(bool on) { impl_->recording_spans = on; }
+
+std::vector<CallSpan> Comm::take_spans() { return std::exchange(impl_->spans, {}); }
+
+bool Comm::on_one_host() const { return is_loopback_address(impl_->env.master_addr); }
+
+std::vector<ArrivalSplit> arrival_splits(Comm& comm, std::span<const CallSpan> mine) {
+  const std::size_t n = mine.size(), k = std::size_t(comm.world_size());
+  std::vector<double> flat;
+  flat.reserve(2 * n);
+  for (const CallSpan& c : mine) flat.insert(flat.end(), {c.enter_s, c.exit_s});
+  std::vector<double> all(2 * n * k);
+  comm.all_gather(ConstBuffer(flat), Buffer(all));
+  std::vector<ArrivalSplit> out;
+  out.reserve(n);
+  std::vector<CallSpan> same(k);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t q = 0; q < k; ++q)
+      same[q] = {.enter_s = all[q * 2 * n + 2 * i], .exit_s = all[q * 2 * n + 2 * i + 1]};
+    out.push_back(arrival_split(same, comm.rank()));
+  }
+  return out;
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+ArrivalSplit arrival_split(std::span<const CallSpan> same_call, int rank) {
+  if (same_call.empty() || rank < 0 || rank >= int(same_call.size()))
+    throw InvalidInput("arrival_split: rank = " + std::to_string(rank) + " vs " +
+                       std::to_string(same_call.size()) + " spans: must be in [0, " +
+                       std::to_string(same_call.size()) + ")");
+  double last = same_call[0].enter_s;
+  for (const CallSpan& c : same_call) last = std::max(last, c.enter_s);
+  const CallSpan& mine = same_call[std::size_t(rank)];
+  return {.wait_s = std::max(0.0, last - mine.enter_s),
+          .rest_s = std::max(0.0, mine.exit_s - last)};
+}
+
 void Comm::all_reduce(Buffer data, ReduceOp op) {
   if (impl_->identity_at_one_rank(Collective::all_reduce, "all-reduce", data.size_bytes())) return;
   at::Tensor t = owned_copy(data);
@@ -440,6 +489,7 @@ void Comm::reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op) {
 
 Buffer Comm::reduce_scatter_in_place(Buffer data, ReduceOp op) {
   Impl& m = *impl_;
+  const detail::SpanScope span(m);
   const TimedInto timed(m.counters[Collective::reduce_scatter]);
   const ShardSpan mine = chunk_range(data.count, m.k(), m.env.rank);
   const Buffer own(static_cast<char*>(data.data) +
@@ -503,6 +553,7 @@ void Comm::barrier() { impl_->barrier(); }
 
 void Comm::ring_all_reduce(Buffer data, ReduceOp op) {
   Impl& m = *impl_;
+  const detail::SpanScope span(m);
   const TimedInto timed(m.counters.ring_all_reduce);
   m.check_usable("ring all-reduce", -1);
   // The ring works on the caller's memory directly: every Gloo transfer inside it uses owned

@@ -44,6 +44,23 @@ class TimedInto {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// Note [arrival wait]: while the Comm records spans (Comm::record_spans), the outermost scope of
+// each blocking collective appends its (enter, exit) to Impl::spans; an inner scope (the blocking
+// all-reduce's start and finish, say) adds nothing. Defined after Impl.
+class SpanScope {
+ public:
+  explicit SpanScope(Comm::Impl& m);
+  ~SpanScope();
+  SpanScope(const SpanScope&) = delete;
+  SpanScope& operator=(const SpanScope&) = delete;
+
+ private:
+  Comm::Impl& m_;
+  bool counted_ = false;  // opened while recording: counted in m_.span_depth
+  bool outer_ = false;   // records the span
+  double enter_s_ = 0;
+};
+
 }  // namespace detail
 
 struct Comm::Impl {
@@ -53,6 +70,9 @@ struct Comm::Impl {
   c10::intrusive_ptr<c10d::Store> store;  // the TCPStore, or a sub-group's PrefixStore over it
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;  // declared after store: destroyed first
   CommCounters counters;
+  bool recording_spans = false;   // Comm::record_spans
+  int span_depth = 0;             // open SpanScopes
+  std::vector<CallSpan> spans;    // recorded since the last take_spans
   std::string failure;  // the first CommError's message; non-empty = unusable
 
   int k() const { return env.world_size; }
@@ -143,6 +163,7 @@ struct Comm::Impl {
   void finish(PendingCollective::State& pending);
 
   void broadcast(at::Tensor& t, int root) {
+    const detail::SpanScope span(*this);
     const detail::TimedInto timed(counters[Collective::broadcast]);
     check_peer(root, "root_rank", "broadcast");
     check_usable("broadcast", root);
@@ -169,6 +190,7 @@ struct Comm::Impl {
   // The input may be out's own chunk (an in-place all-gather): Gloo reads its input into its own
   // buffer before it writes any output, and writes that chunk back with the same values.
   void all_gather(const at::Tensor& in, at::Tensor& out) {
+    const detail::SpanScope span(*this);
     const detail::TimedInto timed(counters[Collective::all_gather]);
     check_usable("all-gather", -1);
     const std::int64_t n = out.numel();
@@ -214,6 +236,7 @@ struct Comm::Impl {
   // output). counts empty: equal splits; else the per-rank element counts (comm.hpp).
   void all_to_all(const at::Tensor& in, at::Tensor& out, std::vector<std::int64_t> send_counts,
                   std::vector<std::int64_t> recv_counts) {
+    const detail::SpanScope span(*this);
     const detail::TimedInto timed(counters[Collective::all_to_all]);
     check_usable("all-to-all", -1);
     const bool even = send_counts.empty() && recv_counts.empty();
@@ -311,6 +334,23 @@ struct Comm::Impl {
     wait(group->barrier(opts), "barrier", -1, "barrier of " + std::to_string(k()) + " ranks");
   }
 };
+
+namespace detail {
+
+inline SpanScope::SpanScope(Comm::Impl& m) : m_(m) {
+  if (!m_.recording_spans) return;
+  counted_ = true;
+  outer_ = m_.span_depth++ == 0;
+  if (outer_) enter_s_ = steady_seconds();
+}
+
+inline SpanScope::~SpanScope() {
+  if (!counted_) return;
+  --m_.span_depth;
+  if (outer_) m_.spans.push_back({.enter_s = enter_s_, .exit_s = steady_seconds()});
+}
+
+}  // namespace detail
 
 // Note [async collectives]
 // all_reduce_async enqueues the collective on ProcessGroupGloo's worker threads and returns; Gloo

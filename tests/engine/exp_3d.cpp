@@ -489,6 +489,11 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
     EXPECT_TRUE(x["step_time_s"]["predicted"].is_null());
     EXPECT_TRUE(x["optimizer_time_s"]["predicted"].is_null());
     EXPECT_TRUE(x["pp_send_predicted_s"].is_null());
+    // Note [arrival wait]: TP 2 on loopback, so the part of the TP time spent waiting for the
+    // partner is measured, a part of it.
+    ASSERT_TRUE(x["tp_arrival_wait_s"].is_number()) << x.dump();
+    EXPECT_GE(x["tp_arrival_wait_s"].get<double>(), 0.0);
+    EXPECT_LE(x["tp_arrival_wait_s"].get<double>(), x["tp_comm_s"]["measured"].get<double>());
   }
   EXPECT_TRUE(j["predicted_step_seconds"].is_null());
   EXPECT_TRUE(j["measured_over_predicted"].is_null());
@@ -559,6 +564,7 @@ TEST(ThreeDCli, OpSacPlanRunsAtTp1) {
   ASSERT_TRUE(j.contains("ranks"));
   EXPECT_EQ(j["recompute"], "op-sac");
   ASSERT_EQ(j["ranks"].size(), 4u);
+  for (const json& x : j["ranks"]) EXPECT_TRUE(x["tp_arrival_wait_s"].is_null()) << "TP 1";
   for (const json& x : j["ranks"])
     for (int i = 0; i < kRecomputePolicies; ++i) {
       const auto policy = Recompute(i);

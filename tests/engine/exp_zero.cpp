@@ -186,7 +186,11 @@ TEST_P(ZeroEquivalence, Fp32StagesFollowDpLossTrajectory) {
         if (k > 1) {
           EXPECT_GT(p.collectives_s, 0.0) << "step " << i;
         }
+        // Note [arrival wait]: a part of the collectives' time, measured on loopback at k > 1.
+        EXPECT_GE(p.arrival_wait_s, 0.0) << "step " << i;
+        EXPECT_LE(p.arrival_wait_s, p.collectives_s) << "step " << i;
       }
+      EXPECT_EQ(st.arrival_measured, k > 1);
     }
     if (env.rank == 0)
       std::fprintf(stderr, "k=%d: max rel loss diff vs DP: ZeRO-1 %.3g, ZeRO-2 %.3g, ZeRO-3 %.3g\n",
@@ -376,13 +380,15 @@ TEST(ZeroCli, JsonFieldsFromRankZero) {
   EXPECT_EQ(z2["mean_losses"].size(), 4u);
   // Rank 0's phases (Note [zero phases]), medians in seconds, with their convention.
   const json& phases = z2["phase_seconds_median"];
-  for (const char* phase : {"forward_backward", "collectives", "optimizer"}) {
+  // k = 2 on loopback: the collectives' time split at the last rank's arrival.
+  for (const char* phase : {"forward_backward", "arrival_wait", "collectives", "optimizer"}) {
     ASSERT_TRUE(phases.contains(phase)) << phases.dump();
     EXPECT_GE(phases[phase].get<double>(), 0.0) << phase;
     EXPECT_LE(phases[phase].get<double>(), z2["seconds"].get<double>()) << phase;
   }
   EXPECT_GT(phases["collectives"].get<double>(), 0.0);
   EXPECT_NE(phases["convention"].get<std::string>().find("rank 0"), std::string::npos);
+  EXPECT_NE(phases["convention"].get<std::string>().find("arrival_wait"), std::string::npos);
   EXPECT_GT(z2["step_seconds_median"].get<double>(), 0.0);
   EXPECT_LE(z2["max_rel_loss_diff_vs_dp"].get<double>(), 1e-5);
   EXPECT_NE(j["conclusion"].get<std::string>().find("ZeRO-2 1.000"), std::string::npos);

@@ -323,6 +323,73 @@ TEST(CommAsync, AllReducesInFlightCompleteInWaitWithCounters) {
   EXPECT_TRUE(result.all_ok()) << result.describe();
 }
 
+// Note [arrival wait]: the split of one call's spans, worked by hand. Three ranks enter at 1.0,
+// 1.5 and 1.2 s and leave at 2.0, 2.1 and 2.05 s: the last arrival is 1.5 s, so rank 0 waited
+// 0.5 s and then spent 0.5 s, rank 1 waited 0 and spent 0.6 s, rank 2 waited 0.3 s, spent 0.55 s.
+TEST(CommSpans, ArrivalSplitIsWaitForTheLastRankAndTheRest) {
+  const std::vector<CallSpan> call{{1.0, 2.0}, {1.5, 2.1}, {1.2, 2.05}};
+  const double want_wait[] = {0.5, 0.0, 0.3}, want_rest[] = {0.5, 0.6, 0.55};
+  for (int r = 0; r < 3; ++r) {
+    const ArrivalSplit a = arrival_split(call, r);
+    EXPECT_NEAR(a.wait_s, want_wait[r], 1e-12) << "rank " << r;
+    EXPECT_NEAR(a.rest_s, want_rest[r], 1e-12) << "rank " << r;
+  }
+  // A rank that returned before the last one entered (impossible for a real collective, but
+  // clocks of two hosts could say so) gets 0, never a negative time.
+  const std::vector<CallSpan> skewed{{1.0, 1.2}, {1.5, 2.0}};
+  EXPECT_EQ(arrival_split(skewed, 0).rest_s, 0.0);
+  EXPECT_THROW(arrival_split(call, 3), InvalidInput);
+  EXPECT_THROW(arrival_split(std::vector<CallSpan>{}, 0), InvalidInput);
+}
+
+// Comm::record_spans: only while on, one span per blocking collective (the blocking all-reduce's
+// start and finish make one), none for the async all-reduce, send, recv or barrier; and the
+// split of a call that rank 1 enters 300 ms late (arrival_splits: each rank's own) gives rank 0 a
+// wait of about that (its entry is a barrier's exit earlier; 150 ms of slack either way for a
+// loaded 2-core machine) and rank 1 none to speak of.
+TEST(CommSpans, RecordedPerBlockingCollectiveAndSplitByArrival) {
+  const auto result = run_ranks(2, kSweepLimit_s, [](const DistEnv& env) {
+    Comm comm(env, {.timeout_s = kTimeout_s});
+    const int r = env.rank;
+    std::vector<float> a(1000, 1.0f), full(1000, 0.0f);
+    std::vector<float> shard(500, float(r));
+    comm.all_reduce(a);  // not recorded: off
+    EXPECT_TRUE(comm.take_spans().empty());
+    comm.record_spans(true);
+    comm.all_reduce(a);
+    comm.ring_all_reduce(a);
+    (void)comm.reduce_scatter_in_place(a);
+    comm.all_gather(shard, full);
+    comm.broadcast(a, 0);
+    comm.all_reduce_async(a).wait();
+    comm.barrier();
+    if (r == 0) comm.send(shard, 1); else comm.recv(shard, 0);
+    std::vector<CallSpan> spans = comm.take_spans();
+    EXPECT_EQ(spans.size(), 5u) << "all_reduce, ring_all_reduce, reduce_scatter_in_place, "
+                                   "all_gather, broadcast";
+    for (const CallSpan& c : spans) EXPECT_LE(c.enter_s, c.exit_s);
+    EXPECT_TRUE(comm.take_spans().empty()) << "take_spans clears";
+
+    comm.barrier();
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    comm.all_reduce(a);
+    spans = comm.take_spans();
+    comm.record_spans(false);
+    ASSERT_EQ(spans.size(), 1u);
+    EXPECT_TRUE(comm.on_one_host());
+    const std::vector<ArrivalSplit> split = arrival_splits(comm, spans);  // every rank's split
+    ASSERT_EQ(split.size(), 1u);
+    if (r == 0) {
+      EXPECT_GT(split[0].wait_s, 0.15);
+      EXPECT_LT(split[0].wait_s, 0.45);
+    } else {
+      EXPECT_LT(split[0].wait_s, 0.15);
+    }
+    EXPECT_GE(split[0].rest_s, 0.0);
+  });
+  EXPECT_TRUE(result.all_ok()) << result.describe();
+}
+
 // DESIGN.md §5: a dead rank makes the others fail, naming it where the operation knows the peer.
 TEST(CommFailure, PeerThatExitsEarlyMakesOthersThrowWithinTimeout) {
   constexpr double timeout_s = 5;

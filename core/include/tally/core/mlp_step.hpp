@@ -46,7 +46,10 @@
 //                the same k): DP one all-reduce per bucket; ZeRO-1/2 a reduce-scatter and an
 //                all-gather of S = 4N; ZeRO-3 per layer two all-gathers and a reduce-scatter of
 //                4n_u. No overlap: a CPU has no copy engine, and with k·t >= c no spare core runs
-//                Gloo's transfers beside the compute.
+//                Gloo's transfers beside the compute. Not counted: a rank's wait inside a
+//                collective for the last rank to arrive (compute jitter between ranks); `run
+//                zero` measures it apart (arrival_wait, Note [arrival wait] in the engine's
+//                comm.cpp), so its collectives are compared with this term without it.
 //   contention   k·t > c: the compute and memory terms stretch by k·t/c (time-sliced cores); the
 //                α–β fit was measured at the same k, so it already includes it.
 // total = contention · (compute + gradients + optimizer) + comm.

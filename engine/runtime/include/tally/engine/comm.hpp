@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "tally/core/comm.hpp"
 #include "tally/core/sharding.hpp"
@@ -159,6 +160,31 @@ class PendingCollective {
   std::unique_ptr<State> state_;
 };
 
+// One blocking collective on one rank (Note [arrival wait] in comm.cpp): when this rank entered
+// it and when it returned, steady_seconds() (CLOCK_MONOTONIC: one clock for every process of a
+// host, so the spans of ranks on one host compare; across hosts they do not).
+struct CallSpan {
+  double enter_s = 0;
+  double exit_s = 0;
+};
+double steady_seconds();  // std::chrono::steady_clock, seconds since its epoch
+
+// A collective's span split on rank r, given every rank's span of the same call: wait_s =
+// max_q enter_q − enter_r, how long r waited for the last rank to arrive (0 for that rank);
+// rest_s = exit_r − max_q enter_q, the collective itself once all had arrived. Both clamped at 0.
+struct ArrivalSplit {
+  double wait_s = 0;
+  double rest_s = 0;
+};
+// same_call[q] = rank q's span of one call. Throws InvalidInput when empty or rank is outside it.
+ArrivalSplit arrival_split(std::span<const CallSpan> same_call, int rank);
+class Comm;
+// A collective over `comm`: every rank passes its spans of the same calls of `comm` (take_spans,
+// so the same count on every rank), they are all-gathered, and this rank's split of each call is
+// returned, in order. Meaningful when comm.on_one_host(); recording must be off (the gather is
+// itself a collective).
+std::vector<ArrivalSplit> arrival_splits(Comm& comm, std::span<const CallSpan> mine);
+
 class Comm {
  public:
   // Rendezvous: rank 0 serves a c10d TCPStore on env.master_addr:env.master_port, every rank
@@ -230,6 +256,16 @@ class Comm {
 
   const CommCounters& counters() const;
   void reset_counters();
+  // While on, each blocking collective (all_reduce, reduce_scatter, reduce_scatter_in_place,
+  // all_gather, broadcast, all_to_all, ring_all_reduce and their at::Tensor forms; not the async
+  // all-reduce, send, recv or barrier) appends its CallSpan; take_spans() returns them in call
+  // order and clears. Off by default. Every rank calls the same collectives in the same order, so
+  // the i-th spans of all ranks are one call (arrival_split).
+  void record_spans(bool on);
+  std::vector<CallSpan> take_spans();
+  // Every rank of this group runs on this host (the rendezvous address is loopback), so their
+  // spans share one clock.
+  bool on_one_host() const;
 
   static constexpr int kMaxUserTag = 1 << 30;  // tags at and above are tally's own (the ring)
 

@@ -150,6 +150,9 @@ struct ThreeDRank {
   // Time (s)
   double step_s = 0, compute_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0;
   double optimizer_s = 0;
+  // Of tp_comm_s, the time this rank waited in the TP collectives for its partners to arrive
+  // (Note [arrival wait] in comm.cpp): measured when TP > 1 and the group is on one host, else -1.
+  double tp_arrival_wait_s = -1;
   double forward_s = 0, backward_s = 0;  // per micro-batch (all chunks), compute incl. TP comm
   double predicted_pp_wait_s = 0;         // core's bubble on the measured t_f, t_b
   // With a host calibration (-1 without one): core's operator model (core/gpt_step.hpp, Note

@@ -102,6 +102,9 @@ struct ZeroStepPhases {
   double collectives_s = 0;       // inside the Comm's collectives: gradient reduction (DP's ring
                                   // all-reduce, reduce-scatters) and parameter all-gathers
   double optimizer_s = 0;         // the Adam update
+  // Of collectives_s, the time this rank waited in them for the last rank to arrive (Note [arrival
+  // wait] in comm.cpp), summed over the step's collectives; 0 unless StageResult::arrival_measured.
+  double arrival_wait_s = 0;
 };
 
 struct StageResult {
@@ -121,6 +124,9 @@ struct StageResult {
   double seconds = 0;                     // wall time of the steps on rank 0
   std::vector<double> step_seconds;       // this rank's time of each step (rank 0's in results)
   std::vector<ZeroStepPhases> step_phases;  // this rank's phases of each step (rank 0's)
+  // Every rank's collective spans were compared on one clock: all ranks ran on this host (the
+  // rendezvous address is loopback), so step_phases' arrival_wait_s is measured.
+  bool arrival_measured = false;
 
   double predicted_bytes_per_step() const { return predicted_traffic.dp_total_bytes(); }
 };
