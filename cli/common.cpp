@@ -377,6 +377,16 @@ CLI::Validator finite_number(const std::string& range) {
       "finite, " + range);
 }
 
+void add_rank_run_flags(CLI::App* cmd, double& timeout_s, int& threads, bool& json,
+                        const std::string& each) {
+  cmd->add_option("--timeout", timeout_s, "seconds for the rendezvous and each " + each)
+      ->check(finite_in(0, 86400, Ends::open_lo))
+      ->capture_default_str();
+  cmd->add_option("--threads", threads, "torch intra-op threads per rank (0 = default)")
+      ->capture_default_str();
+  cmd->add_flag("--json", json, "one JSON object on one line (rank 0)");
+}
+
 namespace {
 // The first non-finite number in `j`, as "path = value"; empty when there is none.
 std::string first_non_finite(const nlohmann::json& j, const std::string& path) {

@@ -123,6 +123,12 @@ CLI::Validator finite_in(double lo, double hi, Ends ends = Ends::closed);
 //   --timeout: 'nan' must be a finite number (>= 0 s; 0 = no limit)
 CLI::Validator finite_number(const std::string& range);
 
+// The flags every multi-rank `tally run` experiment ends with, in this order: --timeout (seconds
+// for the rendezvous and each `each`: "collective", "send / recv"), --threads (torch intra-op
+// threads per rank) and --json (rank 0's one-line object).
+void add_rank_run_flags(CLI::App* cmd, double& timeout_s, int& threads, bool& json,
+                        const std::string& each);
+
 // Note [units on the command line]
 // "Gbps" means gigabits per second to everyone who buys networks, so a value carries its unit:
 // `--bandwidth 50GB/s`, `200Gb/s`, `1.6Tb/s`; `--size 14GB`, `512MiB` (core's parse_bandwidth /

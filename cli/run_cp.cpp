@@ -142,12 +142,7 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--repeats", f->run.repeats, "timed fp32 layers per split")->capture_default_str();
   cmd->add_option("--seed", f->run.seed, "seed of Q, K, V and the output gradient")
       ->capture_default_str();
-  cmd->add_option("--timeout", f->run.timeout_s, "seconds for the rendezvous and each send / recv")
-      ->check(finite_in(0, 86400, Ends::open_lo))
-      ->capture_default_str();
-  cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
-      ->capture_default_str();
-  cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  add_rank_run_flags(cmd, f->run.timeout_s, f->run.threads, f->json, "send / recv");
   cmd->callback([f] { run(*f); });
 }};
 

@@ -433,12 +433,7 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
       ->capture_default_str();
   cmd->add_option("--seed", f->run.seed, "seed of the weights and the batch")
       ->capture_default_str();
-  cmd->add_option("--timeout", f->run.timeout_s, "seconds for the rendezvous and each collective")
-      ->check(finite_in(0, 86400, Ends::open_lo))
-      ->capture_default_str();
-  cmd->add_option("--threads", f->run.threads, "torch intra-op threads per rank (0 = default)")
-      ->capture_default_str();
-  cmd->add_flag("--json", f->json, "one JSON object on one line (rank 0)");
+  add_rank_run_flags(cmd, f->run.timeout_s, f->run.threads, f->json, "collective");
   cmd->add_option("--html", f->html,
                   "also write the report as a self-contained HTML page to FILE (rank 0): state "
                   "bytes per rank and bytes per collective beside core, memory and time by "

@@ -121,6 +121,24 @@ struct DrillHosts {
   void validate() const;
 };
 
+// Both checks on a drill's options (FaultDrillOptions, ElasticDrillOptions: the same field names).
+template <class DrillOptions>
+void validate_hosts_and_schedule(const DrillOptions& o) {
+  DrillHosts{.nnodes = o.nnodes,
+             .node_rank = o.node_rank,
+             .master_port = o.master_port,
+             .work_dir_given = !o.work_dir.empty(),
+             .master_addr = o.master_addr,
+             .join_timeout_s = o.join_timeout_s}
+      .validate();
+  DrillSchedule{.steps = o.steps,
+                .save_every = o.save_every,
+                .kill_at_step = o.kill_at_step,
+                .collective_timeout_s = o.collective_timeout_s,
+                .launch_timeout_s = o.launch_timeout_s}
+      .validate();
+}
+
 // A drill's work directory: `given` (created when missing, and kept), or a fresh temporary one
 // named after `prefix`, removed by remove() or, failing that, by the destructor — unless `keep`.
 class WorkDirectory {

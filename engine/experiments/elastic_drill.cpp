@@ -145,19 +145,7 @@ void ElasticDrillOptions::validate() const {
         "--nnodes × (--nnodes − 1) × --nproc-per-node = " +
             i(std::int64_t(nnodes) * (nnodes - 1) * nproc_per_node) + " must divide the batch of " +
             i(kDrillGlobalBatch) + " (micro-batches of one size before and after the loss)");
-  drill::DrillHosts{.nnodes = nnodes,
-                    .node_rank = node_rank,
-                    .master_port = master_port,
-                    .work_dir_given = !work_dir.empty(),
-                    .master_addr = master_addr,
-                    .join_timeout_s = join_timeout_s}
-      .validate();
-  drill::DrillSchedule{.steps = steps,
-                       .save_every = save_every,
-                       .kill_at_step = kill_at_step,
-                       .collective_timeout_s = collective_timeout_s,
-                       .launch_timeout_s = launch_timeout_s}
-      .validate();
+  drill::validate_hosts_and_schedule(*this);
   if (consistency_every < 0 || consistency_every > steps)
     bad("--consistency-every", i(consistency_every),
         "must be in [0, --steps = " + i(steps) + "] (0 = never)");

@@ -332,19 +332,7 @@ void FaultDrillOptions::validate() const {
         "--nnodes × --nproc-per-node = " + i(world_size) +
             " must be 2, 3, 4, 6 or 8 (it divides the batch of 48)");
   if (node_rank >= 0 && nnodes == 1) bad("--node-rank", i(node_rank), "only with --nnodes >= 2");
-  drill::DrillHosts{.nnodes = nnodes,
-                    .node_rank = node_rank,
-                    .master_port = master_port,
-                    .work_dir_given = !work_dir.empty(),
-                    .master_addr = master_addr,
-                    .join_timeout_s = join_timeout_s}
-      .validate();
-  drill::DrillSchedule{.steps = steps,
-                       .save_every = save_every,
-                       .kill_at_step = kill_at_step,
-                       .collective_timeout_s = collective_timeout_s,
-                       .launch_timeout_s = launch_timeout_s}
-      .validate();
+  drill::validate_hosts_and_schedule(*this);
   if (kill_rank < 0 || kill_rank >= world_size)
     bad("--kill-rank", i(kill_rank), "must be in [0, --nproc = " + i(world_size) + ")");
   if (kill_at_save <= save_every || kill_at_save > steps || kill_at_save % save_every != 0)
