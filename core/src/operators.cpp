@@ -464,8 +464,7 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
                               op.bytes, gk.kernel_overhead_s);
     }
     case OpKind::attention: {
-      const bool backward = op.pass == Pass::backward;
-      const double eta = backward ? k.attention_backward_fraction : k.attention_forward_fraction;
+      const double eta = attention_fraction(k, op.pass == Pass::backward, op.k, op.m);
       return roofline_seconds(gpu, op.flops, gpu.peak_flops(compute_precision(p)) * eta, op.bytes);
     }
     case OpKind::memory:

@@ -40,8 +40,9 @@ Prepared prepare(const PlanRequest& r) {
     // layout executes (the same total whatever b, t, c split them), each at no more than the
     // GPU's best kernel fraction; the slowest GPU is at least the average one.
     const KernelPerf& k = r.cluster.gpu.kernels;
-    const double ceiling = std::max({k.gemm_fraction, k.attention_forward_fraction,
-                                     k.attention_backward_fraction});
+    double ceiling = std::max({k.gemm_fraction, k.attention_forward_fraction,
+                               k.attention_backward_fraction});
+    for (const auto& a : k.attention_table) ceiling = std::max({ceiling, a.forward, a.backward});
     double per_sequence = 1e300;
     // A MoE model's expert GEMMs pad the fewest rows when each rank holds one expert (ep = E).
     for (Attention att : {Attention::flash, Attention::materialized}) {

@@ -19,6 +19,48 @@ double quantisation(double m, double n, double batch, double tm, double tn, doub
 
 }  // namespace
 
+double attention_fraction(const KernelPerf& kp, bool backward, std::int64_t head_dim,
+                          std::int64_t seq) {
+  if (kp.attention_table.empty())
+    return backward ? kp.attention_backward_fraction : kp.attention_forward_fraction;
+  const auto log2_of = [](std::int64_t v) {
+    return std::log2(double(std::max<std::int64_t>(v, 1)));
+  };
+  // The nearest head dimension (a tie: the larger).
+  std::int64_t d = kp.attention_table.front().head_dim;
+  for (const auto& p : kp.attention_table) {
+    const double now = std::fabs(log2_of(p.head_dim) - log2_of(head_dim));
+    const double best = std::fabs(log2_of(d) - log2_of(head_dim));
+    if (now < best || (now == best && p.head_dim > d)) d = p.head_dim;
+  }
+  // Its points by sequence, one fraction per sequence (the mean of equal shapes).
+  std::vector<std::pair<double, double>> curve;  // (log seq, fraction), ascending
+  std::vector<int> count;
+  for (const auto& p : kp.attention_table) {
+    if (p.head_dim != d) continue;
+    const double f = backward ? p.backward : p.forward;
+    const double x = log2_of(p.seq);
+    std::size_t c = 0;
+    while (c < curve.size() && curve[c].first != x) ++c;
+    if (c == curve.size()) {
+      curve.emplace_back(x, 0.0);
+      count.push_back(0);
+    }
+    curve[c].second += (f - curve[c].second) / double(++count[c]);  // running mean
+  }
+  std::sort(curve.begin(), curve.end());
+  const double x = log2_of(seq);
+  if (x <= curve.front().first) return curve.front().second;
+  if (x >= curve.back().first) return curve.back().second;
+  for (std::size_t i = 1; i < curve.size(); ++i)
+    if (x <= curve[i].first) {
+      const auto& [x0, f0] = curve[i - 1];
+      const auto& [x1, f1] = curve[i];
+      return f0 + (f1 - f0) * (x - x0) / (x1 - x0);
+    }
+  return curve.back().second;
+}
+
 void validate_kernel_perf(const GpuSpec& gpu) {
   const KernelPerf& k = gpu.kernels;
   require_int(k.sm_count >= 1 && k.sm_count <= 1'000'000, "gpu sm_count", k.sm_count,
@@ -34,6 +76,12 @@ void validate_kernel_perf(const GpuSpec& gpu) {
   fraction(k.attention_forward_fraction, "gpu attention_forward_fraction");
   fraction(k.attention_backward_fraction, "gpu attention_backward_fraction");
   fraction(k.memory_fraction, "gpu memory_fraction");
+  for (const auto& a : k.attention_table) {
+    require_int(a.head_dim >= 1, "gpu attention_table head_dim", a.head_dim, "must be >= 1");
+    require_int(a.seq >= 1, "gpu attention_table seq", a.seq, "must be >= 1");
+    fraction(a.forward, "gpu attention_table forward");
+    fraction(a.backward, "gpu attention_table backward");
+  }
   fraction(k.sustained_gemm, "gpu sustained_gemm");
   require_real(std::isfinite(k.gemm_half_k) && k.gemm_half_k >= 0 && k.gemm_half_k <= 1e6,
                "gpu gemm_half_k", k.gemm_half_k, "must be in [0, 1000000] elements");

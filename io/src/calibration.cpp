@@ -302,14 +302,20 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
   }
   if (!k.attention.empty()) {
     std::vector<double> fwd, bwd;
+    kp.attention_table.clear();
     for (const auto& a : k.attention) {
       const double flops = 4.0 * a.batch * a.heads * double(a.seq) * double(a.seq) *
                            double(a.head_dim) * (a.causal ? 0.5 : 1.0);
-      fwd.push_back(flops / (k.peak_flops * a.forward_seconds));
-      bwd.push_back(2.5 * flops / (k.peak_flops * a.backward_seconds));
+      fwd.push_back(std::clamp(flops / (k.peak_flops * a.forward_seconds) * rescale, 1e-6, 1.0));
+      bwd.push_back(
+          std::clamp(2.5 * flops / (k.peak_flops * a.backward_seconds) * rescale, 1e-6, 1.0));
+      kp.attention_table.push_back(
+          {.head_dim = a.head_dim, .seq = a.seq, .forward = fwd.back(), .backward = bwd.back()});
     }
-    kp.attention_forward_fraction = std::clamp(median(fwd) * rescale, 1e-6, 1.0);
-    kp.attention_backward_fraction = std::clamp(median(bwd) * rescale, 1e-6, 1.0);
+    // The medians stand where one figure is asked for; each kernel takes the table (Note
+    // [attention table], core/roofline.hpp).
+    kp.attention_forward_fraction = median(fwd);
+    kp.attention_backward_fraction = median(bwd);
   }
 }
 

@@ -121,6 +121,45 @@ TEST(Roofline, MemoryBoundKernelsRunAtTheStreamingFraction) {
   EXPECT_NEAR(roofline_seconds(g, 0, 1, 0), 5e-6, 1e-18);
 }
 
+// Note [attention table], on a table worked by hand: head dims 64 and 128; at 128 two sequences,
+// and two shapes at 8192 (MHA and GQA) that average. Fractions (forward / backward):
+//   d 64,  s 2048: 0.30 / 0.26      d 128, s 2048: 0.40 / 0.36
+//   d 128, s 8192: 0.50 / 0.46 and 0.60 / 0.52 → 0.55 / 0.49
+TEST(Roofline, AttentionTableByHeadDimAndSequence) {
+  KernelPerf kp{.sm_count = 132, .attention_forward_fraction = 0.9,
+                .attention_backward_fraction = 0.8};
+  EXPECT_DOUBLE_EQ(attention_fraction(kp, false, 128, 4096), 0.9) << "empty: the figure";
+  EXPECT_DOUBLE_EQ(attention_fraction(kp, true, 128, 4096), 0.8);
+  kp.attention_table = {{.head_dim = 64, .seq = 2048, .forward = 0.30, .backward = 0.26},
+                        {.head_dim = 128, .seq = 2048, .forward = 0.40, .backward = 0.36},
+                        {.head_dim = 128, .seq = 8192, .forward = 0.50, .backward = 0.46},
+                        {.head_dim = 128, .seq = 8192, .forward = 0.60, .backward = 0.52}};
+  // s 4096 is halfway between 2048 and 8192 in log2: (0.40 + 0.55) / 2, (0.36 + 0.49) / 2.
+  EXPECT_NEAR(attention_fraction(kp, false, 128, 4096), 0.475, 1e-12);
+  EXPECT_NEAR(attention_fraction(kp, true, 128, 4096), 0.425, 1e-12);
+  // Outside the measured sequences: the end points.
+  EXPECT_NEAR(attention_fraction(kp, false, 128, 1024), 0.40, 1e-12);
+  EXPECT_NEAR(attention_fraction(kp, false, 128, 65536), 0.55, 1e-12);
+  // Head dims: 80 is nearer 64 in log2 (0.32 vs 0.68), 96 nearer 128 (0.58 vs 0.42); 256 → 128.
+  EXPECT_NEAR(attention_fraction(kp, false, 80, 2048), 0.30, 1e-12);
+  EXPECT_NEAR(attention_fraction(kp, false, 96, 2048), 0.40, 1e-12);
+  EXPECT_NEAR(attention_fraction(kp, false, 256, 8192), 0.55, 1e-12);
+  // op_seconds takes it: an attention kernel of head dim 64 runs at 0.30 of the bf16 peak.
+  GpuSpec g = cluster_preset("h200")->gpu;
+  g.kernels.attention_table = kp.attention_table;
+  g.kernels.kernel_overhead_s = 0;  // the preset's 2 µs a kernel aside
+  const Op op{.name = "attention", .kind = OpKind::attention, .pass = Pass::forward, .m = 2048,
+              .n = 2048, .k = 64, .batch = 1, .flops = 1e12, .bytes = 0};
+  EXPECT_NEAR(op_seconds(op, g, Precision::bf16), 1e12 / (989.4e12 * 0.30), 1e-12);
+  Op replay = op, backward = op;
+  replay.pass = Pass::recompute;  // a replay of the forward kernel
+  backward.pass = Pass::backward;
+  EXPECT_NEAR(op_seconds(replay, g, Precision::bf16), 1e12 / (989.4e12 * 0.30), 1e-12);
+  EXPECT_NEAR(op_seconds(backward, g, Precision::bf16), 1e12 / (989.4e12 * 0.26), 1e-12);
+  g.kernels.attention_table[0].forward = 1.5;
+  EXPECT_THROW(validate_kernel_perf(g), InvalidInput);
+}
+
 TEST(Roofline, BadShapesAndFiguresAreRejected) {
   const KernelPerf kp{.sm_count = 108};
   EXPECT_THROW(gemm_efficiency(kp, 0, 1, 1), InvalidInput);

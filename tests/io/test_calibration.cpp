@@ -214,6 +214,12 @@ TEST(Calibration, KernelsRoundTripAndApply) {
   EXPECT_NEAR(a.gpu.kernels.memory_fraction, 1.7e12 / 2.039e12, 1e-12);
   EXPECT_NEAR(a.gpu.kernels.attention_forward_fraction, 0.5, 1e-9);
   EXPECT_NEAR(a.gpu.kernels.attention_backward_fraction, 0.4, 1e-9);
+  // Note [attention table]: the measured shape is the table's one point.
+  ASSERT_EQ(a.gpu.kernels.attention_table.size(), 1u);
+  EXPECT_EQ(a.gpu.kernels.attention_table[0].head_dim, 128);
+  EXPECT_EQ(a.gpu.kernels.attention_table[0].seq, 4096);
+  EXPECT_NEAR(a.gpu.kernels.attention_table[0].forward, 0.5, 1e-9);
+  EXPECT_NEAR(a.gpu.kernels.attention_table[0].backward, 0.4, 1e-9);
   // No gemm_sustained: the preset's power cap stays (A100: He's 257 of the burst 271.2 TFLOP/s).
   EXPECT_NEAR(a.gpu.kernels.sustained_gemm, 257 / 271.2, 1e-6);
   // Hostile: an unknown precision is a one-line error naming the field.

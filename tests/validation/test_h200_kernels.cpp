@@ -301,10 +301,12 @@ TEST(H200Steps, PresetPredictsEachStep) {
 // The same steps with the probe's own calibration applied (`--calibration`): its GEMM grid fitted
 // (short replays: the boost clock), its power cap from the steps' GEMMs timed after the steps
 // (kernels.gemm_sustained: 1 / the median of measured / the fitted burst time, the preset's
-// definition on the calibration's own fit), its copy bandwidth, and its attention fractions, the
-// median of the default SDPA backend (cuDNN) over shapes of head dim 64 and 128. One attention
-// figure cannot serve both head dims (cuDNN at 64 runs at half its speed at 128), so this is the
-// weaker check: within 20 % for the four steps that ran the default backend.
+// definition on the calibration's own fit), its copy bandwidth, and its attention: the default
+// SDPA backend (cuDNN) timed at head dims 64 and 128, one table point per shape (Note [attention
+// table]). With one median fraction for all shapes (until 2026-12-04) the four steps that ran the
+// default backend read 1.155, 1.096, 1.019 and 1.084 — cuDNN at head dim 64 runs at about half its
+// head-dim-128 speed — and this test asked 20 %; with the table each step takes its own head dim
+// and sequence, and the test asks the calibrate-then-predict goal, 15 %.
 TEST(H200Steps, ProbesOwnCalibrationPredictsTheDefaultBackendSteps) {
   const ClusterSpec cal = io::apply_calibration(
       *cluster_preset("h200"),
@@ -318,7 +320,7 @@ TEST(H200Steps, ProbesOwnCalibrationPredictsTheDefaultBackendSteps) {
     if (st.contains("attention_backend")) continue;  // the FlashAttention-2 row
     const double ratio = st["seconds_median"].get<double>() / predict(st, cal).step_s;
     std::printf("  %-66s measured / calibrated %.3f\n", label(st).c_str(), ratio);
-    EXPECT_NEAR(ratio, 1.0, 0.2) << label(st);
+    EXPECT_NEAR(ratio, 1.0, 0.15) << label(st);
   }
 }
 

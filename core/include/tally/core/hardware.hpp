@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tally/core/types.hpp"
 
@@ -68,6 +69,15 @@ struct KernelPerf {
   // Fused (flash) attention, achieved fraction of the tensor-core peak on the FLOPs it executes.
   double attention_forward_fraction = 0.6;
   double attention_backward_fraction = 0.45;
+  // The same measured per shape (a calibration's `kernels.attention`): when not empty it replaces
+  // the two figures above, looked up by head dimension and sequence (Note [attention table],
+  // core/roofline.hpp).
+  struct AttentionFraction {
+    std::int64_t head_dim = 0;
+    std::int64_t seq = 0;
+    double forward = 0, backward = 0;
+  };
+  std::vector<AttentionFraction> attention_table;
   // Streaming (elementwise, norm, softmax) kernels: achieved fraction of memory_bps.
   double memory_fraction = 0.85;
   // Per-kernel fixed cost (launch and tail), seconds; 0 = hidden by asynchronous launches.

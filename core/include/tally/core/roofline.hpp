@@ -46,6 +46,19 @@ double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, do
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes,
                         double overhead_s);
 
+// Note [attention table]
+// A fused-attention kernel's speed depends on its shape: on one H200 (tests/data/h200_probe_ops
+// .json) cuDNN's causal forward ran at 0.30 of the peak at head dim 64 and 0.45–0.54 at 128, rising
+// with the sequence (2048 → 8192). One fraction per GPU cannot carry that, so a calibration's
+// measured shapes become KernelPerf::attention_table and a kernel of head dim d and q query rows
+// takes: the points whose head dim is nearest d (in log2; a tie goes to the larger), among them
+// the fraction linear in log(seq) between the two points around q (the end point's outside them;
+// points of one shape averaged). The sequence is the kernel's query rows (op.m): a CP chunk runs
+// as a shorter sequence. Empty table: the GPU's two fractions.
+// backward: the backward kernel's figure (a recompute replays the forward).
+double attention_fraction(const KernelPerf& kp, bool backward, std::int64_t head_dim,
+                          std::int64_t seq);
+
 // One measured GEMM (`tally bench gemm`, bench/gpu/probe.py): B-batched (m × k)·(k × n).
 struct GemmSample {
   std::int64_t m = 0, n = 0, k = 0;

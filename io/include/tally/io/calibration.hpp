@@ -94,8 +94,9 @@ Calibration load_calibration(const std::filesystem::path& path);
 // The cluster with whatever the calibration measured replacing its figures; validated. Kernels:
 // sm_count as given; GEMM constants fitted (core fit_gemm_perf) against kernels.peak_flops, then
 // rescaled to the cluster's peak for the precision; memory_fraction = measured / the GPU's HBM
-// bandwidth (the measured figure itself when the GPU has none); attention fractions the median of
-// executed FLOPs / (peak · seconds).
+// bandwidth (the measured figure itself when the GPU has none); attention: each measured shape's
+// executed FLOPs / (peak · seconds) a point of KernelPerf::attention_table (Note [attention
+// table], core/roofline.hpp), the two fractions their medians.
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c);
 
 // `c` completed from the calibration already at `path`, when that file exists: each of intra_node,
