@@ -275,7 +275,8 @@ std::string traffic_section(const json& j) {
          list(formulas);
 }
 
-// arrival_wait is there when the ranks shared this host (run_zero.cpp's zero_phases); else 0.
+// arrival_wait is there when the ranks shared this host (run_zero.cpp's zero_phases); else the
+// chart draws 0 and the table says n/a.
 constexpr const char* kZeroPhases[] = {"forward_backward", "arrival_wait", "collectives",
                                        "optimizer"};
 
@@ -295,7 +296,7 @@ std::string phases_section(const json& j) {
     for (const char* p : kZeroPhases) {
       const double ms = ph.contains(p) ? num(ph[p]) * 1e3 : 0.0;
       v.push_back(ms);
-      row.push_back(number(ms));
+      row.push_back(ph.contains(p) ? number(ms) : "n/a");  // one rank, or ranks on several hosts
     }
     if (predicted) v.push_back(0);
     c.rows.push_back(str(st["name"]) + ": measured");

@@ -435,7 +435,8 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   if (tp_arrival) {
     me.tp_arrival_wait_s = 0;
     for (const ArrivalSplit& a : arrival_splits(g.tp(), tp_spans)) me.tp_arrival_wait_s += a.wait_s;
-    me.tp_arrival_wait_s /= steps;
+    // A part of tp_comm_s: the spans open a few instructions before the counters' timers.
+    me.tp_arrival_wait_s = std::min(me.tp_arrival_wait_s / steps, me.tp_comm_s);
   }
 
   // core, for this rank and for the layout
