@@ -312,11 +312,13 @@ TEST(HostileJson, SubnormalHardwareFiguresAreRejected) {
   }, {"intra_node.beta_bytes_per_s", "[1000000, 1e+15]"});
   // Ranges that start at 0 admit 0 but no subnormal, in any reader (fuzzing, 2026-12-05: a
   // point's size_bytes = 1.05e-320, whose reciprocal is inf, was accepted).
-  for (const auto& [from, to] :
+  // (Plain strings, not a structured binding: clang 14 cannot capture one in the lambda.)
+  for (const auto& edit :
        {std::pair{"\"size_bytes\": 1048576", "\"size_bytes\": 1.0479132348292839e-320"},
         std::pair{"\"seconds_median\": 0.00055", "\"seconds_median\": 5e-324"},
         std::pair{"\"busbw_bytes_per_s\": 2.86e+09", "\"busbw_bytes_per_s\": 2e-310"}}) {
-    const std::string field = std::string(from).substr(1, std::string(from).find('"', 1) - 1);
+    const std::string from = edit.first, to = edit.second;
+    const std::string field = from.substr(1, from.find('"', 1) - 1);
     expect_invalid([&] { parse_calibration(test::replaced(cal, from, to), "cal"); },
                    {"points[0]." + field, "not subnormal"});
   }
