@@ -3,7 +3,7 @@
 # model (core/mlp_step.hpp, Note [host step model]), run them, print measured / predicted.
 #
 # Builds nothing. Usage:
-#   bench/predict_vs_measured.sh BUILD_DIR [-k "1 2 4"] [-o OUT_DIR] [-r ROUNDS]
+#   bench/predict_vs_measured.sh BUILD_DIR [-k "1 2 4"] [-o OUT_DIR] [-r ROUNDS] [-b BUSY_MS]
 #
 # 1. Per round, calibrate, in OUT_DIR (default a new temporary directory):
 #      tally bench gemm   --calibration-out cal-r<r>.json   float32 at::mm over the default grid,
@@ -12,6 +12,8 @@
 #      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set
 #      then per k >= 2 and ALGO in gloo, ring, a copy cal-ALGO-k<k>-r<r>.json plus
 #      tally launch --nproc k -- tally bench allreduce --algo ALGO --sizes-mb $SIZES --iters 50
+#        --busy-ms BUSY_MS   (default 2: each call after 2 ms of busy CPU, as a step makes it —
+#                             Note [busy before a call]; -b 0 times the calls back to back)
 #      (α–β at that k, fitted over the runs' own message sizes, SIZES below): each run is
 #      predicted from the collective it calls — bench ddp's reducer Gloo's all-reduce, run zero
 #      tally's ring (DP's all-reduce, the ZeRO stages' reduce-scatter; their all-gathers are
@@ -36,11 +38,13 @@ BUILD=$1; shift
 WORLD_SIZES="1 2 4"
 OUT=""
 ROUNDS=1
+BUSY_MS=2
 while [[ $# -gt 0 ]]; do
   case $1 in
     -k) WORLD_SIZES=$2; shift 2 ;;
     -o) OUT=$2; shift 2 ;;
     -r) ROUNDS=$2; shift 2 ;;
+    -b) BUSY_MS=$2; shift 2 ;;
     *) usage ;;
   esac
 done
@@ -75,7 +79,8 @@ calibrate() {  # $1 = round
       cp "$cal" "$OUT/cal-$algo-k$k-r$1.json"
       if [[ $k -ge 2 ]]; then
         "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo "$algo" \
-          --sizes-mb "$SIZES" --iters 50 --calibration-out "$OUT/cal-$algo-k$k-r$1.json" \
+          --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" \
+          --calibration-out "$OUT/cal-$algo-k$k-r$1.json" \
           >"$OUT/allreduce-$algo-k$k-r$1.txt"
       fi
     done

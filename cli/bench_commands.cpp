@@ -45,6 +45,7 @@ struct BenchAllReduceFlags {
   int warmup = 5, iters = 20;
   std::string algo = "both";
   double timeout_s = 60;
+  double busy_ms = 0;
   bool json = false;
   std::string calibration_out;
   std::optional<std::string> html;  // --html FILE, written by rank 0
@@ -65,6 +66,7 @@ engine::BenchAllReduceOptions to_options(const BenchAllReduceFlags& f) {
   if (f.algo == "gloo") o.algorithms = {engine::AllReduceAlgorithm::gloo};
   if (f.algo == "ring") o.algorithms = {engine::AllReduceAlgorithm::ring};
   o.timeout_s = f.timeout_s;
+  o.busy_s = f.busy_ms * 1e-3;
   try {
     o.validate();
   } catch (const InvalidInput& e) {
@@ -135,6 +137,9 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
              k, one_host ? "1 host" : "multi-host", r.warmup_iters, r.iters);
   fmt::print("# time_us: per iteration, the slowest rank's own time after a barrier; median, min, "
              "max over iterations\n");
+  if (r.busy_s > 0)
+    fmt::print("# each call after {} ms of busy CPU on every rank, then the barrier (--busy-ms; "
+               "Note [busy before a call])\n", sig_str(r.busy_s * 1e3, 4));
   fmt::print("# algbw = S/time_med; busbw = bus_bandwidth(all-reduce, algbw, k) = algbw*2(k-1)/k "
              "(core/comm.hpp, nccl-tests); GB = 1e9 B\n");
   fmt::print("# gloo = Comm::all_reduce (Gloo's algorithm); ring = Comm::ring_all_reduce (tally's "
@@ -218,6 +223,7 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
               {"op", "sum"},
               {"warmup_iters", r.warmup_iters},
               {"iters", r.iters},
+              {"busy_before_s", r.busy_s},
               {"time_convention",
                "per iteration the slowest rank's own time after a barrier; median/min/max over "
                "iterations"},
@@ -305,6 +311,11 @@ void register_bench_allreduce(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds for the rendezvous and each collective")
       ->check(finite_in(1e-3, 86400))
+      ->capture_default_str();
+  cmd->add_option("--busy-ms", f->busy_ms,
+                  "keep every rank's CPU busy this long before the barrier that starts each call, "
+                  "as a training step's compute does (0 = calls back to back)")
+      ->check(finite_in(0, 1000))
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
   cmd->add_option("--calibration-out", f->calibration_out,

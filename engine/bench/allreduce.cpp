@@ -3,6 +3,7 @@
 #include "tally/engine/bench/allreduce.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -83,6 +84,23 @@ void run_once(Comm& comm, AllReduceAlgorithm a, std::vector<float>& data) {
     comm.all_reduce(data);
 }
 
+// Note [busy before a call]
+// In a training step every collective follows compute, and on a host whose cores all run ranks
+// (`run zero` at k = 2 on 2 cores) a call made right after a busy CPU costs more than the same
+// call back to back: at k = 2 a 0.25 MB ring all-reduce took 0.41 ms back to back, 0.45–0.52 ms
+// after each rank slept 2 ms before the barrier, and 1.6–2.9 ms after 2 ms of a busy loop, of
+// GEMMs or of a streaming loop alike (2026-12-05, docs/ledgers.md §5) — not the threads' wake-up
+// (the barrier has woken them) nor the kind of work. `--busy-ms` times every call that way: each
+// rank spins on the steady clock for busy_s before the barrier, so the ranks still start each call
+// together and the wait for the slowest rank stays out of the figure. bench/predict_vs_measured.sh
+// calibrates with 2 ms (its -b); the effect was there from 0.5 ms on.
+void keep_cpu_busy(double seconds) {
+  if (!(seconds > 0)) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
 // One (size, algorithm) on the harness (harness.hpp): refill, time, check; the bookkeeping
 // collectives (gathering times, summing #wrong) run after the timed loop.
 BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAllReduceOptions& o) {
@@ -100,6 +118,7 @@ BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAll
              .prepare =
                  [&](int) {
                    std::memcpy(d.data.data(), d.initial.data(), d.data.size() * sizeof(float));
+                   keep_cpu_busy(o.busy_s);
                    sent_before = bytes_sent_so_far(comm, a);
                  },
              .run = [&](int) { run_once(comm, a, d.data); },
@@ -183,6 +202,7 @@ void BenchAllReduceOptions::validate() const {
       (algorithms.size() == 2 && algorithms[0] == algorithms[1]))
     bad("algorithms", double(algorithms.size()), "must be gloo, ring or both, each once");
   if (!(timeout_s > 0 && timeout_s <= 86400)) bad("timeout", timeout_s, "must be in (0, 86400] s");
+  if (!(busy_s >= 0 && busy_s <= 1)) bad("busy", busy_s, "must be in [0, 1] s");
 }
 
 std::vector<double> geometric_sizes(double min_bytes, double max_bytes, double factor) {
@@ -296,6 +316,7 @@ BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions
   TrackingAllocatorScope cache({.cache = true});
   const int k = comm.world_size();
   BenchAllReduceResult result{.world_size = k, .warmup_iters = o.warmup_iters, .iters = o.iters,
+                              .busy_s = o.busy_s,
                               .algorithms = o.algorithms};
   for (const double requested : o.sizes_bytes) {
     const std::int64_t count = bench_element_count(requested, k);
@@ -327,7 +348,10 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
   c.source = "tally bench allreduce, " + std::string(single_host ? "1 host" : "multi-host") +
              " x " + std::to_string(r.world_size) + " ranks, gloo, float32; alpha/beta fitted to " +
              (fit_from == AllReduceAlgorithm::ring ? "tally's ring" : "Gloo's all-reduce") +
-             " (t = alpha*2(k-1) + 2S(k-1)/k / beta, relative least squares)";
+             " (t = alpha*2(k-1) + 2S(k-1)/k / beta, relative least squares)" +
+             (r.busy_s > 0 ? "; every call after " + fmt_double(r.busy_s * 1e3, 6) +
+                                 " ms of busy CPU and a barrier (--busy-ms)"
+                           : "");
   const LinkSpec link{.bandwidth_bps = fit.beta_bps, .latency_s = fit.alpha_s};
   if (single_host)
     c.intra_node = link;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -96,6 +97,9 @@ TEST(bench_allreduce, OptionsAreValidatedWithTheFieldNamed) {
                 .find("algorithms"),
             std::string::npos);
   EXPECT_NE(message({.timeout_s = 0}).find("timeout = 0"), std::string::npos);
+  EXPECT_NE(message({.busy_s = -0.001}).find("busy = -0.001"), std::string::npos);
+  EXPECT_NE(message({.busy_s = 2}).find("busy = 2"), std::string::npos);
+  EXPECT_EQ(message({.busy_s = 1}), "no error");
 }
 
 TEST(bench_allreduce, TimeStatsAreMedianMinMax) {
@@ -185,6 +189,13 @@ TEST(bench_allreduce, CalibrationRoundTrips) {
   // The ring's fit is its own (slower by 1.25 at every size: α and 1/β both scale).
   const io::Calibration ring = to_calibration(r, true, AllReduceAlgorithm::ring);
   EXPECT_NEAR(ring.intra_node->bandwidth_bps / link.bandwidth_bps, 0.8, 1e-9);
+  // Timed after busy work (--busy-ms): the calibration's source says so; back to back it says
+  // nothing of it.
+  EXPECT_EQ(cal.source.find("busy"), std::string::npos) << cal.source;
+  r.busy_s = 0.002;
+  EXPECT_NE(to_calibration(r, true).source.find("every call after 2 ms of busy CPU and a barrier"),
+            std::string::npos)
+      << to_calibration(r, true).source;
   // A wrong result is never calibrated.
   r.rows[0].wrong = 1;
   EXPECT_THROW(to_calibration(r, true), InvalidInput);
@@ -310,6 +321,26 @@ TEST_P(bench_allreduce_ranks, CorrectCountedExactAndCalibrates) {
   });
   EXPECT_TRUE(run.all_ok()) << run.describe();
   EXPECT_LT(run.elapsed_s, 20) << "each world size must stay fast";
+}
+
+// Note [busy before a call]: each rank spins busy_s before the barrier of every call, outside
+// the timed region. The spin is a lower bound on the run's time (2 sizes × 3 calls × 50 ms), and
+// the results are as correct as back to back.
+TEST(bench_allreduce, BusyBeforeEachCallIsSpentAndRecorded) {
+  const BenchAllReduceOptions options{.sizes_bytes = {4e3, 64e3}, .warmup_iters = 0, .iters = 3,
+                                      .algorithms = {AllReduceAlgorithm::ring},
+                                      .timeout_s = 20, .busy_s = 0.05};
+  const auto run = harness::run_ranks(2, 60, [&](const DistEnv& env) {
+    const auto start = std::chrono::steady_clock::now();
+    const BenchAllReduceResult r = run_bench_allreduce(env, options);
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_GE(elapsed, 2 * 3 * 0.05);
+    EXPECT_EQ(r.busy_s, 0.05);
+    EXPECT_TRUE(r.ok());
+    ASSERT_EQ(r.rows.size(), 2u);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, bench_allreduce_ranks, ::testing::Values(2, 3, 4),
@@ -500,6 +531,7 @@ TEST(bench_allreduce_cli, BadInputIsOneLineAndExitCode2) {
       {{"bench", "allreduce", "--sizes-mb", "4,1"}, "ascending"},
       {{"bench", "allreduce", "--sizes-mb", "0.000001"}, "size = 1"},
       {{"bench", "allreduce", "--iters", "0"}, "--iters"},
+      {{"bench", "allreduce", "--busy-ms", "1001"}, "--busy-ms"},
       {{"bench", "allreduce", "--algo", "tree"}, "--algo"},
       {{"bench", "allreduce", "--min-mb", "1"}, "--min-mb and --max-mb go together"},
       {{"bench", "allreduce", "--sizes-mb", "1", "--min-mb", "1", "--max-mb", "2"}, "excludes"},

@@ -43,8 +43,12 @@ struct BenchAllReduceOptions {
   int iters = 20;        // nccl-tests -n default
   std::vector<AllReduceAlgorithm> algorithms = {AllReduceAlgorithm::gloo, AllReduceAlgorithm::ring};
   double timeout_s = 60;  // every wait of the Comm
+  // Note [busy before a call] (allreduce.cpp): seconds each rank keeps its CPU busy before the
+  // barrier that starts every call, as a training step's compute does; 0 = back to back.
+  double busy_s = 0;
   // Throws InvalidInput naming the field: sizes in [4 B, 4 GB], 1..64 of them, ascending and
-  // distinct; warmup in [0, 10000]; iters in [1, 100000]; 1..2 distinct algorithms; 0 < timeout.
+  // distinct; warmup in [0, 10000]; iters in [1, 100000]; 1..2 distinct algorithms; 0 < timeout;
+  // busy in [0, 1] s.
   void validate() const;
 };
 
@@ -121,6 +125,7 @@ struct BenchCheck {
 struct BenchAllReduceResult {
   int world_size = 1;
   int warmup_iters = 0, iters = 0;
+  double busy_s = 0;  // BenchAllReduceOptions::busy_s
   std::vector<AllReduceAlgorithm> algorithms;
   std::vector<BenchRow> rows;  // size-major: for each size, one row per algorithm, in order
 
