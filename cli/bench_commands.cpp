@@ -226,7 +226,10 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
               {"busy_before_s", r.busy_s},
               {"time_convention",
                "per iteration the slowest rank's own time after a barrier; median/min/max over "
-               "iterations"},
+               "iterations" +
+                   (r.busy_s > 0 ? "; each call after " + sig_str(r.busy_s * 1e3, 4) +
+                                       " ms of busy CPU on every rank (--busy-ms)"
+                                 : std::string())},
               {"busbw_convention", "bus_bandwidth(all-reduce, algbw, k) = algbw*2(k-1)/k"},
               {"rows", rows},
               {"total_wrong", r.total_wrong()},

@@ -409,6 +409,8 @@ TEST(bench_allreduce_cli, CalibrationFromK2DrivesTallyCommAndPlan) {
   EXPECT_EQ(j["ring_bytes_exact"], true);
   EXPECT_EQ(j["ok"], true);
   EXPECT_EQ(j["calibration_out"], cal);
+  EXPECT_EQ(j["busy_before_s"], 0.0);  // back to back unless --busy-ms
+  EXPECT_EQ(j["time_convention"].get<std::string>().find("busy"), std::string::npos);
   ASSERT_EQ(j["rows"].size(), 6u);
   // ④ per algorithm: small vs large, and the one pair past the smallest (16, 64 MB), in words.
   ASSERT_EQ(j["checks"].size(), 4u);
@@ -520,6 +522,28 @@ TEST(bench_allreduce_cli, SingleRankChecksSayWhyNotApplicable) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("# ok"), std::string::npos) << text;
+}
+
+// --busy-ms is said wherever the times are: the JSON's own field and its time convention (which
+// the --html page prints), and the text table's header.
+TEST(bench_allreduce_cli, BusyBeforeEachCallIsLabelled) {
+  const std::vector<std::string> flags = {"--sizes-mb", "0.004,0.016", "--warmup", "0", "--iters",
+                                          "2", "--algo", "ring", "--busy-ms", "5"};
+  std::vector<std::string> json_flags = flags;
+  json_flags.push_back("--json");
+  const Ran r = run_command(launch_bench(2, json_flags), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(joined(rank_lines(r.out, 0)));
+  EXPECT_EQ(j["busy_before_s"], 0.005);
+  EXPECT_NE(j["time_convention"].get<std::string>().find(
+                "each call after 5 ms of busy CPU on every rank (--busy-ms)"),
+            std::string::npos)
+      << j["time_convention"];
+  const Ran text = run_command(launch_bench(2, flags), 60);
+  ASSERT_EQ(text.exit_code, 0) << text.out << text.err;
+  EXPECT_NE(joined(rank_lines(text.out, 0)).find("# each call after 5 ms of busy CPU on every rank"),
+            std::string::npos)
+      << text.out;
 }
 
 TEST(bench_allreduce_cli, BadInputIsOneLineAndExitCode2) {
