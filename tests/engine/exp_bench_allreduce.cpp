@@ -541,8 +541,8 @@ TEST(bench_allreduce_cli, BusyBeforeEachCallIsLabelled) {
       << j["time_convention"];
   const Ran text = run_command(launch_bench(2, flags), 60);
   ASSERT_EQ(text.exit_code, 0) << text.out << text.err;
-  EXPECT_NE(joined(rank_lines(text.out, 0)).find("# each call after 5 ms of busy CPU on every rank"),
-            std::string::npos)
+  const std::string table = joined(rank_lines(text.out, 0));
+  EXPECT_NE(table.find("# each call after 5 ms of busy CPU on every rank"), std::string::npos)
       << text.out;
 }
 
