@@ -211,6 +211,10 @@ void run_memory(const MemoryFlags& f) {
                  "add: a.add_(b, alpha), 3 streams of W/2 bytes; copy: a.copy_(b), 2 streams; "
                  "bytes/s = streams * W/2 / median per-call time"},
                 {"rows", rows},
+                {"overhead_convention",
+                 "a.add_(b, alpha) on 16 floats (128 bytes), warm: a streaming kernel's fixed "
+                 "cost per call, median seconds (the calibration's memory_overhead_s)"},
+                {"overhead_seconds_median", r.overhead.median_s},
                 {"calibration_out", f.calibration_out.empty() ? nlohmann::json(nullptr)
                                                               : nlohmann::json(f.calibration_out)}});
     return;
@@ -224,8 +228,11 @@ void run_memory(const MemoryFlags& f) {
     fmt::print("  {:>12.3f} {:>11.2f} {:>10.2f} {:>11.2f} {:>10.2f}\n",
                row.working_set_bytes / kMiB, us(row.add.median_s), row.add_bps / 1e9,
                us(row.copy.median_s), row.copy_bps / 1e9);
+  fmt::print("# fixed cost per call: add on 16 floats (128 B), warm: {:.2f} us median\n",
+             us(r.overhead.median_s));
   if (!f.calibration_out.empty())
-    fmt::print("# kernels.memory_curve (add) written to {}\n", f.calibration_out);
+    fmt::print("# kernels.memory_curve (add) and memory_overhead_s written to {}\n",
+               f.calibration_out);
 }
 
 void register_memory(CLI::App& bench) {
@@ -234,8 +241,10 @@ void register_memory(CLI::App& bench) {
       "memory", "time streaming kernels over working sets from cache to DRAM (calibrates the "
                 "operator model's memory passes)");
   cmd->footer("One process, no launch needed. --calibration-out FILE merges kernels.memory_curve "
-              "(the add bandwidth by working set) and memory_bytes_per_s (its largest) into FILE, "
-              "which `tally bench gemm --calibration-out FILE` must have written first.");
+              "(the add bandwidth by working set), memory_bytes_per_s (its largest) and "
+              "memory_overhead_s (the add's time on 16 floats: a streaming kernel's fixed cost) "
+              "into FILE, which `tally bench gemm --calibration-out FILE` must"
+              " have written first.");
   cmd->add_option("--sizes-mib", f->sizes_mib,
                   "working sets W in MiB (2^20 B), comma-separated (default 0.25,1,4,16,64,256)")
       ->delimiter(',')

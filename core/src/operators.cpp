@@ -468,9 +468,16 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
       return roofline_seconds(gpu, op.flops, gpu.peak_flops(compute_precision(p)) * eta, op.bytes);
     }
     case OpKind::memory:
+      // Note [memory kernel overhead]
+      // A streaming kernel's fixed cost is not a GEMM's where the two were measured apart. On a
+      // GPU both are the launch (the presets keep one figure). On a CPU, bench gemm's fit gives
+      // the cold-cache GEMM's 10–20 µs (packing, BLAS dispatch, the flush's cold TLB), while
+      // `tally bench memory` times a.add_ on 16 floats, warm, at 0.3 µs (2026-12-05, this VM):
+      // charging Adam's 8 kernels per tensor the GEMM's figure priced `run zero`'s k = 1 Adam
+      // at 2.7–3.1 ms where the engine measured 2.1–2.2 (the DRAM-rate bytes alone are 2.2).
       return roofline_seconds(gpu, op.flops,
                               gpu.peak_fp32_flops > 0 ? gpu.peak_fp32_flops : gpu.peak_tf32_flops,
-                              op.bytes);
+                              op.bytes, k.memory_overhead_s.value_or(k.kernel_overhead_s));
   }
   TALLY_INVARIANT(false && "unknown operator kind");
   return 0;

@@ -90,6 +90,10 @@ void validate_kernel_perf(const GpuSpec& gpu) {
   require_real(std::isfinite(k.kernel_overhead_s) && k.kernel_overhead_s >= 0 &&
                    k.kernel_overhead_s <= 1,
                "gpu kernel_overhead_s", k.kernel_overhead_s, "must be in [0, 1] s");
+  if (k.memory_overhead_s)
+    require_real(std::isfinite(*k.memory_overhead_s) && *k.memory_overhead_s >= 0 &&
+                     *k.memory_overhead_s <= 1,
+                 "gpu memory_overhead_s", *k.memory_overhead_s, "must be in [0, 1] s");
   require_real(std::isfinite(gpu.memory_bps) && gpu.memory_bps >= kBandwidthBpsBounds.lo &&
                    gpu.memory_bps <= kBandwidthBpsBounds.hi,
                "gpu memory_bps", gpu.memory_bps,

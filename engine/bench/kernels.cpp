@@ -128,6 +128,7 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
   std::vector<double> sizes = o.working_set_bytes;
   std::sort(sizes.begin(), sizes.end());
   for (double w : sizes) r.rows.push_back(time_memory(w, o.timing));
+  r.overhead = time_memory(2.0 * 4.0 * double(kOverheadElements), o.timing).add;
   return r;
 }
 
@@ -147,6 +148,7 @@ void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k) {
   for (const MemoryRow& row : r.rows)
     k.memory_curve.push_back({.working_set_bytes = row.working_set_bytes, .bytes_per_s = row.add_bps});
   if (!r.rows.empty()) k.memory_bps = r.rows.back().add_bps;
+  if (r.overhead.median_s > 0) k.memory_overhead_s = r.overhead.median_s;
 }
 
 }  // namespace tally::engine

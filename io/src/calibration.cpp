@@ -75,6 +75,7 @@ CalibrationPoint read_point(const json& v, std::string_view source, std::size_t 
 constexpr Range kPeakFlops{kPeakFlopsBounds.lo, kPeakFlopsBounds.hi};
 constexpr Range kMemoryBps{kBandwidthBpsBounds.lo, kBandwidthBpsBounds.hi};
 constexpr Range kKernelSeconds{1e-9, 1e6};
+constexpr Range kOverheadSeconds{0, 1};  // KernelPerf's overheads: [0, 1] s
 constexpr Range kWorkingSetBytes{1, 1e15};
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 24;
 constexpr std::size_t kMaxNameChars = 128;
@@ -101,7 +102,7 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
   const auto k = r.opt_object("kernels");
   if (!k) return std::nullopt;
   k->allow_only({"device", "precision", "peak_flops", "sm_count", "memory_bytes_per_s",
-                 "memory_curve", "gemm", "gemm_sustained", "attention"});
+                 "memory_overhead_s", "memory_curve", "gemm", "gemm_sustained", "attention"});
   KernelCalibration c;
   c.device = k->opt_string("device", kMaxNameChars).value_or("");
   c.precision = k->opt_string("precision", 16).value_or("bf16");
@@ -111,6 +112,7 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
   c.peak_flops = k->number("peak_flops", kPeakFlops);
   if (const auto sm = k->opt_integer("sm_count", 1, 1'000'000)) c.sm_count = int(*sm);
   c.memory_bps = k->opt_number("memory_bytes_per_s", kMemoryBps);
+  c.memory_overhead_s = k->opt_number("memory_overhead_s", kOverheadSeconds);
   c.memory_curve = read_objects<BandwidthPoint>(*k, "memory_curve", [](const ObjectReader& b, std::size_t) {
     b.allow_only({"working_set_bytes", "bytes_per_s"});
     return BandwidthPoint{.working_set_bytes = b.number("working_set_bytes", kWorkingSetBytes),
@@ -143,6 +145,7 @@ json kernels_to_json(const KernelCalibration& c) {
   json j{{"device", c.device}, {"precision", c.precision}, {"peak_flops", c.peak_flops}};
   if (c.sm_count) j["sm_count"] = *c.sm_count;
   if (c.memory_bps) j["memory_bytes_per_s"] = *c.memory_bps;
+  if (c.memory_overhead_s) j["memory_overhead_s"] = *c.memory_overhead_s;
   json gemm = json::array(), attention = json::array(), curve = json::array();
   for (const auto& b : c.memory_curve)
     curve.push_back({{"working_set_bytes", b.working_set_bytes}, {"bytes_per_s", b.bytes_per_s}});
@@ -296,6 +299,7 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
     }
     kp.sustained_gemm = std::clamp(1 / median(ratio), 1e-6, 1.0);
   }
+  if (k.memory_overhead_s) kp.memory_overhead_s = *k.memory_overhead_s;
   if (k.memory_bps) {
     if (gpu.memory_bps <= 0) gpu.memory_bps = *k.memory_bps;
     kp.memory_fraction = std::min(1.0, *k.memory_bps / gpu.memory_bps);

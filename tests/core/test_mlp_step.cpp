@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "ideal_host.hpp"
+#include "tally/core/roofline.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::test_mlp_step {
@@ -93,6 +94,39 @@ TEST(MlpStep, ContentionAndBuckets) {
   // gradient (read, read for ownership, write).
   EXPECT_NEAR(one.optimizer_s, 4 * 3 * N / 2e9, 1e-15);
   EXPECT_NEAR(one.gradient_s, 4 * 3 * N / 2e9, 1e-15);
+}
+
+// Note [memory kernel overhead]: where the host measured a streaming kernel's fixed cost apart,
+// streaming kernels pay it and GEMMs keep the GEMM fit's; unset, both pay the GEMM's. SGD on
+// {8, 6, 4} is one p.add_ per parameter tensor: 4 kernels of 3 streams.
+TEST(MlpStep, MemoryKernelsTakeTheirOwnOverhead) {
+  const double W = 2e9, N = 82, gemm_oh = 1e-5, mem_oh = 3e-7;
+  ClusterSpec one = ideal_host(1e9, 1e-5, 1e8, W);
+  one.gpu.kernels.kernel_overhead_s = gemm_oh;
+  ClusterSpec apart = one;
+  apart.gpu.kernels.memory_overhead_s = mem_oh;
+  const MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .optimizer = Optimizer::sgd};
+  const MlpStepTime a = predict_mlp_step(s, one), b = predict_mlp_step(s, apart);
+  EXPECT_NEAR(a.optimizer_s, 4 * gemm_oh + 4 * 3 * N / W, 1e-15);
+  EXPECT_NEAR(b.optimizer_s, 4 * mem_oh + 4 * 3 * N / W, 1e-15);
+  // Forward and backward: 5 GEMMs keep 1e-5 each; each streaming kernel saves the difference.
+  int streaming = 0, gemms = 0;
+  for (const Op& op : mlp_ops(s.widths, s.rows)) (op.kind == OpKind::memory ? streaming : gemms)++;
+  EXPECT_EQ(gemms, 5);
+  ASSERT_GT(streaming, 0);
+  EXPECT_NEAR(a.compute_s - b.compute_s, streaming * (gemm_oh - mem_oh), 1e-15);
+  // Out of range: named.
+  apart.gpu.kernels.memory_overhead_s = 2.0;
+  EXPECT_THROW(
+      {
+        try {
+          validate_kernel_perf(apart.gpu);
+        } catch (const InvalidInput& e) {
+          EXPECT_NE(std::string(e.what()).find("memory_overhead_s"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidInput);
 }
 
 // ZeRO-3's gradient passes per unit (one Linear: weight and bias), by hand from Note [host step

@@ -102,6 +102,11 @@ TEST(BenchKernels, MemoryRowsAreTheirOwnArithmetic) {
   ASSERT_EQ(k.memory_curve.size(), 2u);
   EXPECT_EQ(k.memory_curve[1].bytes_per_s, r.rows[1].add_bps);
   EXPECT_EQ(k.memory_bps, r.rows[1].add_bps);  // the largest working set
+  // Note [memory kernel overhead]: the add on 16 floats, its median the calibration's figure —
+  // and, moving 128 bytes, no slower than the 1 MiB add (which moves 1.5 MiB).
+  EXPECT_GT(r.overhead.median_s, 0);
+  EXPECT_LT(r.overhead.median_s, r.rows[1].add.median_s);
+  EXPECT_EQ(k.memory_overhead_s, r.overhead.median_s);
   EXPECT_THROW(run_bench_memory({.working_set_bytes = {100}, .timing = kQuick}), InvalidInput);
 }
 

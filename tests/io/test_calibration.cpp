@@ -283,6 +283,36 @@ TEST(Calibration, HostClusterFromAHostCalibration) {
                  {"test-cpu", "cannot describe", "a100"});
 }
 
+// Note [memory kernel overhead]: a measured streaming-kernel overhead reads back, reaches the
+// host's KernelPerf apart from the GEMM fit's, and is refused outside [0, 1] s naming the field;
+// a calibration without it leaves the field unset (memory kernels then take the GEMM figure).
+TEST(Calibration, MemoryOverheadRoundTripsAndApplies) {
+  const double peak = 100e9;
+  KernelCalibration k{.device = "test-cpu", .precision = "fp32", .peak_flops = peak,
+                      .sm_count = 1, .memory_bps = 3e10, .memory_overhead_s = 3e-7};
+  for (std::int64_t m : {8, 64, 512})
+    for (std::int64_t n : {16, 256, 1024})
+      for (std::int64_t kk : {16, 256, 1024})  // 95 % of peak plus 10 µs a call
+        k.gemm.push_back(
+            {.m = m, .n = n, .k = kk, .seconds = 2.0 * m * n * kk / (0.95 * peak) + 1e-5});
+  const Calibration c{.source = "synthetic host", .kernels = k};
+  const std::string text = calibration_to_json(c);
+  const Calibration back = parse(text);
+  EXPECT_EQ(back.kernels->memory_overhead_s, 3e-7);
+  const ClusterSpec h = host_cluster(back, false);
+  EXPECT_EQ(h.gpu.kernels.memory_overhead_s, 3e-7);
+  EXPECT_EQ(h.gpu.kernels.kernel_overhead_s, 1e-5);  // the GEMMs' own, from the fit's grid
+  Calibration without = back;
+  without.kernels->memory_overhead_s.reset();
+  EXPECT_FALSE(host_cluster(parse(calibration_to_json(without)), false)
+                   .gpu.kernels.memory_overhead_s.has_value());
+  const std::string key = "\"memory_overhead_s\": ";
+  expect_invalid([&] { parse(replaced(text, key + "3e-07", key + "2")); },
+                 {"kernels.memory_overhead_s = 2", "[0, 1]"});
+  expect_invalid([&] { parse(replaced(text, key + "3e-07", key + "-1e-06")); },
+                 {"kernels.memory_overhead_s", "[0, 1]"});
+}
+
 // Note [power cap]: GEMMs timed at the power cap set sustained_gemm to 1 / the median of measured /
 // the burst-predicted time. Three GEMMs at 1.25×, 1.25× and 2× the A100 preset's burst time: the
 // median 1.25, so 0.8; the list survives a round trip; GEMMs no slower than the burst leave 1.

@@ -82,6 +82,10 @@ struct KernelPerf {
   double memory_fraction = 0.85;
   // Per-kernel fixed cost (launch and tail), seconds; 0 = hidden by asynchronous launches.
   double kernel_overhead_s = 0;
+  // The same for streaming (memory-bound) kernels where it was measured apart (`tally bench
+  // memory`: a.add_ on 16 floats, Note [memory kernel overhead] in core/src/operators.cpp); unset,
+  // they take kernel_overhead_s (a GPU's launch cost is one for both kinds).
+  std::optional<double> memory_overhead_s;
   // Note [power cap] (core/src/presets.cpp): a training step's GEMMs run back to back at the
   // board's power limit, where the SM clock falls below the boost clock a short benchmark sees;
   // the GEMM terms above describe short benchmarks, and a GEMM's time in the step is divided by

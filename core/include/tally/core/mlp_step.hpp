@@ -41,7 +41,9 @@
 //                a large cache: between two passes over a buffer the step's GEMMs stream the rest
 //                of the model through the caches. (Measured: bench ddp's SGD step, 3 streams over
 //                2.64 M parameters, ran at 55 GB/s where the in-cache add_ reached 112–148 GB/s and
-//                the 256 MiB one 57 GB/s.)
+//                the 256 MiB one 57 GB/s.) Each kernel call also pays a fixed cost: the
+//                calibration's memory_overhead_s (a.add_ on 16 floats, 0.3 µs here), not the
+//                GEMM fit's 10 µs (Note [memory kernel overhead], core/src/operators.cpp).
 //   comm         collective_cost on the host's calibrated α–β link (`tally bench allreduce` at
 //                the same k): DP one all-reduce per bucket; ZeRO-1/2 a reduce-scatter and an
 //                all-gather of S = 4N; ZeRO-3 per layer two all-gathers and a reduce-scatter of

@@ -13,6 +13,7 @@
 //       "device": "NVIDIA H200", "precision": "bf16", "peak_flops": 9.894e14,
 //       "sm_count": 132,                                                optional
 //       "memory_bytes_per_s": 4.1e12,       measured streaming (read + write) bandwidth, optional
+//       "memory_overhead_s": 3e-07,         a streaming kernel's fixed cost per call, optional
 //       "memory_curve": [{"working_set_bytes": 4e6, "bytes_per_s": 9e10}, ...],   optional (a
 //                                           host's bandwidth from cache to DRAM, `bench memory`)
 //       "gemm": [{"m": 4096, "n": 4096, "k": 4096, "batch": 1, "seconds_median": 0.00021}, ...],
@@ -69,6 +70,9 @@ struct KernelCalibration {
   std::optional<int> sm_count;
   std::optional<double> memory_bps;         // measured streaming bandwidth (read + write)
   std::vector<BandwidthPoint> memory_curve; // by working set, may be empty
+  // A streaming kernel's fixed cost per call (`tally bench memory`: a.add_ on 16 floats);
+  // KernelPerf::memory_overhead_s, Note [memory kernel overhead] (core/src/operators.cpp).
+  std::optional<double> memory_overhead_s;
   std::vector<GemmSample> gemm;
   // GEMMs timed at the power cap (after a training step or back to back; Note [power cap],
   // core/src/presets.cpp): KernelPerf::sustained_gemm = 1 / (the median of measured / the

@@ -12,6 +12,8 @@
 //   copy  a.copy_(b)      2 streams of W/2.
 //   Bandwidth = streams · W/2 / median; the add curve is the calibration's memory_curve, its
 //   largest working set (DRAM) the memory_bytes_per_s.
+//   Then the add on 16 floats (128 bytes): its time is the kernel's fixed cost per call, the
+//   calibration's memory_overhead_s.
 //
 // Note [cold-cache GEMMs]
 // In a training step each GEMM finds its weight out of the caches: the weight was last touched a
@@ -98,7 +100,11 @@ struct MemoryRow {
 struct BenchMemoryResult {
   BenchMemoryOptions options;
   std::vector<MemoryRow> rows;     // ascending working set
+  // a.add_(b, α) on kOverheadElements floats, warm: a streaming kernel's fixed cost per call
+  // (the calibration's memory_overhead_s, Note [memory kernel overhead] in core/src/operators.cpp).
+  TimeStats overhead;
 };
+inline constexpr std::int64_t kOverheadElements = 16;
 
 BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options);
 // One working set of that sweep (rounded down to whole float32 pairs); `repeat` as in time_gemm.
