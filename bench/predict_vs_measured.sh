@@ -10,21 +10,22 @@
 #                                                      each call after a cache flush (its default:
 #                                                      Note [cold-cache GEMMs], bench/kernels.hpp)
 #      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set
-#      then per k >= 2 and ALGO in gloo, ring, a copy cal-ALGO-k<k>-r<r>.json plus
-#      tally launch --nproc k -- tally bench allreduce --algo ALGO --sizes-mb $SIZES --iters 50
+#      then per k >= 2 a copy cal-k<k>-r<r>.json plus
+#      tally launch --nproc k -- tally bench allreduce --algo both --sizes-mb $SIZES --iters 50
 #        --busy-ms BUSY_MS   (default 2: each call after 2 ms of busy CPU, as a step makes it —
 #                             Note [busy before a call]; -b 0 times the calls back to back)
-#      (α–β at that k, fitted over the runs' own message sizes, SIZES below): each run is
-#      predicted from the collective it calls — bench ddp's reducer Gloo's all-reduce, run zero
-#      tally's ring (DP's all-reduce, the ZeRO stages' reduce-scatter; their all-gathers are
-#      Gloo's, engine/runtime/comm.cpp).
+#      (both implementations at that k over the runs' own message sizes, SIZES below, each size
+#      timed with both in turn): each run refits α–β from the points of the implementation each
+#      of its collectives calls (Note [per-implementation links], core/mlp_step.hpp) — bench
+#      ddp's reducer Gloo's all-reduce; run zero tally's ring for DP's all-reduce and the ZeRO
+#      stages' reduce-scatter, Gloo's for their all-gathers (engine/runtime/comm.cpp).
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
 # 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
-#    --calibration cal-ALGO-k<k>-r<r>.json --json; and `tally run 3d` (the engine's GPT, h 256,
+#    --calibration cal-k<k>-r<r>.json --json; and `tally run 3d` (the engine's GPT, h 256,
 #    a 4, L 4, V 512, T 128, B 4, fp32 Adam; Note [host GPT step] in core/gpt_step.hpp) in the
-#    layouts of THREE_D below whose rank count is k, on the gloo calibration (its TP and DP
-#    all-reduces and all-gathers are Gloo's; ZeRO >= 1's reduce-scatter is tally's ring).
+#    layouts of THREE_D below whose rank count is k, on the same file's link, Gloo's fit (its TP
+#    and DP all-reduces and all-gathers are Gloo's; none of THREE_D runs ZeRO's ring).
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
 #    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
 #    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
@@ -75,15 +76,12 @@ calibrate() {  # $1 = round
   "$TALLY" bench gemm --calibration-out "$cal" >"$OUT/gemm-r$1.txt"
   "$TALLY" bench memory --calibration-out "$cal" >"$OUT/memory-r$1.txt"
   for k in $WORLD_SIZES; do
-    for algo in gloo ring; do
-      cp "$cal" "$OUT/cal-$algo-k$k-r$1.json"
-      if [[ $k -ge 2 ]]; then
-        "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo "$algo" \
-          --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" \
-          --calibration-out "$OUT/cal-$algo-k$k-r$1.json" \
-          >"$OUT/allreduce-$algo-k$k-r$1.txt"
-      fi
-    done
+    cp "$cal" "$OUT/cal-k$k-r$1.json"
+    if [[ $k -ge 2 ]]; then
+      "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo both \
+        --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" \
+        --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-r$1.txt"
+    fi
   done
 }
 
@@ -92,16 +90,16 @@ for r in $(seq 1 "$ROUNDS"); do
   calibrate "$r"
   for k in $WORLD_SIZES; do
     echo "# round $r, k = $k" >&2
-    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$OUT/cal-gloo-k$k-r$r.json" \
+    "$TALLY" launch --nproc "$k" -- "$TALLY" bench ddp --calibration "$OUT/cal-k$k-r$r.json" \
       --json | sed -n 's/^\[rank 0\] //p' >"$OUT/ddp-k$k-r$r.json"
-    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$OUT/cal-ring-k$k-r$r.json" --json \
+    "$TALLY" launch --nproc "$k" -- "$TALLY" run zero --calibration "$OUT/cal-k$k-r$r.json" --json \
       | sed -n 's/^\[rank 0\] //p' >"$OUT/zero-k$k-r$r.json"
     for layout in "${THREE_D[@]}"; do
       IFS=: read -r name ranks flags <<<"$layout"
       [[ $ranks == "$k" ]] || continue
       # shellcheck disable=SC2086  # flags is a word list
       "$TALLY" launch --nproc "$k" -- "$TALLY" run 3d $flags "${GPT[@]}" \
-        --calibration "$OUT/cal-gloo-k$k-r$r.json" --json 2>/dev/null \
+        --calibration "$OUT/cal-k$k-r$r.json" --json 2>/dev/null \
         | sed -n 's/^\[rank 0\] //p' >"$OUT/3d-$name-r$r.json"
     done
   done

@@ -163,7 +163,7 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
                  row.bytes_exact ? "" : "  MISMATCH (on some rank / call)");
   }
   for (auto a : r.algorithms) {
-    const engine::AlphaBetaFit fit = r.fit(a);
+    const AlphaBetaFit fit = r.fit(a);
     if (fit.ok)
       fmt::print("# fit {}: alpha = {:.2f} us/step, beta = {:.3f} GB/s  (t = alpha*2(k-1) + "
                  "2S(k-1)/k/beta, relative least squares; max residual {:.0f}%{}{})\n",
@@ -182,7 +182,7 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   fmt::print("# {}\n", r.ok() ? "ok" : "FAILED: wrong results or ring bytes differ from the core");
 }
 
-nlohmann::json fit_json(const engine::AlphaBetaFit& fit) {
+nlohmann::json fit_json(const AlphaBetaFit& fit) {
   return {{"ok", fit.ok},
           {"alpha_s", fit.alpha_s},
           {"beta_bytes_per_s", fit.beta_bps},
@@ -463,7 +463,8 @@ MlpStepTime predict_bench_ddp(const HostModel& m, const engine::BenchDdpOptions&
   MlpStepSetup s{.widths = o.widths, .rows = o.batch_per_rank, .ranks = k, .zero_stage = 0,
                  .optimizer = o.optimizer == engine::BenchOptimizer::adam ? Optimizer::adam
                                                                           : Optimizer::sgd,
-                 .threads_per_rank = o.threads};
+                 .threads_per_rank = o.threads,
+                 .reduce_link = m.gloo_link};  // the reducer calls Gloo's all-reduce
   for (const auto& bucket : engine::compute_bucket_assignment_by_size(
            param_bytes, o.bucket_cap_bytes, o.first_bucket_cap_bytes)) {
     double bytes = 0;

@@ -14,6 +14,8 @@ HostModel load_host_model(const std::string& flag, const std::string& path, int 
   try {
     m.calibration = io::load_calibration(path);
     m.host = io::host_cluster(m.calibration, ranks >= 2);
+    m.gloo_link = io::fitted_link(m.calibration, io::kGlooAllReducePoints, ranks);
+    m.ring_link = io::fitted_link(m.calibration, io::kRingAllReducePoints, ranks);
   } catch (const InvalidInput& e) {
     throw InvalidInput(flag + " = '" + path + "': " + e.what());
   }
@@ -27,6 +29,12 @@ MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup) {
   return predict_mlp_step(setup, m.host);
 }
 
+namespace {
+nlohmann::json link_json(const LinkSpec& l) {
+  return {{"alpha_s", l.latency_s}, {"beta_bytes_per_s", l.bandwidth_bps}};
+}
+}  // namespace
+
 void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepTime& t,
                          double measured_s) {
   out["predicted_step_seconds"] = t.total_s;
@@ -37,6 +45,8 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
                        {"comm_s", t.comm_s},
                        {"contention", t.contention},
                        {"memory_bytes_per_s", t.memory_bps},
+                       {"reduce_link", link_json(t.reduce_link)},
+                       {"all_gather_link", link_json(t.all_gather_link)},
                        {"convention", t.convention()},
                        {"calibration", m.path}};
 }

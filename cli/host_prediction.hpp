@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,10 @@ struct HostModel {
   std::string path;            // the calibration file
   io::Calibration calibration;
   ClusterSpec host;            // io::host_cluster
+  // α–β refitted per implementation from the calibration's points at the run's k
+  // (io::fitted_link; Note [per-implementation links], core/mlp_step.hpp): Gloo's all-reduce and
+  // tally's ring. Unset where the file holds no such points (then the host's intra_node prices).
+  std::optional<LinkSpec> gloo_link, ring_link;
 };
 
 // Loads and checks FILE before the run starts (a bad file is exit 2, not a wasted run). ranks >= 2

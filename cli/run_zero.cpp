@@ -383,7 +383,11 @@ void run(Flags& f) {
                      .ranks = r.world_size, .zero_stage = st.stage,
                      .optimizer = Optimizer::adam,
                      // --threads 0: libtorch's default, one per hardware thread
-                     .threads_per_rank = f.run.threads > 0 ? f.run.threads : host_cores()});
+                     .threads_per_rank = f.run.threads > 0 ? f.run.threads : host_cores(),
+                     // Note [per-implementation links]: its all-reduce and reduce-scatter are
+                     // tally's ring, its all-gathers Gloo's (engine/runtime/comm.cpp).
+                     .reduce_link = model->ring_link,
+                     .all_gather_link = model->gloo_link});
         if (f.json || f.html) add_prediction_json(j["stages"][i], *model, t, measured);
         if (!f.json) {
           fmt::print("  {:<12} measured {:.2f} ms\n  {:<12} {}\n", st.name, measured * 1e3, "",

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "tally/core/comm.hpp"
 #include "tally/core/roofline.hpp"
@@ -62,6 +64,17 @@ void MlpStepSetup::validate() const {
   require_int(threads_per_rank >= 1 && threads_per_rank <= 1024, "threads_per_rank",
               threads_per_rank, "must be in [1, 1024]");
   require_int(cores >= 1 && cores <= 65536, "cores", cores, "must be in [1, 65536]");
+  for (const auto& [name, link] : {std::pair{"reduce_link", &reduce_link},
+                                   std::pair{"all_gather_link", &all_gather_link}}) {
+    if (!*link) continue;
+    const LinkSpec& l = **link;
+    const std::string field(name);
+    require_real(l.bandwidth_bps >= kBandwidthBpsBounds.lo &&
+                     l.bandwidth_bps <= kBandwidthBpsBounds.hi,
+                 field + ".bandwidth_bps", l.bandwidth_bps, "must be in [1e6, 1e15] bytes/s");
+    require_real(l.latency_s >= kLatencySBounds.lo && l.latency_s <= kLatencySBounds.hi,
+                 field + ".latency_s", l.latency_s, "must be in [0, 1] s");
+  }
 }
 
 std::vector<i64> mlp_tensor_sizes(const std::vector<i64>& widths) {
@@ -163,8 +176,10 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   t.optimizer_s = host_ops_seconds(opt, cpu);
 
   if (k > 1) {
-    const LinkSpec& link = host.intra_node;
+    t.reduce_link = s.reduce_link.value_or(host.intra_node);
+    t.all_gather_link = s.all_gather_link.value_or(host.intra_node);
     const auto add = [&](Collective c, double bytes) {
+      const LinkSpec& link = c == Collective::all_gather ? t.all_gather_link : t.reduce_link;
       t.comm_s += collective_cost(c, bytes, k, link).seconds;
     };
     if (s.zero_stage == 0) {

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "json_reader.hpp"
+#include "tally/core/comm.hpp"
+#include "tally/core/comm_fit.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/operators.hpp"
 #include "tally/core/types.hpp"
@@ -371,6 +373,21 @@ ClusterSpec host_cluster(const Calibration& c, bool need_link) {
   const LinkSpec link = c.intra_node.value_or(LinkSpec{.bandwidth_bps = 1e9, .latency_s = 0});
   host.intra_node = host.inter_node = link;
   return apply_calibration(host, c);
+}
+
+std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks) {
+  if (ranks < 2) return std::nullopt;
+  std::vector<FitPoint> points;
+  const int steps = collective_steps(Collective::all_reduce, ranks);
+  for (const CalibrationPoint& p : c.points)
+    if (p.collective == collective && p.ranks == ranks)
+      points.push_back({.steps = steps,
+                        .bytes_per_rank = collective_bytes_per_rank(Collective::all_reduce,
+                                                                    p.size_bytes, ranks),
+                        .seconds = p.seconds_median});
+  const AlphaBetaFit fit = fit_alpha_beta(points);
+  if (!fit.ok) return std::nullopt;
+  return LinkSpec{.bandwidth_bps = fit.beta_bps, .latency_s = fit.alpha_s};
 }
 
 }  // namespace tally::io

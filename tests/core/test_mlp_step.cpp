@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "ideal_host.hpp"
 #include "tally/core/roofline.hpp"
@@ -142,6 +144,46 @@ TEST(MlpStep, ZeroThreeGradientPasses) {
   const double streams = 6 * (n0 + n1) + 2 * (n0 + n1) + 3 * (48 + 6) + 3 * (24 + 4) +
                          3 * (n0 + n1) + 3 * (27 + 14);
   EXPECT_NEAR(t.gradient_s, 4 * streams / W, 1e-15);
+}
+
+// Note [per-implementation links]: all-gathers go on all_gather_link, all-reduce and
+// reduce-scatter on reduce_link; an unset one is the host's intra_node (α 1e-5, β 1e8). Widths
+// 8 → 6 → 4 (n_0 = 54, n_1 = 28, N = 82), k = 4: every collective by hand.
+TEST(MlpStep, EachCollectiveOnItsImplementationsLink) {
+  const ClusterSpec host = ideal_host(1e9, 1e-5, 1e8, 2e9);
+  const LinkSpec ring{.bandwidth_bps = 4e8, .latency_s = 3e-5};
+  const LinkSpec gloo{.bandwidth_bps = 2e8, .latency_s = 7e-6};
+  const auto comm = [&](int stage, std::optional<LinkSpec> reduce,
+                        std::optional<LinkSpec> gather) {
+    MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 4, .zero_stage = stage, .cores = 4,
+                   .reduce_link = reduce, .all_gather_link = gather};
+    return predict_mlp_step(s, host).comm_s;
+  };
+  // Reduce-scatter and all-gather of S bytes at k = 4: 3 steps and 3S/4 bytes per rank each;
+  // all-reduce twice both.
+  const auto half = [](const LinkSpec& l, double S) {
+    return 3 * l.latency_s + 0.75 * S / l.bandwidth_bps;
+  };
+  const LinkSpec intra = host.intra_node;
+  const double S = 4 * 82.0, u0 = 4 * 54.0, u1 = 4 * 28.0;
+  EXPECT_NEAR(comm(0, ring, gloo), 2 * half(ring, S), 1e-15);
+  EXPECT_NEAR(comm(1, ring, gloo), half(ring, S) + half(gloo, S), 1e-15);
+  EXPECT_NEAR(comm(2, ring, std::nullopt), half(ring, S) + half(intra, S), 1e-15);
+  EXPECT_NEAR(comm(2, std::nullopt, gloo), half(intra, S) + half(gloo, S), 1e-15);
+  // ZeRO-3: per unit two all-gathers (forward, backward) and a reduce-scatter.
+  EXPECT_NEAR(comm(3, ring, gloo),
+              2 * half(gloo, u0) + half(ring, u0) + 2 * half(gloo, u1) + half(ring, u1), 1e-15);
+  EXPECT_NEAR(comm(3, std::nullopt, std::nullopt),
+              3 * half(intra, u0) + 3 * half(intra, u1), 1e-15);
+  // A link out of range is refused, naming it.
+  try {
+    comm(1, LinkSpec{.bandwidth_bps = 0, .latency_s = 0}, gloo);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_link.bandwidth_bps"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(comm(1, ring, LinkSpec{.bandwidth_bps = 1e8, .latency_s = 2}), InvalidInput);
 }
 
 TEST(MlpStep, RefusesWhatTheEngineCannotRun) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/subprocess.hpp"
@@ -208,19 +209,38 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   // tests/io), written here: a fit on a loaded 2-core box can refuse, and this test is about the
   // prediction, not the fit (tests/engine/exp_bench_allreduce.cpp covers that).
   c.intra_node = LinkSpec{.bandwidth_bps = 1e9, .latency_s = 2e-5};
+  // And both implementations' all-reduce points at k = 2, exact α–β ones (t = 2α + S/β at k = 2,
+  // by hand): each run prices a collective on the fit of the implementation that runs it (Note
+  // [per-implementation links]), which its JSON reports.
+  const LinkSpec gloo{.bandwidth_bps = 2e9, .latency_s = 1e-4}, ring{.bandwidth_bps = 3e9,
+                                                                    .latency_s = 3e-4};
+  for (double S : {2.5e5, 4e6})
+    for (const auto& [label, l] : {std::pair{io::kGlooAllReducePoints, gloo},
+                                   std::pair{io::kRingAllReducePoints, ring}})
+      c.points.push_back({.collective = std::string(label), .ranks = 2, .size_bytes = S,
+                          .seconds_median = 2 * l.latency_s + S / l.bandwidth_bps});
   io::write_text_atomically(cal, io::calibration_to_json(c));
+  const auto expect_link = [](const json& link, const LinkSpec& l) {
+    EXPECT_NEAR(double(link["alpha_s"]) / l.latency_s, 1, 1e-9) << link.dump();
+    EXPECT_NEAR(double(link["beta_bytes_per_s"]) / l.bandwidth_bps, 1, 1e-9) << link.dump();
+  };
 
   r = launched(2, ddp);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const json d = rank0_json(r);
   expect_prediction(d, d["step_time_s"]["median"]);
+  expect_link(d["prediction"]["reduce_link"], gloo);  // the reducer calls Gloo's all-reduce
 
   r = launched(2, {"run", "zero", "--widths", "16,33,4", "--batch", "8", "--steps", "3", "--json",
                    "--calibration", cal});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const json z = rank0_json(r);
   ASSERT_EQ(z["stages"].size(), 4u);
-  for (const json& st : z["stages"]) expect_prediction(st, st["step_seconds_median"]);
+  for (const json& st : z["stages"]) {
+    expect_prediction(st, st["step_seconds_median"]);
+    expect_link(st["prediction"]["reduce_link"], ring);  // tally's ring all-reduce / scatter
+    expect_link(st["prediction"]["all_gather_link"], gloo);
+  }
 
   // run 3d (Note [predicted 3-D step]): TP 2 on the default model, one pipeline stage, DP 1, so
   // each rank's step is its kernels (compute + Adam) plus its TP collectives; both ranks report

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "io_test_util.hpp"
@@ -339,6 +340,36 @@ TEST(CalibrationKernels, SustainedGemmsSetThePowerCap) {
   for (auto& g : k.gemm_sustained) g.seconds = 0.9 * burst(g.m, g.n, g.k);
   const Calibration faster{.source = "t", .kernels = k};
   EXPECT_EQ(apply_calibration(a100, faster).gpu.kernels.sustained_gemm, 1.0);
+}
+
+// fitted_link: points an exact α–β all-reduce would give — t = α·2(k−1) + 2S(k−1)/k / β, by hand
+// here — give back α and β for their label and rank count only; too few sizes give none.
+TEST(Calibration, FittedLinkPerLabelAndRanks) {
+  const auto t = [](double alpha, double beta, int k, double S) {
+    return alpha * 2 * (k - 1) + 2 * S * (k - 1) / k / beta;
+  };
+  Calibration c;
+  for (double S : {2.5e5, 1e6, 4e6, 1.6e7}) {
+    c.points.push_back({std::string(kGlooAllReducePoints), 4, S, t(3e-4, 2e9, 4, S), 0});
+    c.points.push_back({std::string(kRingAllReducePoints), 4, S, t(6e-4, 3e9, 4, S), 0});
+    c.points.push_back({std::string(kGlooAllReducePoints), 2, S, t(1e-4, 5e9, 2, S), 0});
+  }
+  c.points.push_back({"all_gather", 4, 1e6, 1.0, 0});  // another label: not an all-reduce's
+  const auto expect_link = [&](std::string_view label, int k, double alpha, double beta) {
+    const std::optional<LinkSpec> l = fitted_link(c, label, k);
+    ASSERT_TRUE(l.has_value()) << label << " k " << k;
+    EXPECT_NEAR(l->latency_s / alpha, 1, 1e-9) << label << " k " << k;
+    EXPECT_NEAR(l->bandwidth_bps / beta, 1, 1e-9) << label << " k " << k;
+  };
+  expect_link(kGlooAllReducePoints, 4, 3e-4, 2e9);
+  expect_link(kRingAllReducePoints, 4, 6e-4, 3e9);
+  expect_link(kGlooAllReducePoints, 2, 1e-4, 5e9);
+  EXPECT_FALSE(fitted_link(c, kRingAllReducePoints, 2).has_value());  // none measured at k = 2
+  EXPECT_FALSE(fitted_link(c, kGlooAllReducePoints, 8).has_value());
+  EXPECT_FALSE(fitted_link(c, kGlooAllReducePoints, 1).has_value());
+  Calibration one;  // a single size cannot separate α from β
+  one.points.push_back({std::string(kRingAllReducePoints), 4, 1e6, t(6e-4, 3e9, 4, 1e6), 0});
+  EXPECT_FALSE(fitted_link(one, kRingAllReducePoints, 4).has_value());
 }
 
 }  // namespace

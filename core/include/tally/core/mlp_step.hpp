@@ -47,17 +47,28 @@
 //   comm         collective_cost on the host's calibrated α–β link (`tally bench allreduce` at
 //                the same k): DP one all-reduce per bucket; ZeRO-1/2 a reduce-scatter and an
 //                all-gather of S = 4N; ZeRO-3 per layer two all-gathers and a reduce-scatter of
-//                4n_u. No overlap: a CPU has no copy engine, and with k·t >= c no spare core runs
-//                Gloo's transfers beside the compute. Not counted: a rank's wait inside a
+//                4n_u. Each on the fit of the implementation that runs it (Note
+//                [per-implementation links] below). No overlap: a CPU has no copy engine, and
+//                with k·t >= c no spare core runs Gloo's transfers beside the compute. Not counted: a rank's wait inside a
 //                collective for the last rank to arrive (compute jitter between ranks); `run
 //                zero` measures it apart (arrival_wait, Note [arrival wait] in the engine's
 //                comm.cpp), so its collectives are compared with this term without it.
 //   contention   k·t > c: the compute and memory terms stretch by k·t/c (time-sliced cores); the
 //                α–β fit was measured at the same k, so it already includes it.
 // total = contention · (compute + gradients + optimizer) + comm.
+//
+// Note [per-implementation links]
+//   The engine's runs call two implementations: Gloo's collectives (bench ddp's reducer, run
+//   zero's all-gathers: engine/runtime/comm.cpp) and tally's ring (run zero's all-reduce and
+//   reduce-scatter). On this host they differ most in latency: at k = 4 the ring's fitted α made
+//   run zero's all-gathers 1.9–2.0 ms a step where Gloo's own fit gives 1.2 (2026-12-05 report,
+//   docs/ledgers.md §5). So a setup may name each one's link — `reduce_link` for all-reduce and
+//   reduce-scatter, `all_gather_link` for all-gathers — as io::fitted_link refits them from a
+//   calibration's labelled points; an unset one is the host's intra_node link.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +87,9 @@ struct MlpStepSetup {
   std::vector<double> bucket_bytes;   // DP's buckets; empty = one bucket of 4N
   int threads_per_rank = 1;           // t
   int cores = 1;                      // c
+  // Note [per-implementation links]: unset = the host's intra_node link.
+  std::optional<LinkSpec> reduce_link;      // all-reduce, reduce-scatter
+  std::optional<LinkSpec> all_gather_link;  // all-gather
   void validate() const;              // InvalidInput naming the field
 };
 
@@ -86,6 +100,7 @@ struct MlpStepTime {
   double comm_s = 0;
   double contention = 1;              // max(1, k·t/c)
   double memory_bps = 0;              // the host's streaming bandwidth used
+  LinkSpec reduce_link, all_gather_link;  // the links comm was priced on (k >= 2)
   double total_s = 0;
   std::string convention() const;     // one line: what is summed, and the assumptions
 };

@@ -117,4 +117,16 @@ Calibration merged_with_file(Calibration c, const std::filesystem::path& path);
 // kernels section with >= 3 GEMMs and memory_bytes_per_s, and intra_node when `need_link`.
 ClusterSpec host_cluster(const Calibration& c, bool need_link);
 
+// The labels of the all-reduce points `tally bench allreduce` writes: Gloo's all-reduce, tally's
+// ring (engine/bench/allreduce.cpp).
+inline constexpr std::string_view kGlooAllReducePoints = "allreduce";
+inline constexpr std::string_view kRingAllReducePoints = "allreduce-ring";
+
+// The α–β link fitted (core fit_alpha_beta, the bench's own fit) to the calibration's points
+// labelled `collective` measured at `ranks` ranks, each an all-reduce: steps 2(k−1), bytes per
+// rank 2S(k−1)/k (core/comm.hpp). nullopt when fewer than 2 distinct sizes were measured there or
+// no positive bandwidth fits. A run whose collectives use different implementations prices each
+// on its own fit (Note [per-implementation links], core/mlp_step.hpp).
+std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks);
+
 }  // namespace tally::io

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tally/core/comm_fit.hpp"
 #include "tally/engine/bench/harness.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
@@ -78,25 +79,7 @@ struct BenchRow {
   bool bytes_exact = true;
 };
 
-// t = α·steps + bytes_per_rank/β fitted by least squares of the relative residual
-// (t_model − t)/t, i.e. weights 1/t²: every size counts alike, so the small, latency-dominated
-// sizes decide α and the large ones β. α < 0 is clamped to 0 (β refitted through the origin).
-struct FitPoint {
-  int steps = 0;
-  double bytes_per_rank = 0;
-  double seconds = 0;
-};
-struct AlphaBetaFit {
-  bool ok = false;          // false: fewer than 2 distinct sizes, or no positive β
-  double alpha_s = 0;       // latency per step
-  double beta_bps = 0;      // bytes/s per rank, per direction
-  double max_rel_error = 0; // max |t_model − t|/t over the points
-  std::string note;         // why not ok, or "α clamped to 0"
-  double predict_s(int steps, double bytes_per_rank) const {
-    return alpha_s * steps + bytes_per_rank / beta_bps;
-  }
-};
-AlphaBetaFit fit_alpha_beta(std::span<const FitPoint> points);
+// The α–β fit (FitPoint, AlphaBetaFit, fit_alpha_beta) is core's: tally/core/comm_fit.hpp.
 
 enum class CheckState { pass, fail, not_applicable };
 std::string_view to_string(CheckState s);  // "PASS", "FAIL", "n/a"
