@@ -135,8 +135,8 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   fmt::print("# tally bench allreduce: k = {} ranks ({}), c10d Gloo, float32, sum; {} warm-up + {} "
              "timed iterations per size\n",
              k, one_host ? "1 host" : "multi-host", r.warmup_iters, r.iters);
-  fmt::print("# time_us: per iteration, the slowest rank's own time after a barrier; median, min, "
-             "max over iterations\n");
+  fmt::print("# time_us: per iteration, the slowest rank's own time after a barrier; median, mean, "
+             "min, max over iterations\n");
   if (r.busy_s > 0)
     fmt::print("# each call after {} ms of busy CPU on every rank, then the barrier (--busy-ms; "
                "Note [busy before a call])\n", sig_str(r.busy_s * 1e3, 4));
@@ -144,13 +144,15 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
              "(core/comm.hpp, nccl-tests); GB = 1e9 B\n");
   fmt::print("# gloo = Comm::all_reduce (Gloo's algorithm); ring = Comm::ring_all_reduce (tally's "
              "ring over send/recv)\n#\n");
-  fmt::print("# {:>11} {:>11} {:>5} {:>11} {:>11} {:>11} {:>10} {:>10} {:>7}\n", "size_B",
-             "count_el", "algo", "med_us", "min_us", "max_us", "algbw_GB/s", "busbw_GB/s", "#wrong");
+  fmt::print("# {:>11} {:>11} {:>5} {:>11} {:>11} {:>11} {:>11} {:>10} {:>10} {:>7}\n", "size_B",
+             "count_el", "algo", "med_us", "mean_us", "min_us", "max_us", "algbw_GB/s",
+             "busbw_GB/s", "#wrong");
   for (const auto& row : r.rows)
-    fmt::print("  {:>11.0f} {:>11} {:>5} {:>11.1f} {:>11.1f} {:>11.1f} {:>10.3f} {:>10.3f} {:>7}\n",
+    fmt::print("  {:>11.0f} {:>11} {:>5} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>10.3f} "
+               "{:>10.3f} {:>7}\n",
                row.size_bytes, row.count, engine::to_string(row.algorithm), us(row.time.median_s),
-               us(row.time.min_s), us(row.time.max_s), gbs(row.algbw_bps), gbs(row.busbw_bps),
-               row.wrong);
+               us(row.time.mean_s), us(row.time.min_s), us(row.time.max_s), gbs(row.algbw_bps),
+               gbs(row.busbw_bps), row.wrong);
   fmt::print("# #wrong total: {}\n", r.total_wrong());
   const auto ring = r.rows_of(engine::AllReduceAlgorithm::ring);
   if (!ring.empty()) {
@@ -166,7 +168,8 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
     const AlphaBetaFit fit = r.fit(a);
     if (fit.ok)
       fmt::print("# fit {}: alpha = {:.2f} us/step, beta = {:.3f} GB/s  (t = alpha*2(k-1) + "
-                 "2S(k-1)/k/beta, relative least squares; max residual {:.0f}%{}{})\n",
+                 "2S(k-1)/k/beta, on mean times, relative least squares; max residual "
+                 "{:.0f}%{}{})\n",
                  engine::to_string(a), us(fit.alpha_s), gbs(fit.beta_bps), 100 * fit.max_rel_error,
                  fit.note.empty() ? "" : "; ", fit.note);
     else
@@ -201,6 +204,7 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
                     {"time_s_median", row.time.median_s},
                     {"time_s_min", row.time.min_s},
                     {"time_s_max", row.time.max_s},
+                    {"time_s_mean", row.time.mean_s},
                     {"algbw_bytes_per_s", row.algbw_bps},
                     {"busbw_bytes_per_s", row.busbw_bps},
                     {"wrong", row.wrong},
@@ -225,8 +229,8 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
               {"iters", r.iters},
               {"busy_before_s", r.busy_s},
               {"time_convention",
-               "per iteration the slowest rank's own time after a barrier; median/min/max over "
-               "iterations" +
+               "per iteration the slowest rank's own time after a barrier; median/mean/min/max "
+               "over iterations" +
                    (r.busy_s > 0 ? "; each call after " + sig_str(r.busy_s * 1e3, 4) +
                                        " ms of busy CPU on every rank (--busy-ms)"
                                  : std::string())},

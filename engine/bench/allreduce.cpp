@@ -230,12 +230,23 @@ std::vector<BenchRow> BenchAllReduceResult::rows_of(AllReduceAlgorithm a) const 
   return out;
 }
 
+// Note [mean, not median]
+// The α–β is fitted to each size's mean time per call, not its median. A training step adds its
+// collectives up, so what it pays is their expected time; on this host the two differ most: with
+// two ranks on two cores, each call after 2 ms of busy CPU (Note [busy before a call]) took
+// either about 0.3–0.5 ms or 1.5–2.5 ms for the same 41 KB (2026-12-05: min 0.32, median 1.97,
+// max 8.0 ms over 50 calls), and a median sits anywhere between the two modes — a 0.25 MB call's
+// median read 1.8 ms where 1 MB's read 1.0, and Gloo's median fit missed its own points by up to
+// 64 %. Fitted to means, `run zero`'s ZeRO-3 at k = 2 (six calls a step) was priced 15.1–16.5 ms
+// of collectives against 16.4–20.3 measured (wait included), on medians 11.8–14.1 (three
+// calibrate-then-run pairs, docs/ledgers.md §5). The table still prints the median (and the seed's
+// ④ checks read its busbw): it is what one call typically takes.
 AlphaBetaFit BenchAllReduceResult::fit(AllReduceAlgorithm a) const {
   std::vector<FitPoint> points;
   const int steps = collective_steps(Collective::all_reduce, world_size);
   for (const BenchRow& r : rows_of(a))
     points.push_back({.steps = steps, .bytes_per_rank = r.bytes_per_rank_core,
-                      .seconds = r.time.median_s});
+                      .seconds = r.time.mean_s});
   return fit_alpha_beta(points);
 }
 
@@ -310,7 +321,7 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
   c.source = "tally bench allreduce, " + std::string(single_host ? "1 host" : "multi-host") +
              " x " + std::to_string(r.world_size) + " ranks, gloo, float32; alpha/beta fitted to " +
              (fit_from == AllReduceAlgorithm::ring ? "tally's ring" : "Gloo's all-reduce") +
-             " (t = alpha*2(k-1) + 2S(k-1)/k / beta, relative least squares)" +
+             " (t = alpha*2(k-1) + 2S(k-1)/k / beta, mean times, relative least squares)" +
              (r.busy_s > 0 ? "; every call after " + fmt_double(r.busy_s * 1e3, 6) +
                                  " ms of busy CPU and a barrier (--busy-ms)"
                            : "");
@@ -326,7 +337,8 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
                         .ranks = r.world_size,
                         .size_bytes = row.size_bytes,
                         .seconds_median = row.time.median_s,
-                        .busbw_bps = row.busbw_bps});
+                        .busbw_bps = row.busbw_bps,
+                        .seconds_mean = row.time.mean_s});
   return c;
 }
 

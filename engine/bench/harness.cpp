@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "tally/core/types.hpp"
@@ -29,7 +30,8 @@ TimeStats time_stats(const std::vector<double>& seconds) {
           .p10_s = quantile(seconds, 0.1),
           .p90_s = quantile(seconds, 0.9),
           .min_s = quantile(seconds, 0.0),
-          .max_s = quantile(seconds, 1.0)};
+          .max_s = quantile(seconds, 1.0),
+          .mean_s = std::accumulate(seconds.begin(), seconds.end(), 0.0) / double(seconds.size())};
 }
 
 namespace {

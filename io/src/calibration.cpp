@@ -66,12 +66,15 @@ CalibrationPoint read_point(const json& v, std::string_view source, std::size_t 
   if (!v.is_object())
     detail::fail(source, field, detail::show(v), "must be an object {\"collective\": ...}");
   const ObjectReader p(v, source, field + ".");
-  p.allow_only({"collective", "ranks", "size_bytes", "seconds_median", "busbw_bytes_per_s"});
+  p.allow_only({"collective", "ranks", "size_bytes", "seconds_median", "seconds_mean",
+                "busbw_bytes_per_s"});
   return CalibrationPoint{.collective = read_collective(p),
                           .ranks = int(p.integer("ranks", 1, kMaxRanks)),
                           .size_bytes = p.number("size_bytes", kSizeBytes),
                           .seconds_median = p.number("seconds_median", kSeconds),
-                          .busbw_bps = p.number("busbw_bytes_per_s", kBusbwBps)};
+                          .busbw_bps = p.number("busbw_bytes_per_s", kBusbwBps),
+                          .seconds_mean = p.has("seconds_mean") ? p.number("seconds_mean", kSeconds)
+                                                                : 0.0};
 }
 
 constexpr Range kPeakFlops{kPeakFlopsBounds.lo, kPeakFlopsBounds.hi};
@@ -215,6 +218,7 @@ void require_finite(const Calibration& c) {
     const std::string at = "points[" + std::to_string(i) + "].";
     require_finite(c.points[i].size_bytes, at + "size_bytes");
     require_finite(c.points[i].seconds_median, at + "seconds_median");
+    require_finite(c.points[i].seconds_mean, at + "seconds_mean");
     require_finite(c.points[i].busbw_bps, at + "busbw_bytes_per_s");
   }
 }
@@ -228,12 +232,15 @@ std::string calibration_to_json(const Calibration& c) {
   if (c.inter_node) j["inter_node"] = link_to_json(*c.inter_node);
   if (c.mfu) j["mfu"] = *c.mfu;
   json points = json::array();
-  for (const auto& p : c.points)
-    points.push_back({{"collective", p.collective},
-                      {"ranks", p.ranks},
-                      {"size_bytes", p.size_bytes},
-                      {"seconds_median", p.seconds_median},
-                      {"busbw_bytes_per_s", p.busbw_bps}});
+  for (const auto& p : c.points) {
+    json q{{"collective", p.collective},
+           {"ranks", p.ranks},
+           {"size_bytes", p.size_bytes},
+           {"seconds_median", p.seconds_median},
+           {"busbw_bytes_per_s", p.busbw_bps}};
+    if (p.seconds_mean != 0) q["seconds_mean"] = p.seconds_mean;
+    points.push_back(std::move(q));
+  }
   j["points"] = std::move(points);
   if (c.kernels) j["kernels"] = kernels_to_json(*c.kernels);
   // Invalid UTF-8 in strings is replaced rather than thrown on.
@@ -377,14 +384,19 @@ ClusterSpec host_cluster(const Calibration& c, bool need_link) {
 
 std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks) {
   if (ranks < 2) return std::nullopt;
+  std::vector<const CalibrationPoint*> chosen;
+  for (const CalibrationPoint& p : c.points)
+    if (p.collective == collective && p.ranks == ranks) chosen.push_back(&p);
+  const bool means = !chosen.empty() && std::all_of(chosen.begin(), chosen.end(), [](auto* p) {
+    return p->seconds_mean > 0;
+  });
   std::vector<FitPoint> points;
   const int steps = collective_steps(Collective::all_reduce, ranks);
-  for (const CalibrationPoint& p : c.points)
-    if (p.collective == collective && p.ranks == ranks)
-      points.push_back({.steps = steps,
-                        .bytes_per_rank = collective_bytes_per_rank(Collective::all_reduce,
-                                                                    p.size_bytes, ranks),
-                        .seconds = p.seconds_median});
+  for (const CalibrationPoint* p : chosen)
+    points.push_back({.steps = steps,
+                      .bytes_per_rank = collective_bytes_per_rank(Collective::all_reduce,
+                                                                  p->size_bytes, ranks),
+                      .seconds = means ? p->seconds_mean : p->seconds_median});
   const AlphaBetaFit fit = fit_alpha_beta(points);
   if (!fit.ok) return std::nullopt;
   return LinkSpec{.bandwidth_bps = fit.beta_bps, .latency_s = fit.alpha_s};

@@ -108,6 +108,7 @@ TEST(bench_allreduce, TimeStatsAreMedianMinMax) {
   EXPECT_EQ(odd.min_s, 1);
   EXPECT_EQ(odd.max_s, 3);
   EXPECT_EQ(time_stats({4, 1, 2, 3}).median_s, 2.5);
+  EXPECT_EQ(time_stats({1, 1, 7}).mean_s, 3);  // the mean: 9 / 3, not the median 1
   EXPECT_THROW(time_stats({}), InvalidInput);
 }
 
@@ -123,7 +124,10 @@ TEST(bench_allreduce, CalibrationRoundTrips) {
       const CollectiveCost c = collective_cost(Collective::all_reduce, s, k, link);
       const double t = a == AllReduceAlgorithm::ring ? 1.25 * c.seconds : c.seconds;
       BenchRow row{.algorithm = a, .count = std::int64_t(s / 4), .size_bytes = s,
-                   .time = {t, 0.9 * t, 1.1 * t}, .algbw_bps = s / t,
+                   // The fit reads the mean (Note [mean, not median]); the median differs.
+                   .time = {.median_s = 0.97 * t, .p10_s = 0.9 * t, .p90_s = 1.1 * t,
+                            .mean_s = t},
+                   .algbw_bps = s / t,
                    .busbw_bps = bus_bandwidth(Collective::all_reduce, s / t, k),
                    .bytes_per_rank_core = c.bytes_per_rank,
                    .bytes_per_rank_counted = c.bytes_per_rank};
@@ -147,6 +151,7 @@ TEST(bench_allreduce, CalibrationRoundTrips) {
     EXPECT_EQ(back.points[i].ranks, k);
     EXPECT_EQ(back.points[i].size_bytes, r.rows[i].size_bytes);
     EXPECT_EQ(back.points[i].seconds_median, r.rows[i].time.median_s);
+    EXPECT_EQ(back.points[i].seconds_mean, r.rows[i].time.mean_s);
     EXPECT_EQ(back.points[i].busbw_bps, r.rows[i].busbw_bps);
   }
   // A multi-host ring runs at its slowest link: the inter-node one.
@@ -441,8 +446,8 @@ TEST(bench_allreduce_cli, TextTableAtK4HasUnitsChecksAndFits) {
       90);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string text = joined(rank_lines(r.out, 0));
-  for (const char* header : {"size_B", "count_el", "med_us", "min_us", "max_us", "algbw_GB/s",
-                             "busbw_GB/s", "#wrong"})
+  for (const char* header : {"size_B", "count_el", "med_us", "mean_us", "min_us", "max_us",
+                             "algbw_GB/s", "busbw_GB/s", "#wrong"})
     EXPECT_NE(text.find(header), std::string::npos) << header << "\n" << text;
   EXPECT_NE(text.find("k = 4 ranks (1 host)"), std::string::npos) << text;
   EXPECT_NE(text.find("#wrong total: 0"), std::string::npos) << text;

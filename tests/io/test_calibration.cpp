@@ -370,6 +370,37 @@ TEST(Calibration, FittedLinkPerLabelAndRanks) {
   Calibration one;  // a single size cannot separate α from β
   one.points.push_back({std::string(kRingAllReducePoints), 4, 1e6, t(6e-4, 3e9, 4, 1e6), 0});
   EXPECT_FALSE(fitted_link(one, kRingAllReducePoints, 4).has_value());
+
+  // Note [mean, not median]: where every point has a mean, the fit reads the means; where one
+  // lacks it, the medians.
+  Calibration both{.source = "test"};
+  for (double S : {2.5e5, 1e6, 4e6})
+    both.points.push_back({.collective = std::string(kGlooAllReducePoints), .ranks = 2,
+                           .size_bytes = S, .seconds_median = t(1e-4, 5e9, 2, S),
+                           .seconds_mean = t(4e-4, 4e9, 2, S)});
+  std::optional<LinkSpec> l = fitted_link(both, kGlooAllReducePoints, 2);
+  ASSERT_TRUE(l.has_value());
+  EXPECT_NEAR(l->latency_s / 4e-4, 1, 1e-9);
+  EXPECT_NEAR(l->bandwidth_bps / 4e9, 1, 1e-9);
+  both.points[1].seconds_mean = 0;
+  l = fitted_link(both, kGlooAllReducePoints, 2);
+  ASSERT_TRUE(l.has_value());
+  EXPECT_NEAR(l->latency_s / 1e-4, 1, 1e-9);
+  EXPECT_NEAR(l->bandwidth_bps / 5e9, 1, 1e-9);
+  // The mean round-trips; absent (0) it is not written, and a negative one is refused by name.
+  both.points[0].seconds_mean = 3.5e-4;
+  const std::string text = calibration_to_json(both);
+  const Calibration back = parse(text);
+  EXPECT_EQ(back.points[0].seconds_mean, both.points[0].seconds_mean);
+  EXPECT_EQ(back.points[1].seconds_mean, 0);
+  std::size_t written = 0;
+  for (auto at = text.find("seconds_mean"); at != std::string::npos;
+       at = text.find("seconds_mean", at + 1))
+    ++written;
+  EXPECT_EQ(written, 2u) << text;  // points 0 and 2
+  expect_invalid([&] { parse(replaced(text, "\"seconds_mean\": 0.00035",
+                                      "\"seconds_mean\": -1")); },
+                 {kSrc, "points[0].seconds_mean = -1", "[0, 1000000]"});
 }
 
 }  // namespace

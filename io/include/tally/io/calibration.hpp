@@ -8,7 +8,8 @@
 //     "inter_node": {"alpha_s": 1e-05, "beta_bytes_per_s": 4.8e+10},   optional
 //     "mfu": 0.45,                                                      optional
 //     "points": [{"collective": "allreduce", "ranks": 8, "size_bytes": 1048576,
-//                 "seconds_median": 0.00012, "busbw_bytes_per_s": 7.6e+09}, ...],
+//                 "seconds_median": 0.00012, "seconds_mean": 0.00013,   (mean optional)
+//                 "busbw_bytes_per_s": 7.6e+09}, ...],
 //     "kernels": {                                                      optional (operator model)
 //       "device": "NVIDIA H200", "precision": "bf16", "peak_flops": 9.894e14,
 //       "sm_count": 132,                                                optional
@@ -44,6 +45,7 @@ struct CalibrationPoint {
   double size_bytes = 0;      // full tensor bytes S
   double seconds_median = 0;  // median over repetitions
   double busbw_bps = 0;       // bus bandwidth, bytes/s (nccl-tests convention)
+  double seconds_mean = 0;    // mean over repetitions; 0 = not recorded (optional in the file)
 };
 
 // One measured fused-attention call (PyTorch SDPA / flash): FLOPs 4·b·a·s²·d forward (× ½ causal),
@@ -124,9 +126,10 @@ inline constexpr std::string_view kRingAllReducePoints = "allreduce-ring";
 
 // The α–β link fitted (core fit_alpha_beta, the bench's own fit) to the calibration's points
 // labelled `collective` measured at `ranks` ranks, each an all-reduce: steps 2(k−1), bytes per
-// rank 2S(k−1)/k (core/comm.hpp). nullopt when fewer than 2 distinct sizes were measured there or
-// no positive bandwidth fits. A run whose collectives use different implementations prices each
-// on its own fit (Note [per-implementation links], core/mlp_step.hpp).
+// rank 2S(k−1)/k (core/comm.hpp), on their mean times where every one has it, else their medians
+// (Note [mean, not median], engine/bench/allreduce.cpp). nullopt when fewer than 2 distinct sizes
+// were measured there or no positive bandwidth fits. A run whose collectives use different
+// implementations prices each on its own fit (Note [per-implementation links], core/mlp_step.hpp).
 std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks);
 
 }  // namespace tally::io

@@ -113,6 +113,9 @@ struct BenchAllReduceResult {
   std::vector<BenchRow> rows;  // size-major: for each size, one row per algorithm, in order
 
   std::vector<BenchRow> rows_of(AllReduceAlgorithm a) const;  // ascending size
+  // α–β (core fit_alpha_beta) over the rows' mean times: the expected time of one call, which a
+  // step's calls add up to (nccl-tests' "time" is the mean too). A median of single calls can sit
+  // anywhere between two modes: Note [mean, not median] in allreduce.cpp.
   AlphaBetaFit fit(AllReduceAlgorithm a) const;
   std::int64_t total_wrong() const;
   bool ring_bytes_exact() const;  // every ring row exact (true when the ring was not run)

@@ -22,14 +22,15 @@ namespace tally::engine {
 
 struct TimeStats {
   double median_s = 0, p10_s = 0, p90_s = 0, min_s = 0, max_s = 0;
+  double mean_s = 0;  // nccl-tests' "time": the loop's total over its iterations
 };
 
 // q-quantile of the samples (0 <= q <= 1), linear between order statistics: sorted s,
 // h = q·(n − 1), s[⌊h⌋] + (h − ⌊h⌋)·(s[⌊h⌋+1] − s[⌊h⌋]) — numpy.percentile's default, which
 // bench/ddp_peer.py computes the same way. Throws InvalidInput when empty or q is outside [0, 1].
 double quantile(std::vector<double> samples, double q);
-// Median (q = 0.5: the mean of the middle two for an even count), p10, p90, min and max. Throws
-// InvalidInput when empty.
+// Median (q = 0.5: the mean of the middle two for an even count), p10, p90, min, max and mean.
+// Throws InvalidInput when empty.
 TimeStats time_stats(const std::vector<double>& seconds);
 
 struct TimedLoop {
