@@ -468,7 +468,10 @@ MlpStepTime predict_bench_ddp(const HostModel& m, const engine::BenchDdpOptions&
                  .optimizer = o.optimizer == engine::BenchOptimizer::adam ? Optimizer::adam
                                                                           : Optimizer::sgd,
                  .threads_per_rank = o.threads,
-                 .reduce_link = m.gloo_link};  // the reducer calls Gloo's all-reduce
+                 .reduce_link = m.gloo_link,  // the reducer calls Gloo's all-reduce
+                 // ... from the autograd hooks, while the backward continues (engine/runtime/
+                 // ddp.cpp launch_ready_buckets); it waits after the backward.
+                 .overlap_gradients = true};
   for (const auto& bucket : engine::compute_bucket_assignment_by_size(
            param_bytes, o.bucket_cap_bytes, o.first_bucket_cap_bytes)) {
     double bytes = 0;

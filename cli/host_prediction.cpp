@@ -43,6 +43,7 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
                        {"gradient_passes_s", t.gradient_s},
                        {"optimizer_s", t.optimizer_s},
                        {"comm_s", t.comm_s},
+                       {"comm_exposed_s", t.comm_exposed_s},
                        {"contention", t.contention},
                        {"memory_bytes_per_s", t.memory_bps},
                        {"reduce_link", link_json(t.reduce_link)},
@@ -54,9 +55,12 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
 std::string prediction_line(const HostModel& m, const MlpStepTime& t, double measured_s) {
   return fmt::format(
       "# predicted {:.2f} ms = contention {:.2g} x (compute {:.2f} + gradient passes {:.2f} + "
-      "optimizer {:.2f} ms) + comm {:.2f} ms; measured/predicted {:.3f} (calibration {})",
+      "optimizer {:.2f} ms) + comm {:.2f} ms{}; measured/predicted {:.3f} (calibration {})",
       t.total_s * 1e3, t.contention, t.compute_s * 1e3, t.gradient_s * 1e3, t.optimizer_s * 1e3,
-      t.comm_s * 1e3, t.total_s > 0 ? measured_s / t.total_s : 0.0, m.path);
+      t.comm_exposed_s * 1e3,
+      t.overlapped ? fmt::format(" exposed of {:.2f} (overlapped with the backward)", t.comm_s * 1e3)
+                   : "",
+      t.total_s > 0 ? measured_s / t.total_s : 0.0, m.path);
 }
 
 nlohmann::json phases_json(const StepPhases& p) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "tally/core/comm.hpp"
+#include "tally/core/planner.hpp"
 #include "tally/core/roofline.hpp"
 
 namespace tally {
@@ -198,13 +199,28 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
     }
   }
   t.contention = std::max(1.0, double(k) * s.threads_per_rank / s.cores);
-  t.total_s = t.contention * (t.compute_s + t.gradient_s + t.optimizer_s) + t.comm_s;
+  t.comm_exposed_s = t.comm_s;
+  if (s.overlap_gradients && s.zero_stage == 0 && k > 1) {
+    double backward_s = 0;
+    for (const Op& op : mlp_ops(s.widths, s.rows))
+      if (op.pass == Pass::backward) backward_s += host_ops_seconds({op}, cpu);
+    const double last = collective_cost(Collective::all_reduce,
+                                        s.bucket_bytes.empty() ? kFp32 * N : s.bucket_bytes.back(),
+                                        k, t.reduce_link)
+                            .seconds;
+    t.overlapped = true;
+    t.comm_exposed_s = gradient_reduction_exposed_s(t.comm_s, last, t.contention * backward_s,
+                                                    kOverlapSlowdown);
+  }
+  t.total_s = t.contention * (t.compute_s + t.gradient_s + t.optimizer_s) + t.comm_exposed_s;
   return t;
 }
 
 std::string MlpStepTime::convention() const {
   return "operator model on the calibrated host: contention x (GEMM roofline + streaming passes at " +
-         format_number(memory_bps / 1e9) + " GB/s) + alpha-beta collectives, no overlap";
+         format_number(memory_bps / 1e9) + " GB/s) + alpha-beta collectives" +
+         (overlapped ? " exposed beside the backward (last bucket whole; Note [planner overlap])"
+                     : ", no overlap");
 }
 
 }  // namespace tally

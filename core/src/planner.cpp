@@ -154,6 +154,12 @@ double overlap_exposed_s(double comm_s, double window_s, double slowdown) {
   return std::max(comm_s - window_s, comm_s * slowdown / (1 + slowdown));
 }
 
+double gradient_reduction_exposed_s(double grad_s, double last_bucket_s, double window_s,
+                                    double slowdown) {
+  const double last = std::min(grad_s, last_bucket_s);
+  return last + overlap_exposed_s(grad_s - last, window_s, slowdown);
+}
+
 namespace {
 
 using detail::MicroTimes;
@@ -485,8 +491,8 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
     const double window_s = traffic.dp_grad.calls > 1 ? slowest_backward * m : slowest_backward;
     // The last bucket after the backward, the rest beside it: with σ = 0 this is
     // max(last bucket, gradients − window).
-    const double last = std::min(grad_s, last_bucket_s(traffic.dp_grad, shard_bytes));
-    grad_exposed = last + overlap_exposed_s(grad_s - last, window_s, sigma);
+    grad_exposed = gradient_reduction_exposed_s(
+        grad_s, last_bucket_s(traffic.dp_grad, shard_bytes), window_s, sigma);
   }
   if (L.zero == 3) {
     gather_exposed = overlap_exposed_s(gather_s, m * slowest_compute, sigma);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ideal_host.hpp"
+#include "tally/core/planner.hpp"
 #include "tally/core/roofline.hpp"
 #include "tally/core/types.hpp"
 
@@ -184,6 +185,47 @@ TEST(MlpStep, EachCollectiveOnItsImplementationsLink) {
         << e.what();
   }
   EXPECT_THROW(comm(1, ring, LinkSpec{.bandwidth_bps = 1e8, .latency_s = 2}), InvalidInput);
+}
+
+// overlap_gradients (bench ddp: buckets reduced from the autograd hooks): the last bucket exposed
+// whole, the rest beside the backward's kernels — Note [planner overlap]'s rule, counted here by
+// hand on widths 8 → 6 → 4, B = 3, k = 2 (ideal host: each kernel max(FLOPs/peak, bytes/W)).
+TEST(MlpStep, DdpBucketsOverlapTheBackward) {
+  const double peak = 1e9, W = 2e9, alpha = 1e-5, beta = 1e8;
+  const ClusterSpec host = ideal_host(peak, alpha, beta, W);
+  const double B = 3, S = 4 * 82.0;
+  MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 2, .zero_stage = 0,
+                 .optimizer = Optimizer::sgd, .bucket_bytes = {100, S - 100}, .cores = 2};
+  const MlpStepTime plain = predict_mlp_step(s, host);
+  EXPECT_FALSE(plain.overlapped);
+  EXPECT_EQ(plain.comm_exposed_s, plain.comm_s);
+  s.overlap_gradients = true;
+  const MlpStepTime t = predict_mlp_step(s, host);
+  EXPECT_TRUE(t.overlapped);
+  // The backward: wgrad 6 × 8 and 4 × 6 (k B), dgrad B × 6 (k 4); relu backward 3·B·6 streams,
+  // cross-entropy backward 2·B·4, bias gradients (B·6 + 6) + (B·4 + 4).
+  struct G { double m, n, kk; };
+  double window = 0;
+  for (const G& g : {G{6, 8, B}, G{4, 6, B}, G{B, 6, 4}})
+    window += std::max(2 * g.m * g.n * g.kk / peak, 4 * (g.m * g.kk + g.kk * g.n + g.m * g.n) / W);
+  window += 4 * (3 * B * 6 + 2 * B * 4 + (B * 6 + 6) + (B * 4 + 4)) / W;
+  // All-reduce at k = 2: 2 steps of α and b bytes per rank.
+  const double first = 2 * alpha + 100 / beta, last = 2 * alpha + (S - 100) / beta;
+  EXPECT_NEAR(t.comm_s, first + last, 1e-15);
+  const double sigma = kOverlapSlowdown;
+  EXPECT_NEAR(t.comm_exposed_s, last + std::max(first - window, first * sigma / (1 + sigma)),
+              1e-15);
+  EXPECT_LT(t.comm_exposed_s, t.comm_s);
+  EXPECT_NEAR(t.total_s, t.compute_s + t.gradient_s + t.optimizer_s + t.comm_exposed_s, 1e-15);
+  // One bucket: it is the last, so nothing hides; the ZeRO stages' collectives never overlap.
+  s.bucket_bytes.clear();
+  EXPECT_EQ(predict_mlp_step(s, host).comm_exposed_s, predict_mlp_step(s, host).comm_s);
+  s.bucket_bytes = {100, S - 100};
+  s.optimizer = Optimizer::adam;
+  s.zero_stage = 1;
+  const MlpStepTime z = predict_mlp_step(s, host);
+  EXPECT_EQ(z.comm_exposed_s, z.comm_s);
+  EXPECT_FALSE(z.overlapped);
 }
 
 TEST(MlpStep, RefusesWhatTheEngineCannotRun) {

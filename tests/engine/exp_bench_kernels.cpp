@@ -139,9 +139,11 @@ void expect_prediction(const json& j, double measured) {
   EXPECT_NEAR(total,
               double(p["contention"]) * (double(p["compute_s"]) + double(p["gradient_passes_s"]) +
                                          double(p["optimizer_s"])) +
-                  double(p["comm_s"]),
+                  double(p["comm_exposed_s"]),
               1e-12 * total);
   EXPECT_GT(double(p["comm_s"]), 0);  // k = 2: collectives cost something
+  EXPECT_GT(double(p["comm_exposed_s"]), 0);  // at least DDP's last bucket
+  EXPECT_LE(double(p["comm_exposed_s"]), double(p["comm_s"]));
   EXPECT_NEAR(double(j["measured_over_predicted"]), measured / total, 1e-9);
 }
 

@@ -55,7 +55,15 @@
 //                comm.cpp), so its collectives are compared with this term without it.
 //   contention   k·t > c: the compute and memory terms stretch by k·t/c (time-sliced cores); the
 //                α–β fit was measured at the same k, so it already includes it.
-// total = contention · (compute + gradients + optimizer) + comm.
+//   overlap      with overlap_gradients (bench ddp: the engine's DDP launches each bucket's
+//                all-reduce from the autograd hooks and waits after the backward, as PyTorch's
+//                does), comm is exposed by Note [planner overlap]'s rule
+//                (gradient_reduction_exposed_s, core/planner.hpp): the last bucket whole, the rest
+//                beside the backward's kernels (contention × their time) with the planner's σ.
+//                On this host that is no copy engine but Gloo's threads sending while the rank
+//                computes (2026-12-05: bench ddp's sync wait 7.2 ms at k = 2 against 14.0 ms of
+//                all-reduce, its forward + backward 1 ms longer than at k = 1).
+// total = contention · (compute + gradients + optimizer) + exposed comm.
 //
 // Note [per-implementation links]
 //   The engine's runs call two implementations: Gloo's collectives (bench ddp's reducer, run
@@ -90,6 +98,9 @@ struct MlpStepSetup {
   // Note [per-implementation links]: unset = the host's intra_node link.
   std::optional<LinkSpec> reduce_link;      // all-reduce, reduce-scatter
   std::optional<LinkSpec> all_gather_link;  // all-gather
+  // DP's buckets reduced while the backward continues (Note [host step model], overlap); the
+  // buckets in bucket_bytes are in reduction order, the last one exposed whole.
+  bool overlap_gradients = false;
   void validate() const;              // InvalidInput naming the field
 };
 
@@ -97,7 +108,9 @@ struct MlpStepTime {
   double compute_s = 0;               // mlp_ops
   double gradient_s = 0;              // gradient-buffer passes
   double optimizer_s = 0;
-  double comm_s = 0;
+  double comm_s = 0;                  // every collective, one after another
+  double comm_exposed_s = 0;          // on the critical path: comm_s, less what overlap hides
+  bool overlapped = false;            // comm_exposed_s came from the overlap rule
   double contention = 1;              // max(1, k·t/c)
   double memory_bps = 0;              // the host's streaming bandwidth used
   LinkSpec reduce_link, all_gather_link;  // the links comm was priced on (k >= 2)

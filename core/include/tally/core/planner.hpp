@@ -78,6 +78,12 @@ inline constexpr double kOverlapSlowdown = 0.189;
 // The critical-path time of a collective of comm_s started beside window_s of kernels that run
 // σ = slowdown slower while it runs: max(comm − window, comm · σ / (1 + σ)); 0 when comm_s <= 0.
 double overlap_exposed_s(double comm_s, double window_s, double slowdown);
+// Note [planner overlap]'s overlap_dp rule, the one place it is written: a gradient reduction of
+// grad_s whose buckets are reduced while a backward of window_s continues (PyTorch DDP/FSDP,
+// DeepSpeed overlap_comm, Megatron --overlap-grad-reduce, tally's DDP) exposes its last bucket
+// (last_bucket_s, clamped to grad_s) whole, the rest by overlap_exposed_s.
+double gradient_reduction_exposed_s(double grad_s, double last_bucket_s, double window_s,
+                                    double slowdown);
 
 struct PlanRequest {
   ModelSpec model;
