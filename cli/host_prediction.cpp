@@ -58,8 +58,9 @@ std::string prediction_line(const HostModel& m, const MlpStepTime& t, double mea
       "optimizer {:.2f} ms) + comm {:.2f} ms{}; measured/predicted {:.3f} (calibration {})",
       t.total_s * 1e3, t.contention, t.compute_s * 1e3, t.gradient_s * 1e3, t.optimizer_s * 1e3,
       t.comm_exposed_s * 1e3,
-      t.overlapped ? fmt::format(" exposed of {:.2f} (overlapped with the backward)", t.comm_s * 1e3)
-                   : "",
+      t.overlapped
+          ? fmt::format(" exposed of {:.2f} (overlapped with the backward)", t.comm_s * 1e3)
+          : "",
       t.total_s > 0 ? measured_s / t.total_s : 0.0, m.path);
 }
 

@@ -48,8 +48,9 @@
 //                the same k): DP one all-reduce per bucket; ZeRO-1/2 a reduce-scatter and an
 //                all-gather of S = 4N; ZeRO-3 per layer two all-gathers and a reduce-scatter of
 //                4n_u. Each on the fit of the implementation that runs it (Note
-//                [per-implementation links] below). No overlap: a CPU has no copy engine, and
-//                with k·t >= c no spare core runs Gloo's transfers beside the compute. Not counted: a rank's wait inside a
+//                [per-implementation links] below). After the compute, not beside it — but for
+//                DP's buckets under overlap_gradients (overlap, below): `run zero` calls each
+//                collective from the step's own thread. Not counted: a rank's wait inside a
 //                collective for the last rank to arrive (compute jitter between ranks); `run
 //                zero` measures it apart (arrival_wait, Note [arrival wait] in the engine's
 //                comm.cpp), so its collectives are compared with this term without it.
