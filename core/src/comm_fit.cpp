@@ -39,8 +39,9 @@ AlphaBetaFit fit_alpha_beta(std::span<const FitPoint> points) {
   fit.beta_bps = 1.0 / b;
   for (const FitPoint& p : points)
     if (p.seconds > 0)
-      fit.max_rel_error = std::max(
-          fit.max_rel_error, std::abs(fit.predict_s(p.steps, p.bytes_per_rank) - p.seconds) / p.seconds);
+      fit.max_rel_error =
+          std::max(fit.max_rel_error,
+                   std::abs(fit.predict_s(p.steps, p.bytes_per_rank) - p.seconds) / p.seconds);
   return fit;
 }
 

@@ -201,9 +201,9 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   t.contention = std::max(1.0, double(k) * s.threads_per_rank / s.cores);
   t.comm_exposed_s = t.comm_s;
   if (s.overlap_gradients && s.zero_stage == 0 && k > 1) {
-    double backward_s = 0;
-    for (const Op& op : mlp_ops(s.widths, s.rows))
-      if (op.pass == Pass::backward) backward_s += host_ops_seconds({op}, cpu);
+    std::vector<Op> backward = mlp_ops(s.widths, s.rows);
+    std::erase_if(backward, [](const Op& op) { return op.pass != Pass::backward; });
+    const double backward_s = host_ops_seconds(backward, cpu);
     const double last = collective_cost(Collective::all_reduce,
                                         s.bucket_bytes.empty() ? kFp32 * N : s.bucket_bytes.back(),
                                         k, t.reduce_link)

@@ -238,7 +238,7 @@ std::vector<BenchRow> BenchAllReduceResult::rows_of(AllReduceAlgorithm a) const 
 // max 8.0 ms over 50 calls), and a median sits anywhere between the two modes — a 0.25 MB call's
 // median read 1.8 ms where 1 MB's read 1.0, and Gloo's median fit missed its own points by up to
 // 64 %. Fitted to means, `run zero`'s ZeRO-3 at k = 2 (six calls a step) was priced 15.1–16.5 ms
-// of collectives against 16.4–20.3 measured (wait included), on medians 11.8–14.1 (three
+// of collectives against 16.8–20.3 measured (wait included), on medians 11.8–14.1 (three
 // calibrate-then-run pairs, docs/ledgers.md §5). The table still prints the median (and the seed's
 // ④ checks read its busbw): it is what one call typically takes.
 AlphaBetaFit BenchAllReduceResult::fit(AllReduceAlgorithm a) const {

@@ -399,6 +399,12 @@ std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view colle
                       .seconds = means ? p->seconds_mean : p->seconds_median});
   const AlphaBetaFit fit = fit_alpha_beta(points);
   if (!fit.ok) return std::nullopt;
+  const std::string at = "the '" + std::string(collective) + "' points at " +
+                         std::to_string(ranks) + " ranks fit ";
+  require_real(fit.beta_bps >= kBandwidthBpsBounds.lo && fit.beta_bps <= kBandwidthBpsBounds.hi,
+               at + "beta_bytes_per_s", fit.beta_bps, "must be in [1e6, 1e15] bytes/s");
+  require_real(fit.alpha_s >= kLatencySBounds.lo && fit.alpha_s <= kLatencySBounds.hi,
+               at + "alpha_s", fit.alpha_s, "must be in [0, 1] s");
   return LinkSpec{.bandwidth_bps = fit.beta_bps, .latency_s = fit.alpha_s};
 }
 

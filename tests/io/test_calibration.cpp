@@ -371,6 +371,13 @@ TEST(Calibration, FittedLinkPerLabelAndRanks) {
   one.points.push_back({std::string(kRingAllReducePoints), 4, 1e6, t(6e-4, 3e9, 4, 1e6), 0});
   EXPECT_FALSE(fitted_link(one, kRingAllReducePoints, 4).has_value());
 
+  // A fit outside the links' bounds is refused, naming the label, k and the value: 1 kB/s.
+  Calibration slow;
+  for (double S : {1e4, 1e5})
+    slow.points.push_back({std::string(kRingAllReducePoints), 2, S, t(1e-3, 1e3, 2, S), 0});
+  expect_invalid([&] { fitted_link(slow, kRingAllReducePoints, 2); },
+                 {"'allreduce-ring' points at 2 ranks", "beta_bytes_per_s", "[1e6, 1e15]"});
+
   // Note [mean, not median]: where every point has a mean, the fit reads the means; where one
   // lacks it, the medians.
   Calibration both{.source = "test"};

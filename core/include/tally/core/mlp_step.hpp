@@ -63,7 +63,7 @@
 //                beside the backward's kernels (contention × their time) with the planner's σ.
 //                On this host that is no copy engine but Gloo's threads sending while the rank
 //                computes (2026-12-05: bench ddp's sync wait 7.2 ms at k = 2 against 14.0 ms of
-//                all-reduce, its forward + backward 1 ms longer than at k = 1).
+//                all-reduce, its forward + backward 1.2 ms longer than at k = 1).
 // total = contention · (compute + gradients + optimizer) + exposed comm.
 //
 // Note [per-implementation links]

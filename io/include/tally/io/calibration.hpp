@@ -128,8 +128,11 @@ inline constexpr std::string_view kRingAllReducePoints = "allreduce-ring";
 // labelled `collective` measured at `ranks` ranks, each an all-reduce: steps 2(k−1), bytes per
 // rank 2S(k−1)/k (core/comm.hpp), on their mean times where every one has it, else their medians
 // (Note [mean, not median], engine/bench/allreduce.cpp). nullopt when fewer than 2 distinct sizes
-// were measured there or no positive bandwidth fits. A run whose collectives use different
-// implementations prices each on its own fit (Note [per-implementation links], core/mlp_step.hpp).
+// were measured there or no positive bandwidth fits; throws InvalidInput naming the label, k and
+// the value when the fit leaves the links' bounds (β in [1e6, 1e15] B/s, α in [0, 1] s: core's
+// kBandwidthBpsBounds, kLatencySBounds), as a file's own link would. A run whose collectives use
+// different implementations prices each on its own fit (Note [per-implementation links],
+// core/mlp_step.hpp).
 std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks);
 
 }  // namespace tally::io
