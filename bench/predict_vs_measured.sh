@@ -9,7 +9,9 @@
 #      tally bench gemm   --calibration-out cal-r<r>.json   float32 at::mm over the default grid,
 #                                                      each call after a cache flush (its default:
 #                                                      Note [cold-cache GEMMs], bench/kernels.hpp)
-#      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set
+#      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set,
+#                                                      and the GPT's streaming kernel families
+#                                                      (Note [streaming kernel families])
 #      then per k >= 2 a copy cal-k<k>-r<r>.json plus
 #      tally launch --nproc k -- tally bench allreduce --algo both --sizes-mb $SIZES --iters 50
 #        --busy-ms BUSY_MS   (default 2: each call after 2 ms of busy CPU, as a step makes it —

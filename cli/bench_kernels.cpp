@@ -174,6 +174,12 @@ struct MemoryFlags : TimingFlags {
   std::vector<double> sizes_mib;
 };
 
+constexpr const char* kStreamingConvention =
+    "each family's libtorch kernel as the engine's GPT calls it, warm, on one layer of C 256, "
+    "a 4, T 128, B 4; bytes = core's bytes of that operator at that shape; GB/s = bytes / "
+    "median per-call time (the calibration's streaming_kernels: a family runs no faster in the "
+    "operator model, Note [streaming kernel families])";
+
 void run_memory(const MemoryFlags& f) {
   engine::BenchMemoryOptions o{.timing = f.timing()};
   if (!f.sizes_mib.empty()) {
@@ -197,6 +203,11 @@ void run_memory(const MemoryFlags& f) {
     write_calibration(f.calibration_out, c);
   }
   if (f.json) {
+    nlohmann::json streaming = nlohmann::json::array();
+    for (const auto& row : r.streaming)
+      streaming.push_back({{"kernel", row.kernel}, {"op", row.op}, {"call", row.call},
+                           {"bytes", row.bytes}, {"seconds_median", row.time.median_s},
+                           {"bytes_per_s", row.bytes_per_s}});
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& row : r.rows)
       rows.push_back({{"working_set_bytes", row.working_set_bytes},
@@ -215,6 +226,8 @@ void run_memory(const MemoryFlags& f) {
                  "a.add_(b, alpha) on 16 floats (128 bytes), warm: a streaming kernel's fixed "
                  "cost per call, median seconds (the calibration's memory_overhead_s)"},
                 {"overhead_seconds_median", r.overhead.median_s},
+                {"streaming_convention", kStreamingConvention},
+                {"streaming_kernels", streaming},
                 {"calibration_out", f.calibration_out.empty() ? nlohmann::json(nullptr)
                                                               : nlohmann::json(f.calibration_out)}});
     return;
@@ -230,8 +243,15 @@ void run_memory(const MemoryFlags& f) {
                us(row.copy.median_s), row.copy_bps / 1e9);
   fmt::print("# fixed cost per call: add on 16 floats (128 B), warm: {:.2f} us median\n",
              us(r.overhead.median_s));
+  fmt::print("# streaming kernel families: {}\n", kStreamingConvention);
+  fmt::print("# {:>16} {:>16} {:>11} {:>11} {:>9}  {}\n", "kernel", "core_op", "bytes",
+             "med_us", "GB/s", "call");
+  for (const auto& row : r.streaming)
+    fmt::print("  {:>16} {:>16} {:>11.0f} {:>11.2f} {:>9.2f}  {}\n", row.kernel, row.op,
+               row.bytes, us(row.time.median_s), row.bytes_per_s / 1e9, row.call);
   if (!f.calibration_out.empty())
-    fmt::print("# kernels.memory_curve (add) and memory_overhead_s written to {}\n",
+    fmt::print("# kernels.memory_curve (add), memory_overhead_s and streaming_kernels written to "
+               "{}\n",
                f.calibration_out);
 }
 
@@ -241,9 +261,11 @@ void register_memory(CLI::App& bench) {
       "memory", "time streaming kernels over working sets from cache to DRAM (calibrates the "
                 "operator model's memory passes)");
   cmd->footer("One process, no launch needed. --calibration-out FILE merges kernels.memory_curve "
-              "(the add bandwidth by working set), memory_bytes_per_s (its largest) and "
+              "(the add bandwidth by working set), memory_bytes_per_s (its largest), "
               "memory_overhead_s (the add's time on 16 floats: a streaming kernel's fixed cost) "
-              "into FILE, which `tally bench gemm --calibration-out FILE` must"
+              "and streaming_kernels (gelu, softmax, mask and norm, forward and backward, timed "
+              "on the engine's kernels: each family's rate in core's bytes) into FILE, which "
+              "`tally bench gemm --calibration-out FILE` must"
               " have written first.");
   cmd->add_option("--sizes-mib", f->sizes_mib,
                   "working sets W in MiB (2^20 B), comma-separated (default 0.25,1,4,16,64,256)")

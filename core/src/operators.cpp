@@ -475,11 +475,46 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
       // `tally bench memory` times a.add_ on 16 floats, warm, at 0.3 µs (2026-12-05, this VM):
       // charging Adam's 8 kernels per tensor the GEMM's figure priced `run zero`'s k = 1 Adam
       // at 2.7–3.1 ms where the engine measured 2.1–2.2 (the DRAM-rate bytes alone are 2.2).
-      return roofline_seconds(gpu, op.flops,
-                              gpu.peak_fp32_flops > 0 ? gpu.peak_fp32_flops : gpu.peak_tf32_flops,
-                              op.bytes, k.memory_overhead_s.value_or(k.kernel_overhead_s));
+      {
+        const double overhead_s = k.memory_overhead_s.value_or(k.kernel_overhead_s);
+        const double streaming_s = roofline_seconds(
+            gpu, op.flops, gpu.peak_fp32_flops > 0 ? gpu.peak_fp32_flops : gpu.peak_tf32_flops,
+            op.bytes, overhead_s);
+        // Note [streaming kernel families]
+        // A CPU's elementwise kernels do not all stream at its DRAM rate: libtorch's tanh GELU
+        // evaluates a tanh per element (1.43 ms on the 512 Ki elements of the engine GPT's MLP,
+        // 2026-12-05, this VM: 2.9 GB/s of core's 8 bytes per element, where a copy of the same
+        // tensor streams 4 MiB in 0.05 ms); softmax, the causal mask's masked_fill and
+        // LayerNorm run at a fifth of the copy's rate there. `tally bench memory` times each
+        // family on the engine's kernels (engine/bench/kernels.hpp) and the calibration gives
+        // its rate in core's own bytes of that kernel, so the figure prices exactly the bytes
+        // core counts. A family's kernel runs no faster than its measured rate and no faster
+        // than streaming (a rate measured in cache may exceed DRAM's). GPU presets list none:
+        // there these kernels stream at the HBM rate (memory_fraction).
+        const double rate = streaming_rate_bps(k, op.name);
+        return rate > 0 ? std::max(streaming_s, op.bytes / rate + overhead_s) : streaming_s;
+      }
   }
   TALLY_INVARIANT(false && "unknown operator kind");
+  return 0;
+}
+
+std::string_view kernel_family(std::string_view op_name) {
+  constexpr std::string_view kBackward = ".backward";
+  const bool backward = op_name.ends_with(kBackward);
+  const std::string_view base =
+      backward ? op_name.substr(0, op_name.size() - kBackward.size()) : op_name;
+  for (std::string_view norm : {"norm-1", "norm-2", "final-norm", "q-norm", "kv-norm"})
+    if (base == norm) return backward ? "norm.backward" : "norm";
+  if (base == "shared-gelu") return backward ? "gelu.backward" : "gelu";
+  return op_name;
+}
+
+double streaming_rate_bps(const KernelPerf& k, std::string_view op_name) {
+  if (k.streaming_rates.empty()) return 0;
+  const std::string_view family = kernel_family(op_name);
+  for (const KernelPerf::StreamingRate& r : k.streaming_rates)
+    if (r.family == family) return r.bytes_per_s;
   return 0;
 }
 

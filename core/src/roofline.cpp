@@ -90,6 +90,16 @@ void validate_kernel_perf(const GpuSpec& gpu) {
   require_real(std::isfinite(k.kernel_overhead_s) && k.kernel_overhead_s >= 0 &&
                    k.kernel_overhead_s <= 1,
                "gpu kernel_overhead_s", k.kernel_overhead_s, "must be in [0, 1] s");
+  for (const KernelPerf::StreamingRate& r : k.streaming_rates) {
+    if (r.family.empty())
+      throw InvalidInput("gpu streaming_rates family = \"\": must name a kernel family");
+    require_real(std::isfinite(r.bytes_per_s) && r.bytes_per_s >= kBandwidthBpsBounds.lo &&
+                     r.bytes_per_s <= kBandwidthBpsBounds.hi,
+                 "gpu streaming_rates " + r.family, r.bytes_per_s, [] {
+                   return "must be in [" + format_number(kBandwidthBpsBounds.lo) + ", " +
+                          format_number(kBandwidthBpsBounds.hi) + "] B/s";
+                 });
+  }
   if (k.memory_overhead_s)
     require_real(std::isfinite(*k.memory_overhead_s) && *k.memory_overhead_s >= 0 &&
                      *k.memory_overhead_s <= 1,

@@ -7,9 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <string>
 
+#include "tally/core/gpt_step.hpp"
+#include "tally/core/operators.hpp"
 #include "tally/core/types.hpp"
+#include "tally/engine/gpt.hpp"
 
 namespace tally::engine {
 
@@ -107,6 +112,63 @@ MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& t, int 
   return row;
 }
 
+std::vector<StreamingKernelRow> time_streaming_kernels(const BenchKernelTiming& t,
+                                                       const GptProbeShape& shape) {
+  const GptConfig config{.hidden = shape.hidden, .layers = 1, .heads = shape.heads, .vocab = 2,
+                         .seq = shape.seq, .micro_batch = shape.micro_batch};
+  GptStageSetup setup{.model = gpt_model_spec(config), .seq = shape.seq,
+                      .micro_batch = shape.micro_batch, .stage_layers = 1,
+                      .first_stage = false, .last_stage = false};
+  const std::vector<Op> ops = gpt_stage_ops(setup);
+  const auto core_bytes = [&](std::string_view name) {
+    for (const Op& op : ops)
+      if (op.name == name) return op.bytes;
+    TALLY_INVARIANT(false && "the probe layer lacks an operator the bench times");
+    return 0.0;
+  };
+  const std::int64_t B = shape.micro_batch, T = shape.seq, C = shape.hidden, a = shape.heads;
+  at::manual_seed(0);
+  // The engine's tensors (gpt_model.cpp): the MLP's (B, T, 4C), the scores (B, a, T, T) and the
+  // (T, T) causal mask, the residual stream (B, T, C).
+  const at::Tensor h4 = at::randn({B, T, 4 * C}), g4 = at::randn({B, T, 4 * C});
+  const at::Tensor scores = at::randn({B, a, T, T}), gs = at::randn({B, a, T, T});
+  const at::Tensor probs = at::softmax(scores, -1);
+  const at::Tensor mask = at::ones({T, T}, at::kBool).triu(1);
+  const at::Tensor x = at::randn({B, T, C}), gx = at::randn({B, T, C});
+  const at::Tensor w = at::ones({C}), b = at::zeros({C});
+  const auto [y, mean, rstd] = at::native_layer_norm(x, {C}, w, b, 1e-5);
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Kernel {
+    const char* op;
+    const char* call;
+    std::function<void()> run;
+  };
+  const std::vector<Kernel> kernels = {
+      {"gelu", "at::gelu(x, \"tanh\")", [&] { (void)at::gelu(h4, "tanh"); }},
+      {"gelu.backward", "at::gelu_backward(g, x, \"tanh\")",
+       [&] { (void)at::gelu_backward(g4, h4, "tanh"); }},
+      {"softmax", "at::softmax(s, -1)", [&] { (void)at::softmax(scores, -1); }},
+      {"softmax.backward", "at::_softmax_backward_data(g, y, -1, float)",
+       [&] { (void)at::_softmax_backward_data(gs, probs, -1, at::kFloat); }},
+      {"mask", "s.masked_fill(mask, -inf)", [&] { (void)scores.masked_fill(mask, -inf); }},
+      {"mask.backward", "g.masked_fill(mask, 0)", [&] { (void)gs.masked_fill(mask, 0.0); }},
+      {"norm-1", "at::native_layer_norm(x, {C}, w, b)",
+       [&] { (void)at::native_layer_norm(x, {C}, w, b, 1e-5); }},
+      {"norm-1.backward", "at::native_layer_norm_backward(g, x, {C}, mean, rstd, w, b)",
+       [&] {
+         (void)at::native_layer_norm_backward(gx, x, {C}, mean, rstd, w, b, {true, true, true});
+       }}};
+  std::vector<StreamingKernelRow> rows;
+  for (const Kernel& k : kernels) {
+    StreamingKernelRow row{.kernel = std::string(kernel_family(k.op)), .op = k.op,
+                           .call = k.call, .bytes = core_bytes(k.op)};
+    row.time = time_calls(t.warmup, t.samples, t.min_sample_s, k.run, t.clock);
+    row.bytes_per_s = row.bytes / row.time.median_s;
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 BenchGemmResult run_bench_gemm(const BenchGemmOptions& o) {
   o.validate();
   at::set_num_threads(o.timing.threads);
@@ -129,6 +191,7 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
   std::sort(sizes.begin(), sizes.end());
   for (double w : sizes) r.rows.push_back(time_memory(w, o.timing));
   r.overhead = time_memory(2.0 * 4.0 * double(kOverheadElements), o.timing).add;
+  r.streaming = time_streaming_kernels(o.timing);
   return r;
 }
 
@@ -149,6 +212,10 @@ void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k) {
     k.memory_curve.push_back({.working_set_bytes = row.working_set_bytes, .bytes_per_s = row.add_bps});
   if (!r.rows.empty()) k.memory_bps = r.rows.back().add_bps;
   if (r.overhead.median_s > 0) k.memory_overhead_s = r.overhead.median_s;
+  k.streaming_kernels.clear();
+  for (const StreamingKernelRow& row : r.streaming)
+    k.streaming_kernels.push_back(
+        {.kernel = row.kernel, .bytes = row.bytes, .seconds_median = row.time.median_s});
 }
 
 }  // namespace tally::engine

@@ -107,7 +107,8 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
   const auto k = r.opt_object("kernels");
   if (!k) return std::nullopt;
   k->allow_only({"device", "precision", "peak_flops", "sm_count", "memory_bytes_per_s",
-                 "memory_overhead_s", "memory_curve", "gemm", "gemm_sustained", "attention"});
+                 "memory_overhead_s", "memory_curve", "gemm", "gemm_sustained", "attention",
+                 "streaming_kernels"});
   KernelCalibration c;
   c.device = k->opt_string("device", kMaxNameChars).value_or("");
   c.precision = k->opt_string("precision", 16).value_or("bf16");
@@ -143,6 +144,25 @@ std::optional<KernelCalibration> read_kernels(const ObjectReader& r) {
                           .forward_seconds = a.number("forward_seconds", kKernelSeconds),
                           .backward_seconds = a.number("backward_seconds", kKernelSeconds)};
   });
+  c.streaming_kernels = read_objects<StreamingKernelPoint>(
+      *k, "streaming_kernels", [](const ObjectReader& e, std::size_t) {
+        e.allow_only({"kernel", "bytes", "seconds_median"});
+        const auto name = e.opt_string("kernel", kMaxCollectiveChars);
+        if (!name) detail::fail_missing(e.source(), e.field("kernel"), "required, e.g. \"gelu\"");
+        if (name->empty() || kernel_family(*name) != *name)
+          detail::fail(e.source(), e.field("kernel"), detail::show(json(*name)),
+                       "must be a kernel family as core names it (\"norm\", not \"norm-1\")");
+        return StreamingKernelPoint{.kernel = *name,
+                                    .bytes = e.number("bytes", kWorkingSetBytes),
+                                    .seconds_median = e.number("seconds_median", kKernelSeconds)};
+      });
+  for (std::size_t i = 0; i < c.streaming_kernels.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (c.streaming_kernels[j].kernel == c.streaming_kernels[i].kernel)
+        detail::fail(k->source(), k->field("streaming_kernels") + "[" + std::to_string(i) +
+                                      "].kernel",
+                     detail::show(json(c.streaming_kernels[i].kernel)),
+                     "each kernel family at most once");
   return c;
 }
 
@@ -172,6 +192,13 @@ json kernels_to_json(const KernelCalibration& c) {
                          {"backward_seconds", a.backward_seconds}});
   j["gemm"] = std::move(gemm);
   j["attention"] = std::move(attention);
+  if (!c.streaming_kernels.empty()) {
+    json streaming = json::array();
+    for (const auto& e : c.streaming_kernels)
+      streaming.push_back(
+          {{"kernel", e.kernel}, {"bytes", e.bytes}, {"seconds_median", e.seconds_median}});
+    j["streaming_kernels"] = std::move(streaming);
+  }
   return j;
 }
 
@@ -329,6 +356,19 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
     // [attention table], core/roofline.hpp).
     kp.attention_forward_fraction = median(fwd);
     kp.attention_backward_fraction = median(bwd);
+  }
+  if (!k.streaming_kernels.empty()) {
+    kp.streaming_rates.clear();
+    for (const StreamingKernelPoint& e : k.streaming_kernels) {
+      const double rate = e.bytes / e.seconds_median;
+      if (!(rate >= kBandwidthBpsBounds.lo && rate <= kBandwidthBpsBounds.hi))
+        throw InvalidInput("kernels.streaming_kernels '" + e.kernel +
+                           "': bytes / seconds_median = " + format_number(rate) +
+                           " B/s: must be in [" +
+                           format_number(kBandwidthBpsBounds.lo) + ", " +
+                           format_number(kBandwidthBpsBounds.hi) + "] B/s");
+      kp.streaming_rates.push_back({.family = e.kernel, .bytes_per_s = rate});
+    }
   }
 }
 

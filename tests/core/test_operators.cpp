@@ -12,6 +12,7 @@
 #include "tally/core/compute.hpp"
 #include "tally/core/presets.hpp"
 #include "tally/core/roofline.hpp"
+#include "ideal_host.hpp"
 
 namespace tally::test_operators {
 namespace {
@@ -531,6 +532,45 @@ TEST(Operators, EagerLossKernels) {
   // The final norm is the model's RMSNorm, eager when the layers are.
   os.kernels = Kernels::eager;
   EXPECT_DOUBLE_EQ(memory_bytes(output_ops(m, os)).at("final-norm").first, 36 * 4096.0 * 4096);
+}
+
+// Note [streaming kernel families]: a family measured apart runs at its rate where that is slower
+// than streaming, and never faster than streaming; the lookup drops the layer's position and
+// keeps the pass. Host of W = 1e10 B/s, no overhead beyond 1 µs per streaming kernel.
+TEST(Operators, StreamingFamiliesRunNoFasterThanMeasured) {
+  EXPECT_EQ(kernel_family("norm-2.backward"), "norm.backward");
+  EXPECT_EQ(kernel_family("final-norm"), "norm");
+  EXPECT_EQ(kernel_family("kv-norm"), "norm");
+  EXPECT_EQ(kernel_family("shared-gelu.backward"), "gelu.backward");
+  EXPECT_EQ(kernel_family("softmax"), "softmax");
+  EXPECT_EQ(kernel_family("norm"), "norm");
+  GpuSpec gpu = test::ideal_host(1e11, 0, 1e9, 1e10).gpu;
+  gpu.kernels.memory_overhead_s = 1e-6;
+  const Op gelu{.name = "gelu", .kind = OpKind::memory, .bytes = 4e6};
+  const Op norm{.name = "norm-1.backward", .kind = OpKind::memory, .bytes = 2e6};
+  const Op copy{.name = "residual", .kind = OpKind::memory, .bytes = 4e6};
+  const Op mm{.name = "gelu", .kind = OpKind::gemm, .m = 8, .n = 8, .k = 8, .flops = 1024,
+              .bytes = 768};
+  const double gemm_before = op_seconds(mm, gpu, Precision::fp32);
+  EXPECT_DOUBLE_EQ(op_seconds(gelu, gpu, Precision::fp32), 4e6 / 1e10 + 1e-6);
+  gpu.kernels.streaming_rates = {{.family = "gelu", .bytes_per_s = 2e9},
+                                 {.family = "norm.backward", .bytes_per_s = 5e10}};
+  EXPECT_DOUBLE_EQ(op_seconds(gelu, gpu, Precision::fp32), 4e6 / 2e9 + 1e-6);   // the rate
+  EXPECT_DOUBLE_EQ(op_seconds(norm, gpu, Precision::fp32), 2e6 / 1e10 + 1e-6);  // streaming
+  EXPECT_DOUBLE_EQ(op_seconds(copy, gpu, Precision::fp32), 4e6 / 1e10 + 1e-6);  // no family
+  EXPECT_DOUBLE_EQ(op_seconds(mm, gpu, Precision::fp32), gemm_before);  // GEMMs: never
+  EXPECT_EQ(streaming_rate_bps(gpu.kernels, "norm-2.backward"), 5e10);
+  EXPECT_EQ(streaming_rate_bps(gpu.kernels, "norm-2"), 0);
+  // Out of range or unnamed: refused naming the family.
+  gpu.kernels.streaming_rates[0].bytes_per_s = 0;
+  try {
+    validate_kernel_perf(gpu);
+    ADD_FAILURE() << "a zero rate passed";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("streaming_rates gelu"), std::string::npos) << e.what();
+  }
+  gpu.kernels.streaming_rates[0] = {.family = "", .bytes_per_s = 1e9};
+  EXPECT_THROW(validate_kernel_perf(gpu), InvalidInput);
 }
 
 }  // namespace

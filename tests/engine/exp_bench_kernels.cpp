@@ -109,6 +109,39 @@ TEST(BenchKernels, MemoryRowsAreTheirOwnArithmetic) {
   EXPECT_LT(r.overhead.median_s, r.rows[1].add.median_s);
   EXPECT_EQ(k.memory_overhead_s, r.overhead.median_s);
   EXPECT_THROW(run_bench_memory({.working_set_bytes = {100}, .timing = kQuick}), InvalidInput);
+  // The streaming families go into the calibration as measured (Note [streaming kernel families]).
+  ASSERT_EQ(k.streaming_kernels.size(), r.streaming.size());
+  for (std::size_t i = 0; i < r.streaming.size(); ++i) {
+    EXPECT_EQ(k.streaming_kernels[i].kernel, r.streaming[i].kernel);
+    EXPECT_EQ(k.streaming_kernels[i].bytes, r.streaming[i].bytes);
+    EXPECT_EQ(k.streaming_kernels[i].seconds_median, r.streaming[i].time.median_s);
+  }
+}
+
+// Each family is timed on the engine's kernel at the probe shape and carries core's bytes of that
+// operator, counted here by hand from core's documented conventions (float32, e = 4): the eager
+// GELU reads x and writes y (2e per element of B·T·4C), its backward reads x and g and writes dx
+// (3e); softmax and the mask read and write the (B, a, T, T) scores (2e), softmax's backward
+// reads y and g and writes dx (3e, core's 1.5× rule); LayerNorm 2e forward, 5e backward over
+// B·T·C (Note [norm backward passes]).
+TEST(BenchKernels, StreamingFamiliesCarryCoresBytes) {
+  const GptProbeShape shape{.hidden = 32, .heads = 2, .seq = 16, .micro_batch = 2};
+  const std::vector<StreamingKernelRow> rows = time_streaming_kernels(kQuick, shape);
+  const double e = 4, btc = 2.0 * 16 * 32, scores = 2.0 * 2 * 16 * 16;
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"gelu", 2 * e * 4 * btc},       {"gelu.backward", 3 * e * 4 * btc},
+      {"softmax", 2 * e * scores},     {"softmax.backward", 3 * e * scores},
+      {"mask", 2 * e * scores},        {"mask.backward", 2 * e * scores},
+      {"norm", 2 * e * btc},           {"norm.backward", 5 * e * btc}};
+  ASSERT_EQ(rows.size(), expected.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE(rows[i].op);
+    EXPECT_EQ(rows[i].kernel, expected[i].first);
+    EXPECT_DOUBLE_EQ(rows[i].bytes, expected[i].second);
+    EXPECT_GT(rows[i].time.median_s, 0);
+    EXPECT_DOUBLE_EQ(rows[i].bytes_per_s, rows[i].bytes / rows[i].time.median_s);
+  }
+  EXPECT_EQ(rows[6].op, "norm-1");  // the layer's first norm stands for its family
 }
 
 Ran tally(std::vector<std::string> args, double limit_s = 120) {

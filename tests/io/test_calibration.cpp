@@ -314,6 +314,46 @@ TEST(Calibration, MemoryOverheadRoundTripsAndApplies) {
                  {"kernels.memory_overhead_s", "[0, 1]"});
 }
 
+// Note [streaming kernel families]: each measured family reads back exactly, reaches the host's
+// KernelPerf as bytes / seconds_median, and a bad entry is refused naming it: a kernel named by
+// its layer position instead of its family, a family listed twice, a rate outside the links'
+// bounds. Without the list, no rates.
+TEST(Calibration, StreamingKernelsRoundTripAndApply) {
+  const double peak = 100e9;
+  KernelCalibration k{.device = "test-cpu", .precision = "fp32", .peak_flops = peak,
+                      .sm_count = 1, .memory_bps = 3e10};
+  for (std::int64_t m : {8, 64, 512})
+    for (std::int64_t n : {16, 256, 1024})
+      for (std::int64_t kk : {16, 256, 1024})
+        k.gemm.push_back({.m = m, .n = n, .k = kk, .seconds = 2.0 * m * n * kk / peak + 1e-5});
+  k.streaming_kernels = {{.kernel = "gelu", .bytes = 4194304, .seconds_median = 0.0014},
+                         {.kernel = "norm.backward", .bytes = 2621440, .seconds_median = 5.2e-5}};
+  const std::string text = calibration_to_json({.source = "synthetic host", .kernels = k});
+  const Calibration back = parse(text);
+  ASSERT_EQ(back.kernels->streaming_kernels.size(), 2u);
+  EXPECT_EQ(back.kernels->streaming_kernels[1].kernel, "norm.backward");
+  EXPECT_EQ(back.kernels->streaming_kernels[1].bytes, 2621440);
+  EXPECT_EQ(back.kernels->streaming_kernels[1].seconds_median, 5.2e-5);
+  const ClusterSpec h = host_cluster(back, false);
+  ASSERT_EQ(h.gpu.kernels.streaming_rates.size(), 2u);
+  EXPECT_EQ(h.gpu.kernels.streaming_rates[0].family, "gelu");
+  EXPECT_DOUBLE_EQ(h.gpu.kernels.streaming_rates[0].bytes_per_s, 4194304 / 0.0014);
+  EXPECT_DOUBLE_EQ(streaming_rate_bps(h.gpu.kernels, "norm-2.backward"), 2621440 / 5.2e-5);
+  Calibration without = back;
+  without.kernels->streaming_kernels.clear();
+  const std::string bare = calibration_to_json(without);
+  EXPECT_EQ(bare.find("streaming_kernels"), std::string::npos);
+  EXPECT_TRUE(host_cluster(parse(bare), false).gpu.kernels.streaming_rates.empty());
+  expect_invalid([&] { parse(replaced(text, "\"norm.backward\"", "\"norm-1.backward\"")); },
+                 {"streaming_kernels[1].kernel", "norm-1.backward", "kernel family"});
+  expect_invalid([&] { parse(replaced(text, "\"norm.backward\"", "\"gelu\"")); },
+                 {"streaming_kernels[1].kernel", "at most once"});
+  Calibration slow = back;
+  slow.kernels->streaming_kernels[0].seconds_median = 1e3;  // 4 kB/s
+  expect_invalid([&] { host_cluster(parse(calibration_to_json(slow)), false); },
+                 {"streaming_kernels 'gelu'", "4194.3 B/s", "[1000000, 1e+15]"});
+}
+
 // Note [power cap]: GEMMs timed at the power cap set sustained_gemm to 1 / the median of measured /
 // the burst-predicted time. Three GEMMs at 1.25×, 1.25× and 2× the A100 preset's burst time: the
 // median 1.25, so 0.8; the list survives a round trip; GEMMs no slower than the burst leave 1.

@@ -80,6 +80,14 @@ struct KernelPerf {
   std::vector<AttentionFraction> attention_table;
   // Streaming (elementwise, norm, softmax) kernels: achieved fraction of memory_bps.
   double memory_fraction = 0.85;
+  // Streaming kernels of one family measured apart (Note [streaming kernel families],
+  // core/src/operators.cpp): each family's measured rate in core's own bytes of that kernel per
+  // second. An operator of a listed family runs no faster than its rate; empty on every preset.
+  struct StreamingRate {
+    std::string family;       // kernel_family() of an operator's name: "gelu", "norm.backward"
+    double bytes_per_s = 0;   // core's bytes of the kernel / its measured time
+  };
+  std::vector<StreamingRate> streaming_rates;
   // Per-kernel fixed cost (launch and tail), seconds; 0 = hidden by asynchronous launches.
   double kernel_overhead_s = 0;
   // The same for streaming (memory-bound) kernels where it was measured apart (`tally bench

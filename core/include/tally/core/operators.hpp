@@ -282,6 +282,14 @@ double optimizer_update_bytes(Precision p, Optimizer o);
 // high_precision ones and attention, which run at compute_precision(p).
 double op_seconds(const Op& op, const GpuSpec& gpu, Precision p);
 
+// The family a streaming kernel's measured rate is looked up by (KernelPerf::streaming_rates,
+// Note [streaming kernel families]): the operator's name with the layer's position dropped —
+// norm-1, norm-2, final-norm, q-norm and kv-norm are "norm", shared-gelu "gelu" — and
+// ".backward" kept ("norm.backward"); any other name is its own family.
+std::string_view kernel_family(std::string_view op_name);
+// The measured rate of `op_name`'s family on `k`, bytes/s; 0 where none was measured.
+double streaming_rate_bps(const KernelPerf& k, std::string_view op_name);
+
 struct OpsTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;
   // Of those, the weights' quantize kernels (Op::weight_cast): in the forward, and in all passes.

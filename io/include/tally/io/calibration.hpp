@@ -19,7 +19,9 @@
 //                                           host's bandwidth from cache to DRAM, `bench memory`)
 //       "gemm": [{"m": 4096, "n": 4096, "k": 4096, "batch": 1, "seconds_median": 0.00021}, ...],
 //       "attention": [{"batch": 4, "heads": 32, "seq": 4096, "head_dim": 128, "causal": true,
-//                      "forward_seconds": 0.0012, "backward_seconds": 0.0031}, ...]
+//                      "forward_seconds": 0.0012, "backward_seconds": 0.0031}, ...],
+//       "streaming_kernels": [{"kernel": "gelu", "bytes": 4194304,      optional (a host's
+//                              "seconds_median": 0.00143}, ...]        kernel families)
 //     }
 //   }
 //
@@ -66,6 +68,16 @@ struct BandwidthPoint {
 
 // Kernel micro-benchmarks of one device at one precision (`tally bench gemm|memory`,
 // bench/gpu/probe.py): they replace the preset's kernel constants (Note [GEMM calibration]).
+// One streaming kernel family timed on the engine's own kernel (`tally bench memory`, Note
+// [streaming kernel families] in core/src/operators.cpp): core's bytes of that kernel at the shape
+// timed, and its median time per call. Its rate bytes / seconds_median is the family's
+// KernelPerf::streaming_rates entry.
+struct StreamingKernelPoint {
+  std::string kernel;         // a kernel family: core's kernel_family(kernel) == kernel
+  double bytes = 0;           // core's bytes of the kernel at the shape timed
+  double seconds_median = 0;  // per call
+};
+
 struct KernelCalibration {
   std::string device, precision;
   double peak_flops = 0;                    // the peak the fractions are relative to
@@ -81,6 +93,7 @@ struct KernelCalibration {
   // burst-predicted time), at most 1. Empty: the preset's factor stands.
   std::vector<GemmSample> gemm_sustained;
   std::vector<AttentionPoint> attention;
+  std::vector<StreamingKernelPoint> streaming_kernels;  // one per family, may be empty
 };
 
 struct Calibration {
@@ -102,7 +115,9 @@ Calibration load_calibration(const std::filesystem::path& path);
 // rescaled to the cluster's peak for the precision; memory_fraction = measured / the GPU's HBM
 // bandwidth (the measured figure itself when the GPU has none); attention: each measured shape's
 // executed FLOPs / (peak · seconds) a point of KernelPerf::attention_table (Note [attention
-// table], core/roofline.hpp), the two fractions their medians.
+// table], core/roofline.hpp), the two fractions their medians; streaming_kernels: each family's
+// bytes / seconds_median its KernelPerf::streaming_rates entry (InvalidInput naming the kernel
+// when that rate leaves [1e6, 1e15] B/s).
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c);
 
 // `c` completed from the calibration already at `path`, when that file exists: each of intra_node,

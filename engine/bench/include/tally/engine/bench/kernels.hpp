@@ -14,6 +14,11 @@
 //   largest working set (DRAM) the memory_bytes_per_s.
 //   Then the add on 16 floats (128 bytes): its time is the kernel's fixed cost per call, the
 //   calibration's memory_overhead_s.
+//   Then the streaming kernel families (Note [streaming kernel families], core/src/operators.cpp):
+//   each family's libtorch kernel as the engine's GPT calls it (gpt_model.cpp), timed warm on one
+//   layer of the GPT that bench/predict_vs_measured.sh runs (kStreamingProbe: C 256, a 4, T 128,
+//   B 4), its bytes core's own for that operator at that shape (gpt_stage_ops); the calibration's
+//   streaming_kernels. Rate = core's bytes / median.
 //
 // Note [cold-cache GEMMs]
 // In a training step each GEMM finds its weight out of the caches: the weight was last touched a
@@ -83,6 +88,11 @@ double last_level_cache_bytes();
 GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKernelTiming& timing,
                   int repeat = 1);
 
+// One transformer layer of the engine's GPT (gpt.hpp): C, a, T, B.
+struct GptProbeShape {
+  std::int64_t hidden = 256, heads = 4, seq = 128, micro_batch = 4;
+};
+
 struct BenchMemoryOptions {
   // 256 KiB … 256 MiB by 4×: from the core's cache to DRAM on common hosts.
   std::vector<double> working_set_bytes = {262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0,
@@ -97,9 +107,28 @@ struct MemoryRow {
   double add_bps = 0, copy_bps = 0;
 };
 
+// One streaming kernel family timed on the engine's kernel at kStreamingProbe.
+struct StreamingKernelRow {
+  std::string kernel;              // the family: "gelu", "norm.backward", … (core kernel_family)
+  std::string op;                  // core's operator whose bytes it is: "norm-1.backward"
+  std::string call;                // the libtorch call timed: "at::gelu(x, \"tanh\")"
+  double bytes = 0;                // core's bytes of `op` at the probe shape
+  TimeStats time;                  // per call
+  double bytes_per_s = 0;          // bytes / median
+};
+
+// The GPT layer the families are timed on (bench/predict_vs_measured.sh's run 3d shape).
+inline constexpr GptProbeShape kStreamingProbe{.hidden = 256, .heads = 4, .seq = 128,
+                                               .micro_batch = 4};
+
+// The families timed: gelu, softmax, mask, norm, each with its backward.
+std::vector<StreamingKernelRow> time_streaming_kernels(
+    const BenchKernelTiming& timing, const GptProbeShape& shape = kStreamingProbe);
+
 struct BenchMemoryResult {
   BenchMemoryOptions options;
   std::vector<MemoryRow> rows;     // ascending working set
+  std::vector<StreamingKernelRow> streaming;  // time_streaming_kernels at kStreamingProbe
   // a.add_(b, α) on kOverheadElements floats, warm: a streaming kernel's fixed cost per call
   // (the calibration's memory_overhead_s, Note [memory kernel overhead] in core/src/operators.cpp).
   TimeStats overhead;
@@ -116,7 +145,8 @@ MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& timing,
 std::string host_device_name(int threads, bool cold = false);
 
 // The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
-// device, peak_flops, sm_count and gemm; a memory result memory_curve and memory_bytes_per_s.
+// device, peak_flops, sm_count and gemm; a memory result memory_curve, memory_bytes_per_s,
+// memory_overhead_s and streaming_kernels.
 void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k);
 void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k);
 
