@@ -174,11 +174,16 @@ struct MemoryFlags : TimingFlags {
   std::vector<double> sizes_mib;
 };
 
-constexpr const char* kStreamingConvention =
-    "each family's libtorch kernel as the engine's GPT calls it, warm, on one layer of C 256, "
-    "a 4, T 128, B 4; bytes = core's bytes of that operator at that shape; GB/s = bytes / "
-    "median per-call time (the calibration's streaming_kernels: a family runs no faster in the "
-    "operator model, Note [streaming kernel families])";
+// The probe's shape is engine::kStreamingProbe's, printed from it.
+std::string streaming_convention() {
+  const engine::GptProbeShape& p = engine::kStreamingProbe;
+  return fmt::format(
+      "each family's libtorch kernel as the engine's GPT calls it, warm, on one layer of C {}, "
+      "a {}, T {}, B {}; bytes = core's bytes of that operator at that shape; GB/s = bytes / "
+      "median per-call time (the calibration's streaming_kernels: a family runs no faster in the "
+      "operator model, Note [streaming kernel families])",
+      p.hidden, p.heads, p.seq, p.micro_batch);
+}
 
 void run_memory(const MemoryFlags& f) {
   engine::BenchMemoryOptions o{.timing = f.timing()};
@@ -226,7 +231,7 @@ void run_memory(const MemoryFlags& f) {
                  "a.add_(b, alpha) on 16 floats (128 bytes), warm: a streaming kernel's fixed "
                  "cost per call, median seconds (the calibration's memory_overhead_s)"},
                 {"overhead_seconds_median", r.overhead.median_s},
-                {"streaming_convention", kStreamingConvention},
+                {"streaming_convention", streaming_convention()},
                 {"streaming_kernels", streaming},
                 {"calibration_out", f.calibration_out.empty() ? nlohmann::json(nullptr)
                                                               : nlohmann::json(f.calibration_out)}});
@@ -243,7 +248,7 @@ void run_memory(const MemoryFlags& f) {
                us(row.copy.median_s), row.copy_bps / 1e9);
   fmt::print("# fixed cost per call: add on 16 floats (128 B), warm: {:.2f} us median\n",
              us(r.overhead.median_s));
-  fmt::print("# streaming kernel families: {}\n", kStreamingConvention);
+  fmt::print("# streaming kernel families: {}\n", streaming_convention());
   fmt::print("# {:>16} {:>16} {:>11} {:>11} {:>9}  {}\n", "kernel", "core_op", "bytes",
              "med_us", "GB/s", "call");
   for (const auto& row : r.streaming)

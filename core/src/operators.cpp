@@ -484,8 +484,8 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
         // A CPU's elementwise kernels do not all stream at its DRAM rate: libtorch's tanh GELU
         // evaluates a tanh per element (1.43 ms on the 512 Ki elements of the engine GPT's MLP,
         // 2026-12-05, this VM: 2.9 GB/s of core's 8 bytes per element, where a copy of the same
-        // tensor streams 4 MiB in 0.05 ms); softmax, the causal mask's masked_fill and
-        // LayerNorm run at a fifth of the copy's rate there. `tally bench memory` times each
+        // tensor streams 4 MiB in 0.05 ms, 80 GB/s); softmax, the causal mask's masked_fill
+        // and LayerNorm run at 10–14 GB/s there. `tally bench memory` times each
         // family on the engine's kernels (engine/bench/kernels.hpp) and the calibration gives
         // its rate in core's own bytes of that kernel, so the figure prices exactly the bytes
         // core counts. A family's kernel runs no faster than its measured rate and no faster

@@ -66,8 +66,6 @@ struct BandwidthPoint {
   double bytes_per_s = 0;
 };
 
-// Kernel micro-benchmarks of one device at one precision (`tally bench gemm|memory`,
-// bench/gpu/probe.py): they replace the preset's kernel constants (Note [GEMM calibration]).
 // One streaming kernel family timed on the engine's own kernel (`tally bench memory`, Note
 // [streaming kernel families] in core/src/operators.cpp): core's bytes of that kernel at the shape
 // timed, and its median time per call. Its rate bytes / seconds_median is the family's
@@ -78,6 +76,8 @@ struct StreamingKernelPoint {
   double seconds_median = 0;  // per call
 };
 
+// Kernel micro-benchmarks of one device at one precision (`tally bench gemm|memory`,
+// bench/gpu/probe.py): they replace the preset's kernel constants (Note [GEMM calibration]).
 struct KernelCalibration {
   std::string device, precision;
   double peak_flops = 0;                    // the peak the fractions are relative to
