@@ -25,9 +25,11 @@
 # 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
 #    --calibration cal-k<k>-r<r>.json --json; and `tally run 3d` (the engine's GPT, h 256,
-#    a 4, L 4, V 512, T 128, B 4, fp32 Adam; Note [host GPT step] in core/gpt_step.hpp) in the
-#    layouts of THREE_D below whose rank count is k, on the same file's link, Gloo's fit (its TP
-#    and DP all-reduces and all-gathers are Gloo's; none of THREE_D runs ZeRO's ring).
+#    a 4, L 4, V 512, T 128, B 4, fp32 Adam, 6 steps timed by their medians over steps 2-6: Note
+#    [3-D step times] in engine/experiments/three_d.cpp; Note [host GPT step] in
+#    core/gpt_step.hpp) in the layouts of THREE_D below whose rank count is k, on the same
+#    file's link, Gloo's fit (its TP and DP all-reduces and all-gathers are Gloo's; none of
+#    THREE_D runs ZeRO's ring).
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
 #    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
 #    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
@@ -65,7 +67,7 @@ THREE_D=("single:1:" "tp2:2:--tp 2" "tp2-sp:2:--tp 2 --sp" "cp2:2:--cp 2" "pp2:2
 # 6.3 MB at 5.9–6.3 ms) instead of 0.25, 1, 4, 16 MB alone (5.3–5.5 ms; the bench itself measures
 # 6.0–6.7 ms there) prices the runs' messages as measured, not as a curve's far points imply.
 SIZES=0.041,0.25,1,2.1,4.17,6.31,10.56,16
-GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 3)
+GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 6)
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -175,8 +177,9 @@ if three_d:
     print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "
           "with the largest prediction), ms: measured / predicted")
     print("| layout | k | measured ms | predicted ms | measured/predicted | compute | TP comm | "
-          "CP comm | PP sends | DP comm | optimizer | TP comm measured (arrival wait) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "CP comm | PP sends | DP comm | optimizer | compute measured (ranks' min-max) | "
+          "TP comm measured (arrival wait) | DP comm measured (arrival wait) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name, k in three_d:
     runs = []
     for r in range(1, rounds + 1):
@@ -185,18 +188,22 @@ for name, k in three_d:
         top = max(d["ranks"],
                   key=lambda x: x["compute_s"]["predicted"] + x["tp_comm_s"]["predicted"] +
                   x["cp_comm_s"]["predicted"])
-        runs.append((measured, predicted, measured / predicted, top))
+        runs.append((measured, predicted, measured / predicted, top, d["ranks"]))
     m = statistics.median(x[0] for x in runs)
     p = statistics.median(x[1] for x in runs)
     q = statistics.median(x[2] for x in runs)
-    t = runs[0][3]
+    t, ranks = runs[0][3], runs[0][4]  # the parts: round 1's
     ratios.append(q)
     print(f"| {name} | {k} | {m*1e3:.1f} | {p*1e3:.1f} | {q:.3f} | "
           f"{t['compute_s']['predicted']*1e3:.1f} | {t['tp_comm_s']['predicted']*1e3:.1f} | "
           f"{t['cp_comm_s']['predicted']*1e3:.1f} | {t['pp_send_predicted_s']*1e3:.1f} | {t['dp_comm_s']['predicted']*1e3:.1f} | "
-          f"{t['optimizer_time_s']['predicted']*1e3:.1f} | " +
+          f"{t['optimizer_time_s']['predicted']*1e3:.1f} | "
+          f"{min(x['compute_s']['measured'] for x in ranks)*1e3:.1f}-"
+          f"{max(x['compute_s']['measured'] for x in ranks)*1e3:.1f} | " +
           (f"{t['tp_comm_s']['measured']*1e3:.1f} ({t['tp_arrival_wait_s']*1e3:.1f})"
-           if t.get("tp_arrival_wait_s") is not None else "-") + " |")
+           if t.get("tp_arrival_wait_s") is not None else "-") + " | " +
+          (f"{t['dp_comm_s']['measured']*1e3:.1f} ({t['dp_arrival_wait_s']*1e3:.1f})"
+           if t.get("dp_arrival_wait_s") is not None else "-") + " |")
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")
 EOF

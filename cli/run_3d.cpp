@@ -203,6 +203,7 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"dp_bytes_layout", vs(x.dp_bytes, x.dp_layout_bytes)},
          {"dp_calls", x.dp_calls},
          {"step_s", x.step_s},
+         {"step_seconds", x.step_seconds},
          {"compute_s", vs_time(x.compute_s, x.predicted_compute_s)},
          {"tp_comm_s", vs_time(x.tp_comm_s, x.predicted_tp_comm_s)},
          // Of tp_comm_s: waiting for the TP partners to arrive (Note [arrival wait]); null when
@@ -212,6 +213,10 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          {"cp_comm_s", vs_time(x.cp_comm_s, x.predicted_cp_comm_s)},
          {"pp_wait_s", vs(x.pp_wait_s, x.predicted_pp_wait_s)},
          {"dp_comm_s", vs_time(x.dp_comm_s, x.predicted_dp_comm_s)},
+         // Of dp_comm_s: the same for the gradient group (DP × CP); null when DP × CP = 1 or not
+         // on one host.
+         {"dp_arrival_wait_s", x.dp_arrival_wait_s < 0 ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(x.dp_arrival_wait_s)},
          {"optimizer_s", x.optimizer_s},
          {"step_time_s", vs_time(x.step_s, x.predicted_step_s)},
          {"optimizer_time_s", vs_time(x.optimizer_s, x.predicted_optimizer_s)},
@@ -333,9 +338,11 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                x.pp_embedding_predicted_bytes > 0  // middle stages and P = 1 hold no copy
                    ? cell(x.pp_embedding_bytes, x.pp_embedding_predicted_bytes)
                    : fmt::format("{:.0f}", x.pp_embedding_bytes));
-  fmt::print("step time, ms, mean of {} step(s), measured/core=ratio (PP wait: core's bubble "
+  fmt::print("step time, ms, {}, measured/core=ratio (PP wait: core's bubble "
              "(P-1)(t_f+t_b)/v on the measured t_f, t_b; {}):\n",
-             o.steps, o.host ? "compute, optimizer and comm: the operator model (Note [host GPT "
+             o.steps > 1 ? fmt::format("medians over steps 2-{} (step 1 warms up)", o.steps)
+                         : std::string("one step"),
+             o.host ? "compute, optimizer and comm: the operator model (Note [host GPT "
                                "step]) and the alpha-beta items on the host calibration; step: "
                                "their sum with the bubble on the predicted t_f, t_b"
                              : "the rest need --calibration, '-' without");
@@ -445,7 +452,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--heads", f->run.model.heads, "a")->capture_default_str();
   cmd->add_option("--vocab", f->run.model.vocab, "V")->capture_default_str();
   cmd->add_option("--seq", f->run.model.seq, "T")->capture_default_str();
-  cmd->add_option("--steps", f->run.steps, "fp32 Adam steps (measured)")->capture_default_str();
+  cmd->add_option("--steps", f->run.steps,
+                  "fp32 Adam steps (times: medians over steps 2..N, step 1 warms up)")
+      ->capture_default_str();
   cmd->add_option("--lr", f->run.lr, "Adam learning rate")
       ->check(finite_in(0, 1e6, Ends::open_lo))
       ->capture_default_str();

@@ -27,6 +27,7 @@
 #include "tally/core/model_states.hpp"
 #include "tally/core/sharding.hpp"
 #include "tally/core/types.hpp"
+#include "tally/engine/bench/harness.hpp"
 #include "tally/engine/experiments/memory_profile.hpp"
 #include "tally/engine/process_groups.hpp"
 #include "tally/engine/temp_directory.hpp"
@@ -337,8 +338,39 @@ void measure_policies(const ThreeDOptions& o, ProcessGroups& g, const std::vecto
   }
 }
 
-// fp32: `steps` Adam steps; the first one's bytes and memory, every one's time.
-// step: the fp32 step under way (for the lost-rank message).
+// Note [3-D step times]
+// The first fp32 step is a warm-up for the clock: it records the bytes and the memory (the
+// tracking allocator's reading after every op), allocates the activations' blocks and starts each
+// rank when its own setup ends. So with --steps 2 or more the times are the later steps', and each
+// figure is the median of its per-step values over them (as `run zero` reports its phases): a
+// prediction has no warm-up term, and one descheduled step of a few moves no median. With one step
+// its figures are that step's. The arrival waits (Note [arrival wait] in comm.cpp) are split per
+// step the same way: TP's and, where DP × CP > 1, the gradient group's (its ZeRO gathers included).
+struct StepTimes {
+  double step_s = 0, compute_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0;
+  double optimizer_s = 0, forward_s = 0, backward_s = 0, tp_wait_s = 0, dp_wait_s = 0;
+};
+
+// Each field's median over the timed steps (Note [3-D step times]).
+StepTimes median_times(const std::vector<StepTimes>& all) {
+  const std::size_t first = all.size() > 1 ? 1 : 0;
+  StepTimes out;
+  const auto med = [&](double StepTimes::*f) {
+    std::vector<double> v;
+    for (std::size_t i = first; i < all.size(); ++i) v.push_back(all[i].*f);
+    out.*f = time_stats(v).median_s;
+  };
+  for (double StepTimes::*f :
+       {&StepTimes::step_s, &StepTimes::compute_s, &StepTimes::tp_comm_s, &StepTimes::cp_comm_s,
+        &StepTimes::pp_wait_s, &StepTimes::dp_comm_s, &StepTimes::optimizer_s,
+        &StepTimes::forward_s, &StepTimes::backward_s, &StepTimes::tp_wait_s,
+        &StepTimes::dp_wait_s})
+    med(f);
+  return out;
+}
+
+// fp32: `steps` Adam steps; the first one's bytes and memory, the later ones' time (Note [3-D step
+// times]). step: the fp32 step under way (for the lost-rank message).
 void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::vector<int>& layers,
                const std::vector<PipelineOp>& ops, int M, std::int64_t n_params, ThreeDRank& me,
                std::vector<double>& losses, bool progress, int& step) {
@@ -354,10 +386,11 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.state_bytes = double(memory.counters().allocated_bytes - before_states);
   me.own_params = double(rm.opt->numel());
   me.stage_layers = layers[std::size_t(g.coords().pp)];
-  const double steps = o.steps;
-  // Note [arrival wait] in comm.cpp: the TP collectives' spans, split after the steps.
+  // Note [arrival wait] in comm.cpp: the TP and gradient collectives' spans, split after the steps.
   const bool tp_arrival = o.tp > 1 && g.tp().on_one_host();
-  std::vector<CallSpan> tp_spans;
+  const bool dp_arrival = grad.world_size() > 1 && grad.on_one_host();
+  std::vector<std::vector<CallSpan>> tp_spans, dp_spans;  // per step
+  std::vector<StepTimes> times;
   for (int s = 1; s <= o.steps; ++s) {
     step = s;
     const Data d = draw(o, M, 100 + std::uint64_t(s));
@@ -368,6 +401,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     const double tps0 = comm_seconds(g.tp()), dps0 = comm_seconds(grad);
     const auto start = Clock::now();
     g.tp().record_spans(tp_arrival);
+    grad.record_spans(dp_arrival);
     const StepRecord step = rm.backward_step(ops, d, g.coords().dp, M, s == 1 ? &memory : nullptr);
     const PpStageRecord& rec = step.schedule;
     const double cp_in_schedule = rm.tp.cp_shift_seconds();  // the ring's sends, inside compute
@@ -377,21 +411,23 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     rm.opt->gather();
     const double step_s = seconds_since(start);
     g.tp().record_spans(false);
-    for (const CallSpan& c : g.tp().take_spans()) tp_spans.push_back(c);
+    grad.record_spans(false);
+    tp_spans.push_back(g.tp().take_spans());
+    dp_spans.push_back(grad.take_spans());
     const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
     std::vector<double> all_loss(std::size_t(g.world().world_size()));
     g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));
     losses.push_back(std::accumulate(all_loss.begin(), all_loss.end(), 0.0) / (o.dp * o.cp));
 
-    me.step_s += step_s / steps;
-    me.tp_comm_s += (o.tp > 1 ? comm_seconds(g.tp()) - tps0 : 0) / steps;
-    me.compute_s += (rec.compute_s - step.tp_in_compute_s - cp_in_schedule) / steps;
-    me.cp_comm_s += cp_in_schedule / steps;
-    me.pp_wait_s += (rec.wait_s + step.tied_s) / steps;
-    me.dp_comm_s += (comm_seconds(grad) - dps0) / steps;
-    me.optimizer_s += opt_s / steps;
-    me.forward_s += rec.forward_s / M / steps;
-    me.backward_s += rec.backward_s / M / steps;
+    times.push_back({.step_s = step_s,
+                     .compute_s = rec.compute_s - step.tp_in_compute_s - cp_in_schedule,
+                     .tp_comm_s = o.tp > 1 ? comm_seconds(g.tp()) - tps0 : 0,
+                     .cp_comm_s = cp_in_schedule,
+                     .pp_wait_s = rec.wait_s + step.tied_s,
+                     .dp_comm_s = comm_seconds(grad) - dps0,
+                     .optimizer_s = opt_s,
+                     .forward_s = rec.forward_s / M,
+                     .backward_s = rec.backward_s / M});
     if (s == 1) {
       // A TP group of one issues identity calls that move nothing: no collectives (core's 0).
       for (int l : rm.stage.own_layers())
@@ -432,12 +468,24 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
                    o.dp, o.tp, o.pp, o.cp > 1 ? (" cp=" + std::to_string(o.cp)).c_str() : "",
                    o.sp ? " sp" : "", o.zero, s, o.steps, losses.back(), step_s);
   }
+  // Each a part of its comm time: the spans open a few instructions before the counters' timers.
   if (tp_arrival) {
-    me.tp_arrival_wait_s = 0;
-    for (const ArrivalSplit& a : arrival_splits(g.tp(), tp_spans)) me.tp_arrival_wait_s += a.wait_s;
-    // A part of tp_comm_s: the spans open a few instructions before the counters' timers.
-    me.tp_arrival_wait_s = std::min(me.tp_arrival_wait_s / steps, me.tp_comm_s);
+    const std::vector<double> w = arrival_waits(g.tp(), tp_spans);
+    for (std::size_t i = 0; i < w.size(); ++i)
+      times[i].tp_wait_s = std::min(w[i], times[i].tp_comm_s);
   }
+  if (dp_arrival) {
+    const std::vector<double> w = arrival_waits(grad, dp_spans);
+    for (std::size_t i = 0; i < w.size(); ++i)
+      times[i].dp_wait_s = std::min(w[i], times[i].dp_comm_s);
+  }
+  const StepTimes med = median_times(times);
+  for (const StepTimes& x : times) me.step_seconds.push_back(x.step_s);
+  me.step_s = med.step_s, me.compute_s = med.compute_s, me.tp_comm_s = med.tp_comm_s;
+  me.cp_comm_s = med.cp_comm_s, me.pp_wait_s = med.pp_wait_s, me.dp_comm_s = med.dp_comm_s;
+  me.optimizer_s = med.optimizer_s, me.forward_s = med.forward_s, me.backward_s = med.backward_s;
+  if (tp_arrival) me.tp_arrival_wait_s = med.tp_wait_s;
+  if (dp_arrival) me.dp_arrival_wait_s = med.dp_wait_s;
 
   // core, for this rank and for the layout
   const double t = o.tp, p = o.pp;
@@ -545,7 +593,7 @@ void fields(ThreeDRank& m, F&& f) {
     f(m.layer_activation_bytes[i]), f(m.layer_activation_predicted[i]);
   f(m.layer_norm_stat_bytes);
   f(m.step_s), f(m.compute_s), f(m.tp_comm_s), f(m.pp_wait_s), f(m.dp_comm_s), f(m.optimizer_s);
-  f(m.tp_arrival_wait_s);
+  f(m.tp_arrival_wait_s), f(m.dp_arrival_wait_s);
   f(m.forward_s), f(m.backward_s), f(m.predicted_pp_wait_s), f(m.predicted_compute_s);
   f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s), f(m.predicted_optimizer_s);
   f(m.predicted_pp_send_s), f(m.predicted_step_s), f(m.predicted_forward_s);
@@ -558,10 +606,16 @@ std::vector<ThreeDRank> gather_ranks(Comm& world, ThreeDRank me) {
   const std::size_t n = mine.size();
   std::vector<double> all(n * std::size_t(world.world_size()));
   world.all_gather(ConstBuffer(mine), Buffer(all));
+  // Every rank ran the same steps, so its step_seconds have one length.
+  const std::size_t steps = me.step_seconds.size();
+  std::vector<double> all_steps(steps * std::size_t(world.world_size()));
+  world.all_gather(ConstBuffer(me.step_seconds), Buffer(all_steps));
   std::vector<ThreeDRank> out(std::size_t(world.world_size()));
   for (std::size_t r = 0; r < out.size(); ++r) {
     std::size_t i = r * n;
     fields(out[r], [&](auto& x) { x = std::remove_reference_t<decltype(x)>(all[i++]); });
+    out[r].step_seconds.assign(all_steps.begin() + std::ptrdiff_t(r * steps),
+                               all_steps.begin() + std::ptrdiff_t((r + 1) * steps));
   }
   return out;
 }

@@ -196,22 +196,6 @@ std::vector<double> gather_all(Comm& comm, const std::vector<double>& mine) {
   return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
 }
 
-// This rank's arrival wait per step (Note [zero phases]): spans[i] = its collective spans of
-// step i, split by arrival_splits (a collective: every rank calls it).
-std::vector<double> arrival_waits(Comm& comm, const std::vector<std::vector<CallSpan>>& spans) {
-  std::vector<CallSpan> mine;
-  for (const auto& step : spans) mine.insert(mine.end(), step.begin(), step.end());
-  const std::vector<ArrivalSplit> split = arrival_splits(comm, mine);
-  std::vector<double> waits;
-  std::size_t call = 0;
-  for (const auto& step : spans) {
-    double wait = 0;
-    for (std::size_t j = 0; j < step.size(); ++j) wait += split[call++].wait_s;
-    waits.push_back(wait);
-  }
-  return waits;
-}
-
 // Allocated bytes once nothing is in flight: a barrier (every rank has finished the collectives
 // before it), then readings 2 ms apart until three agree (at most ~0.5 s; Note [zero memory
 // measurement]).

@@ -434,6 +434,20 @@ std::vector<ArrivalSplit> arrival_splits(Comm& comm, std::span<const CallSpan> m
   return out;
 }
 
+std::vector<double> arrival_waits(Comm& comm, const std::vector<std::vector<CallSpan>>& spans) {
+  std::vector<CallSpan> mine;
+  for (const auto& step : spans) mine.insert(mine.end(), step.begin(), step.end());
+  const std::vector<ArrivalSplit> split = arrival_splits(comm, mine);
+  std::vector<double> waits;
+  std::size_t call = 0;
+  for (const auto& step : spans) {
+    double wait = 0;
+    for (std::size_t j = 0; j < step.size(); ++j) wait += split[call++].wait_s;
+    waits.push_back(wait);
+  }
+  return waits;
+}
+
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

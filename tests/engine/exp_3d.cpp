@@ -495,6 +495,9 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
     ASSERT_TRUE(x["tp_arrival_wait_s"].is_number()) << x.dump();
     EXPECT_GE(x["tp_arrival_wait_s"].get<double>(), 0.0);
     EXPECT_LE(x["tp_arrival_wait_s"].get<double>(), x["tp_comm_s"]["measured"].get<double>());
+    EXPECT_TRUE(x["dp_arrival_wait_s"].is_null()) << "DP 1";
+    ASSERT_EQ(x["step_seconds"].size(), 1u);  // one step: its own time
+    EXPECT_DOUBLE_EQ(x["step_s"].get<double>(), x["step_seconds"][0].get<double>());
   }
   EXPECT_TRUE(j["predicted_step_seconds"].is_null());
   EXPECT_TRUE(j["measured_over_predicted"].is_null());
@@ -502,14 +505,14 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
   EXPECT_NE(r.err.find("3d dp=1 tp=2 pp=2 sp zero=0: step 1/1 loss "), std::string::npos) << r.err;
 }
 
-// `tally run 3d --plan FILE` on 4 ranks at the tiny width (h 16, a 4, V 32, T 8), one fp32 step,
-// --json: rank 0's object once the run has passed (exit 0, one line, every check ok); an empty
-// object after a failure.
-json run_plan(const std::string& plan, const std::vector<std::string>& flags) {
+// `tally run 3d --plan FILE` on 4 ranks at the tiny width (h 16, a 4, V 32, T 8), `steps` fp32
+// steps, --json: rank 0's object once the run has passed (exit 0, one line, every check ok); an
+// empty object after a failure.
+json run_plan(const std::string& plan, const std::vector<std::string>& flags, int steps = 1) {
   std::vector<std::string> command{TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100",
                                    "--", TALLY_BINARY, "run", "3d", "--plan", plan, "--hidden",
                                    "16", "--heads", "4", "--vocab", "32", "--seq", "8", "--steps",
-                                   "1", "--json", "--timeout", "90"};
+                                   std::to_string(steps), "--json", "--timeout", "90"};
   command.insert(command.end(), flags.begin(), flags.end());
   const Ran r = run_command(command, kLimit_s);
   const auto lines = rank_lines(r.out, 0);
@@ -526,13 +529,14 @@ json run_plan(const std::string& plan, const std::vector<std::string>& flags) {
 // for lighter end stages, or compare --pp-layers): without --layers the run takes the planned
 // depth, 5. Stage 0: n = 640 + 3280 = 3920; stage 1: 544 + 4·3280 = 13664. ZeRO-3 under PP: one
 // all-gather and one reduce-scatter per step, 2n bytes each over 2 ranks; states 16n/2. PP: M = 2
-// sends a stage of B·T·C·4 = 512 bytes (B = 1).
+// sends a stage of B·T·C·4 = 512 bytes (B = 1). Three steps: the times are the medians of steps 2
+// and 3 (Note [3-D step times]: step 1 warms up), and the DP group's arrival wait is measured.
 TEST(ThreeDCli, UnevenZero3RecomputePlanRuns) {
   const test::TempDir dir;
   json p = plan_object(2, 1, 2, false, 3, 2);
   p["recompute"] = "full";
   p["stage_layers"] = {1, 4};
-  const json j = run_plan(write(dir.path / "plan.json", {{"best", p}}), {});
+  const json j = run_plan(write(dir.path / "plan.json", {{"best", p}}), {}, 3);
   ASSERT_TRUE(j.contains("ranks"));
   EXPECT_EQ(j["model"]["layers"], 5);
   EXPECT_EQ(j["stage_layers"], json({1, 4}));
@@ -549,6 +553,13 @@ TEST(ThreeDCli, UnevenZero3RecomputePlanRuns) {
     EXPECT_DOUBLE_EQ(x["state_bytes"]["measured"].get<double>(), 8 * n);
     EXPECT_DOUBLE_EQ(x["pp_bytes_per_send"]["measured"].get<double>(), 512);
     EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 2);
+    const std::vector<double> steps = x["step_seconds"].get<std::vector<double>>();
+    ASSERT_EQ(steps.size(), 3u);
+    EXPECT_NEAR(x["step_s"].get<double>(), (steps[1] + steps[2]) / 2, 1e-12) << "not step 1";
+    // Note [arrival wait]: DP 2 on loopback; a part of the DP time (the engine's clamp).
+    ASSERT_TRUE(x["dp_arrival_wait_s"].is_number()) << x.dump();
+    EXPECT_GE(x["dp_arrival_wait_s"].get<double>(), 0.0);
+    EXPECT_LE(x["dp_arrival_wait_s"].get<double>(), x["dp_comm_s"]["measured"].get<double>());
   }
 }
 

@@ -184,6 +184,9 @@ class Comm;
 // returned, in order. Meaningful when comm.on_one_host(); recording must be off (the gather is
 // itself a collective).
 std::vector<ArrivalSplit> arrival_splits(Comm& comm, std::span<const CallSpan> mine);
+// The same per step: spans[i] = this rank's spans of step i (the same calls, in the same order,
+// on every rank); returns this rank's arrival wait summed over each step's calls, in step order.
+std::vector<double> arrival_waits(Comm& comm, const std::vector<std::vector<CallSpan>>& spans);
 
 class Comm {
  public:

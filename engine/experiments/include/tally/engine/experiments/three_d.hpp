@@ -153,6 +153,10 @@ struct ThreeDRank {
   // Of tp_comm_s, the time this rank waited in the TP collectives for its partners to arrive
   // (Note [arrival wait] in comm.cpp): measured when TP > 1 and the group is on one host, else -1.
   double tp_arrival_wait_s = -1;
+  // Of dp_comm_s, the same for the gradient group (DP × CP: its reduction and ZeRO gathers), when
+  // DP × CP > 1 and the group is on one host, else -1. Times: Note [3-D step times] in three_d.cpp.
+  double dp_arrival_wait_s = -1;
+  std::vector<double> step_seconds;       // every fp32 step's time, the warm-up step first
   double forward_s = 0, backward_s = 0;  // per micro-batch (all chunks), compute incl. TP comm
   double predicted_pp_wait_s = 0;         // core's bubble on the measured t_f, t_b
   // With a host calibration (-1 without one): core's operator model (core/gpt_step.hpp, Note
