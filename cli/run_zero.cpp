@@ -97,6 +97,21 @@ std::string calls_str(const engine::RankTraffic& t) {
 }
 
 
+// Rank 0's phases of each step, in step order: the same four as zero_phases below (arrival_wait
+// only where measured), unreduced, so a reader can see their spread.
+nlohmann::json per_step_phases_json(const engine::StageResult& st) {
+  nlohmann::json fb = nlohmann::json::array(), wait = fb, coll = fb, opt = fb;
+  for (const engine::ZeroStepPhases& p : st.step_phases) {
+    fb.push_back(p.forward_backward_s);
+    wait.push_back(p.arrival_wait_s);
+    coll.push_back(p.collectives_s - p.arrival_wait_s);
+    opt.push_back(p.optimizer_s);
+  }
+  nlohmann::json out{{"forward_backward", fb}, {"collectives", coll}, {"optimizer", opt}};
+  if (st.arrival_measured) out["arrival_wait"] = wait;
+  return out;
+}
+
 // Rank 0's phases of the stage's steps, medians (engine::ZeroStepPhases, Note [zero phases]).
 // With the arrival measured, collectives is what is left of them once every rank had arrived.
 StepPhases zero_phases(const engine::StageResult& st) {
@@ -309,7 +324,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
         {"rank0_losses", st.rank0_losses},
         {"seconds", st.seconds},
         {"step_seconds_median", engine::time_stats(st.step_seconds).median_s},
-        {"phase_seconds_median", phases_json(zero_phases(st))}};
+        {"phase_seconds_median", phases_json(zero_phases(st))},
+        {"step_seconds", st.step_seconds},
+        {"phase_seconds", per_step_phases_json(st)}};
     if (st.compared_to_dp) {
       s["max_rel_loss_diff_vs_dp"] = st.max_rel_loss_diff_vs_dp;
       s["max_param_diff_vs_dp"] = st.max_param_diff_vs_dp;
