@@ -16,6 +16,9 @@
 #      tally launch --nproc k -- tally bench allreduce --algo both --sizes-mb $SIZES --iters 50
 #        --busy-ms BUSY_MS   (default 2: each call after 2 ms of busy CPU, as a step makes it —
 #                             Note [busy before a call]; -b 0 times the calls back to back)
+#        --overlap-probe     (how much of Gloo's all-reduce this host hides behind CPU work:
+#                             its σ, which bench ddp's overlapped buckets are priced with —
+#                             Note [host overlap] in engine/bench/allreduce.cpp)
 #      (both implementations at that k over the runs' own message sizes, SIZES below, each size
 #      timed with both in turn): each run refits α–β from the points of the implementation each
 #      of its collectives calls (Note [per-implementation links], core/mlp_step.hpp) — bench
@@ -83,7 +86,7 @@ calibrate() {  # $1 = round
     cp "$cal" "$OUT/cal-k$k-r$1.json"
     if [[ $k -ge 2 ]]; then
       "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo both \
-        --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" \
+        --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" --overlap-probe \
         --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-r$1.txt"
     fi
   done

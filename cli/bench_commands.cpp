@@ -46,6 +46,7 @@ struct BenchAllReduceFlags {
   std::string algo = "both";
   double timeout_s = 60;
   double busy_ms = 0;
+  bool overlap_probe = false;
   bool json = false;
   std::string calibration_out;
   std::optional<std::string> html;  // --html FILE, written by rank 0
@@ -67,6 +68,7 @@ engine::BenchAllReduceOptions to_options(const BenchAllReduceFlags& f) {
   if (f.algo == "ring") o.algorithms = {engine::AllReduceAlgorithm::ring};
   o.timeout_s = f.timeout_s;
   o.busy_s = f.busy_ms * 1e-3;
+  o.overlap_probe = f.overlap_probe;
   try {
     o.validate();
   } catch (const InvalidInput& e) {
@@ -177,6 +179,15 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   }
   if (auto ratio = r.ring_over_gloo_busbw())
     fmt::print("# ring/gloo busbw at {:.0f} B: {:.3f}\n", r.rows.back().size_bytes, *ratio);
+  if (!r.overlap.empty()) {
+    fmt::print("# overlap probe (Note [host overlap]): fixed CPU work about twice the call, alone; "
+               "Gloo's all-reduce alone; both started together; medians, mean over ranks\n");
+    fmt::print("# {:>11} {:>10} {:>10} {:>12} {:>9}\n", "size_B", "work_us", "comm_us",
+               "together_us", "exposed");
+    for (const auto& o : r.overlap)
+      fmt::print("  {:>11.0f} {:>10.1f} {:>10.1f} {:>12.1f} {:>9.2f}\n", o.size_bytes,
+                 us(o.work_s), us(o.comm_s), us(o.together_s), o.exposed_fraction());
+  }
   for (const auto& c : r.checks())
     fmt::print("# seed 4: {} {}\n", engine::to_string(c.state), check_line(c));
   if (!f.calibration_out.empty() && r.ok())
@@ -220,6 +231,13 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
                       {"state", std::string(engine::to_string(c.state))},
                       {"line", check_line(c)}});
   const auto ratio = r.ring_over_gloo_busbw();
+  nlohmann::json overlap = nlohmann::json::array();
+  for (const auto& o : r.overlap)
+    overlap.push_back({{"size_bytes", o.size_bytes},
+                       {"work_s", o.work_s},
+                       {"comm_s", o.comm_s},
+                       {"together_s", o.together_s},
+                       {"exposed_fraction", o.exposed_fraction()}});
   return {{"command", "bench allreduce"},
               {"ranks", r.world_size},
               {"single_host", one_host},
@@ -241,6 +259,7 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
               {"fits", fits},
               {"checks", checks},
               {"ring_over_gloo_busbw", ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr)},
+              {"overlap", overlap},
               {"calibration_out",
                f.calibration_out.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.calibration_out)},
               {"ok", r.ok()}};
@@ -324,6 +343,10 @@ void register_bench_allreduce(CLI::App& bench) {
                   "as a training step's compute does (0 = calls back to back)")
       ->check(finite_in(0, 1000))
       ->capture_default_str();
+  cmd->add_flag("--overlap-probe", f->overlap_probe,
+                "then, per size, time fixed CPU work alone, Gloo's all-reduce alone and both "
+                "started together: how much of a collective this host hides behind compute (its "
+                "sigma, written to --calibration-out; bench ddp's prediction uses it)");
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
   cmd->add_option("--calibration-out", f->calibration_out,
                   "write the fitted alpha/beta and the measured points as a calibration JSON");
@@ -471,7 +494,9 @@ MlpStepTime predict_bench_ddp(const HostModel& m, const engine::BenchDdpOptions&
                  .reduce_link = m.gloo_link,  // the reducer calls Gloo's all-reduce
                  // ... from the autograd hooks, while the backward continues (engine/runtime/
                  // ddp.cpp launch_ready_buckets); it waits after the backward.
-                 .overlap_gradients = true};
+                 .overlap_gradients = true,
+                 // on this host's own σ where the calibration probed it (Note [host overlap])
+                 .overlap_slowdown = io::overlap_slowdown(m.calibration, k)};
   for (const auto& bucket : engine::compute_bucket_assignment_by_size(
            param_bytes, o.bucket_cap_bytes, o.first_bucket_cap_bytes)) {
     double bytes = 0;

@@ -44,6 +44,8 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
                        {"optimizer_s", t.optimizer_s},
                        {"comm_s", t.comm_s},
                        {"comm_exposed_s", t.comm_exposed_s},
+                       {"overlap_slowdown", t.overlapped ? nlohmann::json(t.overlap_slowdown)
+                                                         : nlohmann::json(nullptr)},
                        {"contention", t.contention},
                        {"memory_bytes_per_s", t.memory_bps},
                        {"reduce_link", link_json(t.reduce_link)},

@@ -65,6 +65,9 @@ void MlpStepSetup::validate() const {
   require_int(threads_per_rank >= 1 && threads_per_rank <= 1024, "threads_per_rank",
               threads_per_rank, "must be in [1, 1024]");
   require_int(cores >= 1 && cores <= 65536, "cores", cores, "must be in [1, 65536]");
+  if (overlap_slowdown)
+    require_real(*overlap_slowdown >= 0 && *overlap_slowdown <= 1000, "overlap_slowdown",
+                 *overlap_slowdown, "must be in [0, 1000]");
   for (const auto& [name, link] : {std::pair{"reduce_link", &reduce_link},
                                    std::pair{"all_gather_link", &all_gather_link}}) {
     if (!*link) continue;
@@ -209,8 +212,9 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
                                         k, t.reduce_link)
                             .seconds;
     t.overlapped = true;
+    t.overlap_slowdown = s.overlap_slowdown.value_or(kOverlapSlowdown);
     t.comm_exposed_s = gradient_reduction_exposed_s(t.comm_s, last, t.contention * backward_s,
-                                                    kOverlapSlowdown);
+                                                    t.overlap_slowdown);
   }
   t.total_s = t.contention * (t.compute_s + t.gradient_s + t.optimizer_s) + t.comm_exposed_s;
   return t;
@@ -219,7 +223,8 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
 std::string MlpStepTime::convention() const {
   return "operator model on the calibrated host: contention x (GEMM roofline + streaming passes at " +
          format_number(memory_bps / 1e9) + " GB/s) + alpha-beta collectives" +
-         (overlapped ? " exposed beside the backward (last bucket whole; Note [planner overlap])"
+         (overlapped ? " exposed beside the backward (last bucket whole, the rest with sigma " +
+                           format_number(overlap_slowdown) + "; Note [planner overlap])"
                      : ", no overlap");
 }
 

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <array>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "tally/core/comm.hpp"
@@ -99,6 +101,77 @@ void keep_cpu_busy(double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
   }
+}
+
+// Note [host overlap]
+// tally's DDP, as PyTorch's, starts each gradient bucket's all-reduce from the autograd hooks and
+// waits after the backward (ddp.cpp): the collective runs beside the backward's kernels. On a GPU
+// NCCL runs on SMs of its own and the kernels beside it slow by σ ≈ 0.19 (Note [overlap
+// contention], core/planner.cpp); on this host Gloo's threads reduce and copy on the cores the
+// ranks compute on, so far less is hidden (2026-12-05, PyTorch's own Gloo all-reduce beside a
+// GEMM loop twice its length at k = 2: 5–37 % of a 1–10.6 MB all-reduce hidden, none when the loop
+// was shorter than the call). The probe measures it: per size, a fixed amount of CPU work sized to
+// about twice the all-reduce, timed alone, the all-reduce alone, and both started together
+// (all_reduce_async, the work, wait()); medians over the iterations, averaged over the ranks.
+// With work w ≥ comm c, core's overlap_exposed_s prices the pair at w + c·σ/(1 + σ), so the
+// exposed share x = (together − w)/c gives the host's σ = x/(1 − x) (io::overlap_slowdown, the
+// median over sizes). The work is arithmetic on an L1-resident array: the cores' time is what the
+// two compete for (the kind of compute did not change the cost after it: Note [busy before a
+// call]).
+double fixed_cpu_work(int reps) {
+  static std::array<float, 4096> a{};
+  float s = 0;
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i] = a[i] * 0.999f + 1.0f;
+      s += a[i];
+    }
+  return double(s);
+}
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+double median_of(std::vector<double> v) { return time_stats(v).median_s; }
+
+OverlapRow probe_overlap(Comm& comm, std::int64_t count, const BenchAllReduceOptions& o) {
+  std::vector<float> buf(std::size_t(count), 0.0f);  // zeros: sums stay finite
+  volatile double sink = 0;
+  std::vector<double> unit, alone;
+  for (int i = 0; i < 5; ++i) {
+    unit.push_back(seconds_of([&] { sink = sink + fixed_cpu_work(1); }));
+    comm.barrier();
+    alone.push_back(seconds_of([&] { comm.all_reduce(buf); }));
+  }
+  // Every rank runs the same work: the reps from the ranks' mean timings.
+  std::vector<double> sizing{median_of(unit), median_of(alone)};
+  comm.all_reduce(sizing);
+  const int reps = int(std::clamp(std::ceil(2 * sizing[1] / std::max(sizing[0], 1e-9)), 1.0, 1e7));
+  std::vector<double> work, coll, together;
+  for (int i = 0; i < o.warmup_iters + o.iters; ++i) {
+    comm.barrier();
+    const double w = seconds_of([&] { sink = sink + fixed_cpu_work(reps); });
+    comm.barrier();
+    const double c = seconds_of([&] { comm.all_reduce(buf); });
+    comm.barrier();
+    const double t = seconds_of([&] {
+      PendingCollective p = comm.all_reduce_async(Buffer(buf));
+      sink = sink + fixed_cpu_work(reps);
+      p.wait();
+    });
+    if (i < o.warmup_iters) continue;
+    work.push_back(w), coll.push_back(c), together.push_back(t);
+  }
+  std::vector<double> m{median_of(work), median_of(coll), median_of(together)};
+  comm.all_reduce(m);
+  const double k = comm.world_size();
+  return {.size_bytes = double(count) * kElementBytes,
+          .work_s = m[0] / k,
+          .comm_s = m[1] / k,
+          .together_s = m[2] / k};
 }
 
 // One (size, algorithm) on the harness (harness.hpp): refill, time, check; the bookkeeping
@@ -298,6 +371,10 @@ BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions
     SizeData d = make_size_data(count, comm.rank(), k);
     for (AllReduceAlgorithm a : o.algorithms) result.rows.push_back(bench_one(comm, a, d, o));
   }
+  if (o.overlap_probe && k > 1)
+    for (const BenchRow& row : result.rows)
+      if (result.overlap.empty() || result.overlap.back().size_bytes != row.size_bytes)
+        result.overlap.push_back(probe_overlap(comm, row.count, o));
   return result;
 }
 
@@ -330,6 +407,12 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
     c.intra_node = link;
   else
     c.inter_node = link;
+  for (const OverlapRow& o : r.overlap)
+    c.overlap.push_back({.ranks = r.world_size,
+                         .size_bytes = o.size_bytes,
+                         .work_seconds = o.work_s,
+                         .comm_seconds = o.comm_s,
+                         .together_seconds = o.together_s});
   for (const BenchRow& row : r.rows)
     c.points.push_back({.collective = std::string(row.algorithm == AllReduceAlgorithm::ring
                                                       ? io::kRingAllReducePoints

@@ -33,6 +33,7 @@ constexpr Range kMfu{kUtilisationBounds.lo, kUtilisationBounds.hi};
 constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;
 constexpr Range kSizeBytes{0, 1e15};
 constexpr Range kSeconds{0, 1e6};
+constexpr Range kPositiveSeconds{1e-9, 1e6};  // divided by (Note [host overlap])
 constexpr Range kBusbwBps{0, 1e15};
 constexpr std::size_t kMaxPoints = 100000;
 constexpr std::size_t kMaxSourceChars = 4096;
@@ -75,6 +76,19 @@ CalibrationPoint read_point(const json& v, std::string_view source, std::size_t 
                           .busbw_bps = p.number("busbw_bytes_per_s", kBusbwBps),
                           .seconds_mean = p.has("seconds_mean") ? p.number("seconds_mean", kSeconds)
                                                                 : 0.0};
+}
+
+OverlapPoint read_overlap(const json& v, std::string_view source, std::size_t i) {
+  const std::string field = "overlap[" + std::to_string(i) + "]";
+  if (!v.is_object())
+    detail::fail(source, field, detail::show(v), "must be an object {\"ranks\": ...}");
+  const ObjectReader p(v, source, field + ".");
+  p.allow_only({"ranks", "size_bytes", "work_seconds", "comm_seconds", "together_seconds"});
+  return OverlapPoint{.ranks = int(p.integer("ranks", 2, kMaxRanks)),
+                      .size_bytes = p.number("size_bytes", kSizeBytes),
+                      .work_seconds = p.number("work_seconds", kPositiveSeconds),
+                      .comm_seconds = p.number("comm_seconds", kPositiveSeconds),
+                      .together_seconds = p.number("together_seconds", kPositiveSeconds)};
 }
 
 constexpr Range kPeakFlops{kPeakFlopsBounds.lo, kPeakFlopsBounds.hi};
@@ -206,7 +220,7 @@ Calibration parse(std::string_view text, std::string_view source) {
   const json root = detail::parse_object(text, source);
   const ObjectReader r(root, source);
   r.allow_only({"format", "version", "source", "comment", "intra_node", "inter_node", "mfu",
-                "points", "kernels"});
+                "points", "overlap", "kernels"});
   if (const auto f = r.opt_string("format", 64); f && *f != kFormat)
     detail::fail(source, "format", detail::show(json(*f)),
                  "must be \"" + std::string(kFormat) + "\"");
@@ -223,6 +237,9 @@ Calibration parse(std::string_view text, std::string_view source) {
     for (std::size_t i = 0; i < points->size(); ++i)
       c.points.push_back(read_point((*points)[i], source, i));
   }
+  if (const json* overlap = r.opt_array("overlap", kMaxPoints))
+    for (std::size_t i = 0; i < overlap->size(); ++i)
+      c.overlap.push_back(read_overlap((*overlap)[i], source, i));
   c.kernels = read_kernels(r);
   return c;
 }
@@ -248,6 +265,13 @@ void require_finite(const Calibration& c) {
     require_finite(c.points[i].seconds_mean, at + "seconds_mean");
     require_finite(c.points[i].busbw_bps, at + "busbw_bytes_per_s");
   }
+  for (std::size_t i = 0; i < c.overlap.size(); ++i) {
+    const std::string at = "overlap[" + std::to_string(i) + "].";
+    require_finite(c.overlap[i].size_bytes, at + "size_bytes");
+    require_finite(c.overlap[i].work_seconds, at + "work_seconds");
+    require_finite(c.overlap[i].comm_seconds, at + "comm_seconds");
+    require_finite(c.overlap[i].together_seconds, at + "together_seconds");
+  }
 }
 
 }  // namespace
@@ -269,6 +293,16 @@ std::string calibration_to_json(const Calibration& c) {
     points.push_back(std::move(q));
   }
   j["points"] = std::move(points);
+  if (!c.overlap.empty()) {
+    json overlap = json::array();
+    for (const OverlapPoint& o : c.overlap)
+      overlap.push_back({{"ranks", o.ranks},
+                         {"size_bytes", o.size_bytes},
+                         {"work_seconds", o.work_seconds},
+                         {"comm_seconds", o.comm_seconds},
+                         {"together_seconds", o.together_seconds}});
+    j["overlap"] = std::move(overlap);
+  }
   if (c.kernels) j["kernels"] = kernels_to_json(*c.kernels);
   // Invalid UTF-8 in strings is replaced rather than thrown on.
   std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
@@ -395,6 +429,7 @@ Calibration merged_with_file(Calibration c, const std::filesystem::path& path) {
   if (!c.mfu) c.mfu = old.mfu;
   if (!c.kernels) c.kernels = std::move(old.kernels);
   if (c.points.empty()) c.points = std::move(old.points);
+  if (c.overlap.empty()) c.overlap = std::move(old.overlap);
   return c;
 }
 
@@ -446,6 +481,21 @@ std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view colle
   require_real(fit.alpha_s >= kLatencySBounds.lo && fit.alpha_s <= kLatencySBounds.hi,
                at + "alpha_s", fit.alpha_s, "must be in [0, 1] s");
   return LinkSpec{.bandwidth_bps = fit.beta_bps, .latency_s = fit.alpha_s};
+}
+
+// Note [host overlap] (engine/bench/allreduce.cpp).
+std::optional<double> overlap_slowdown(const Calibration& c, int ranks) {
+  std::vector<double> exposed;
+  for (const OverlapPoint& o : c.overlap)
+    if (o.ranks == ranks)
+      exposed.push_back(
+          std::clamp((o.together_seconds - o.work_seconds) / o.comm_seconds, 0.0,
+                     kMaxExposedFraction));
+  if (exposed.empty()) return std::nullopt;
+  std::sort(exposed.begin(), exposed.end());
+  const std::size_t n = exposed.size();
+  const double x = n % 2 ? exposed[n / 2] : (exposed[n / 2 - 1] + exposed[n / 2]) / 2;
+  return x / (1 - x);
 }
 
 }  // namespace tally::io

@@ -217,6 +217,15 @@ TEST(MlpStep, DdpBucketsOverlapTheBackward) {
               1e-15);
   EXPECT_LT(t.comm_exposed_s, t.comm_s);
   EXPECT_NEAR(t.total_s, t.compute_s + t.gradient_s + t.optimizer_s + t.comm_exposed_s, 1e-15);
+  EXPECT_EQ(t.overlap_slowdown, kOverlapSlowdown);
+  // A host's own σ (Note [host overlap]): σ = 3 hides a quarter of the first bucket at most.
+  s.overlap_slowdown = 3.0;
+  const MlpStepTime h = predict_mlp_step(s, host);
+  EXPECT_EQ(h.overlap_slowdown, 3.0);
+  EXPECT_NEAR(h.comm_exposed_s, last + std::max(first - window, first * 0.75), 1e-15);
+  s.overlap_slowdown = -0.1;
+  EXPECT_THROW(predict_mlp_step(s, host), InvalidInput);
+  s.overlap_slowdown.reset();
   // One bucket: it is the last, so nothing hides; the ZeRO stages' collectives never overlap.
   s.bucket_bytes.clear();
   EXPECT_EQ(predict_mlp_step(s, host).comm_exposed_s, predict_mlp_step(s, host).comm_s);

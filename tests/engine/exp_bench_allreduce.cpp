@@ -315,6 +315,44 @@ TEST(bench_allreduce, BusyBeforeEachCallIsSpentAndRecorded) {
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
+// Note [host overlap]: with overlap_probe each distinct size gets one row (both algorithms share
+// the size), every time positive; to_calibration carries the rows as the file's overlap points at
+// k ranks, from which io::overlap_slowdown gives a σ. Without it, no rows.
+TEST(bench_allreduce, OverlapProbeRowsReachTheCalibration) {
+  // Sizes 16× apart, so that to_calibration's α–β fit sees the time grow.
+  BenchAllReduceOptions options{.sizes_bytes = {256e3, 4e6}, .warmup_iters = 1, .iters = 3,
+                                .timeout_s = 20, .overlap_probe = true};
+  const auto run = harness::run_ranks(2, 60, [&](const DistEnv& env) {
+    const BenchAllReduceResult r = run_bench_allreduce(env, options);
+    EXPECT_TRUE(r.ok());
+    ASSERT_EQ(r.rows.size(), 4u);  // 2 sizes × gloo, ring
+    ASSERT_EQ(r.overlap.size(), 2u);
+    for (std::size_t i = 0; i < 2; ++i) {
+      const OverlapRow& o = r.overlap[i];
+      EXPECT_EQ(o.size_bytes, r.rows[2 * i].size_bytes);
+      EXPECT_GT(o.work_s, 0);
+      EXPECT_GT(o.comm_s, 0);
+      EXPECT_GT(o.together_s, 0);
+      EXPECT_DOUBLE_EQ(o.exposed_fraction(), (o.together_s - o.work_s) / o.comm_s);
+    }
+    const io::Calibration c = to_calibration(r, true);
+    ASSERT_EQ(c.overlap.size(), 2u);
+    EXPECT_EQ(c.overlap[0].ranks, 2);
+    EXPECT_EQ(c.overlap[1].together_seconds, r.overlap[1].together_s);
+    const std::optional<double> sigma = io::overlap_slowdown(c, 2);
+    ASSERT_TRUE(sigma.has_value());
+    EXPECT_GE(*sigma, 0.0);
+    EXPECT_LE(*sigma, io::kMaxExposedFraction / (1 - io::kMaxExposedFraction) + 1e-9);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+  options.overlap_probe = false;
+  const auto plain = harness::run_ranks(2, 60, [&](const DistEnv& env) {
+    const BenchAllReduceResult r = run_bench_allreduce(env, options);
+    EXPECT_TRUE(r.overlap.empty());
+  });
+  EXPECT_TRUE(plain.all_ok()) << plain.describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, bench_allreduce_ranks, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "k" + std::to_string(info.param); });
 

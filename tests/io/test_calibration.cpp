@@ -451,4 +451,46 @@ TEST(Calibration, FittedLinkPerLabelAndRanks) {
 }
 
 }  // namespace
+
+// Note [host overlap]: overlap points round-trip, and their σ is the median exposed share x =
+// (together − work) / comm over the points at the run's k (clamped to [0, 0.95]), as
+// σ = x / (1 − x): here x = 0.6, 0.1 and 1.25 → 0.95, median 0.6, σ = 1.5.
+TEST(Calibration, OverlapPointsGiveTheHostsSigma) {
+  Calibration c{.source = "test"};
+  c.overlap = {{.ranks = 2, .size_bytes = 1e6, .work_seconds = 10e-3, .comm_seconds = 5e-3,
+                .together_seconds = 13e-3},
+               {.ranks = 2, .size_bytes = 4e6, .work_seconds = 10e-3, .comm_seconds = 4e-3,
+                .together_seconds = 10.4e-3},
+               {.ranks = 2, .size_bytes = 8e6, .work_seconds = 10e-3, .comm_seconds = 2e-3,
+                .together_seconds = 12.5e-3},
+               {.ranks = 4, .size_bytes = 1e6, .work_seconds = 10e-3, .comm_seconds = 8e-3,
+                .together_seconds = 9e-3}};  // together < work: x clamps to 0
+  const Calibration back = parse(calibration_to_json(c));
+  ASSERT_EQ(back.overlap.size(), 4u);
+  EXPECT_EQ(back.overlap[1].ranks, 2);
+  EXPECT_EQ(back.overlap[1].size_bytes, 4e6);
+  EXPECT_EQ(back.overlap[1].together_seconds, 10.4e-3);
+  const std::optional<double> two = overlap_slowdown(back, 2);
+  ASSERT_TRUE(two.has_value());
+  EXPECT_NEAR(*two, 0.6 / 0.4, 1e-12);
+  EXPECT_EQ(overlap_slowdown(back, 4), 0.0);
+  EXPECT_FALSE(overlap_slowdown(back, 8).has_value());
+  // An even count takes the mean of the middle two: x = 0.1 and 0.6 → 0.35.
+  c.overlap.pop_back();
+  c.overlap.pop_back();
+  EXPECT_NEAR(*overlap_slowdown(c, 2), 0.35 / 0.65, 1e-12);
+  // A zero time (divided by) and an unknown key are refused by name.
+  expect_invalid(
+      [] {
+        parse(R"({"overlap": [{"ranks": 2, "size_bytes": 1e6, "work_seconds": 1e-3,
+                  "comm_seconds": 0, "together_seconds": 2e-3}]})");
+      },
+      {"overlap[0].comm_seconds"});
+  expect_invalid(
+      [] {
+        parse(R"({"overlap": [{"ranks": 2, "size_bytes": 1e6, "work_seconds": 1e-3,
+                  "comm_seconds": 1e-3, "together_seconds": 2e-3, "sigma": 3}]})");
+      },
+      {"overlap[0]", "\"sigma\""});
+}
 }  // namespace tally::io::test_calibration

@@ -63,7 +63,10 @@
 //                beside the backward's kernels (contention × their time) with the planner's σ.
 //                On this host that is no copy engine but Gloo's threads sending while the rank
 //                computes (2026-12-05: bench ddp's sync wait 7.2 ms at k = 2 against 14.0 ms of
-//                all-reduce, its forward + backward 1.2 ms longer than at k = 1).
+//                all-reduce, its forward + backward 1.2 ms longer than at k = 1). Those threads
+//                take the compute's cores, so the host hides far less than a GPU's σ = 0.189
+//                implies; with a calibration that measured it, σ is the host's own (Note [host
+//                overlap], engine/bench/allreduce.cpp).
 // total = contention · (compute + gradients + optimizer) + exposed comm.
 //
 // Note [per-implementation links]
@@ -102,6 +105,10 @@ struct MlpStepSetup {
   // DP's buckets reduced while the backward continues (Note [host step model], overlap); the
   // buckets in bucket_bytes are in reduction order, the last one exposed whole.
   bool overlap_gradients = false;
+  // σ of Note [overlap contention] for that overlap: how much slower the kernels beside a
+  // collective run. Unset = the planner's GPU figure kOverlapSlowdown; a host calibration measures
+  // its own (Note [host overlap], engine/bench/allreduce.cpp: io::overlap_slowdown). In [0, 1000].
+  std::optional<double> overlap_slowdown;
   void validate() const;              // InvalidInput naming the field
 };
 
@@ -112,6 +119,7 @@ struct MlpStepTime {
   double comm_s = 0;                  // every collective, one after another
   double comm_exposed_s = 0;          // on the critical path: comm_s, less what overlap hides
   bool overlapped = false;            // comm_exposed_s came from the overlap rule
+  double overlap_slowdown = 0;        // the σ that rule used (0 when not overlapped)
   double contention = 1;              // max(1, k·t/c)
   double memory_bps = 0;              // the host's streaming bandwidth used
   LinkSpec reduce_link, all_gather_link;  // the links comm was priced on (k >= 2)

@@ -50,6 +50,16 @@ struct CalibrationPoint {
   double seconds_mean = 0;    // mean over repetitions; 0 = not recorded (optional in the file)
 };
 
+// One overlap probe (`tally bench allreduce --overlap-probe`, Note [host overlap] in
+// engine/bench/allreduce.cpp): at `ranks` ranks, medians of a fixed amount of CPU work alone, of a
+// Gloo all-reduce of size_bytes alone, and of the two started together (the all-reduce launched
+// asynchronously, the work, then the wait).
+struct OverlapPoint {
+  int ranks = 0;
+  double size_bytes = 0;
+  double work_seconds = 0, comm_seconds = 0, together_seconds = 0;
+};
+
 // One measured fused-attention call (PyTorch SDPA / flash): FLOPs 4·b·a·s²·d forward (× ½ causal),
 // 2.5 × that backward (core/operators.hpp).
 struct AttentionPoint {
@@ -101,6 +111,7 @@ struct Calibration {
   std::optional<LinkSpec> intra_node, inter_node;
   std::optional<double> mfu;
   std::vector<CalibrationPoint> points;
+  std::vector<OverlapPoint> overlap;
   std::optional<KernelCalibration> kernels;
 };
 
@@ -149,5 +160,12 @@ inline constexpr std::string_view kRingAllReducePoints = "allreduce-ring";
 // different implementations prices each on its own fit (Note [per-implementation links],
 // core/mlp_step.hpp).
 std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks);
+
+// Note [host overlap]'s σ at `ranks` ranks: per overlap point x = (together − work) / comm, the
+// fraction of the collective the work did not hide, clamped to [0, kMaxExposedFraction]; σ of
+// core's overlap_exposed_s (x = σ / (1 + σ)) from the median x: σ = x / (1 − x). nullopt when the
+// file has no overlap point at `ranks`.
+inline constexpr double kMaxExposedFraction = 0.95;
+std::optional<double> overlap_slowdown(const Calibration& c, int ranks);
 
 }  // namespace tally::io

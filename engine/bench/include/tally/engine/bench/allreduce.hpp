@@ -47,6 +47,9 @@ struct BenchAllReduceOptions {
   // Note [busy before a call] (allreduce.cpp): seconds each rank keeps its CPU busy before the
   // barrier that starts every call, as a training step's compute does; 0 = back to back.
   double busy_s = 0;
+  // Note [host overlap] (allreduce.cpp): after the timed rows, at each size, time a fixed amount
+  // of CPU work alone, Gloo's all-reduce alone, and the two started together.
+  bool overlap_probe = false;
   // Throws InvalidInput naming the field: sizes in [4 B, 4 GB], 1..64 of them, ascending and
   // distinct; warmup in [0, 10000]; iters in [1, 100000]; 1..2 distinct algorithms; 0 < timeout;
   // busy in [0, 1] s.
@@ -105,12 +108,25 @@ struct BenchCheck {
   double threshold = 0;  // linearity: kLinearBusbwRatio
 };
 
+// One size of the overlap probe (Note [host overlap]): each a median over the timed iterations,
+// averaged over the ranks.
+struct OverlapRow {
+  double size_bytes = 0;
+  double work_s = 0;      // the fixed CPU work alone
+  double comm_s = 0;      // Gloo's all-reduce alone (blocking, after a barrier)
+  double together_s = 0;  // all_reduce_async, the same work, then wait()
+  // (together − work) / comm: the share of the collective the work did not hide (may fall
+  // outside [0, 1] by noise; io::overlap_slowdown clamps it).
+  double exposed_fraction() const { return comm_s > 0 ? (together_s - work_s) / comm_s : 0.0; }
+};
+
 struct BenchAllReduceResult {
   int world_size = 1;
   int warmup_iters = 0, iters = 0;
   double busy_s = 0;  // BenchAllReduceOptions::busy_s
   std::vector<AllReduceAlgorithm> algorithms;
   std::vector<BenchRow> rows;  // size-major: for each size, one row per algorithm, in order
+  std::vector<OverlapRow> overlap;  // with overlap_probe (k >= 2), ascending size
 
   std::vector<BenchRow> rows_of(AllReduceAlgorithm a) const;  // ascending size
   // α–β (core fit_alpha_beta) over the rows' mean times: the expected time of one call, which a
