@@ -17,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -179,6 +180,10 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   }
   if (auto ratio = r.ring_over_gloo_busbw())
     fmt::print("# ring/gloo busbw at {:.0f} B: {:.3f}\n", r.rows.back().size_bytes, *ratio);
+  if (r.overlap_oversubscribed)
+    fmt::print("# overlap probe: not run, {} ranks on {} cores (Note [host overlap]: with more ranks "
+               "than cores its figure is not a step's; the GPU sigma stays)\n",
+               k, std::max(1u, std::thread::hardware_concurrency()));
   if (!r.overlap.empty()) {
     fmt::print("# overlap probe (Note [host overlap]): fixed CPU work about twice the call, alone; "
                "Gloo's all-reduce alone; both started together; medians, mean over ranks\n");
@@ -260,6 +265,7 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
               {"checks", checks},
               {"ring_over_gloo_busbw", ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr)},
               {"overlap", overlap},
+              {"overlap_skipped_oversubscribed", r.overlap_oversubscribed},
               {"calibration_out",
                f.calibration_out.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.calibration_out)},
               {"ok", r.ok()}};

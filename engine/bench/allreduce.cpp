@@ -8,6 +8,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <sstream>
 
 #include "tally/core/comm.hpp"
@@ -117,7 +118,13 @@ void keep_cpu_busy(double seconds) {
 // exposed share x = (together − w)/c gives the host's σ = x/(1 − x) (io::overlap_slowdown, the
 // median over sizes). The work is arithmetic on an L1-resident array: the cores' time is what the
 // two compete for (the kind of compute did not change the cost after it: Note [busy before a
-// call]).
+// call]). Not probed where the ranks outnumber the host's cores: there the probe's barrier-aligned
+// work keeps every core busy through the call, while a step's ranks drift apart and a rank waiting
+// for its buckets frees its core for another's kernels (the model already stretches their time by
+// k·t/c). Measured at k = 4 on 2 cores (2026-12-05 18:10 report): the probed σ of 4.9–8.7 priced
+// `bench ddp`'s exposed reduction at 29–32 ms against 19–21 ms of sync wait (0.77–0.87 of the
+// step), where the GPU figure had priced it at 22.5 ms; at k = 2 it moved the same run from 1.18
+// to 0.98–1.26 (median 1.10) of its prediction.
 double fixed_cpu_work(int reps) {
   static std::array<float, 4096> a{};
   float s = 0;
@@ -371,7 +378,11 @@ BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions
     SizeData d = make_size_data(count, comm.rank(), k);
     for (AllReduceAlgorithm a : o.algorithms) result.rows.push_back(bench_one(comm, a, d, o));
   }
-  if (o.overlap_probe && k > 1)
+  // Note [host overlap]: not where the ranks outnumber this host's cores.
+  const bool oversubscribed =
+      comm.on_one_host() && k > int(std::max(1u, std::thread::hardware_concurrency()));
+  result.overlap_oversubscribed = o.overlap_probe && k > 1 && oversubscribed;
+  if (o.overlap_probe && k > 1 && !oversubscribed)
     for (const BenchRow& row : result.rows)
       if (result.overlap.empty() || result.overlap.back().size_bytes != row.size_bytes)
         result.overlap.push_back(probe_overlap(comm, row.count, o));

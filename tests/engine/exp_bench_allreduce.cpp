@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rank_harness.hpp"
@@ -327,6 +328,7 @@ TEST(bench_allreduce, OverlapProbeRowsReachTheCalibration) {
     EXPECT_TRUE(r.ok());
     ASSERT_EQ(r.rows.size(), 4u);  // 2 sizes × gloo, ring
     ASSERT_EQ(r.overlap.size(), 2u);
+    EXPECT_FALSE(r.overlap_oversubscribed);
     for (std::size_t i = 0; i < 2; ++i) {
       const OverlapRow& o = r.overlap[i];
       EXPECT_EQ(o.size_bytes, r.rows[2 * i].size_bytes);
@@ -351,6 +353,23 @@ TEST(bench_allreduce, OverlapProbeRowsReachTheCalibration) {
     EXPECT_TRUE(r.overlap.empty());
   });
   EXPECT_TRUE(plain.all_ok()) << plain.describe();
+}
+
+// Note [host overlap]: with more ranks than the host's cores the probe is not run, and the result
+// says so (one rank more than the cores; only where that stays small).
+TEST(bench_allreduce, OverlapProbeSkippedWhenRanksOutnumberCores) {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (cores > 3) GTEST_SKIP() << cores << " cores: the test would start " << cores + 1 << " ranks";
+  const BenchAllReduceOptions options{.sizes_bytes = {64e3}, .warmup_iters = 0, .iters = 2,
+                                      .algorithms = {AllReduceAlgorithm::gloo},
+                                      .timeout_s = 20, .overlap_probe = true};
+  const auto run = harness::run_ranks(cores + 1, 60, [&](const DistEnv& env) {
+    const BenchAllReduceResult r = run_bench_allreduce(env, options);
+    EXPECT_TRUE(r.ok());
+    EXPECT_TRUE(r.overlap.empty());
+    EXPECT_TRUE(r.overlap_oversubscribed);
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, bench_allreduce_ranks, ::testing::Values(2, 3, 4),

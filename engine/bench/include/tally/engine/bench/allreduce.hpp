@@ -127,6 +127,9 @@ struct BenchAllReduceResult {
   std::vector<AllReduceAlgorithm> algorithms;
   std::vector<BenchRow> rows;  // size-major: for each size, one row per algorithm, in order
   std::vector<OverlapRow> overlap;  // with overlap_probe (k >= 2), ascending size
+  // overlap_probe asked for but skipped: every rank on this host and more ranks than its cores
+  // (Note [host overlap]).
+  bool overlap_oversubscribed = false;
 
   std::vector<BenchRow> rows_of(AllReduceAlgorithm a) const;  // ascending size
   // α–β (core fit_alpha_beta) over the rows' mean times: the expected time of one call, which a
