@@ -181,8 +181,8 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   if (auto ratio = r.ring_over_gloo_busbw())
     fmt::print("# ring/gloo busbw at {:.0f} B: {:.3f}\n", r.rows.back().size_bytes, *ratio);
   if (r.overlap_oversubscribed)
-    fmt::print("# overlap probe: not run, {} ranks on {} cores (Note [host overlap]: with more ranks "
-               "than cores its figure is not a step's; the GPU sigma stays)\n",
+    fmt::print("# overlap probe: not run, {} ranks on {} cores (Note [host overlap]: with more "
+               "ranks than cores its figure is not a step's; the GPU sigma stays)\n",
                k, std::max(1u, std::thread::hardware_concurrency()));
   if (!r.overlap.empty()) {
     fmt::print("# overlap probe (Note [host overlap]): fixed CPU work about twice the call, alone; "

@@ -121,7 +121,7 @@ void keep_cpu_busy(double seconds) {
 // call]). Not probed where the ranks outnumber the host's cores: there the probe's barrier-aligned
 // work keeps every core busy through the call, while a step's ranks drift apart and a rank waiting
 // for its buckets frees its core for another's kernels (the model already stretches their time by
-// k·t/c). Measured at k = 4 on 2 cores (2026-12-05 18:10 report): the probed σ of 4.9–8.7 priced
+// k·t/c). Measured at k = 4 on 2 cores (2026-12-05 18:22 report): the probed σ of 4.9–8.7 priced
 // `bench ddp`'s exposed reduction at 29–32 ms against 19–21 ms of sync wait (0.77–0.87 of the
 // step), where the GPU figure had priced it at 22.5 ms; at k = 2 it moved the same run from 1.18
 // to 0.98–1.26 (median 1.10) of its prediction.
