@@ -553,6 +553,40 @@ TEST(bench_allreduce_cli, SingleRankChecksSayWhyNotApplicable) {
   EXPECT_NE(text.find("# ok"), std::string::npos) << text;
 }
 
+// --overlap-probe (Note [host overlap]) through the binary: the JSON's rows, the table's, and the
+// --calibration-out file's overlap points at k = 2, from which a σ is read.
+TEST(bench_allreduce_cli, OverlapProbeReachesJsonTableAndFile) {
+  const auto dir = fresh_dir("overlap");
+  const std::string cal = (dir / "cal.json").string();
+  const std::vector<std::string> flags = {"--sizes-mb", "1,16", "--warmup", "1", "--iters", "5",
+                                          "--algo", "gloo", "--overlap-probe"};
+  std::vector<std::string> json_flags = flags;
+  for (const char* f : {"--json", "--calibration-out"}) json_flags.push_back(f);
+  json_flags.push_back(cal);
+  const Ran r = run_command(launch_bench(2, json_flags), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(joined(rank_lines(r.out, 0)));
+  EXPECT_EQ(j["overlap_skipped_oversubscribed"], false);
+  ASSERT_EQ(j["overlap"].size(), 2u);
+  for (const nlohmann::json& o : j["overlap"]) {
+    const double w = o["work_s"], c = o["comm_s"], t = o["together_s"];
+    EXPECT_GT(w, 0);
+    EXPECT_GT(c, 0);
+    EXPECT_GT(t, 0);
+    EXPECT_NEAR(o["exposed_fraction"].get<double>(), (t - w) / c, 1e-12);
+  }
+  const io::Calibration c = io::load_calibration(cal);
+  ASSERT_EQ(c.overlap.size(), 2u);
+  EXPECT_EQ(c.overlap[0].ranks, 2);
+  EXPECT_EQ(c.overlap[1].size_bytes, j["overlap"][1]["size_bytes"].get<double>());
+  EXPECT_TRUE(io::overlap_slowdown(c, 2).has_value());
+  const Ran text = run_command(launch_bench(2, flags), 120);
+  ASSERT_EQ(text.exit_code, 0) << text.out << text.err;
+  EXPECT_NE(joined(rank_lines(text.out, 0)).find("# overlap probe (Note [host overlap])"),
+            std::string::npos)
+      << text.out;
+}
+
 // --busy-ms is said wherever the times are: the JSON's own field and its time convention (which
 // the --html page prints), and the text table's header.
 TEST(bench_allreduce_cli, BusyBeforeEachCallIsLabelled) {
