@@ -19,11 +19,16 @@
 #        --overlap-probe     (how much of Gloo's all-reduce this host hides behind CPU work:
 #                             its σ, which bench ddp's overlapped buckets are priced with —
 #                             Note [host overlap] in engine/bench/allreduce.cpp)
+#        --sharded           (each size also as ZeRO's halves, tally's ring reduce-scatter and
+#                             Gloo's all-gather, as run zero calls them: a call after compute
+#                             pays its fixed cost whole, not half — Note [sharded collectives];
+#                             neither probe runs where the ranks outnumber the cores)
 #      (both implementations at that k over the runs' own message sizes, SIZES below, each size
 #      timed with both in turn): each run refits α–β from the points of the implementation each
 #      of its collectives calls (Note [per-implementation links], core/mlp_step.hpp) — bench
 #      ddp's reducer Gloo's all-reduce; run zero tally's ring for DP's all-reduce and the ZeRO
 #      stages' reduce-scatter, Gloo's for their all-gathers (engine/runtime/comm.cpp).
+#      The halves are priced on their own points where --sharded timed them.
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
 # 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
@@ -86,7 +91,7 @@ calibrate() {  # $1 = round
     cp "$cal" "$OUT/cal-k$k-r$1.json"
     if [[ $k -ge 2 ]]; then
       "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo both \
-        --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" --overlap-probe \
+        --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" --overlap-probe --sharded \
         --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-r$1.txt"
     fi
   done

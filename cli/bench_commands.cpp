@@ -48,6 +48,7 @@ struct BenchAllReduceFlags {
   double timeout_s = 60;
   double busy_ms = 0;
   bool overlap_probe = false;
+  bool sharded = false;
   bool json = false;
   std::string calibration_out;
   std::optional<std::string> html;  // --html FILE, written by rank 0
@@ -70,6 +71,7 @@ engine::BenchAllReduceOptions to_options(const BenchAllReduceFlags& f) {
   o.timeout_s = f.timeout_s;
   o.busy_s = f.busy_ms * 1e-3;
   o.overlap_probe = f.overlap_probe;
+  o.sharded = f.sharded;
   try {
     o.validate();
   } catch (const InvalidInput& e) {
@@ -180,6 +182,34 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
   }
   if (auto ratio = r.ring_over_gloo_busbw())
     fmt::print("# ring/gloo busbw at {:.0f} B: {:.3f}\n", r.rows.back().size_bytes, *ratio);
+  if (r.sharded_oversubscribed)
+    fmt::print("# sharded collectives: not timed, {} ranks on {} cores (Note [sharded "
+               "collectives]: with more ranks than cores their per-call cost is not a step's)\n",
+               k, std::max(1u, std::thread::hardware_concurrency()));
+  if (!r.sharded.empty()) {
+    fmt::print("# sharded collectives (Note [sharded collectives]), timed as the rows above: "
+               "reduce-scatter = Comm::reduce_scatter_in_place (tally's ring), all-gather = "
+               "Comm::all_gather (Gloo's); busbw = algbw*(k-1)/k\n");
+    fmt::print("# {:>11} {:>14} {:>5} {:>11} {:>11} {:>11} {:>11} {:>10} {:>7}\n", "size_B",
+               "collective", "impl", "med_us", "mean_us", "min_us", "max_us", "busbw_GB/s",
+               "#wrong");
+    for (const auto& row : r.sharded)
+      fmt::print("  {:>11.0f} {:>14} {:>5} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>10.3f} "
+                 "{:>7}\n",
+                 row.size_bytes, to_string(row.collective),
+                 engine::sharded_implementation(row.collective), us(row.time.median_s),
+                 us(row.time.mean_s), us(row.time.min_s), us(row.time.max_s), gbs(row.busbw_bps),
+                 row.wrong);
+    for (Collective c : {Collective::reduce_scatter, Collective::all_gather}) {
+      const AlphaBetaFit fit = r.fit_sharded(c);
+      if (fit.ok)
+        fmt::print("# fit {}: alpha = {:.2f} us/step, beta = {:.3f} GB/s  (t = alpha*(k-1) + "
+                   "S(k-1)/k/beta, mean times; max residual {:.0f}%)\n",
+                   to_string(c), us(fit.alpha_s), gbs(fit.beta_bps), 100 * fit.max_rel_error);
+      else
+        fmt::print("# fit {}: none ({})\n", to_string(c), fit.note);
+    }
+  }
   if (r.overlap_oversubscribed)
     fmt::print("# overlap probe: not run, {} ranks on {} cores (Note [host overlap]: with more "
                "ranks than cores its figure is not a step's; the GPU sigma stays)\n",
@@ -209,24 +239,31 @@ nlohmann::json fit_json(const AlphaBetaFit& fit) {
           {"note", fit.note}};
 }
 
+// A row's time fields: per iteration, the slowest rank's (harness.hpp).
+nlohmann::json time_fields(const engine::TimeStats& t) {
+  return {{"time_s_median", t.median_s},
+          {"time_s_min", t.min_s},
+          {"time_s_max", t.max_s},
+          {"time_s_mean", t.mean_s}};
+}
+
 // The --json object; the --html page is drawn from it too (cli/html_engine.hpp).
 nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f,
                            bool one_host) {
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& row : r.rows)
-    rows.push_back({{"algorithm", std::string(engine::to_string(row.algorithm))},
-                    {"size_bytes", row.size_bytes},
-                    {"count", row.count},
-                    {"time_s_median", row.time.median_s},
-                    {"time_s_min", row.time.min_s},
-                    {"time_s_max", row.time.max_s},
-                    {"time_s_mean", row.time.mean_s},
-                    {"algbw_bytes_per_s", row.algbw_bps},
-                    {"busbw_bytes_per_s", row.busbw_bps},
-                    {"wrong", row.wrong},
-                    {"bytes_per_rank_core", row.bytes_per_rank_core},
-                    {"bytes_per_rank_counted", row.bytes_per_rank_counted},
-                    {"bytes_exact", row.bytes_exact}});
+  for (const auto& row : r.rows) {
+    nlohmann::json j = {{"algorithm", std::string(engine::to_string(row.algorithm))},
+                        {"size_bytes", row.size_bytes},
+                        {"count", row.count},
+                        {"algbw_bytes_per_s", row.algbw_bps},
+                        {"busbw_bytes_per_s", row.busbw_bps},
+                        {"wrong", row.wrong},
+                        {"bytes_per_rank_core", row.bytes_per_rank_core},
+                        {"bytes_per_rank_counted", row.bytes_per_rank_counted},
+                        {"bytes_exact", row.bytes_exact}};
+    j.update(time_fields(row.time));
+    rows.push_back(std::move(j));
+  }
   nlohmann::json fits = nlohmann::json::object();
   for (auto a : r.algorithms) fits[std::string(engine::to_string(a))] = fit_json(r.fit(a));
   nlohmann::json checks = nlohmann::json::array();
@@ -243,6 +280,23 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
                        {"comm_s", o.comm_s},
                        {"together_s", o.together_s},
                        {"exposed_fraction", o.exposed_fraction()}});
+  nlohmann::json sharded = nlohmann::json::array();
+  for (const auto& row : r.sharded) {
+    nlohmann::json j = {{"collective", std::string(to_string(row.collective))},
+                        {"implementation",
+                         std::string(engine::sharded_implementation(row.collective))},
+                        {"size_bytes", row.size_bytes},
+                        {"count", row.count},
+                        {"busbw_bytes_per_s", row.busbw_bps},
+                        {"bytes_per_rank_core", row.bytes_per_rank_core},
+                        {"wrong", row.wrong}};
+    j.update(time_fields(row.time));
+    sharded.push_back(std::move(j));
+  }
+  nlohmann::json sharded_fits = nlohmann::json::object();
+  if (!r.sharded.empty())
+    for (Collective c : {Collective::reduce_scatter, Collective::all_gather})
+      sharded_fits[std::string(to_string(c))] = fit_json(r.fit_sharded(c));
   return {{"command", "bench allreduce"},
               {"ranks", r.world_size},
               {"single_host", one_host},
@@ -266,6 +320,9 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
               {"ring_over_gloo_busbw", ratio ? nlohmann::json(*ratio) : nlohmann::json(nullptr)},
               {"overlap", overlap},
               {"overlap_skipped_oversubscribed", r.overlap_oversubscribed},
+              {"sharded", sharded},
+              {"sharded_fits", sharded_fits},
+              {"sharded_skipped_oversubscribed", r.sharded_oversubscribed},
               {"calibration_out",
                f.calibration_out.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.calibration_out)},
               {"ok", r.ok()}};
@@ -353,6 +410,11 @@ void register_bench_allreduce(CLI::App& bench) {
                 "then, per size, time fixed CPU work alone, Gloo's all-reduce alone and both "
                 "started together: how much of a collective this host hides behind compute (its "
                 "sigma, written to --calibration-out; bench ddp's prediction uses it)");
+  cmd->add_flag("--sharded", f->sharded,
+                "also time each size as ZeRO's halves, as run zero calls them (tally's ring "
+                "reduce-scatter, Gloo's all-gather), after --busy-ms like the all-reduces; written "
+                "to --calibration-out, where run zero's prediction prices them (not run where the "
+                "ranks outnumber this host's cores)");
   cmd->add_flag("--json", f->json, "print one JSON object (rank 0) instead of the table");
   cmd->add_option("--calibration-out", f->calibration_out,
                   "write the fitted alpha/beta and the measured points as a calibration JSON");

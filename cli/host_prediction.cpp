@@ -16,6 +16,9 @@ HostModel load_host_model(const std::string& flag, const std::string& path, int 
     m.host = io::host_cluster(m.calibration, ranks >= 2);
     m.gloo_link = io::fitted_link(m.calibration, io::kGlooAllReducePoints, ranks);
     m.ring_link = io::fitted_link(m.calibration, io::kRingAllReducePoints, ranks);
+    m.ring_reduce_scatter_link =
+        io::fitted_link(m.calibration, io::kRingReduceScatterPoints, ranks);
+    m.gloo_all_gather_link = io::fitted_link(m.calibration, io::kGlooAllGatherPoints, ranks);
   } catch (const InvalidInput& e) {
     throw InvalidInput(flag + " = '" + path + "': " + e.what());
   }
@@ -49,6 +52,7 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
                        {"contention", t.contention},
                        {"memory_bytes_per_s", t.memory_bps},
                        {"reduce_link", link_json(t.reduce_link)},
+                       {"reduce_scatter_link", link_json(t.reduce_scatter_link)},
                        {"all_gather_link", link_json(t.all_gather_link)},
                        {"convention", t.convention()},
                        {"calibration", m.path}};

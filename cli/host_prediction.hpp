@@ -21,8 +21,12 @@ struct HostModel {
   ClusterSpec host;            // io::host_cluster
   // α–β refitted per implementation from the calibration's points at the run's k
   // (io::fitted_link; Note [per-implementation links], core/mlp_step.hpp): Gloo's all-reduce and
-  // tally's ring. Unset where the file holds no such points (then the host's intra_node prices).
+  // tally's ring; and the sharded halves as `run zero` calls them, where `bench allreduce
+  // --sharded` timed them (Note [sharded collectives], engine/bench/allreduce.cpp): tally's ring
+  // reduce-scatter and Gloo's all-gather. Unset where the file holds no such points (then the
+  // host's intra_node prices, or for the halves the all-reduce fit of their implementation).
   std::optional<LinkSpec> gloo_link, ring_link;
+  std::optional<LinkSpec> ring_reduce_scatter_link, gloo_all_gather_link;
 };
 
 // Loads and checks FILE before the run starts (a bad file is exit 2, not a wasted run). ranks >= 2

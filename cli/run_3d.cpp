@@ -380,7 +380,12 @@ void run(Flags& f) {
   }
   if (f.plan.empty()) f.run.recompute = recompute_from(f.recompute);
   if (!f.calibration.empty()) {
-    f.run.host = load_host_model("--calibration", f.calibration, env.world_size).host;
+    const HostModel m = load_host_model("--calibration", f.calibration, env.world_size);
+    f.run.host = m.host;
+    // SP's reduce-scatter is tally's ring (copying form), its all-gathers Gloo's: the halves
+    // `bench allreduce --sharded` times (Note [sharded collectives]).
+    f.run.host_links = {.reduce_scatter = m.ring_reduce_scatter_link,
+                        .all_gather = m.gloo_all_gather_link};
     f.run.host_cores = host_cores();
   }
   if (f.html && env.rank == 0) html::check_writable("--html", *f.html);  // before the run

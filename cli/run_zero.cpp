@@ -402,9 +402,15 @@ void run(Flags& f) {
                      // --threads 0: libtorch's default, one per hardware thread
                      .threads_per_rank = f.run.threads > 0 ? f.run.threads : host_cores(),
                      // Note [per-implementation links]: its all-reduce and reduce-scatter are
-                     // tally's ring, its all-gathers Gloo's (engine/runtime/comm.cpp).
+                     // tally's ring, its all-gathers Gloo's (engine/runtime/comm.cpp); the halves
+                     // on their own fits where the calibration timed them (Note [sharded
+                     // collectives], engine/bench/allreduce.cpp).
                      .reduce_link = model->ring_link,
-                     .all_gather_link = model->gloo_link});
+                     .reduce_scatter_link = model->ring_reduce_scatter_link
+                                                ? model->ring_reduce_scatter_link
+                                                : model->ring_link,
+                     .all_gather_link = model->gloo_all_gather_link ? model->gloo_all_gather_link
+                                                                    : model->gloo_link});
         if (f.json || f.html) add_prediction_json(j["stages"][i], *model, t, measured);
         if (!f.json) {
           fmt::print("  {:<12} measured {:.2f} ms\n  {:<12} {}\n", st.name, measured * 1e3, "",

@@ -164,4 +164,24 @@ double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster) {
                                          item.stride, cluster, item.route);
 }
 
+double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster,
+                       const CollectiveLinks& links) {
+  if (item.calls <= 0) return 0.0;
+  const auto one_call = [&](Collective c) {
+    const std::optional<LinkSpec>& link = c == Collective::reduce_scatter ? links.reduce_scatter
+                                          : c == Collective::all_gather   ? links.all_gather
+                                                                          : std::nullopt;
+    if (!link)
+      return collective_seconds(c, item.bytes_per_call, item.group, item.stride, cluster,
+                                item.route);
+    require_real(link->bandwidth_bps > 0, "link bandwidth_bps", link->bandwidth_bps,
+                 "must be > 0 bytes/s");
+    require_real(link->latency_s >= 0, "link latency_s", link->latency_s, "must be >= 0 s");
+    return collective_steps(c, item.group) * link->latency_s +
+           item.bytes_per_call / link->bandwidth_bps;
+  };
+  if (!item.paired_with) return item.calls * one_call(item.collective);
+  return item.calls / 2 * (one_call(item.collective) + one_call(*item.paired_with));
+}
+
 }  // namespace tally

@@ -69,6 +69,7 @@ void MlpStepSetup::validate() const {
     require_real(*overlap_slowdown >= 0 && *overlap_slowdown <= 1000, "overlap_slowdown",
                  *overlap_slowdown, "must be in [0, 1000]");
   for (const auto& [name, link] : {std::pair{"reduce_link", &reduce_link},
+                                   std::pair{"reduce_scatter_link", &reduce_scatter_link},
                                    std::pair{"all_gather_link", &all_gather_link}}) {
     if (!*link) continue;
     const LinkSpec& l = **link;
@@ -181,9 +182,12 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
 
   if (k > 1) {
     t.reduce_link = s.reduce_link.value_or(host.intra_node);
+    t.reduce_scatter_link = s.reduce_scatter_link.value_or(t.reduce_link);
     t.all_gather_link = s.all_gather_link.value_or(host.intra_node);
     const auto add = [&](Collective c, double bytes) {
-      const LinkSpec& link = c == Collective::all_gather ? t.all_gather_link : t.reduce_link;
+      const LinkSpec& link = c == Collective::all_gather       ? t.all_gather_link
+                             : c == Collective::reduce_scatter ? t.reduce_scatter_link
+                                                               : t.reduce_link;
       t.comm_s += collective_cost(c, bytes, k, link).seconds;
     };
     if (s.zero_stage == 0) {

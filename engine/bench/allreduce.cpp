@@ -181,6 +181,24 @@ OverlapRow probe_overlap(Comm& comm, std::int64_t count, const BenchAllReduceOpt
           .together_s = m[2] / k};
 }
 
+// Note [sharded collectives]
+// The α–β fits above are all-reduces: 2(k−1) steps, 2S(k−1)/k bytes a rank. `run zero`'s ZeRO
+// stages call its halves instead — tally's ring reduce-scatter (in place) and Gloo's all-gather,
+// k−1 steps and S(k−1)/k bytes each; `run 3d`'s sequence parallelism the same two (its
+// reduce-scatter the copying form) — and on this host a call after compute pays a fixed cost
+// (Note [busy before a call]) once per call, not per step: priced on the all-reduce fit, each half
+// gets half of it. Measured at k = 2 (2026-12-05, each call after 2 ms of busy CPU, mean of 50): a
+// 6.31 MB reduce-scatter 4.24 ms and all-gather 4.58 ms against 3.60 and 3.55 from the all-reduce
+// fits; 41 KB 1.69 and 2.10 ms against 1.21 and 0.72. `--sharded` times them as the runs call
+// them and writes them as the calibration's "reduce-scatter-ring" and "all-gather" points, which
+// the host model prices those collectives on (io::fitted_link, Note [per-implementation links]
+// in core/mlp_step.hpp). Not where every rank is on one host and they outnumber its cores, as the
+// overlap probe (Note [host overlap]): at k = 4 on 2 cores the same calls took 8.7 and 5.7 ms at
+// 41 KB (the all-reduce 7.6–11.5), and priced on these points' means the 19:44 report's ZeRO-3
+// (nine calls a step) would have read 92 ms where it measured 62 (0.67), ZeRO-1/2 0.88–0.90: four
+// ranks' barrier-aligned busy loops on two cores charge every call a scheduling cost that a step's
+// drifting ranks, which free their cores while they wait, do not pay.
+//
 // One (size, algorithm) on the harness (harness.hpp): refill, time, check; the bookkeeping
 // collectives (gathering times, summing #wrong) run after the timed loop.
 BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAllReduceOptions& o) {
@@ -217,6 +235,69 @@ BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAll
   row.time = timed.time;
   row.algbw_bps = row.time.median_s > 0 ? row.size_bytes / row.time.median_s : 0.0;
   row.busbw_bps = bus_bandwidth(Collective::all_reduce, row.algbw_bps, k);
+  return row;
+}
+
+// Rank q's chunk of the full tensor, as every rank's all-gather result holds it: q's own values.
+std::vector<float> gathered_expected(std::int64_t count, int ranks) {
+  std::vector<float> out(static_cast<std::size_t>(count));
+  for (int q = 0; q < ranks; ++q) {
+    const ShardSpan c = chunk_range(count, ranks, q);
+    for (std::int64_t i = c.offset; i < c.offset + c.count; ++i)
+      out[std::size_t(i)] = fill_value(q, i);
+  }
+  return out;
+}
+
+// One size of one sharded collective (Note [sharded collectives]), on the harness as bench_one.
+ShardedRow bench_sharded(Comm& comm, Collective c, SizeData& d, const BenchAllReduceOptions& o) {
+  const int k = comm.world_size();
+  const std::int64_t count = std::int64_t(d.data.size());
+  ShardedRow row{.collective = c, .count = count, .size_bytes = double(count) * kElementBytes};
+  row.bytes_per_rank_core = collective_bytes_per_rank(c, row.size_bytes, k);
+  const ShardSpan mine = chunk_range(count, k, comm.rank());
+  const std::vector<float> gathered =
+      c == Collective::all_gather ? gathered_expected(count, k) : std::vector<float>();
+  std::vector<float> out(c == Collective::all_gather ? std::size_t(count) : 0);
+  Buffer chunk;
+  std::int64_t wrong = 0;
+  const TimedLoopResult timed = run_timed_loop(
+      comm, {.warmup_iters = o.warmup_iters,
+             .iters = o.iters,
+             .prepare =
+                 [&](int) {
+                   std::memcpy(d.data.data(), d.initial.data(), d.data.size() * sizeof(float));
+                   std::fill(out.begin(), out.end(), -1.0f);
+                   keep_cpu_busy(o.busy_s);
+                 },
+             .run =
+                 [&](int) {
+                   if (c == Collective::reduce_scatter)
+                     chunk = comm.reduce_scatter_in_place(d.data);
+                   else
+                     comm.all_gather(ConstBuffer(d.data.data() + mine.offset, mine.count,
+                                                 DType::f32),
+                                     out);
+                 },
+             .check =
+                 [&](int, bool is_timed) {
+                   if (!is_timed) return;
+                   if (c == Collective::all_gather) {
+                     wrong += count_wrong(out, gathered);
+                     return;
+                   }
+                   const auto* got = static_cast<const float*>(chunk.data);
+                   if (chunk.count != mine.count) wrong += mine.count;
+                   else
+                     for (std::int64_t i = 0; i < mine.count; ++i)
+                       wrong += got[i] != d.expected[std::size_t(mine.offset + i)];
+                 }});
+  std::vector<double> total{double(wrong)};
+  comm.all_reduce(total);
+  row.wrong = std::int64_t(total[0]);
+  row.time = timed.time;
+  row.busbw_bps =
+      row.time.median_s > 0 ? bus_bandwidth(c, row.size_bytes / row.time.median_s, k) : 0.0;
   return row;
 }
 
@@ -321,18 +402,41 @@ std::vector<BenchRow> BenchAllReduceResult::rows_of(AllReduceAlgorithm a) const 
 // of collectives against 16.8–20.3 measured (wait included), on medians 11.8–14.1 (three
 // calibrate-then-run pairs, docs/ledgers.md §5). The table still prints the median (and the seed's
 // ④ checks read its busbw): it is what one call typically takes.
-AlphaBetaFit BenchAllReduceResult::fit(AllReduceAlgorithm a) const {
+namespace {
+// α–β over rows of one collective, `steps` per call, on their mean times.
+template <class Row>
+AlphaBetaFit fit_mean_times(const std::vector<Row>& rows, int steps) {
   std::vector<FitPoint> points;
-  const int steps = collective_steps(Collective::all_reduce, world_size);
-  for (const BenchRow& r : rows_of(a))
+  for (const Row& r : rows)
     points.push_back({.steps = steps, .bytes_per_rank = r.bytes_per_rank_core,
                       .seconds = r.time.mean_s});
   return fit_alpha_beta(points);
+}
+}  // namespace
+
+AlphaBetaFit BenchAllReduceResult::fit(AllReduceAlgorithm a) const {
+  return fit_mean_times(rows_of(a), collective_steps(Collective::all_reduce, world_size));
+}
+
+std::string_view sharded_implementation(Collective c) {
+  return c == Collective::reduce_scatter ? "ring" : "gloo";
+}
+
+std::vector<ShardedRow> BenchAllReduceResult::sharded_of(Collective c) const {
+  std::vector<ShardedRow> out;
+  for (const ShardedRow& r : sharded)
+    if (r.collective == c) out.push_back(r);
+  return out;
+}
+
+AlphaBetaFit BenchAllReduceResult::fit_sharded(Collective c) const {
+  return fit_mean_times(sharded_of(c), collective_steps(c, world_size));
 }
 
 std::int64_t BenchAllReduceResult::total_wrong() const {
   std::int64_t n = 0;
   for (const BenchRow& r : rows) n += r.wrong;
+  for (const ShardedRow& r : sharded) n += r.wrong;
   return n;
 }
 
@@ -371,16 +475,22 @@ BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions
   BenchAllReduceResult result{.world_size = k, .warmup_iters = o.warmup_iters, .iters = o.iters,
                               .busy_s = o.busy_s,
                               .algorithms = o.algorithms};
+  // Note [host overlap], Note [sharded collectives]: not where the ranks outnumber this host's
+  // cores.
+  const bool oversubscribed =
+      comm.on_one_host() && k > int(std::max(1u, std::thread::hardware_concurrency()));
+  result.sharded_oversubscribed = o.sharded && k > 1 && oversubscribed;
+  const bool sharded = o.sharded && k > 1 && !oversubscribed;
   for (const double requested : o.sizes_bytes) {
     const std::int64_t count = bench_element_count(requested, k);
     // Two requested sizes rounding to one count would repeat a row: keep the first.
     if (!result.rows.empty() && result.rows.back().count == count) continue;
     SizeData d = make_size_data(count, comm.rank(), k);
     for (AllReduceAlgorithm a : o.algorithms) result.rows.push_back(bench_one(comm, a, d, o));
+    if (sharded)
+      for (Collective c : {Collective::reduce_scatter, Collective::all_gather})
+        result.sharded.push_back(bench_sharded(comm, c, d, o));
   }
-  // Note [host overlap]: not where the ranks outnumber this host's cores.
-  const bool oversubscribed =
-      comm.on_one_host() && k > int(std::max(1u, std::thread::hardware_concurrency()));
   result.overlap_oversubscribed = o.overlap_probe && k > 1 && oversubscribed;
   if (o.overlap_probe && k > 1 && !oversubscribed)
     for (const BenchRow& row : result.rows)
@@ -428,6 +538,15 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
     c.points.push_back({.collective = std::string(row.algorithm == AllReduceAlgorithm::ring
                                                       ? io::kRingAllReducePoints
                                                       : io::kGlooAllReducePoints),
+                        .ranks = r.world_size,
+                        .size_bytes = row.size_bytes,
+                        .seconds_median = row.time.median_s,
+                        .busbw_bps = row.busbw_bps,
+                        .seconds_mean = row.time.mean_s});
+  for (const ShardedRow& row : r.sharded)
+    c.points.push_back({.collective = std::string(row.collective == Collective::reduce_scatter
+                                                      ? io::kRingReduceScatterPoints
+                                                      : io::kGlooAllGatherPoints),
                         .ranks = r.world_size,
                         .size_bytes = row.size_bytes,
                         .seconds_median = row.time.median_s,

@@ -542,9 +542,12 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     me.predicted_optimizer_s = k.optimizer_s;
     // With SP the re-gathers (core's tp_regather item) and the edges and gradient all-reduce are
     // on the critical path here: the engine issues them blocking (Note [predicted 3-D step]).
-    me.predicted_tp_comm_s =
-        traffic_seconds(mine.tp, *o.host) + traffic_seconds(mine.tp_regather, *o.host) +
-        traffic_seconds(sp.edges, *o.host) + traffic_seconds(sp.grads, *o.host);
+    // SP's reduce-scatters and all-gathers on their own fits where the calibration has them.
+    const auto host_s = [&](const TrafficItem& item) {
+      return traffic_seconds(item, *o.host, o.host_links);
+    };
+    me.predicted_tp_comm_s = host_s(mine.tp) + host_s(mine.tp_regather) + host_s(sp.edges) +
+                             host_s(sp.grads);
     me.predicted_cp_comm_s = traffic_seconds(mine.cp, *o.host);
     me.predicted_dp_comm_s = traffic_seconds(mine.dp_grad, *o.host) +
                              traffic_seconds(mine.zero_param_gather, *o.host);

@@ -457,6 +457,12 @@ ClusterSpec host_cluster(const Calibration& c, bool need_link) {
   return apply_calibration(host, c);
 }
 
+Collective points_collective(std::string_view label) {
+  if (label == kRingReduceScatterPoints) return Collective::reduce_scatter;
+  if (label == kGlooAllGatherPoints) return Collective::all_gather;
+  return Collective::all_reduce;
+}
+
 std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks) {
   if (ranks < 2) return std::nullopt;
   std::vector<const CalibrationPoint*> chosen;
@@ -466,11 +472,11 @@ std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view colle
     return p->seconds_mean > 0;
   });
   std::vector<FitPoint> points;
-  const int steps = collective_steps(Collective::all_reduce, ranks);
+  const Collective kind = points_collective(collective);
+  const int steps = collective_steps(kind, ranks);
   for (const CalibrationPoint* p : chosen)
     points.push_back({.steps = steps,
-                      .bytes_per_rank = collective_bytes_per_rank(Collective::all_reduce,
-                                                                  p->size_bytes, ranks),
+                      .bytes_per_rank = collective_bytes_per_rank(kind, p->size_bytes, ranks),
                       .seconds = means ? p->seconds_mean : p->seconds_median});
   const AlphaBetaFit fit = fit_alpha_beta(points);
   if (!fit.ok) return std::nullopt;

@@ -410,5 +410,43 @@ TEST(StepTraffic, RejectsBadInput) {
   EXPECT_THROW(step_traffic(StepTrafficSetup{}), InvalidInput);
 }
 
+// traffic_seconds with per-kind host links (CollectiveLinks; Note [sharded collectives] in
+// engine/bench/allreduce.cpp), counted by hand on a 4-rank group: an all-gather or reduce-scatter
+// is 3 steps (k − 1) and a paired item (SP) splits its calls evenly between its two kinds; a kind
+// without a link, and an all-reduce always, is priced as traffic_seconds on the cluster.
+TEST(StepTraffic, HostLinksPriceEachKindOnItsOwnFit) {
+  ClusterSpec host;
+  host.intra_node = {.bandwidth_bps = 1e9, .latency_s = 1e-5};
+  host.gpus_per_node = 4;
+  const LinkSpec rs{.bandwidth_bps = 2e8, .latency_s = 2e-3}, ag{.bandwidth_bps = 4e8,
+                                                                 .latency_s = 7e-4};
+  const double B = 3e5;  // bytes a rank sends per call
+  TrafficItem sp{.kind = TrafficKind::tp, .collective = Collective::all_gather,
+                 .paired_with = Collective::reduce_scatter, .group = 4, .calls = 6,
+                 .bytes_per_call = B, .bytes_per_rank = 6 * B};
+  const auto on = [B](const LinkSpec& l) { return 3 * l.latency_s + B / l.bandwidth_bps; };
+  EXPECT_NEAR(traffic_seconds(sp, host, {.reduce_scatter = rs, .all_gather = ag}),
+              3 * on(rs) + 3 * on(ag), 1e-15);
+  // Without links: the cluster's own price, whatever the pairing.
+  EXPECT_DOUBLE_EQ(traffic_seconds(sp, host, {}), traffic_seconds(sp, host));
+  EXPECT_NEAR(traffic_seconds(sp, host, {}), 6 * on(host.intra_node), 1e-15);
+  // One kind linked: the other half of the calls stays on the cluster.
+  EXPECT_NEAR(traffic_seconds(sp, host, {.all_gather = ag}), 3 * on(host.intra_node) + 3 * on(ag),
+              1e-15);
+  TrafficItem gather = sp;
+  gather.paired_with.reset();
+  EXPECT_NEAR(traffic_seconds(gather, host, {.reduce_scatter = rs, .all_gather = ag}), 6 * on(ag),
+              1e-15);
+  TrafficItem reduce = gather;
+  reduce.collective = Collective::all_reduce;
+  EXPECT_DOUBLE_EQ(traffic_seconds(reduce, host, {.reduce_scatter = rs, .all_gather = ag}),
+                   traffic_seconds(reduce, host));
+  gather.calls = 0;
+  EXPECT_EQ(traffic_seconds(gather, host, {.all_gather = ag}), 0);
+  gather.calls = 1;
+  EXPECT_THROW(traffic_seconds(gather, host, {.all_gather = LinkSpec{.bandwidth_bps = 0}}),
+               InvalidInput);
+}
+
 }  // namespace
 }  // namespace tally::test_comm

@@ -185,6 +185,34 @@ TEST(MlpStep, EachCollectiveOnItsImplementationsLink) {
         << e.what();
   }
   EXPECT_THROW(comm(1, ring, LinkSpec{.bandwidth_bps = 1e8, .latency_s = 2}), InvalidInput);
+
+  // Note [sharded collectives]: the reduce-scatter on its own link where one is given; the
+  // all-reduce (DP) stays on reduce_link.
+  const LinkSpec rs{.bandwidth_bps = 3e8, .latency_s = 5e-5};
+  const auto with_rs = [&](int stage) {
+    MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 4, .zero_stage = stage, .cores = 4,
+                   .reduce_link = ring, .reduce_scatter_link = rs, .all_gather_link = gloo};
+    return predict_mlp_step(s, host);
+  };
+  EXPECT_NEAR(with_rs(0).comm_s, 2 * half(ring, S), 1e-15);
+  EXPECT_NEAR(with_rs(1).comm_s, half(rs, S) + half(gloo, S), 1e-15);
+  EXPECT_NEAR(with_rs(3).comm_s,
+              2 * half(gloo, u0) + half(rs, u0) + 2 * half(gloo, u1) + half(rs, u1), 1e-15);
+  EXPECT_EQ(with_rs(1).reduce_scatter_link.latency_s, rs.latency_s);
+  EXPECT_EQ(predict_mlp_step({.widths = {8, 6, 4}, .rows = 3, .ranks = 4, .zero_stage = 1,
+                              .cores = 4, .reduce_link = ring},
+                             host)
+                .reduce_scatter_link.bandwidth_bps,
+            ring.bandwidth_bps);  // unset: the reduce link's
+  try {
+    MlpStepSetup bad{.widths = {8, 6, 4}, .rows = 3, .ranks = 4, .zero_stage = 1, .cores = 4,
+                     .reduce_scatter_link = LinkSpec{.bandwidth_bps = 1e3, .latency_s = 0}};
+    predict_mlp_step(bad, host);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter_link.bandwidth_bps"), std::string::npos)
+        << e.what();
+  }
 }
 
 // overlap_gradients (bench ddp: buckets reduced from the autograd hooks): the last bucket exposed

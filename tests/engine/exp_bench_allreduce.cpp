@@ -355,19 +355,79 @@ TEST(bench_allreduce, OverlapProbeRowsReachTheCalibration) {
   EXPECT_TRUE(plain.all_ok()) << plain.describe();
 }
 
-// Note [host overlap]: with more ranks than the host's cores the probe is not run, and the result
-// says so (one rank more than the cores; only where that stays small).
+// Note [sharded collectives]: with --sharded every size is also timed as tally's ring
+// reduce-scatter and Gloo's all-gather, each result checked element by element (#wrong 0), their
+// bytes and bus bandwidth by the nccl-tests convention at k = 2 (S/2 a rank, busbw = algbw/2), and
+// the calibration carries them under io's labels, whose fit is at k − 1 = 1 step.
+TEST(bench_allreduce, ShardedRowsAreCorrectAndReachTheCalibration) {
+  BenchAllReduceOptions options{.sizes_bytes = {256e3, 4e6}, .warmup_iters = 1, .iters = 3,
+                                .timeout_s = 20, .sharded = true};
+  const auto run = harness::run_ranks(2, 60, [&](const DistEnv& env) {
+    const BenchAllReduceResult r = run_bench_allreduce(env, options);
+    EXPECT_TRUE(r.ok());
+    EXPECT_EQ(r.total_wrong(), 0);
+    ASSERT_EQ(r.rows.size(), 4u);
+    ASSERT_EQ(r.sharded.size(), 4u);  // per size: reduce-scatter, all-gather
+    EXPECT_FALSE(r.sharded_oversubscribed);
+    for (std::size_t i = 0; i < 4; ++i) {
+      const ShardedRow& row = r.sharded[i];
+      EXPECT_EQ(row.collective, i % 2 == 0 ? Collective::reduce_scatter : Collective::all_gather);
+      EXPECT_EQ(row.count, r.rows[2 * (i / 2)].count);
+      EXPECT_EQ(row.size_bytes, 4.0 * double(row.count));
+      EXPECT_EQ(row.bytes_per_rank_core, row.size_bytes / 2);
+      EXPECT_EQ(row.wrong, 0);
+      EXPECT_GT(row.time.mean_s, 0);
+      EXPECT_DOUBLE_EQ(row.busbw_bps, row.size_bytes / row.time.median_s / 2);
+    }
+    EXPECT_EQ(sharded_implementation(Collective::reduce_scatter), "ring");
+    EXPECT_EQ(sharded_implementation(Collective::all_gather), "gloo");
+    EXPECT_EQ(r.sharded_of(Collective::all_gather).size(), 2u);
+    const io::Calibration c = to_calibration(r, true);
+    int rs = 0, ag = 0;
+    for (const io::CalibrationPoint& p : c.points) {
+      rs += p.collective == io::kRingReduceScatterPoints;
+      ag += p.collective == io::kGlooAllGatherPoints;
+      if (p.collective == io::kGlooAllGatherPoints && p.size_bytes == r.sharded[3].size_bytes) {
+        EXPECT_EQ(p.seconds_mean, r.sharded[3].time.mean_s);
+      }
+    }
+    EXPECT_EQ(rs, 2);
+    EXPECT_EQ(ag, 2);
+    // Two points of one steps count: the fit is exact through both, so io's refit of the file
+    // gives the bench's own α and β back.
+    const AlphaBetaFit fit = r.fit_sharded(Collective::reduce_scatter);
+    const std::optional<LinkSpec> link = io::fitted_link(c, io::kRingReduceScatterPoints, 2);
+    if (fit.ok && link) {
+      EXPECT_NEAR(link->latency_s, fit.alpha_s, 1e-9 * std::max(1.0, fit.alpha_s));
+      EXPECT_NEAR(link->bandwidth_bps, fit.beta_bps, 1e-9 * fit.beta_bps);
+    }
+  });
+  EXPECT_TRUE(run.all_ok()) << run.describe();
+  options.sharded = false;
+  const auto plain = harness::run_ranks(2, 60, [&](const DistEnv& env) {
+    const BenchAllReduceResult r = run_bench_allreduce(env, options);
+    EXPECT_TRUE(r.sharded.empty());
+    EXPECT_FALSE(r.sharded_oversubscribed);
+  });
+  EXPECT_TRUE(plain.all_ok()) << plain.describe();
+}
+
+// Note [host overlap], Note [sharded collectives]: with more ranks than the host's cores neither
+// probe is run, and the result says so (one rank more than the cores; only where that stays
+// small).
 TEST(bench_allreduce, OverlapProbeSkippedWhenRanksOutnumberCores) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   if (cores > 3) GTEST_SKIP() << cores << " cores: the test would start " << cores + 1 << " ranks";
   const BenchAllReduceOptions options{.sizes_bytes = {64e3}, .warmup_iters = 0, .iters = 2,
                                       .algorithms = {AllReduceAlgorithm::gloo},
-                                      .timeout_s = 20, .overlap_probe = true};
+                                      .timeout_s = 20, .overlap_probe = true, .sharded = true};
   const auto run = harness::run_ranks(cores + 1, 60, [&](const DistEnv& env) {
     const BenchAllReduceResult r = run_bench_allreduce(env, options);
     EXPECT_TRUE(r.ok());
     EXPECT_TRUE(r.overlap.empty());
     EXPECT_TRUE(r.overlap_oversubscribed);
+    EXPECT_TRUE(r.sharded.empty());
+    EXPECT_TRUE(r.sharded_oversubscribed);
   });
   EXPECT_TRUE(run.all_ok()) << run.describe();
 }
@@ -585,6 +645,46 @@ TEST(bench_allreduce_cli, OverlapProbeReachesJsonTableAndFile) {
   EXPECT_NE(joined(rank_lines(text.out, 0)).find("# overlap probe (Note [host overlap])"),
             std::string::npos)
       << text.out;
+}
+
+// --sharded through the binary: the JSON's rows (both collectives per size, their implementation,
+// #wrong 0) and fits, the table's section, and the calibration file's labelled points.
+TEST(bench_allreduce_cli, ShardedReachesJsonTableAndFile) {
+  const auto dir = fresh_dir("sharded");
+  const std::string cal = (dir / "cal.json").string();
+  const std::vector<std::string> flags = {"--sizes-mb", "0.25,4", "--warmup", "1", "--iters", "3",
+                                          "--algo", "ring", "--sharded"};
+  std::vector<std::string> json_flags = flags;
+  for (const char* f : {"--json", "--calibration-out"}) json_flags.push_back(f);
+  json_flags.push_back(cal);
+  const Ran r = run_command(launch_bench(2, json_flags), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(joined(rank_lines(r.out, 0)));
+  EXPECT_EQ(j["sharded_skipped_oversubscribed"], false);
+  ASSERT_EQ(j["sharded"].size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const nlohmann::json& row = j["sharded"][i];
+    EXPECT_EQ(row["collective"], i % 2 == 0 ? "reduce-scatter" : "all-gather");
+    EXPECT_EQ(row["implementation"], i % 2 == 0 ? "ring" : "gloo");
+    EXPECT_EQ(row["wrong"], 0);
+    EXPECT_EQ(row["bytes_per_rank_core"].get<double>(), row["size_bytes"].get<double>() / 2);
+    EXPECT_GT(row["time_s_mean"].get<double>(), 0);
+  }
+  EXPECT_TRUE(j["sharded_fits"].contains("reduce-scatter"));
+  EXPECT_TRUE(j["sharded_fits"].contains("all-gather"));
+  const io::Calibration c = io::load_calibration(cal);
+  int sharded_points = 0;
+  for (const io::CalibrationPoint& p : c.points)
+    sharded_points += p.collective == io::kRingReduceScatterPoints ||
+                      p.collective == io::kGlooAllGatherPoints;
+  EXPECT_EQ(sharded_points, 4);
+  const Ran text = run_command(launch_bench(2, flags), 120);
+  ASSERT_EQ(text.exit_code, 0) << text.out << text.err;
+  const std::string table = joined(rank_lines(text.out, 0));
+  EXPECT_NE(table.find("# sharded collectives (Note [sharded collectives])"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("reduce-scatter  ring"), std::string::npos) << table;
+  EXPECT_NE(table.find("# fit all-gather: "), std::string::npos) << table;
 }
 
 // --busy-ms is said wherever the times are: the JSON's own field and its time convention (which

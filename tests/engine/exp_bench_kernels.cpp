@@ -274,7 +274,29 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
   for (const json& st : z["stages"]) {
     expect_prediction(st, st["step_seconds_median"]);
     expect_link(st["prediction"]["reduce_link"], ring);  // tally's ring all-reduce / scatter
+    expect_link(st["prediction"]["reduce_scatter_link"], ring);
     expect_link(st["prediction"]["all_gather_link"], gloo);
+  }
+  // With the sharded halves' own points (`bench allreduce --sharded`; Note [sharded
+  // collectives]), exact at k = 2: t = α + S/(2β), one step and S/2 bytes a rank, by hand.
+  // (β = the file's intra_node 1 GB/s, so that run 3d's SP check below counts α's alone.)
+  const LinkSpec rs{.bandwidth_bps = 1e9, .latency_s = 9e-4}, ag{.bandwidth_bps = 1e9,
+                                                                 .latency_s = 6e-4};
+  for (double S : {2.5e5, 4e6})
+    for (const auto& [label, l] : {std::pair{io::kRingReduceScatterPoints, rs},
+                                   std::pair{io::kGlooAllGatherPoints, ag}})
+      c.points.push_back({.collective = std::string(label), .ranks = 2, .size_bytes = S,
+                          .seconds_median = l.latency_s + S / 2 / l.bandwidth_bps});
+  const std::string sharded_cal = (dir / "cal-sharded.json").string();
+  io::write_text_atomically(sharded_cal, io::calibration_to_json(c));
+  r = launched(2, {"run", "zero", "--widths", "16,33,4", "--batch", "8", "--steps", "2", "--json",
+                   "--calibration", sharded_cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const json& st : rank0_json(r)["stages"]) {
+    expect_prediction(st, st["step_seconds_median"]);
+    expect_link(st["prediction"]["reduce_link"], ring);  // DP's all-reduce stays on the ring's
+    expect_link(st["prediction"]["reduce_scatter_link"], rs);
+    expect_link(st["prediction"]["all_gather_link"], ag);
   }
 
   // run 3d (Note [predicted 3-D step]): TP 2 on the default model, one pipeline stage, DP 1, so
@@ -337,6 +359,26 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
     EXPECT_EQ(double(x["tp_other_predicted_bytes"]), double(x["tp_other_bytes"]));
     EXPECT_NEAR(double(x["tp_comm_s"]["predicted"]),
                 alpha * (double(x["tp_calls"]["predicted"]) + regather_calls + 2 * M + 2) +
+                    (double(x["tp_bytes"]["predicted"]) +
+                     double(x["tp_regather_bytes"]["predicted"]) +
+                     double(x["tp_other_predicted_bytes"])) / beta,
+                1e-9);
+  }
+  // On the sharded points (Note [sharded collectives]): half the TP item's calls are
+  // reduce-scatters on their fit, the other half, the re-gathers and the edges all-gathers on
+  // theirs; the gradients' all-reduce stays on the file's link.
+  r = launched(2, {"run", "3d", "--tp", "2", "--sp", "--steps", "1", "--json", "--calibration",
+                   sharded_cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json sp2 = rank0_json(r);
+  ASSERT_EQ(sp2["ranks"].size(), 2u);
+  for (const json& x : sp2["ranks"]) {
+    const double tp_calls = x["tp_calls"]["predicted"];
+    EXPECT_NEAR(double(x["tp_comm_s"]["predicted"]),
+                rs.latency_s * tp_calls / 2 +
+                    ag.latency_s * (tp_calls / 2 + double(x["tp_regather_calls"]["predicted"]) +
+                                    2 * M) +
+                    2 * alpha +
                     (double(x["tp_bytes"]["predicted"]) +
                      double(x["tp_regather_bytes"]["predicted"]) +
                      double(x["tp_other_predicted_bytes"])) / beta,

@@ -384,6 +384,39 @@ TEST(CalibrationKernels, SustainedGemmsSetThePowerCap) {
 
 // fitted_link: points an exact α–β all-reduce would give — t = α·2(k−1) + 2S(k−1)/k / β, by hand
 // here — give back α and β for their label and rank count only; too few sizes give none.
+// Note [sharded collectives] (engine/bench/allreduce.cpp): a reduce-scatter or all-gather point
+// is half an all-reduce's steps and bytes, t = α(k−1) + S(k−1)/(kβ) (core/comm.hpp); its label's
+// fit recovers that α and β exactly (read as all-reduces they would come out α/2 and 2β), and the
+// labels survive the file.
+TEST(Calibration, ShardedPointsFitAtTheirOwnSteps) {
+  EXPECT_EQ(points_collective(kRingReduceScatterPoints), Collective::reduce_scatter);
+  EXPECT_EQ(points_collective(kGlooAllGatherPoints), Collective::all_gather);
+  EXPECT_EQ(points_collective(kGlooAllReducePoints), Collective::all_reduce);
+  EXPECT_EQ(points_collective(kRingAllReducePoints), Collective::all_reduce);
+  const auto half = [](double alpha, double beta, int k, double S) {
+    return alpha * (k - 1) + S * (k - 1) / k / beta;
+  };
+  Calibration c{.source = "test"};
+  for (double S : {4.1e4, 1e6, 6.31e6}) {
+    c.points.push_back({.collective = std::string(kRingReduceScatterPoints), .ranks = 4,
+                        .size_bytes = S, .seconds_median = 1, .busbw_bps = 1,
+                        .seconds_mean = half(2.4e-3, 2e9, 4, S)});
+    c.points.push_back({.collective = std::string(kGlooAllGatherPoints), .ranks = 4,
+                        .size_bytes = S, .seconds_median = 1, .busbw_bps = 1,
+                        .seconds_mean = half(1.3e-3, 9.5e8, 4, S)});
+  }
+  const Calibration back = parse(calibration_to_json(c));
+  for (const auto& [label, alpha, beta] :
+       {std::tuple{kRingReduceScatterPoints, 2.4e-3, 2e9},
+        std::tuple{kGlooAllGatherPoints, 1.3e-3, 9.5e8}}) {
+    const std::optional<LinkSpec> l = fitted_link(back, label, 4);
+    ASSERT_TRUE(l.has_value()) << label;
+    EXPECT_NEAR(l->latency_s / alpha, 1, 1e-9) << label;
+    EXPECT_NEAR(l->bandwidth_bps / beta, 1, 1e-9) << label;
+  }
+  EXPECT_FALSE(fitted_link(back, kGlooAllGatherPoints, 2).has_value());  // none at k = 2
+}
+
 TEST(Calibration, FittedLinkPerLabelAndRanks) {
   const auto t = [](double alpha, double beta, int k, double S) {
     return alpha * 2 * (k - 1) + 2 * S * (k - 1) / k / beta;

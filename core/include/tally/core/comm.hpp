@@ -241,6 +241,17 @@ double traffic_seconds(const TrafficItem& item, const LinkSpec& link);
 // item.group, item.stride); nccl = Note [NCCL collective model] in comm.cpp. The item carries its
 // group and stride, so no caller re-derives them.
 double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster);
+// A host calibration's own α–β for some collective kinds (io::fitted_link of its labelled points;
+// Note [sharded collectives] in engine/bench/allreduce.cpp: on the CPU host a reduce-scatter or
+// all-gather called after compute pays the host's fixed cost whole, not half an all-reduce's).
+struct CollectiveLinks {
+  std::optional<LinkSpec> reduce_scatter, all_gather;
+};
+// traffic_seconds on `cluster`, but every call of a kind `links` holds priced on that link:
+// steps(kind, group)·α + bytes_per_call/β; a paired item (sequence parallelism's all-gather +
+// reduce-scatter) splits its calls evenly between its two kinds.
+double traffic_seconds(const TrafficItem& item, const ClusterSpec& cluster,
+                       const CollectiveLinks& links);
 
 // One call of a collective whose ring moves `bytes_per_rank` per rank, over `group` ranks spaced
 // `stride` apart, on `cluster` (same two models); an all-to-all under `route`'s node limit.

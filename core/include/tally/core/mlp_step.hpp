@@ -76,7 +76,11 @@
 //   run zero's all-gathers 1.9–2.0 ms a step where Gloo's own fit gives 1.2 (2026-12-05 report,
 //   docs/ledgers.md §5). So a setup may name each one's link — `reduce_link` for all-reduce and
 //   reduce-scatter, `all_gather_link` for all-gathers — as io::fitted_link refits them from a
-//   calibration's labelled points; an unset one is the host's intra_node link.
+//   calibration's labelled points; an unset one is the host's intra_node link. A reduce-scatter
+//   and an all-gather are each half an all-reduce's steps and bytes, but a call after compute
+//   pays this host's fixed cost whole (Note [sharded collectives] in engine/bench/allreduce.cpp):
+//   where the calibration timed them as the run calls them, `reduce_scatter_link` and
+//   `all_gather_link` are their own fits (unset reduce_scatter_link = reduce_link).
 #pragma once
 
 #include <cstdint>
@@ -100,8 +104,9 @@ struct MlpStepSetup {
   int threads_per_rank = 1;           // t
   int cores = 1;                      // c
   // Note [per-implementation links]: unset = the host's intra_node link.
-  std::optional<LinkSpec> reduce_link;      // all-reduce, reduce-scatter
-  std::optional<LinkSpec> all_gather_link;  // all-gather
+  std::optional<LinkSpec> reduce_link;          // all-reduce (and reduce-scatter, unless below)
+  std::optional<LinkSpec> reduce_scatter_link;  // reduce-scatter; unset = reduce_link
+  std::optional<LinkSpec> all_gather_link;      // all-gather
   // DP's buckets reduced while the backward continues (Note [host step model], overlap); the
   // buckets in bucket_bytes are in reduction order, the last one exposed whole.
   bool overlap_gradients = false;
@@ -122,7 +127,7 @@ struct MlpStepTime {
   double overlap_slowdown = 0;        // the σ that rule used (0 when not overlapped)
   double contention = 1;              // max(1, k·t/c)
   double memory_bps = 0;              // the host's streaming bandwidth used
-  LinkSpec reduce_link, all_gather_link;  // the links comm was priced on (k >= 2)
+  LinkSpec reduce_link, reduce_scatter_link, all_gather_link;  // comm's links (k >= 2)
   double total_s = 0;
   std::string convention() const;     // one line: what is summed, and the assumptions
 };

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tally/core/comm.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/roofline.hpp"
 
@@ -149,10 +150,18 @@ ClusterSpec host_cluster(const Calibration& c, bool need_link);
 // ring (engine/bench/allreduce.cpp).
 inline constexpr std::string_view kGlooAllReducePoints = "allreduce";
 inline constexpr std::string_view kRingAllReducePoints = "allreduce-ring";
+// And of the sharded halves `bench allreduce --sharded` times as `run zero` calls them (Note
+// [sharded collectives] there): tally's ring reduce-scatter, Gloo's all-gather.
+inline constexpr std::string_view kRingReduceScatterPoints = "reduce-scatter-ring";
+inline constexpr std::string_view kGlooAllGatherPoints = "all-gather";
+// The collective a label's points time: reduce-scatter and all-gather for the two above, else an
+// all-reduce (the labels above, and any other a file names).
+Collective points_collective(std::string_view label);
 
 // The α–β link fitted (core fit_alpha_beta, the bench's own fit) to the calibration's points
-// labelled `collective` measured at `ranks` ranks, each an all-reduce: steps 2(k−1), bytes per
-// rank 2S(k−1)/k (core/comm.hpp), on their mean times where every one has it, else their medians
+// labelled `collective` measured at `ranks` ranks, each the label's points_collective: an
+// all-reduce at steps 2(k−1), bytes per rank 2S(k−1)/k, a reduce-scatter or all-gather at k−1 and
+// S(k−1)/k (core/comm.hpp), on their mean times where every one has it, else their medians
 // (Note [mean, not median], engine/bench/allreduce.cpp). nullopt when fewer than 2 distinct sizes
 // were measured there or no positive bandwidth fits; throws InvalidInput naming the label, k and
 // the value when the fit leaves the links' bounds (β in [1e6, 1e15] B/s, α in [0, 1] s: core's

@@ -50,6 +50,11 @@ struct BenchAllReduceOptions {
   // Note [host overlap] (allreduce.cpp): after the timed rows, at each size, time a fixed amount
   // of CPU work alone, Gloo's all-reduce alone, and the two started together.
   bool overlap_probe = false;
+  // Note [sharded collectives] (allreduce.cpp): after the all-reduce rows, time every size as
+  // ZeRO's two halves as `run zero` calls them: tally's ring reduce-scatter (in place) and Gloo's
+  // all-gather, each call after busy_s like the all-reduces. Not where the ranks outnumber this
+  // host's cores.
+  bool sharded = false;
   // Throws InvalidInput naming the field: sizes in [4 B, 4 GB], 1..64 of them, ascending and
   // distinct; warmup in [0, 10000]; iters in [1, 100000]; 1..2 distinct algorithms; 0 < timeout;
   // busy in [0, 1] s.
@@ -120,6 +125,21 @@ struct OverlapRow {
   double exposed_fraction() const { return comm_s > 0 ? (together_s - work_s) / comm_s : 0.0; }
 };
 
+// One size of a sharded collective (Note [sharded collectives]): S = the full tensor, each rank
+// holding (reduce-scatter: keeping; all-gather: giving) S/k of it.
+struct ShardedRow {
+  Collective collective = Collective::reduce_scatter;  // or all_gather
+  std::int64_t count = 0;              // float32 elements of the full tensor
+  double size_bytes = 0;               // S = 4·count
+  TimeStats time;                      // per iteration, slowest rank (harness.hpp)
+  double bytes_per_rank_core = 0;      // collective_bytes_per_rank(collective, S, k) = S(k−1)/k
+  double busbw_bps = 0;                // bus_bandwidth(collective, S / median, k)
+  std::int64_t wrong = 0;              // elements of the result that differ, over ranks and calls
+};
+// Which implementation times each: "ring" (Comm::reduce_scatter_in_place, tally's ring) for the
+// reduce-scatter, "gloo" (Comm::all_gather) for the all-gather — the ones `run zero` calls.
+std::string_view sharded_implementation(Collective c);
+
 struct BenchAllReduceResult {
   int world_size = 1;
   int warmup_iters = 0, iters = 0;
@@ -130,15 +150,21 @@ struct BenchAllReduceResult {
   // overlap_probe asked for but skipped: every rank on this host and more ranks than its cores
   // (Note [host overlap]).
   bool overlap_oversubscribed = false;
+  std::vector<ShardedRow> sharded;  // with sharded: per size, reduce-scatter then all-gather
+  bool sharded_oversubscribed = false;  // sharded asked for, skipped as the overlap probe is
+
+  std::vector<ShardedRow> sharded_of(Collective c) const;  // ascending size
+  // α–β of one sharded collective over its rows' mean times: steps k−1, bytes S(k−1)/k.
+  AlphaBetaFit fit_sharded(Collective c) const;
 
   std::vector<BenchRow> rows_of(AllReduceAlgorithm a) const;  // ascending size
   // α–β (core fit_alpha_beta) over the rows' mean times: the expected time of one call, which a
   // step's calls add up to (nccl-tests' "time" is the mean too). A median of single calls can sit
   // anywhere between two modes: Note [mean, not median] in allreduce.cpp.
   AlphaBetaFit fit(AllReduceAlgorithm a) const;
-  std::int64_t total_wrong() const;
+  std::int64_t total_wrong() const;  // all-reduce and sharded rows
   bool ring_bytes_exact() const;  // every ring row exact (true when the ring was not run)
-  bool ok() const { return total_wrong() == 0 && ring_bytes_exact(); }
+  bool ok() const { return total_wrong() == 0 && ring_bytes_exact(); }  // sharded rows included
   // Seed ④ per algorithm: the smallest size's busbw below the largest's; and "time grows about
   // linearly with S": for adjacent sizes past the smallest (the smallest is latency-dominated by
   // design of the first check), min(busbw)/max(busbw) >= 0.8. n/a at k = 1 or too few sizes.
@@ -156,7 +182,8 @@ BenchAllReduceResult run_bench_allreduce(Comm& comm, const BenchAllReduceOptions
 
 // The calibration a run measured: the fitted α, β of `fit_from` as the intra_node link
 // (single_host) or inter_node (a multi-host ring runs at its slowest link); points = every row
-// ("allreduce" for Gloo, "allreduce-ring" for tally's ring). Throws InvalidInput when the fit is
+// ("allreduce" for Gloo, "allreduce-ring" for tally's ring) and every sharded row
+// ("reduce-scatter-ring", "all-gather": io's labels). Throws InvalidInput when the fit is
 // not ok or the run was not ok.
 io::Calibration to_calibration(const BenchAllReduceResult& result, bool single_host,
                                AllReduceAlgorithm fit_from = AllReduceAlgorithm::gloo);

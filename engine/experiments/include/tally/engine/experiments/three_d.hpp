@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "tally/core/comm.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/pipeline.hpp"
 #include "tally/core/types.hpp"
@@ -87,6 +88,10 @@ struct ThreeDOptions {
   // A host calibration's cluster (io::host_cluster): enables the compute and comm time predictions.
   std::optional<ClusterSpec> host;
   int host_cores = 1;  // c, the cores the ranks share (Note [host GPT step]: contention)
+  // The calibration's own fits of tally's ring reduce-scatter and Gloo's all-gather where it timed
+  // them (`bench allreduce --sharded`, Note [sharded collectives]): SP's reduce-scatters and
+  // all-gathers are priced on them; unset, on `host`.
+  CollectiveLinks host_links;
   // Fault (--kill-rank, --kill-at-step): this global rank SIGKILLs itself after the first
   // operation of its schedule in that fp32 step, so the others must notice (DESIGN.md §5).
   int kill_rank = -1;
