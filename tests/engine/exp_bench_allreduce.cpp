@@ -360,7 +360,8 @@ TEST(bench_allreduce, OverlapProbeRowsReachTheCalibration) {
 // bytes and bus bandwidth by the nccl-tests convention at k = 2 (S/2 a rank, busbw = algbw/2), and
 // the calibration carries them under io's labels, whose fit is at k − 1 = 1 step.
 TEST(bench_allreduce, ShardedRowsAreCorrectAndReachTheCalibration) {
-  BenchAllReduceOptions options{.sizes_bytes = {256e3, 4e6}, .warmup_iters = 1, .iters = 3,
+  // Sizes 64× apart, so that to_calibration's α–β fit sees the time grow even under load.
+  BenchAllReduceOptions options{.sizes_bytes = {256e3, 16e6}, .warmup_iters = 1, .iters = 3,
                                 .timeout_s = 20, .sharded = true};
   const auto run = harness::run_ranks(2, 60, [&](const DistEnv& env) {
     const BenchAllReduceResult r = run_bench_allreduce(env, options);
@@ -652,7 +653,9 @@ TEST(bench_allreduce_cli, OverlapProbeReachesJsonTableAndFile) {
 TEST(bench_allreduce_cli, ShardedReachesJsonTableAndFile) {
   const auto dir = fresh_dir("sharded");
   const std::string cal = (dir / "cal.json").string();
-  const std::vector<std::string> flags = {"--sizes-mb", "0.25,4", "--warmup", "1", "--iters", "3",
+  // Sizes 64× apart: on a loaded box one slow call must not make the smaller size's mean the
+  // larger one's, or --calibration-out would refuse the all-reduce fit (not what this tests).
+  const std::vector<std::string> flags = {"--sizes-mb", "0.25,16", "--warmup", "1", "--iters", "5",
                                           "--algo", "ring", "--sharded"};
   std::vector<std::string> json_flags = flags;
   for (const char* f : {"--json", "--calibration-out"}) json_flags.push_back(f);
