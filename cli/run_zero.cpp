@@ -406,9 +406,7 @@ void run(Flags& f) {
                      // on their own fits where the calibration timed them (Note [sharded
                      // collectives], engine/bench/allreduce.cpp).
                      .reduce_link = model->ring_link,
-                     .reduce_scatter_link = model->ring_reduce_scatter_link
-                                                ? model->ring_reduce_scatter_link
-                                                : model->ring_link,
+                     .reduce_scatter_link = model->ring_reduce_scatter_link,  // unset: the ring's
                      .all_gather_link = model->gloo_all_gather_link ? model->gloo_all_gather_link
                                                                     : model->gloo_link});
         if (f.json || f.html) add_prediction_json(j["stages"][i], *model, t, measured);
