@@ -395,10 +395,11 @@ TEST(bench_allreduce, ShardedRowsAreCorrectAndReachTheCalibration) {
     EXPECT_EQ(rs, 2);
     EXPECT_EQ(ag, 2);
     // Two points of one steps count: the fit is exact through both, so io's refit of the file
-    // gives the bench's own α and β back.
+    // gives the bench's own α and β back (and no link where the bench found no fit).
     const AlphaBetaFit fit = r.fit_sharded(Collective::reduce_scatter);
     const std::optional<LinkSpec> link = io::fitted_link(c, io::kRingReduceScatterPoints, 2);
-    if (fit.ok && link) {
+    ASSERT_EQ(fit.ok, link.has_value()) << fit.note;
+    if (link) {
       EXPECT_NEAR(link->latency_s, fit.alpha_s, 1e-9 * std::max(1.0, fit.alpha_s));
       EXPECT_NEAR(link->bandwidth_bps, fit.beta_bps, 1e-9 * fit.beta_bps);
     }
