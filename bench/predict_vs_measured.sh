@@ -124,7 +124,7 @@ for layout in "${THREE_D[@]}"; do
 done
 
 python3 - "$OUT" "$WORLD_SIZES" "$ROUNDS" "$THREE_D_NAMES" <<'EOF'
-import json, statistics, sys
+import json, os, statistics, sys
 out, ks, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 three_d = [x.split(":") for x in sys.argv[4].split()]
 rows, phases, zero_phases = [], [], []
@@ -146,7 +146,7 @@ for k in ks:
             zero.setdefault(st["name"], []).append(
                 {"measured": st["step_seconds_median"], "predicted": st["predicted_step_seconds"],
                  "ratio": st["measured_over_predicted"], "terms": st["prediction"],
-                 "phases": st["phase_seconds_median"]})
+                 "phases": st["phase_seconds_median"], "ranks": st["ranks"]})
     row("bench ddp (SGD)", k, ddp)
     phases.append((k, ddp))
     for name, runs in zero.items():
@@ -180,6 +180,23 @@ for k, name, runs in zero_phases:
     print(f"| {k} | {name} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
           f"{med('arrival_wait'):.2f} | {med('collectives'):.2f} / {t['comm_s']*1e3:.2f} | "
           f"{med('optimizer'):.2f} / {c*t['optimizer_s']*1e3:.2f} |")
+print("\nrun zero, every rank (round 1: min-max over the ranks' own medians, Note [every rank's "
+      f"phases] in engine/experiments/zero.cpp; CPU: each rank's process, all threads; "
+      f"{os.cpu_count()} cores), ms")
+print("| k | stage | forward+backward | forward+backward + arrival wait | "
+      "contention x (compute + grad passes) | CPU per step | "
+      "cores busy: sum of CPU / (cores x step) |")
+print("|---|---|---|---|---|---|---|")
+span = lambda v: f"{min(v)*1e3:.2f}-{max(v)*1e3:.2f}"
+for k, name, runs in zero_phases:
+    ranks, t = runs[0]["ranks"], runs[0]["terms"]
+    fb = [x["phase_seconds_median"]["forward_backward"] for x in ranks]
+    wait = [x["phase_seconds_median"].get("arrival_wait", 0.0) for x in ranks]
+    cpu = [x["cpu_seconds_median"] for x in ranks]
+    busy = sum(cpu) / (os.cpu_count() * max(x["step_seconds_median"] for x in ranks))
+    print(f"| {k} | {name} | {span(fb)} | {span([a + b for a, b in zip(fb, wait)])} | "
+          f"{t['contention']*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | {span(cpu)} | "
+          f"{busy:.2f} |")
 ratios = [q for *_, q, _ in rows]
 if three_d:
     print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "

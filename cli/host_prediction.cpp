@@ -73,7 +73,7 @@ std::string prediction_line(const HostModel& m, const MlpStepTime& t, double mea
 nlohmann::json phases_json(const StepPhases& p) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, s] : p.median_s) j[name] = s;
-  j["convention"] = p.convention;
+  if (!p.convention.empty()) j["convention"] = p.convention;
   return j;
 }
 

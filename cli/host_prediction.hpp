@@ -53,7 +53,8 @@ struct StepPhases {
   std::vector<std::pair<std::string, double>> median_s;
   std::string convention;  // whose phases, and what each includes
 };
-// {"forward_backward": s, …, "convention": …}: the commands' "phase_seconds_median".
+// {"forward_backward": s, …, "convention": …}: the commands' "phase_seconds_median" (no
+// "convention" when it is empty).
 nlohmann::json phases_json(const StepPhases& p);
 // "forward_backward 7.49 ms + sync_wait 0.12 ms + optimizer 1.02 ms"
 std::string phases_line(const StepPhases& p);

@@ -98,36 +98,33 @@ std::string calls_str(const engine::RankTraffic& t) {
 
 
 // Rank 0's phases of each step, in step order: the same four as zero_phases below (arrival_wait
-// only where measured), unreduced, so a reader can see their spread.
+// only where measured) and the step's CPU time, unreduced, so a reader can see their spread.
 nlohmann::json per_step_phases_json(const engine::StageResult& st) {
-  nlohmann::json fb = nlohmann::json::array(), wait = fb, coll = fb, opt = fb;
+  nlohmann::json fb = nlohmann::json::array(), wait = fb, coll = fb, opt = fb, cpu = fb;
   for (const engine::ZeroStepPhases& p : st.step_phases) {
     fb.push_back(p.forward_backward_s);
     wait.push_back(p.arrival_wait_s);
     coll.push_back(p.collectives_s - p.arrival_wait_s);
     opt.push_back(p.optimizer_s);
+    cpu.push_back(p.cpu_s);
   }
-  nlohmann::json out{{"forward_backward", fb}, {"collectives", coll}, {"optimizer", opt}};
+  nlohmann::json out{{"forward_backward", fb}, {"collectives", coll}, {"optimizer", opt},
+                     {"cpu", cpu}};
   if (st.arrival_measured) out["arrival_wait"] = wait;
   return out;
 }
 
-// Rank 0's phases of the stage's steps, medians (engine::ZeroStepPhases, Note [zero phases]).
-// With the arrival measured, collectives is what is left of them once every rank had arrived.
-StepPhases zero_phases(const engine::StageResult& st) {
-  std::vector<double> fb, wait, coll, opt;
-  for (const engine::ZeroStepPhases& p : st.step_phases) {
-    fb.push_back(p.forward_backward_s);
-    wait.push_back(p.arrival_wait_s);
-    coll.push_back(p.collectives_s - p.arrival_wait_s);
-    opt.push_back(p.optimizer_s);
-  }
-  StepPhases out{.median_s = {{"forward_backward", engine::time_stats(fb).median_s}}};
-  if (st.arrival_measured)
-    out.median_s.push_back({"arrival_wait", engine::time_stats(wait).median_s});
-  out.median_s.push_back({"collectives", engine::time_stats(coll).median_s});
-  out.median_s.push_back({"optimizer", engine::time_stats(opt).median_s});
-  out.convention = std::string("rank 0's own phases of each step, medians over the steps; ") +
+// One rank's phase medians (engine::ZeroRankMedians, Note [every rank's phases] in zero.cpp), the
+// step's four phases in order; with the arrival measured, collectives is what is left of them once
+// every rank had arrived.
+StepPhases zero_phases(const engine::StageResult& st, int rank = 0) {
+  const engine::ZeroRankMedians& m = st.rank_medians[std::size_t(rank)];
+  StepPhases out{.median_s = {{"forward_backward", m.forward_backward_s}}};
+  if (st.arrival_measured) out.median_s.push_back({"arrival_wait", m.arrival_wait_s});
+  out.median_s.push_back({"collectives", m.collectives_s});
+  out.median_s.push_back({"optimizer", m.optimizer_s});
+  out.convention = fmt::format("rank {}'s own phases of each step, medians over the steps; ",
+                               rank) +
                    (st.arrival_measured
                         ? "arrival_wait = time inside the Comm's collectives before the last "
                           "rank entered each (every rank's entry times on this host's clock), "
@@ -138,6 +135,37 @@ StepPhases zero_phases(const engine::StageResult& st) {
                    ", optimizer = the Adam update, forward_backward = the rest of the step "
                    "(forward, backward, passes over gradient buffers)";
   return out;
+}
+
+// "step 27.10-29.50; forward_backward 3.80-6.40 + … ; CPU 10.30-12.50": each figure's min and max
+// over the ranks' own medians, ms.
+std::string ranks_spread_line(const engine::StageResult& st) {
+  const auto span = [](const std::vector<double>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return fmt::format("{:.2f}-{:.2f}", *lo * 1e3, *hi * 1e3);
+  };
+  std::vector<double> step, cpu;
+  std::vector<std::pair<std::string, std::vector<double>>> phases;  // per phase, by rank
+  for (int q = 0; q < int(st.rank_medians.size()); ++q) {
+    step.push_back(st.rank_medians[std::size_t(q)].step_s);
+    cpu.push_back(st.rank_medians[std::size_t(q)].cpu_s);
+    const StepPhases p = zero_phases(st, q);
+    phases.resize(p.median_s.size());
+    for (std::size_t i = 0; i < p.median_s.size(); ++i) {
+      phases[i].first = p.median_s[i].first;
+      phases[i].second.push_back(p.median_s[i].second);
+    }
+  }
+  std::string parts;
+  for (const auto& [name, v] : phases) parts += (parts.empty() ? "" : " + ") + name + " " + span(v);
+  return fmt::format("step {}; {}; CPU {}", span(step), parts, span(cpu));
+}
+
+// Rank q's phase medians without the convention (the stage's phase_seconds_median states it).
+nlohmann::json rank_phases_json(const engine::StageResult& st, int q) {
+  StepPhases p = zero_phases(st, q);
+  p.convention.clear();
+  return phases_json(p);
 }
 
 std::string widths_str(const std::vector<std::int64_t>& w) {
@@ -249,6 +277,12 @@ void print_text(const engine::ZeroResult& r, const std::vector<engine::ZeroCheck
   for (const auto& st : r.stages)
     fmt::print("  {:<12} step {:.2f} ms; {}\n", st.name,
                engine::time_stats(st.step_seconds).median_s * 1e3, phases_line(zero_phases(st)));
+  if (r.world_size > 1) {
+    fmt::print("every rank's medians, min-max over the {} ranks, ms (CPU: each rank's process, "
+               "all its threads; Note [every rank's phases]):\n",
+               r.world_size);
+    for (const auto& st : r.stages) fmt::print("  {:<12} {}\n", st.name, ranks_spread_line(st));
+  }
   if (const std::string c = zero_conclusion(r); !c.empty())
     fmt::print("conclusion: {}\n", c);
   std::size_t failed = 0;
@@ -284,6 +318,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
       const auto& m = st.memory[q];
       const auto& t = st.traffic[q];
       ranks.push_back({{"rank", q},
+                       {"step_seconds_median", st.rank_medians[q].step_s},
+                       {"phase_seconds_median", rank_phases_json(st, q)},
+                       {"cpu_seconds_median", st.rank_medians[q].cpu_s},
                        {"held_bytes", items_json(m.held)},
                        {"allocator_bytes", m.allocator_bytes},
                        {"allocator_ratio", ratio(m.allocator_bytes, mem_pred)},
@@ -325,6 +362,10 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
         {"seconds", st.seconds},
         {"step_seconds_median", engine::time_stats(st.step_seconds).median_s},
         {"phase_seconds_median", phases_json(zero_phases(st))},
+        {"ranks_time_convention",
+         "ranks[q]: step_seconds_median, phase_seconds_median (phase_seconds_median's phases on "
+         "rank q) and cpu_seconds_median (the CPU time of rank q's process in a step, all its "
+         "threads), each rank's own medians over the steps, which need not sum"},
         {"step_seconds", st.step_seconds},
         {"phase_seconds", per_step_phases_json(st)}};
     if (st.compared_to_dp) {

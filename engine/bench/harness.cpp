@@ -68,8 +68,6 @@ TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop) {
   return r;
 }
 
-namespace {
-
 double clock_now_s(TimerClock clock) {
   if (clock == TimerClock::wall)
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -79,7 +77,6 @@ double clock_now_s(TimerClock clock) {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-}  // namespace
 
 TimeStats time_calls(int warmup, int samples, double min_sample_s,
                      const std::function<void()>& call, TimerClock clock) {

@@ -63,6 +63,16 @@
 // all ranks are gathered and each call split (Note [arrival wait] in comm.cpp): arrival_wait =
 // the part of collectives spent waiting for the last rank to arrive.
 //
+// Note [every rank's phases]
+// Rank 0's phases alone mislead where the ranks outnumber the cores. At k = 4 on 2 cores
+// (2026-12-06, `run zero`'s default MLP) every rank's forward + backward ran 1.2–1.4× its time
+// at one rank per core, not k/c = 2×: the ranks take the cores in turns, and the rest of the
+// contention shows as arrival wait at the next collective (a rank waits there for the others'
+// turn). So after each stage every rank's own medians over the steps — of the step and of each
+// phase — are gathered and reported by rank, with the CPU time each rank's process spent in the
+// step (all its threads, Gloo's included: CLOCK_PROCESS_CPUTIME_ID), which says how busy the
+// host's cores were: Σ_ranks cpu / (cores × step).
+//
 // Note [zero tolerances]
 //   memory ±5 %        issue 4's criterion; the stated sources of difference are shard rounding
 //                      (≤ 1 element per shard) and bookkeeping of a few bytes
@@ -90,6 +100,7 @@
 #include <thread>
 
 #include "comm_torch.hpp"
+#include "tally/engine/bench/harness.hpp"
 #include "zero_strategy.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
@@ -108,9 +119,25 @@ std::string stage_name(int stage) {
 }
 
 // One rank's figures for one stage, packed into doubles for the all-gather.
-constexpr std::size_t kPackedFixed = 18;
+constexpr std::size_t kPackedFixed = 24;
 
-std::vector<double> pack(const RankMemory& m, const RankTraffic& t,
+// This rank's medians over the stage's steps (Note [every rank's phases]).
+ZeroRankMedians own_medians(const StageResult& st) {
+  const auto med = [&](const auto& field) {
+    std::vector<double> v;
+    for (const ZeroStepPhases& p : st.step_phases) v.push_back(field(p));
+    return time_stats(v).median_s;
+  };
+  return {.step_s = time_stats(st.step_seconds).median_s,
+          .forward_backward_s = med([](const ZeroStepPhases& p) { return p.forward_backward_s; }),
+          .arrival_wait_s = med([](const ZeroStepPhases& p) { return p.arrival_wait_s; }),
+          .collectives_s =
+              med([](const ZeroStepPhases& p) { return p.collectives_s - p.arrival_wait_s; }),
+          .optimizer_s = med([](const ZeroStepPhases& p) { return p.optimizer_s; }),
+          .cpu_s = med([](const ZeroStepPhases& p) { return p.cpu_s; })};
+}
+
+std::vector<double> pack(const RankMemory& m, const RankTraffic& t, const ZeroRankMedians& times,
                          const std::vector<double>& losses) {
   std::vector<double> v = {m.held.params,
                            m.held.grads,
@@ -129,13 +156,19 @@ std::vector<double> pack(const RankMemory& m, const RankTraffic& t,
                            t.steady ? 1.0 : 0.0,
                            m.setup_bytes,
                            m.peak_forward_backward_bytes,
-                           m.peak_update_bytes};
+                           m.peak_update_bytes,
+                           times.step_s,
+                           times.forward_backward_s,
+                           times.arrival_wait_s,
+                           times.collectives_s,
+                           times.optimizer_s,
+                           times.cpu_s};
   v.insert(v.end(), losses.begin(), losses.end());
   return v;
 }
 
-void unpack(const double* v, RankMemory& m, RankTraffic& t, std::vector<double>& losses,
-            int steps) {
+void unpack(const double* v, RankMemory& m, RankTraffic& t, ZeroRankMedians& times,
+            std::vector<double>& losses, int steps) {
   m.held = {.params = v[0], .grads = v[1], .m = v[2], .v = v[3], .master = v[4]};
   m.allocator_bytes = v[5];
   m.peak_bytes = v[6];
@@ -147,6 +180,12 @@ void unpack(const double* v, RankMemory& m, RankTraffic& t, std::vector<double>&
   m.setup_bytes = v[15];
   m.peak_forward_backward_bytes = v[16];
   m.peak_update_bytes = v[17];
+  times = {.step_s = v[18],
+           .forward_backward_s = v[19],
+           .arrival_wait_s = v[20],
+           .collectives_s = v[21],
+           .optimizer_s = v[22],
+           .cpu_s = v[23]};
   losses.assign(v + kPackedFixed, v + kPackedFixed + steps);
 }
 
@@ -342,10 +381,12 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       scope.reset_peak();
       peak_to_update = -1;
       const auto s0 = std::chrono::steady_clock::now();
+      const double cpu0 = clock_now_s(TimerClock::process_cpu);
       comm.record_spans(arrival);
       losses.push_back(strategy->step(batch));
       const double step_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      const double cpu_s = clock_now_s(TimerClock::process_cpu) - cpu0;
       comm.record_spans(false);
       step_spans.push_back(comm.take_spans());
       const std::int64_t rest = scope.counters().peak_allocated_bytes;
@@ -361,7 +402,8 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       const double optimizer_s = strategy->optimizer_seconds();
       st.step_phases.push_back({.forward_backward_s = step_s - collectives_s - optimizer_s,
                                 .collectives_s = collectives_s,
-                                .optimizer_s = optimizer_s});
+                                .optimizer_s = optimizer_s,
+                                .cpu_s = cpu_s});
       RankTraffic t = traffic_between(before, comm.counters());
       for (const auto& c : strategy->calls())
         t.wire_bytes += wire_bytes(c.collective, c.count, c.element_bytes, k, r);
@@ -391,15 +433,18 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     strategy.reset();
 
     // Every rank's figures, to every rank (so all agree on the checks).
-    const std::vector<double> all = gather_all(comm, pack(mine, first, losses));
+    const std::vector<double> all =
+        gather_all(comm, pack(mine, first, own_medians(st), losses));
     const std::size_t stride = kPackedFixed + std::size_t(options.steps);
     st.memory.resize(std::size_t(k));
     st.traffic.resize(std::size_t(k));
+    st.rank_medians.resize(std::size_t(k));
     st.mean_losses.assign(std::size_t(options.steps), 0.0);
     std::vector<double> rank_losses;
     for (int q = 0; q < k; ++q) {
       std::vector<double> l;
-      unpack(all.data() + std::size_t(q) * stride, st.memory[q], st.traffic[q], l, options.steps);
+      unpack(all.data() + std::size_t(q) * stride, st.memory[q], st.traffic[q],
+             st.rank_medians[q], l, options.steps);
       for (int i = 0; i < options.steps; ++i) st.mean_losses[i] += l[i] / k;
       if (q == 0) st.rank0_losses = l;
       rank_losses.insert(rank_losses.end(), l.begin(), l.end());

@@ -193,6 +193,38 @@ TEST_P(ZeroEquivalence, Fp32StagesFollowDpLossTrajectory) {
         EXPECT_LE(p.arrival_wait_s, p.collectives_s) << "step " << i;
       }
       EXPECT_EQ(st.arrival_measured, k > 1);
+      // Note [every rank's phases]: every rank holds every rank's medians, its own in its slot —
+      // the middle of its 20 sorted per-step figures (the mean of the 10th and 11th).
+      ASSERT_EQ(st.rank_medians.size(), std::size_t(k));
+      const auto middle = [&](const auto& field) {
+        std::vector<double> v;
+        for (std::size_t i = 0; i < 20; ++i) v.push_back(field(i));
+        std::sort(v.begin(), v.end());
+        return (v[9] + v[10]) / 2;
+      };
+      const ZeroRankMedians& mine = st.rank_medians[std::size_t(env.rank)];
+      const auto& ph = st.step_phases;
+      EXPECT_DOUBLE_EQ(mine.step_s, middle([&](std::size_t i) { return st.step_seconds[i]; }));
+      EXPECT_DOUBLE_EQ(mine.forward_backward_s,
+                       middle([&](std::size_t i) { return ph[i].forward_backward_s; }));
+      EXPECT_DOUBLE_EQ(mine.arrival_wait_s,
+                       middle([&](std::size_t i) { return ph[i].arrival_wait_s; }));
+      EXPECT_DOUBLE_EQ(mine.collectives_s, middle([&](std::size_t i) {
+                         return ph[i].collectives_s - ph[i].arrival_wait_s;
+                       }));
+      EXPECT_DOUBLE_EQ(mine.optimizer_s, middle([&](std::size_t i) { return ph[i].optimizer_s; }));
+      EXPECT_DOUBLE_EQ(mine.cpu_s, middle([&](std::size_t i) { return ph[i].cpu_s; }));
+      for (int q = 0; q < k; ++q) {
+        const ZeroRankMedians& m = st.rank_medians[std::size_t(q)];
+        SCOPED_TRACE("rank " + std::to_string(q));
+        EXPECT_GT(m.step_s, 0.0);
+        EXPECT_GE(m.forward_backward_s, 0.0);
+        EXPECT_GT(m.optimizer_s, 0.0);
+        EXPECT_GT(m.cpu_s, 0.0) << "every step computes on every rank";
+        if (k > 1) {
+          EXPECT_GT(m.collectives_s, 0.0);
+        }
+      }
     }
     if (env.rank == 0)
       std::fprintf(stderr, "k=%d: max rel loss diff vs DP: ZeRO-1 %.3g, ZeRO-2 %.3g, ZeRO-3 %.3g\n",
@@ -392,6 +424,24 @@ TEST(ZeroCli, JsonFieldsFromRankZero) {
   EXPECT_NE(phases["convention"].get<std::string>().find("rank 0"), std::string::npos);
   EXPECT_NE(phases["convention"].get<std::string>().find("arrival_wait"), std::string::npos);
   EXPECT_GT(z2["step_seconds_median"].get<double>(), 0.0);
+  // Every rank's own medians (Note [every rank's phases]): rank 0's are the stage's, and its
+  // step median is the middle of its four steps (the mean of the 2nd and 3rd).
+  std::vector<double> steps = z2["step_seconds"].get<std::vector<double>>();
+  ASSERT_EQ(steps.size(), 4u);
+  std::sort(steps.begin(), steps.end());
+  const json& r0 = z2["ranks"][0];
+  EXPECT_DOUBLE_EQ(r0["step_seconds_median"].get<double>(), (steps[1] + steps[2]) / 2);
+  for (const char* phase : {"forward_backward", "arrival_wait", "collectives", "optimizer"})
+    EXPECT_DOUBLE_EQ(r0["phase_seconds_median"][phase].get<double>(),
+                     phases[phase].get<double>()) << phase;
+  EXPECT_FALSE(r0["phase_seconds_median"].contains("convention")) << "stated once, per stage";
+  EXPECT_NE(z2["ranks_time_convention"].get<std::string>().find("cpu_seconds_median"),
+            std::string::npos);
+  EXPECT_EQ(z2["phase_seconds"]["cpu"].size(), 4u);
+  for (const json& q : z2["ranks"]) {
+    EXPECT_GT(q["cpu_seconds_median"].get<double>(), 0.0);
+    EXPECT_GT(q["phase_seconds_median"]["collectives"].get<double>(), 0.0);
+  }
   EXPECT_LE(z2["max_rel_loss_diff_vs_dp"].get<double>(), 1e-5);
   EXPECT_NE(j["conclusion"].get<std::string>().find("ZeRO-2 1.000"), std::string::npos);
   // The checks in words (cli/run_zero.cpp): per stage and rank allocator, held, bytes, calls,
@@ -426,7 +476,9 @@ TEST(ZeroCli, TextReportAtFourRanks) {
         "ZeRO-3", "ring all-reduce ×1", "reduce-scatter ×3 + all-gather ×6",
         "conclusion: measured bytes per step ÷ DP's (rank 0): ZeRO-1 1.000", "ZeRO-3 1.50",
         "phases (rank 0, median over the 3 steps):", " ms; forward_backward ",
-        " ms + collectives ", " ms + optimizer ", "checks: "})  // 1.5005: DP's ring sends 2 B less
+        " ms + collectives ", " ms + optimizer ", "every rank's medians, min-max over the 4 ranks",
+        "; forward_backward ", " + arrival_wait ", "; CPU ",
+        "checks: "})  // 1.5005: DP's ring sends 2 B less
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   EXPECT_EQ(text.find("FAILED"), std::string::npos) << text;
 }

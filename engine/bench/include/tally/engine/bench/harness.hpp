@@ -53,6 +53,8 @@ TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop);
 // of this process, all its threads (CLOCK_PROCESS_CPUTIME_ID) — the work a compute kernel did,
 // whatever else the scheduler ran on the cores meanwhile (Note [health-check timing under load]).
 enum class TimerClock { wall, process_cpu };
+// That clock's reading now, in seconds (differences only have a meaning).
+double clock_now_s(TimerClock clock);
 
 // One process's kernel timing (`tally bench gemm|memory`): `call` runs W times untimed, then S
 // samples are timed, each repeating `call` r times, r = the smallest power of two for which one

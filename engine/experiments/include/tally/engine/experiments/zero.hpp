@@ -105,6 +105,20 @@ struct ZeroStepPhases {
   // Of collectives_s, the time this rank waited in them for the last rank to arrive (Note [arrival
   // wait] in comm.cpp), summed over the step's collectives; 0 unless StageResult::arrival_measured.
   double arrival_wait_s = 0;
+  // Not a part of the step: the CPU time this rank's process spent in it, all its threads (Gloo's
+  // too; CLOCK_PROCESS_CPUTIME_ID). Note [every rank's phases] in zero.cpp.
+  double cpu_s = 0;
+};
+
+// One rank's medians over a stage's steps (Note [every rank's phases] in zero.cpp), each of its
+// own, so they need not sum to step_s.
+struct ZeroRankMedians {
+  double step_s = 0;
+  double forward_backward_s = 0;
+  double arrival_wait_s = 0;  // 0 unless StageResult::arrival_measured
+  double collectives_s = 0;   // of each step's collectives_s − arrival_wait_s
+  double optimizer_s = 0;
+  double cpu_s = 0;
 };
 
 struct StageResult {
@@ -124,6 +138,7 @@ struct StageResult {
   double seconds = 0;                     // wall time of the steps on rank 0
   std::vector<double> step_seconds;       // this rank's time of each step (rank 0's in results)
   std::vector<ZeroStepPhases> step_phases;  // this rank's phases of each step (rank 0's)
+  std::vector<ZeroRankMedians> rank_medians;  // every rank's, in rank order
   // Every rank's collective spans were compared on one clock: all ranks ran on this host (the
   // rendezvous address is loopback), so step_phases' arrival_wait_s is measured.
   bool arrival_measured = false;
