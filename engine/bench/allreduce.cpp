@@ -534,24 +534,23 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
                          .work_seconds = o.work_s,
                          .comm_seconds = o.comm_s,
                          .together_seconds = o.together_s});
+  // Each timed row as a point under its implementation's label (io::points_collective).
+  const auto add_point = [&](const std::string_view label, const auto& row) {
+    c.points.push_back({.collective = std::string(label),
+                        .ranks = r.world_size,
+                        .size_bytes = row.size_bytes,
+                        .seconds_median = row.time.median_s,
+                        .busbw_bps = row.busbw_bps,
+                        .seconds_mean = row.time.mean_s});
+  };
   for (const BenchRow& row : r.rows)
-    c.points.push_back({.collective = std::string(row.algorithm == AllReduceAlgorithm::ring
-                                                      ? io::kRingAllReducePoints
-                                                      : io::kGlooAllReducePoints),
-                        .ranks = r.world_size,
-                        .size_bytes = row.size_bytes,
-                        .seconds_median = row.time.median_s,
-                        .busbw_bps = row.busbw_bps,
-                        .seconds_mean = row.time.mean_s});
+    add_point(row.algorithm == AllReduceAlgorithm::ring ? io::kRingAllReducePoints
+                                                        : io::kGlooAllReducePoints,
+              row);
   for (const ShardedRow& row : r.sharded)
-    c.points.push_back({.collective = std::string(row.collective == Collective::reduce_scatter
-                                                      ? io::kRingReduceScatterPoints
-                                                      : io::kGlooAllGatherPoints),
-                        .ranks = r.world_size,
-                        .size_bytes = row.size_bytes,
-                        .seconds_median = row.time.median_s,
-                        .busbw_bps = row.busbw_bps,
-                        .seconds_mean = row.time.mean_s});
+    add_point(row.collective == Collective::reduce_scatter ? io::kRingReduceScatterPoints
+                                                           : io::kGlooAllGatherPoints,
+              row);
   return c;
 }
 
