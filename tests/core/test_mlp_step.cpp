@@ -265,6 +265,122 @@ TEST(MlpStep, DdpBucketsOverlapTheBackward) {
   EXPECT_FALSE(z.overlapped);
 }
 
+// Note [busy-time axis]: between two timed busy times α is linear and so is 1/β (seconds a
+// byte); outside them the nearest point's link.
+TEST(MlpStep, LinkAfterBusyInterpolatesAlphaAndSecondsPerByte) {
+  const std::vector<BusyLink> curve = {
+      {.busy_s = 0, .link = {.bandwidth_bps = 1e9, .latency_s = 1e-3}},
+      {.busy_s = 2e-3, .link = {.bandwidth_bps = 5e8, .latency_s = 3e-3}}};
+  const LinkSpec mid = link_after_busy(curve, 1e-3);
+  EXPECT_NEAR(mid.latency_s, 2e-3, 1e-15);
+  EXPECT_NEAR(1 / mid.bandwidth_bps, (1e-9 + 2e-9) / 2, 1e-21);
+  const LinkSpec quarter = link_after_busy(curve, 0.5e-3);
+  EXPECT_NEAR(quarter.latency_s, 1.5e-3, 1e-15);
+  EXPECT_NEAR(1 / quarter.bandwidth_bps, 0.75e-9 + 0.25 * 2e-9, 1e-21);
+  EXPECT_EQ(link_after_busy(curve, 5e-3).latency_s, 3e-3);   // beyond: the longest
+  EXPECT_EQ(link_after_busy(curve, -1).bandwidth_bps, 1e9);  // below: the shortest
+  EXPECT_EQ(link_after_busy({curve[1]}, 0).latency_s, 3e-3);
+  EXPECT_THROW(link_after_busy({}, 0), InvalidInput);
+}
+
+// Note [busy-time axis]: ZeRO-3's six calls on 8 → 6 → 4, B = 3, k = 2 on one core (contention
+// 2), each priced on the curve at 2 × the kernels' time since the collective before it, in the
+// engine's order. The ideal host's kernels by hand: a GEMM max(2mnk/peak, 4(mk + kn + mn)/W), a
+// pass of x streams of n elements 4xn/W.
+TEST(MlpStep, ZeroThreeCallsPricedAtTheBusyTimeBeforeEach) {
+  const double peak = 1e9, W = 2e9, B = 3;
+  const ClusterSpec host = ideal_host(peak, 1e-5, 1e8, W);
+  const auto gemm = [&](double m, double n, double k) {
+    return std::max(2 * m * n * k / peak, 4 * (m * k + k * n + m * n) / W);
+  };
+  const auto pass = [&](double streams) { return 4 * streams / W; };
+  const double n0 = 54, n1 = 28;  // units: 8·6 + 6, 6·4 + 4
+  const double fwd0 = gemm(B, 6, 8) + pass(2 * B * 6), fwd1 = gemm(B, 4, 6);
+  const double bwd0 = pass(3 * B * 6) + gemm(6, 8, B) + pass(B * 6 + 6);
+  const double bwd1 = gemm(4, 6, B) + pass(B * 4 + 4) + gemm(B, 6, 4);
+  const double loss = pass(3 * B * 4 + 2 * B * 4);
+  const auto copy = [&](double n) { return pass(3 * n); };
+  const double leaf0 = pass(n0 + 3 * 48 + n0 + 3 * 6 + 3 * n0);
+  const double leaf1 = pass(n1 + 3 * 24 + n1 + 3 * 4 + 3 * n1);
+  const double adam = pass(20 * (27 + 14));
+  const double c = 2;
+  const std::vector<std::pair<Collective, double>> want = {
+      {Collective::all_gather, c * adam},
+      {Collective::all_gather, c * (copy(n0) + fwd0)},
+      {Collective::all_gather, c * (copy(n1) + fwd1 + loss)},
+      {Collective::reduce_scatter, c * (copy(n1) + bwd1 + leaf1)},
+      {Collective::all_gather, c * pass(3 * 14)},
+      {Collective::reduce_scatter, c * (copy(n0) + bwd0 + leaf0)}};
+  const double unit_params[] = {n0, n1, n1, n1, n0, n0};  // the unit each call moves
+  // Curves whose links differ enough to tell every busy time apart.
+  const double top = 2e-6;
+  const std::vector<BusyLink> ag = {
+      {.busy_s = 0, .link = {.bandwidth_bps = 1e9, .latency_s = 1e-4}},
+      {.busy_s = top, .link = {.bandwidth_bps = 2e8, .latency_s = 9e-4}}};
+  const std::vector<BusyLink> rs = {
+      {.busy_s = 0, .link = {.bandwidth_bps = 8e8, .latency_s = 2e-4}},
+      {.busy_s = top, .link = {.bandwidth_bps = 1e8, .latency_s = 7e-4}}};
+  const MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 2, .zero_stage = 3,
+                       .cores = 1, .reduce_scatter_by_busy = rs, .all_gather_by_busy = ag};
+  const MlpStepTime t = predict_mlp_step(s, host);
+  EXPECT_EQ(t.contention, 2);
+  EXPECT_TRUE(t.priced_by_busy);
+  ASSERT_EQ(t.calls.size(), want.size());
+  double comm = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    const MlpCall& call = t.calls[i];
+    EXPECT_EQ(call.collective, want[i].first);
+    EXPECT_NEAR(call.busy_s, want[i].second, 1e-18);
+    // By hand: α and 1/β linear in the busy time between 0 and top, then k − 1 = 1 step and
+    // S/2 bytes a rank.
+    const std::vector<BusyLink>& curve = call.collective == Collective::all_gather ? ag : rs;
+    const double w = std::min(want[i].second / top, 1.0);
+    const double alpha = (1 - w) * curve[0].link.latency_s + w * curve[1].link.latency_s;
+    const double per_byte =
+        (1 - w) / curve[0].link.bandwidth_bps + w / curve[1].link.bandwidth_bps;
+    const double S = 4 * unit_params[i];
+    EXPECT_NEAR(call.bytes, S, 1e-12);
+    EXPECT_NEAR(call.seconds, alpha + S / 2 * per_byte, 1e-15);
+    comm += call.seconds;
+  }
+  EXPECT_NEAR(t.comm_s, comm, 1e-15);
+  EXPECT_NE(t.convention().find("busy-time axis"), std::string::npos);
+  // Without curves: the fixed links, and the same calls' busy times.
+  const MlpStepTime plain = predict_mlp_step({.widths = {8, 6, 4}, .rows = 3, .ranks = 2,
+                                              .zero_stage = 3, .cores = 1},
+                                             host);
+  EXPECT_FALSE(plain.priced_by_busy);
+  ASSERT_EQ(plain.calls.size(), want.size());
+  EXPECT_NEAR(plain.calls[3].busy_s, want[3].second, 1e-18);
+  // ZeRO-1: the reduce-scatter after forward + backward and the gradient passes, the all-gather
+  // after the optimizer.
+  const MlpStepTime z1 = predict_mlp_step({.widths = {8, 6, 4}, .rows = 3, .ranks = 2,
+                                           .zero_stage = 1, .cores = 1,
+                                           .all_gather_by_busy = ag},
+                                          host);
+  ASSERT_EQ(z1.calls.size(), 2u);
+  EXPECT_NEAR(z1.calls[0].busy_s, c * (z1.compute_s + z1.gradient_s), 1e-18);
+  EXPECT_NEAR(z1.calls[1].busy_s, c * pass(20 * 41), 1e-18);
+  // A curve out of order or out of range is refused, naming the point.
+  for (const auto& [bad, what] :
+       {std::pair{std::vector<BusyLink>{ag[1], ag[0]}, "all_gather_by_busy[1].busy_s"},
+        std::pair{std::vector<BusyLink>{{.busy_s = 2, .link = ag[0].link}},
+                  "all_gather_by_busy[0].busy_s"},
+        std::pair{std::vector<BusyLink>{{.busy_s = 0, .link = {.bandwidth_bps = 1,
+                                                               .latency_s = 0}}},
+                  "all_gather_by_busy[0].bandwidth_bps"}}) {
+    try {
+      predict_mlp_step({.widths = {8, 6, 4}, .rows = 3, .ranks = 2, .zero_stage = 3,
+                        .all_gather_by_busy = bad},
+                       host);
+      ADD_FAILURE() << "no throw: " << what;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(MlpStep, RefusesWhatTheEngineCannotRun) {
   const ClusterSpec host = ideal_host(1e9, 0, 1e8, 1e9);
   EXPECT_THROW(predict_mlp_step({.widths = {8}}, host), InvalidInput);

@@ -526,4 +526,64 @@ TEST(Calibration, OverlapPointsGiveTheHostsSigma) {
       },
       {"overlap[0]", "\"sigma\""});
 }
+
+// Note [busy-time axis] (core/mlp_step.hpp): points timed after different busy times are
+// separate series — each fits its own link, the default is the longest busy time, a file's
+// points at another busy time survive a merge, and the field round-trips (absent before it).
+TEST(Calibration, BusyTimesAreSeriesOfTheirOwn) {
+  const auto half = [](double alpha, double beta, int k, double S) {
+    return alpha * (k - 1) + S * (k - 1) / k / beta;
+  };
+  const auto series = [&](double busy, double alpha, double beta) {
+    std::vector<CalibrationPoint> v;
+    for (double S : {4.1e4, 1e6, 6.31e6})
+      v.push_back({.collective = std::string(kGlooAllGatherPoints), .ranks = 4,
+                   .size_bytes = S, .seconds_median = 1, .busbw_bps = 1,
+                   .seconds_mean = half(alpha, beta, 4, S), .busy_s = busy});
+    return v;
+  };
+  Calibration c{.source = "test", .points = series(0, 0.85e-3, 1e9)};
+  for (const CalibrationPoint& p : series(2e-3, 1.23e-3, 9e8)) c.points.push_back(p);
+  const Calibration back = parse(calibration_to_json(c));
+  ASSERT_EQ(back.points.size(), 6u);
+  EXPECT_EQ(back.points[0].busy_s, std::optional(0.0));
+  EXPECT_EQ(back.points[5].busy_s, std::optional(2e-3));
+  EXPECT_EQ(busy_levels(back, kGlooAllGatherPoints, 4), (std::vector<double>{0, 2e-3}));
+  EXPECT_TRUE(busy_levels(back, kGlooAllGatherPoints, 2).empty());
+  const auto expect_fit = [&](std::optional<double> busy, double alpha, double beta) {
+    const std::optional<LinkSpec> l = fitted_link(back, kGlooAllGatherPoints, 4, busy);
+    ASSERT_TRUE(l.has_value());
+    EXPECT_NEAR(l->latency_s / alpha, 1, 1e-9);
+    EXPECT_NEAR(l->bandwidth_bps / beta, 1, 1e-9);
+  };
+  expect_fit(0.0, 0.85e-3, 1e9);
+  expect_fit(2e-3, 1.23e-3, 9e8);
+  expect_fit(std::nullopt, 1.23e-3, 9e8);  // the longest busy time, not a fit over both
+  EXPECT_FALSE(fitted_link(back, kGlooAllGatherPoints, 4, 1e-3).has_value());  // none timed
+  // Without the field every point is one series, as before.
+  Calibration old{.source = "old", .points = series(0, 0.85e-3, 1e9)};
+  for (CalibrationPoint& p : old.points) p.busy_s.reset();
+  EXPECT_EQ(calibration_to_json(old).find("busy_seconds"), std::string::npos);
+  {
+    const std::optional<LinkSpec> l = fitted_link(old, kGlooAllGatherPoints, 4);
+    ASSERT_TRUE(l.has_value());
+    EXPECT_NEAR(l->latency_s / 0.85e-3, 1, 1e-9);
+  }
+  // A merge keeps the file's points at another busy time and replaces those at the same.
+  const auto path = test::temp_file("calibration_busy_merge.json", calibration_to_json(c));
+  const Calibration fresh{.source = "b2", .points = series(2e-3, 1.5e-3, 8e8)};
+  const Calibration merged = merged_with_file(fresh, path);
+  ASSERT_EQ(merged.points.size(), 6u);
+  EXPECT_EQ(busy_levels(merged, kGlooAllGatherPoints, 4), (std::vector<double>{0, 2e-3}));
+  const std::optional<LinkSpec> l2 = fitted_link(merged, kGlooAllGatherPoints, 4, 2e-3);
+  ASSERT_TRUE(l2.has_value());
+  EXPECT_NEAR(l2->latency_s / 1.5e-3, 1, 1e-9);  // the fresh series, not the file's
+  // Out of range: named.
+  expect_invalid(
+      [] {
+        parse(R"({"points": [{"collective": "all-gather", "ranks": 4, "size_bytes": 1e6,
+          "seconds_median": 1e-3, "busbw_bytes_per_s": 1e9, "busy_seconds": 2}]})");
+      },
+      {"points[0].busy_seconds"});
+}
 }  // namespace tally::io::test_calibration
