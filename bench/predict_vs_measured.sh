@@ -28,11 +28,7 @@
 #      of its collectives calls (Note [per-implementation links], core/mlp_step.hpp) — bench
 #      ddp's reducer Gloo's all-reduce; run zero tally's ring for DP's all-reduce and the ZeRO
 #      stages' reduce-scatter, Gloo's for their all-gathers (engine/runtime/comm.cpp).
-#      The halves are priced on their own points where --sharded timed them. Before it, the
-#      same bench at run zero's sizes (ZERO_SIZES) back to back and after 0.5 ms of busy CPU
-#      (SHORT_BUSY_MS, --sharded, no probe): run zero prices each call on the points timed
-#      after about as much compute as precedes it in its step (Note [busy-time axis],
-#      core/mlp_step.hpp); the file's own link stays the BUSY_MS run's.
+#      The halves are priced on their own points where --sharded timed them.
 #    Nothing is fitted to the runs below: the calibration is kernels and collectives only.
 # 2. Then per k: `tally bench ddp` (DDP, SGD, bench's default MLP, B 32 per rank) and
 #    `tally run zero` (ZeRO-0/1/2/3, Adam, the default ZeRO MLP, 64 rows over k ranks), each with
@@ -79,12 +75,6 @@ THREE_D=("single:1:" "tp2:2:--tp 2" "tp2-sp:2:--tp 2 --sp" "cp2:2:--cp 2" "pp2:2
 # 6.3 MB at 5.9–6.3 ms) instead of 0.25, 1, 4, 16 MB alone (5.3–5.5 ms; the bench itself measures
 # 6.0–6.7 ms there) prices the runs' messages as measured, not as a curve's far points imply.
 SIZES=0.041,0.25,1,2.1,4.17,6.31,10.56,16
-# Note [busy-time axis] (core/mlp_step.hpp): run zero's own sizes are also timed back to back and
-# after 0.5 ms of busy CPU, so that each of its calls is priced at the busy time before it (ZeRO-3's
-# follow one unit's forward or backward, or another call; at k = 4 Gloo's α was 0.85, 0.94, 1.13,
-# 1.23 ms a step after 0, 0.5, 1, 2 ms).
-ZERO_SIZES=0.041,0.25,1,2.1,4.17,6.31
-SHORT_BUSY_MS="0 0.5"
 GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 6)
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -100,13 +90,6 @@ calibrate() {  # $1 = round
   for k in $WORLD_SIZES; do
     cp "$cal" "$OUT/cal-k$k-r$1.json"
     if [[ $k -ge 2 ]]; then
-      # Note [busy-time axis]: run zero's sizes also after shorter busy times (first, so that
-      # the file's own link stays the BUSY_MS run's: each run writes its fit as intra_node).
-      for b in $SHORT_BUSY_MS; do
-        "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo both \
-          --sizes-mb "$ZERO_SIZES" --iters 50 --busy-ms "$b" --sharded \
-          --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-b$b-r$1.txt"
-      done
       "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo both \
         --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" --overlap-probe --sharded \
         --calibration-out "$OUT/cal-k$k-r$1.json" >"$OUT/allreduce-k$k-r$1.txt"

@@ -19,18 +19,6 @@ HostModel load_host_model(const std::string& flag, const std::string& path, int 
     m.ring_reduce_scatter_link =
         io::fitted_link(m.calibration, io::kRingReduceScatterPoints, ranks);
     m.gloo_all_gather_link = io::fitted_link(m.calibration, io::kGlooAllGatherPoints, ranks);
-    const auto curve = [&](std::string_view label) {
-      std::vector<BusyLink> out;
-      for (double busy : io::busy_levels(m.calibration, label, ranks))
-        if (const auto link = io::fitted_link(m.calibration, label, ranks, busy))
-          out.push_back({.busy_s = busy, .link = *link});
-      if (out.size() < 2) out.clear();
-      return out;
-    };
-    m.gloo_by_busy = curve(io::kGlooAllReducePoints);
-    m.ring_by_busy = curve(io::kRingAllReducePoints);
-    m.ring_reduce_scatter_by_busy = curve(io::kRingReduceScatterPoints);
-    m.gloo_all_gather_by_busy = curve(io::kGlooAllGatherPoints);
   } catch (const InvalidInput& e) {
     throw InvalidInput(flag + " = '" + path + "': " + e.what());
   }
@@ -47,16 +35,6 @@ MlpStepTime predict_step(const HostModel& m, MlpStepSetup setup) {
 namespace {
 nlohmann::json link_json(const LinkSpec& l) {
   return {{"alpha_s", l.latency_s}, {"beta_bytes_per_s", l.bandwidth_bps}};
-}
-// Each collective as priced, in the step's order (Note [busy-time axis], core/mlp_step.hpp).
-nlohmann::json calls_json(const MlpStepTime& t) {
-  nlohmann::json calls = nlohmann::json::array();
-  for (const MlpCall& c : t.calls)
-    calls.push_back({{"collective", to_string(c.collective)},
-                     {"bytes", c.bytes},
-                     {"busy_s", c.busy_s},
-                     {"seconds", c.seconds}});
-  return calls;
 }
 }  // namespace
 
@@ -76,8 +54,6 @@ void add_prediction_json(nlohmann::json& out, const HostModel& m, const MlpStepT
                        {"reduce_link", link_json(t.reduce_link)},
                        {"reduce_scatter_link", link_json(t.reduce_scatter_link)},
                        {"all_gather_link", link_json(t.all_gather_link)},
-                       {"priced_by_busy", t.priced_by_busy},
-                       {"calls", calls_json(t)},
                        {"convention", t.convention()},
                        {"calibration", m.path}};
 }

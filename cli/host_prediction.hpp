@@ -27,10 +27,6 @@ struct HostModel {
   // host's intra_node prices, or for the halves the all-reduce fit of their implementation).
   std::optional<LinkSpec> gloo_link, ring_link;
   std::optional<LinkSpec> ring_reduce_scatter_link, gloo_all_gather_link;
-  // The same four refitted at each busy time the file timed them (io::busy_levels; Note
-  // [busy-time axis], core/mlp_step.hpp), ascending; empty unless it timed two or more.
-  std::vector<BusyLink> gloo_by_busy, ring_by_busy, ring_reduce_scatter_by_busy,
-      gloo_all_gather_by_busy;
 };
 
 // Loads and checks FILE before the run starts (a bad file is exit 2, not a wasted run). ranks >= 2

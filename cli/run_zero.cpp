@@ -449,14 +449,7 @@ void run(Flags& f) {
                      .reduce_link = model->ring_link,
                      .reduce_scatter_link = model->ring_reduce_scatter_link,  // unset: the ring's
                      .all_gather_link = model->gloo_all_gather_link ? model->gloo_all_gather_link
-                                                                    : model->gloo_link,
-                     // Note [busy-time axis]: each call at the busy time before it, where the
-                     // file timed the calls at several.
-                     .reduce_by_busy = model->ring_by_busy,
-                     .reduce_scatter_by_busy = model->ring_reduce_scatter_by_busy,
-                     .all_gather_by_busy = model->gloo_all_gather_link
-                                               ? model->gloo_all_gather_by_busy
-                                               : model->gloo_by_busy});
+                                                                    : model->gloo_link});
         if (f.json || f.html) add_prediction_json(j["stages"][i], *model, t, measured);
         if (!f.json) {
           fmt::print("  {:<12} measured {:.2f} ms\n  {:<12} {}\n", st.name, measured * 1e3, "",

@@ -68,29 +68,17 @@ void MlpStepSetup::validate() const {
   if (overlap_slowdown)
     require_real(*overlap_slowdown >= 0 && *overlap_slowdown <= 1000, "overlap_slowdown",
                  *overlap_slowdown, "must be in [0, 1000]");
-  const auto check_link = [](const std::string& field, const LinkSpec& l) {
+  for (const auto& [name, link] : {std::pair{"reduce_link", &reduce_link},
+                                   std::pair{"reduce_scatter_link", &reduce_scatter_link},
+                                   std::pair{"all_gather_link", &all_gather_link}}) {
+    if (!*link) continue;
+    const LinkSpec& l = **link;
+    const std::string field(name);
     require_real(l.bandwidth_bps >= kBandwidthBpsBounds.lo &&
                      l.bandwidth_bps <= kBandwidthBpsBounds.hi,
                  field + ".bandwidth_bps", l.bandwidth_bps, "must be in [1e6, 1e15] bytes/s");
     require_real(l.latency_s >= kLatencySBounds.lo && l.latency_s <= kLatencySBounds.hi,
                  field + ".latency_s", l.latency_s, "must be in [0, 1] s");
-  };
-  for (const auto& [name, link] : {std::pair{"reduce_link", &reduce_link},
-                                   std::pair{"reduce_scatter_link", &reduce_scatter_link},
-                                   std::pair{"all_gather_link", &all_gather_link}})
-    if (*link) check_link(name, **link);
-  for (const auto& [name, curve] : {std::pair{"reduce_by_busy", &reduce_by_busy},
-                                    std::pair{"reduce_scatter_by_busy", &reduce_scatter_by_busy},
-                                    std::pair{"all_gather_by_busy", &all_gather_by_busy}}) {
-    for (std::size_t i = 0; i < curve->size(); ++i) {
-      const std::string field = std::string(name) + "[" + std::to_string(i) + "]";
-      const double b = (*curve)[i].busy_s;
-      require_real(b >= 0 && b <= 1, field + ".busy_s", b, "must be in [0, 1] s");
-      if (i > 0)
-        require_real(b > (*curve)[i - 1].busy_s, field + ".busy_s", b,
-                     "must be above the point before it (ascending busy times)");
-      check_link(field, (*curve)[i].link);
-    }
   }
 }
 
@@ -109,63 +97,33 @@ i64 mlp_parameters(const std::vector<i64>& widths) {
   return n;
 }
 
-namespace {
-
-// Layer l's kernels of one pass (mlp_ops, Note [host step model]); the loss's apart.
-void layer_ops(const std::vector<i64>& widths, i64 rows, std::size_t l, Pass pass, double e,
-               std::vector<Op>& ops) {
+std::vector<Op> mlp_ops(const std::vector<i64>& widths, i64 rows, double e) {
+  std::vector<Op> ops;
   const std::size_t layers = widths.size() - 1;
-  const i64 in = widths[l], out = widths[l + 1];
-  const auto gemm = [&](std::string_view name, i64 m, i64 n, i64 k) {
+  const auto gemm = [&](std::string_view name, Pass pass, i64 m, i64 n, i64 k) {
     ops.push_back(Op{.name = name, .kind = OpKind::gemm, .pass = pass, .m = m, .n = n, .k = k,
                      .flops = 2.0 * double(m) * double(n) * double(k),
                      .bytes = e * (double(m) * k + double(k) * n + double(m) * n)});
   };
-  const auto memory = [&](std::string_view name, double bytes) {
+  const auto memory = [&](std::string_view name, Pass pass, double bytes) {
     ops.push_back(Op{.name = name, .kind = OpKind::memory, .pass = pass, .bytes = bytes});
   };
-  if (pass == Pass::forward) {
-    gemm("linear", rows, out, in);
-    if (l + 1 < layers) memory("relu", 2 * e * double(rows * out));
-    return;
+  for (std::size_t l = 0; l < layers; ++l) {
+    const i64 in = widths[l], out = widths[l + 1];
+    gemm("linear", Pass::forward, rows, out, in);
+    if (l + 1 < layers) memory("relu", Pass::forward, 2 * e * double(rows * out));
   }
-  if (l + 1 < layers) memory("relu.backward", 3 * e * double(rows * out));
-  gemm("linear.wgrad", out, in, rows);        // dW = dYᵀ·X
-  memory("bias.grad", e * double(rows * out + out));
-  if (l > 0) gemm("linear.dgrad", rows, in, out);  // dX = dY·W
-}
-
-void loss_ops(const std::vector<i64>& widths, i64 rows, double e, std::vector<Op>& ops) {
   const double logits = e * double(rows * widths.back());
-  ops.push_back(Op{.name = "cross-entropy", .kind = OpKind::memory, .pass = Pass::forward,
-                   .bytes = 3 * logits});
-  ops.push_back(Op{.name = "cross-entropy.backward", .kind = OpKind::memory,
-                   .pass = Pass::backward, .bytes = 2 * logits});
-}
-
-}  // namespace
-
-std::vector<Op> mlp_ops(const std::vector<i64>& widths, i64 rows, double e) {
-  std::vector<Op> ops;
-  const std::size_t layers = widths.size() - 1;
-  for (std::size_t l = 0; l < layers; ++l) layer_ops(widths, rows, l, Pass::forward, e, ops);
-  loss_ops(widths, rows, e, ops);
-  for (std::size_t l = layers; l-- > 0;) layer_ops(widths, rows, l, Pass::backward, e, ops);
+  memory("cross-entropy", Pass::forward, 3 * logits);
+  memory("cross-entropy.backward", Pass::backward, 2 * logits);
+  for (std::size_t l = layers; l-- > 0;) {
+    const i64 in = widths[l], out = widths[l + 1];
+    if (l + 1 < layers) memory("relu.backward", Pass::backward, 3 * e * double(rows * out));
+    gemm("linear.wgrad", Pass::backward, out, in, rows);        // dW = dYᵀ·X
+    memory("bias.grad", Pass::backward, e * double(rows * out + out));
+    if (l > 0) gemm("linear.dgrad", Pass::backward, rows, in, out);  // dX = dY·W
+  }
   return ops;
-}
-
-LinkSpec link_after_busy(const std::vector<BusyLink>& curve, double busy_s) {
-  if (curve.empty()) throw InvalidInput("link_after_busy: an empty curve");
-  if (busy_s <= curve.front().busy_s) return curve.front().link;
-  if (busy_s >= curve.back().busy_s) return curve.back().link;
-  std::size_t i = 1;
-  while (curve[i].busy_s < busy_s) ++i;
-  const BusyLink &a = curve[i - 1], &b = curve[i];
-  const double w = (busy_s - a.busy_s) / (b.busy_s - a.busy_s);
-  const double per_byte =
-      (1 - w) / a.link.bandwidth_bps + w / b.link.bandwidth_bps;  // seconds a byte
-  return {.bandwidth_bps = 1 / per_byte,
-          .latency_s = (1 - w) * a.link.latency_s + w * b.link.latency_s};
 }
 
 MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
@@ -221,75 +179,33 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
     for (i64 nu : units) host_optimizer_ops(s.optimizer, (nu + k - 1) / k, opt);
   }
   t.optimizer_s = host_ops_seconds(opt, cpu);
-  t.contention = std::max(1.0, double(k) * s.threads_per_rank / s.cores);
 
   if (k > 1) {
     t.reduce_link = s.reduce_link.value_or(host.intra_node);
     t.reduce_scatter_link = s.reduce_scatter_link.value_or(t.reduce_link);
     t.all_gather_link = s.all_gather_link.value_or(host.intra_node);
-    // Note [busy-time axis]: busy_s = the kernels' time since the previous collective, one core.
-    const auto add = [&](Collective c, double bytes, double busy_s) {
-      const bool ag = c == Collective::all_gather, rs = c == Collective::reduce_scatter;
-      // An unset reduce-scatter curve is the reduce curve where the link is unset too, as the
-      // link itself (reduce_scatter_link unset = reduce_link).
-      const std::vector<BusyLink>& rs_curve =
-          !s.reduce_scatter_by_busy.empty() || s.reduce_scatter_link ? s.reduce_scatter_by_busy
-                                                                     : s.reduce_by_busy;
-      const std::vector<BusyLink>& curve =
-          ag ? s.all_gather_by_busy : rs ? rs_curve : s.reduce_by_busy;
-      const double wall_s = t.contention * busy_s;
-      t.priced_by_busy = t.priced_by_busy || !curve.empty();
-      const LinkSpec link = !curve.empty() ? link_after_busy(curve, wall_s)
-                            : ag           ? t.all_gather_link
-                            : rs           ? t.reduce_scatter_link
-                                           : t.reduce_link;
-      const double seconds = collective_cost(c, bytes, k, link).seconds;
-      t.calls.push_back({.collective = c, .bytes = bytes, .busy_s = wall_s, .seconds = seconds});
-      t.comm_s += seconds;
+    const auto add = [&](Collective c, double bytes) {
+      const LinkSpec& link = c == Collective::all_gather       ? t.all_gather_link
+                             : c == Collective::reduce_scatter ? t.reduce_scatter_link
+                                                               : t.reduce_link;
+      t.comm_s += collective_cost(c, bytes, k, link).seconds;
     };
-    const double after_backward = t.compute_s + t.gradient_s;
     if (s.zero_stage == 0) {
-      if (s.bucket_bytes.empty()) add(Collective::all_reduce, kFp32 * N, after_backward);
-      for (double b : s.bucket_bytes) add(Collective::all_reduce, b, after_backward);
+      if (s.bucket_bytes.empty()) add(Collective::all_reduce, kFp32 * N);
+      for (double b : s.bucket_bytes) add(Collective::all_reduce, b);
     } else if (s.zero_stage < 3) {
-      add(Collective::reduce_scatter, kFp32 * N, after_backward);
-      add(Collective::all_gather, kFp32 * N, t.optimizer_s);
+      add(Collective::reduce_scatter, kFp32 * N);
+      add(Collective::all_gather, kFp32 * N);
     } else {
-      // Each unit's pieces, one core (Note [busy-time axis] orders them).
-      const auto seconds_of = [&](const std::vector<Op>& ops) {
-        return host_ops_seconds(ops, cpu);
-      };
-      const std::size_t L = units.size();
-      std::vector<double> forward(L), backward(L), copy(L), leaf(L), shard_copy(L);
-      for (std::size_t u = 0; u < L; ++u) {
-        const double nu = double(units[u]);
-        std::vector<Op> f, b;
-        layer_ops(s.widths, s.rows, u, Pass::forward, kFp32, f);
-        layer_ops(s.widths, s.rows, u, Pass::backward, kFp32, b);
-        forward[u] = seconds_of(f);
-        backward[u] = seconds_of(b);
-        copy[u] = seconds_of({stream_op("gather-copy", kCopyStreams, nu)});
-        leaf[u] = seconds_of({stream_op("slice-backward-zeros", 1, nu),
-                              stream_op("slice-backward-copy", kCopyStreams,
-                                        double(tensors[2 * u])),
-                              stream_op("slice-backward-zeros", 1, nu),
-                              stream_op("slice-backward-copy", kCopyStreams,
-                                        double(tensors[2 * u + 1])),
-                              stream_op("view-gradient-sum", 3, nu)});
-        shard_copy[u] = seconds_of({stream_op("shard-copy", kCopyStreams, std::ceil(nu / k))});
-      }
-      std::vector<Op> loss;
-      loss_ops(s.widths, s.rows, kFp32, loss);
-      for (std::size_t u = 0; u < L; ++u)
-        add(Collective::all_gather, kFp32 * double(units[u]),
-            u == 0 ? t.optimizer_s : copy[u - 1] + forward[u - 1]);
-      for (std::size_t u = L; u-- > 0;) {
-        add(Collective::all_gather, kFp32 * double(units[u]),
-            u + 1 == L ? copy[u] + forward[u] + seconds_of(loss) : shard_copy[u + 1]);
-        add(Collective::reduce_scatter, kFp32 * double(units[u]), copy[u] + backward[u] + leaf[u]);
+      for (i64 nu : units) {
+        const double bytes = kFp32 * double(nu);
+        add(Collective::all_gather, bytes);
+        add(Collective::all_gather, bytes);
+        add(Collective::reduce_scatter, bytes);
       }
     }
   }
+  t.contention = std::max(1.0, double(k) * s.threads_per_rank / s.cores);
   t.comm_exposed_s = t.comm_s;
   if (s.overlap_gradients && s.zero_stage == 0 && k > 1) {
     std::vector<Op> backward = mlp_ops(s.widths, s.rows);
@@ -311,8 +227,6 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
 std::string MlpStepTime::convention() const {
   return "operator model on the calibrated host: contention x (GEMM roofline + streaming passes at " +
          format_number(memory_bps / 1e9) + " GB/s) + alpha-beta collectives" +
-         (priced_by_busy ? " (each on the link at the busy time before it: Note [busy-time axis])"
-                         : "") +
          (overlapped ? " exposed beside the backward (last bucket whole, the rest with sigma " +
                            format_number(overlap_slowdown) + "; Note [planner overlap])"
                      : ", no overlap");

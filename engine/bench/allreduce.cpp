@@ -541,8 +541,7 @@ io::Calibration to_calibration(const BenchAllReduceResult& r, bool single_host,
                         .size_bytes = row.size_bytes,
                         .seconds_median = row.time.median_s,
                         .busbw_bps = row.busbw_bps,
-                        .seconds_mean = row.time.mean_s,
-                        .busy_s = r.busy_s});
+                        .seconds_mean = row.time.mean_s});
   };
   for (const BenchRow& row : r.rows)
     add_point(row.algorithm == AllReduceAlgorithm::ring ? io::kRingAllReducePoints

@@ -33,7 +33,6 @@ constexpr Range kMfu{kUtilisationBounds.lo, kUtilisationBounds.hi};
 constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;
 constexpr Range kSizeBytes{0, 1e15};
 constexpr Range kSeconds{0, 1e6};
-constexpr Range kBusySeconds{0, 1};  // bench allreduce --busy-ms's own bound
 constexpr Range kPositiveSeconds{1e-9, 1e6};  // divided by (Note [host overlap])
 constexpr Range kBusbwBps{0, 1e15};
 constexpr std::size_t kMaxPoints = 100000;
@@ -69,16 +68,14 @@ CalibrationPoint read_point(const json& v, std::string_view source, std::size_t 
     detail::fail(source, field, detail::show(v), "must be an object {\"collective\": ...}");
   const ObjectReader p(v, source, field + ".");
   p.allow_only({"collective", "ranks", "size_bytes", "seconds_median", "seconds_mean",
-                "busbw_bytes_per_s", "busy_seconds"});
-  return CalibrationPoint{
-      .collective = read_collective(p),
-      .ranks = int(p.integer("ranks", 1, kMaxRanks)),
-      .size_bytes = p.number("size_bytes", kSizeBytes),
-      .seconds_median = p.number("seconds_median", kSeconds),
-      .busbw_bps = p.number("busbw_bytes_per_s", kBusbwBps),
-      .seconds_mean = p.has("seconds_mean") ? p.number("seconds_mean", kSeconds) : 0.0,
-      .busy_s = p.has("busy_seconds") ? std::optional(p.number("busy_seconds", kBusySeconds))
-                                      : std::nullopt};
+                "busbw_bytes_per_s"});
+  return CalibrationPoint{.collective = read_collective(p),
+                          .ranks = int(p.integer("ranks", 1, kMaxRanks)),
+                          .size_bytes = p.number("size_bytes", kSizeBytes),
+                          .seconds_median = p.number("seconds_median", kSeconds),
+                          .busbw_bps = p.number("busbw_bytes_per_s", kBusbwBps),
+                          .seconds_mean = p.has("seconds_mean") ? p.number("seconds_mean", kSeconds)
+                                                                : 0.0};
 }
 
 OverlapPoint read_overlap(const json& v, std::string_view source, std::size_t i) {
@@ -267,9 +264,6 @@ void require_finite(const Calibration& c) {
     require_finite(c.points[i].seconds_median, at + "seconds_median");
     require_finite(c.points[i].seconds_mean, at + "seconds_mean");
     require_finite(c.points[i].busbw_bps, at + "busbw_bytes_per_s");
-    if (const auto& b = c.points[i].busy_s)
-      require_real(*b >= kBusySeconds.lo && *b <= kBusySeconds.hi, at + "busy_seconds", *b,
-                   "must be in [0, 1] s");
   }
   for (std::size_t i = 0; i < c.overlap.size(); ++i) {
     const std::string at = "overlap[" + std::to_string(i) + "].";
@@ -296,7 +290,6 @@ std::string calibration_to_json(const Calibration& c) {
            {"seconds_median", p.seconds_median},
            {"busbw_bytes_per_s", p.busbw_bps}};
     if (p.seconds_mean != 0) q["seconds_mean"] = p.seconds_mean;
-    if (p.busy_s) q["busy_seconds"] = *p.busy_s;
     points.push_back(std::move(q));
   }
   j["points"] = std::move(points);
@@ -435,15 +428,7 @@ Calibration merged_with_file(Calibration c, const std::filesystem::path& path) {
   if (!c.inter_node) c.inter_node = old.inter_node;
   if (!c.mfu) c.mfu = old.mfu;
   if (!c.kernels) c.kernels = std::move(old.kernels);
-  // Every point of the file whose (collective, ranks, busy time) the new ones do not time.
-  const auto same_series = [](const CalibrationPoint& a, const CalibrationPoint& b) {
-    return a.collective == b.collective && a.ranks == b.ranks && a.busy_s == b.busy_s;
-  };
-  const std::size_t fresh = c.points.size();
-  for (CalibrationPoint& p : old.points)
-    if (std::none_of(c.points.begin(), c.points.begin() + std::ptrdiff_t(fresh),
-                     [&](const CalibrationPoint& q) { return same_series(p, q); }))
-      c.points.push_back(std::move(p));
+  if (c.points.empty()) c.points = std::move(old.points);
   if (c.overlap.empty()) c.overlap = std::move(old.overlap);
   return c;
 }
@@ -478,26 +463,11 @@ Collective points_collective(std::string_view label) {
   return Collective::all_reduce;
 }
 
-std::vector<double> busy_levels(const Calibration& c, std::string_view collective, int ranks) {
-  std::vector<double> levels;
-  for (const CalibrationPoint& p : c.points)
-    if (p.collective == collective && p.ranks == ranks && p.busy_s) levels.push_back(*p.busy_s);
-  std::sort(levels.begin(), levels.end());
-  levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
-  return levels;
-}
-
-std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks,
-                                    std::optional<double> busy_s) {
+std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks) {
   if (ranks < 2) return std::nullopt;
-  if (!busy_s) {
-    const std::vector<double> levels = busy_levels(c, collective, ranks);
-    if (!levels.empty()) busy_s = levels.back();
-  }
   std::vector<const CalibrationPoint*> chosen;
   for (const CalibrationPoint& p : c.points)
-    if (p.collective == collective && p.ranks == ranks && (!busy_s || p.busy_s == busy_s))
-      chosen.push_back(&p);
+    if (p.collective == collective && p.ranks == ranks) chosen.push_back(&p);
   const bool means = !chosen.empty() && std::all_of(chosen.begin(), chosen.end(), [](auto* p) {
     return p->seconds_mean > 0;
   });

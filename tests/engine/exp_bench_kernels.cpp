@@ -298,42 +298,6 @@ TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {
     expect_link(st["prediction"]["reduce_scatter_link"], rs);
     expect_link(st["prediction"]["all_gather_link"], ag);
   }
-  // Note [busy-time axis]: the halves timed back to back and after 2 ms of busy CPU (exact,
-  // β 1 GB/s, α 0.2 and 1 ms): each ZeRO call is priced at the busy time before it, α linear in
-  // it between the two and the longer one's beyond; DP's all-reduce, whose points carry one busy
-  // time, stays on its link.
-  io::Calibration busy = c;
-  std::erase_if(busy.points, [](const io::CalibrationPoint& p) {
-    return p.collective == io::kRingReduceScatterPoints || p.collective == io::kGlooAllGatherPoints;
-  });
-  for (double S : {2.5e5, 4e6})
-    for (const auto& [b, a] : {std::pair{0.0, 2e-4}, std::pair{2e-3, 1e-3}})
-      for (std::string_view label : {io::kRingReduceScatterPoints, io::kGlooAllGatherPoints})
-        busy.points.push_back({.collective = std::string(label), .ranks = 2, .size_bytes = S,
-                               .seconds_median = a + S / 2 / 1e9, .busy_s = b});
-  const std::string busy_cal = (dir / "cal-busy.json").string();
-  io::write_text_atomically(busy_cal, io::calibration_to_json(busy));
-  r = launched(2, {"run", "zero", "--widths", "16,33,4", "--batch", "8", "--steps", "2", "--json",
-                   "--calibration", busy_cal});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  for (const json& st : rank0_json(r)["stages"]) {
-    SCOPED_TRACE(st["name"].get<std::string>());
-    const json& p = st["prediction"];
-    expect_prediction(st, st["step_seconds_median"]);
-    EXPECT_EQ(p["priced_by_busy"].get<bool>(), st["stage"].get<int>() > 0);
-    double sum = 0;
-    for (const json& call : p["calls"]) {
-      const double b = call["busy_s"], bytes = call["bytes"], seconds = call["seconds"];
-      EXPECT_GT(b, 0) << call.dump();
-      if (call["collective"] != "all-reduce") {
-        EXPECT_NEAR(seconds, 2e-4 + 8e-4 * std::min(b / 2e-3, 1.0) + bytes / 2 / 1e9, 1e-12)
-            << call.dump();
-      }
-      sum += seconds;
-    }
-    EXPECT_EQ(p["calls"].size(), st["stage"].get<int>() == 3 ? 6u : st["stage"] == 0 ? 1u : 2u);
-    EXPECT_NEAR(sum, p["comm_s"].get<double>(), 1e-12);
-  }
 
   // run 3d (Note [predicted 3-D step]): TP 2 on the default model, one pipeline stage, DP 1, so
   // each rank's step is its kernels (compute + Adam) plus its TP collectives; both ranks report

@@ -81,27 +81,6 @@
 //   pays this host's fixed cost whole (Note [sharded collectives] in engine/bench/allreduce.cpp):
 //   where the calibration timed them as the run calls them, `reduce_scatter_link` and
 //   `all_gather_link` are their own fits (unset reduce_scatter_link = reduce_link).
-//
-// Note [busy-time axis]
-//   On this host a collective's fixed cost grows with how long the CPU was busy just before it
-//   (Note [busy before a call], engine/bench/allreduce.cpp): at k = 4 on 2 cores Gloo's fitted α
-//   was 0.85, 0.94, 1.13 and 1.23 ms a step after 0, 0.5, 1 and 2 ms of busy CPU (2026-12-06,
-//   docs/ledgers.md §5). The calibration's link is timed after 2 ms, as long compute leaves a
-//   call, but ZeRO-3's calls follow one unit's forward or backward, or another call. Where the
-//   calibration timed the calls at several busy times, the `*_by_busy` curves hold one link per
-//   time (ascending), and each call is priced on the link at the busy time before it — the wall
-//   time of the compute since the previous collective, contention × its kernels' time: linear in
-//   α and in 1/β between the two timed busy times around it, the nearest one outside them. The
-//   compute before each call, in the engine's order (engine/runtime/zero_stage*.cpp):
-//     DP          the all-reduce after forward + backward and the bucket pack
-//     ZeRO-1/2    the reduce-scatter after forward + backward and the gradient passes; the
-//                 all-gather after the optimizer
-//     ZeRO-3      forward: unit 0's all-gather after the optimizer (the previous step's), unit
-//                 u's after unit u−1's forward and its gathered copy; backward: the last unit's
-//                 all-gather after its forward, its copy and the loss; each unit's reduce-scatter
-//                 after the unit's gathered copy, backward and its way into the flat leaf (the
-//                 accumulate hook fires as its gradient is complete); the next unit's all-gather
-//                 right after the shard copy that follows it.
 #pragma once
 
 #include <cstdint>
@@ -109,21 +88,11 @@
 #include <string>
 #include <vector>
 
-#include "tally/core/comm.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/operators.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally {
-
-// One point of a busy-time curve (Note [busy-time axis]): the link timed after busy_s of busy CPU.
-struct BusyLink {
-  double busy_s = 0;
-  LinkSpec link;
-};
-// The link at `busy_s` on a curve of ascending busy times: linear in α and in 1/β between the two
-// points around it, the nearest point outside them. InvalidInput when the curve is empty.
-LinkSpec link_after_busy(const std::vector<BusyLink>& curve, double busy_s);
 
 struct MlpStepSetup {
   std::vector<std::int64_t> widths;   // d_0 … d_L
@@ -138,10 +107,6 @@ struct MlpStepSetup {
   std::optional<LinkSpec> reduce_link;          // all-reduce (and reduce-scatter, unless below)
   std::optional<LinkSpec> reduce_scatter_link;  // reduce-scatter; unset = reduce_link
   std::optional<LinkSpec> all_gather_link;      // all-gather
-  // Note [busy-time axis]: where not empty, each call of that kind is priced on the curve at the
-  // busy time before it instead of the link above (busy times ascending, in [0, 1] s); an empty
-  // reduce-scatter curve is the reduce curve where reduce_scatter_link is unset too.
-  std::vector<BusyLink> reduce_by_busy, reduce_scatter_by_busy, all_gather_by_busy;
   // DP's buckets reduced while the backward continues (Note [host step model], overlap); the
   // buckets in bucket_bytes are in reduction order, the last one exposed whole.
   bool overlap_gradients = false;
@@ -152,21 +117,11 @@ struct MlpStepSetup {
   void validate() const;              // InvalidInput naming the field
 };
 
-// One collective of the step as priced (Note [busy-time axis]).
-struct MlpCall {
-  Collective collective = Collective::all_reduce;
-  double bytes = 0;    // S, the full tensor
-  double busy_s = 0;   // the compute's wall time since the previous collective
-  double seconds = 0;  // its α–β time on the link it was priced on
-};
-
 struct MlpStepTime {
   double compute_s = 0;               // mlp_ops
   double gradient_s = 0;              // gradient-buffer passes
   double optimizer_s = 0;
-  double comm_s = 0;                  // every collective, one after another (Σ calls)
-  std::vector<MlpCall> calls;         // in the step's order (k >= 2)
-  bool priced_by_busy = false;        // a call was priced on a busy-time curve
+  double comm_s = 0;                  // every collective, one after another
   double comm_exposed_s = 0;          // on the critical path: comm_s, less what overlap hides
   bool overlapped = false;            // comm_exposed_s came from the overlap rule
   double overlap_slowdown = 0;        // the σ that rule used (0 when not overlapped)

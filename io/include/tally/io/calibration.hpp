@@ -49,9 +49,6 @@ struct CalibrationPoint {
   double seconds_median = 0;  // median over repetitions
   double busbw_bps = 0;       // bus bandwidth, bytes/s (nccl-tests convention)
   double seconds_mean = 0;    // mean over repetitions; 0 = not recorded (optional in the file)
-  // The busy CPU before each call, s (`bench allreduce --busy-ms`, Note [busy before a call]
-  // there; "busy_seconds" in the file, in [0, 1]); unset = not recorded (files before it).
-  std::optional<double> busy_s;
 };
 
 // One overlap probe (`tally bench allreduce --overlap-probe`, Note [host overlap] in
@@ -136,11 +133,9 @@ Calibration load_calibration(const std::filesystem::path& path);
 ClusterSpec apply_calibration(ClusterSpec cluster, const Calibration& c);
 
 // `c` completed from the calibration already at `path`, when that file exists: each of intra_node,
-// inter_node, mfu, kernels and overlap that `c` lacks is taken from the file, and every point of
-// the file whose (collective, ranks, busy_s) `c` has none of — so `bench allreduce`, `bench gemm`
-// and `bench memory` gather one host's figures in one file, and `bench allreduce` at several
-// --busy-ms its points at each (Note [busy-time axis], core/mlp_step.hpp). Throws InvalidInput
-// when the existing file does not read.
+// inter_node, mfu, kernels and points that `c` lacks is taken from the file, so `bench allreduce`,
+// `bench gemm` and `bench memory` gather one host's figures in one file. Throws InvalidInput when
+// the existing file does not read.
 Calibration merged_with_file(Calibration c, const std::filesystem::path& path);
 
 // The calibrated host itself as a one-node cluster, for machines no preset describes (this CPU):
@@ -173,15 +168,7 @@ Collective points_collective(std::string_view label);
 // kBandwidthBpsBounds, kLatencySBounds), as a file's own link would. A run whose collectives use
 // different implementations prices each on its own fit (Note [per-implementation links],
 // core/mlp_step.hpp).
-// Points timed at several busy times (busy_s) fit one link per busy time: `busy_s` picks the
-// points at that one (exactly as written); unset, the points at the longest busy time the label
-// has at `ranks` (a calibration's link is its longest: Note [busy-time axis]), or, where no point
-// records one, all of them.
-std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks,
-                                    std::optional<double> busy_s = std::nullopt);
-// The distinct busy times of the label's points at `ranks`, ascending (none where no point
-// records one).
-std::vector<double> busy_levels(const Calibration& c, std::string_view collective, int ranks);
+std::optional<LinkSpec> fitted_link(const Calibration& c, std::string_view collective, int ranks);
 
 // Note [host overlap]'s σ at `ranks` ranks: per overlap point x = (together − work) / comm, the
 // fraction of the collective the work did not hide, clamped to [0, kMaxExposedFraction]; σ of
