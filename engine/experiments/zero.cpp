@@ -65,7 +65,7 @@
 //
 // Note [every rank's phases]
 // Rank 0's phases alone mislead where the ranks outnumber the cores. At k = 4 on 2 cores
-// (2026-12-06, `run zero`'s default MLP) every rank's forward + backward ran 1.2–1.4× its time
+// (2026-12-06, `run zero`'s default MLP) every rank's forward + backward ran 1.2–1.8× its time
 // at one rank per core, not k/c = 2×: the ranks take the cores in turns, and the rest of the
 // contention shows as arrival wait at the next collective (a rank waits there for the others'
 // turn). So after each stage every rank's own medians over the steps — of the step and of each
