@@ -77,7 +77,6 @@ double clock_now_s(TimerClock clock) {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-
 TimeStats time_calls(int warmup, int samples, double min_sample_s,
                      const std::function<void()>& call, TimerClock clock) {
   TALLY_INVARIANT(warmup >= 0 && samples >= 1 && min_sample_s >= 0 && call);
