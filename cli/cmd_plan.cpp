@@ -33,6 +33,7 @@ struct PlanOptions {
   std::string loss = "fused";
   std::string kernels = "fused";
   std::string grad_accumulation = "fused";
+  std::string flash_kernel = "fa2";
   std::vector<std::string> recompute_policies;  // unset: all of them
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
@@ -78,6 +79,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .fp8_param_gather = o.fp8_param_gather,
                 .loss = *parse_loss(o.loss), .kernels = *parse_kernels(o.kernels),
                 .grad_accumulation = *parse_grad_accumulation(o.grad_accumulation),
+                .flash_kernel = *parse_flash_kernel(o.flash_kernel),
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
@@ -228,6 +230,13 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
                   "AccumulateGrad adds each later micro-batch's gradients in a kernel of its own, "
                   "3 x the gradient bytes: DDP under no_sync, FSDP; the time model only)")
       ->check(one_of(allowed_grad_accumulations()))
+      ->capture_default_str();
+  cmd->add_option("--flash-kernel", o.flash_kernel,
+                  "fa2 (FlashAttention-2 and kernels of its speed: cuDNN's, PyTorch SDPA's) | fa1 "
+                  "(FlashAttention 1 and the 2022-23 Triton kernels no faster, e.g. llm-foundry's "
+                  "MPT attn_impl triton: 2/3 of fa2's speed, Dao 2023); flash attention's kernel, "
+                  "the time model only")
+      ->check(one_of(allowed_flash_kernels()))
       ->capture_default_str();
   cmd->add_option("--capacity-factor", o.capacity_factor,
                   "MoE: expert slots as a multiple of the balanced share (token-dropping "

@@ -109,8 +109,9 @@ FineTuneEval evaluate_finetune(const PlanRequest& r, const LoraSetup& s, std::in
   ev.fit = check_fit(ev.ledger.static_bytes(), ev.activation_bytes, 0, r.memory_budget());
 
   const OperatorSetup os{.seq = r.seq, .micro_batch = micro_batch, .recompute = recompute,
-                         .causal = r.causal, .dropout = r.uses_dropout(), .act_bytes = e,
-                         .kernels = r.kernels, .loss = r.loss};
+                         .flash_kernel = r.flash_kernel, .causal = r.causal,
+                         .dropout = r.uses_dropout(), .act_bytes = e, .kernels = r.kernels,
+                         .loss = r.loss};
   const double tokens = double(r.seq) * double(micro_batch);
   const std::vector<Op> adapters = adapter_ops(m, s, ev.ledger, tokens, e, recompute);
   double dequant_layer = 0;

@@ -46,7 +46,8 @@ class Builder {
              double batch, double flops, double bytes) {
     forward_flash(name, sq, skv, d, batch, flops, bytes);
     out_.push_back(Op{.name = backward, .kind = OpKind::attention, .pass = Pass::backward, .m = sq,
-                      .n = skv, .k = d, .batch = batch, .flops = 2.5 * flops, .bytes = 2 * bytes});
+                      .n = skv, .k = d, .batch = batch, .flops = 2.5 * flops, .bytes = 2 * bytes,
+                      .flash_kernel = s_.flash_kernel});
   }
   // The forward kernels alone, for a replay (recompute) or a kernel with no gradient.
   void forward_gemm(std::string_view name, i64 m, i64 n, i64 k, double batch = 1) {
@@ -58,7 +59,8 @@ class Builder {
   void forward_flash(std::string_view name, i64 sq, i64 skv, i64 d, double batch, double flops,
                      double bytes) {
     out_.push_back(Op{.name = name, .kind = OpKind::attention, .pass = pass_, .m = sq, .n = skv,
-                      .k = d, .batch = batch, .flops = flops, .bytes = bytes});
+                      .k = d, .batch = batch, .flops = flops, .bytes = bytes,
+                      .flash_kernel = s_.flash_kernel});
   }
   // A gradient kernel with no forward kernel of its own (Note [local kernels]: a bias's gradient
   // sum).
@@ -464,7 +466,8 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
                               op.bytes, gk.kernel_overhead_s);
     }
     case OpKind::attention: {
-      const double eta = attention_fraction(k, op.pass == Pass::backward, op.k, op.m);
+      const double eta = attention_fraction(k, op.pass == Pass::backward, op.k, op.m) *
+                         (op.flash_kernel == FlashKernel::fa1 ? kFa1AttentionSpeed : 1.0);
       return roofline_seconds(gpu, op.flops, gpu.peak_flops(compute_precision(p)) * eta, op.bytes);
     }
     case OpKind::memory:

@@ -114,7 +114,7 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                    "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
                                    "2025 tables; kept aside, nothing fitted)",
                          .runs = "torchtitan runs on H100/H200"};
-  const ErrorBand a100_fsdp{.low = 1.00, .median = 1.28, .high = 1.62, .rank_spread = 0.548,
+  const ErrorBand a100_fsdp{.low = 0.986, .median = 1.14, .high = 1.575, .rank_spread = 0.508,
                             .source = "measured / predicted step time of 139 published FSDP runs "
                                       "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
                                       "125M-70B; kept aside, nothing fitted)",
@@ -249,6 +249,9 @@ std::string plan_convention(const PlanRequest& r) {
                     (r.loss == Loss::vocab_parallel ? ", unfused vocab-parallel loss" : "") +
                     (r.grad_accumulation == GradAccumulation::autograd
                          ? ", micro-batch gradients added by AccumulateGrad"
+                         : "") +
+                    (r.flash_kernel == FlashKernel::fa1
+                         ? ", FlashAttention-1-class attention kernels"
                          : "") +
                     ")"
               : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +

@@ -43,6 +43,8 @@ constexpr NameTable<Loss, 3> kLosses{
     {{Loss::fused, "fused"}, {Loss::vocab_parallel, "vocab-parallel"}, {Loss::eager, "eager"}}};
 constexpr NameTable<GradAccumulation, 2> kGradAccumulations{
     {{GradAccumulation::fused, "fused"}, {GradAccumulation::autograd, "autograd"}}};
+constexpr NameTable<FlashKernel, 2> kFlashKernels{
+    {{FlashKernel::fa2, "fa2"}, {FlashKernel::fa1, "fa1"}}};
 
 template <class E, std::size_t N>
 std::string_view name_of(const NameTable<E, N>& t, E e) {
@@ -75,6 +77,7 @@ std::string_view to_string(Attention a) { return name_of(kAttentions, a); }
 std::string_view to_string(Kernels k) { return name_of(kKernels, k); }
 std::string_view to_string(Loss l) { return name_of(kLosses, l); }
 std::string_view to_string(GradAccumulation g) { return name_of(kGradAccumulations, g); }
+std::string_view to_string(FlashKernel f) { return name_of(kFlashKernels, f); }
 
 std::optional<Precision> parse_precision(std::string_view s) {
   if (s == "mixed") return Precision::bf16;  // the seed's precision="mixed"
@@ -94,6 +97,9 @@ std::optional<Kernels> parse_kernels(std::string_view s) { return parse_name(kKe
 std::optional<Loss> parse_loss(std::string_view s) { return parse_name(kLosses, s); }
 std::optional<GradAccumulation> parse_grad_accumulation(std::string_view s) {
   return parse_name(kGradAccumulations, s);
+}
+std::optional<FlashKernel> parse_flash_kernel(std::string_view s) {
+  return parse_name(kFlashKernels, s);
 }
 std::optional<SizeUnit> parse_size_unit(std::string_view s) {
   if (s == "GB" || s == "gb") return SizeUnit::GB;
@@ -127,6 +133,10 @@ const std::vector<std::string>& allowed_losses() {
 }
 const std::vector<std::string>& allowed_grad_accumulations() {
   static const auto v = names(kGradAccumulations);
+  return v;
+}
+const std::vector<std::string>& allowed_flash_kernels() {
+  static const auto v = names(kFlashKernels);
   return v;
 }
 

@@ -329,6 +329,7 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("plan --global-batch 0", "--global-batch");                    // impossible batch
   expect_bad("plan --global-batch 3 --gpus 16 --max-pp 1 --max-cp 1", "--global-batch");
   expect_bad("plan --overlap-slowdown 1.5", "--overlap-slowdown");          // outside [0, 1]
+  expect_bad("plan --flash-kernel fa3", "--flash-kernel");                  // fa2 | fa1
 }
 
 // Note [overlap contention]: the plan says how much slower the kernels beside a hidden collective

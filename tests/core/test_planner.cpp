@@ -540,6 +540,21 @@ TEST(Planner, AutogradGradientAccumulationAddsAKernelPerLaterMicroBatch) {
   EXPECT_NE(p.convention.find("AccumulateGrad"), std::string::npos) << p.convention;
 }
 
+// Note [flash kernel generations]: a FlashAttention-1-class kernel makes a flash layout slower and
+// says so in the convention; materialised attention runs no flash kernel, so it does not move.
+TEST(Planner, FlashKernelGenerationMovesOnlyFlashLayouts) {
+  const PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("a100-80g"),
+                      .gpus = 8, .global_batch = 64, .seq = 4096};
+  PlanRequest v1 = r;
+  v1.flash_kernel = FlashKernel::fa1;
+  Layout L{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 8};
+  EXPECT_GT(evaluate_layout(v1, L).step_s, evaluate_layout(r, L).step_s);
+  L.attention = Attention::materialized;
+  EXPECT_EQ(evaluate_layout(v1, L).step_s, evaluate_layout(r, L).step_s);
+  EXPECT_NE(plan(v1, SearchSpace{.top = 1}).convention.find("FlashAttention-1"), std::string::npos);
+  EXPECT_EQ(plan(r, SearchSpace{.top = 1}).convention.find("FlashAttention-1"), std::string::npos);
+}
+
 // Any split (issue 10: BLOOM's 70 layers on 12 stages, `--pp-layers 5,6,6,…`): a list that
 // spells tally's own (first, last) split costs the same; one that moves layers onto a middle stage
 // holds more activations and parameters there; a list that is not a split is refused; flipping the

@@ -45,14 +45,17 @@ inline ModelSpec mpt_model(const nlohmann::json& arch, const std::string& size, 
 //    --torch_compile, which sweep.sh never passes; torch 2.0.1 image), so eager PyTorch
 //    (Note [eager kernels]). For a GPT layer eager differs from fused only by the attention
 //    output's transpose copy, which MPT's Triton path does not make (attention.py:
-//    attn_output.view) — a copy of d_model bf16 values per token counted that MPT does not run.
+//    attn_output.view) — a copy of d_model bf16 values per token counted that MPT does not run;
+//  - attention: MPT's Triton flash-attention kernel (attn_impl triton, below), FlashAttention-1's
+//    class, not FlashAttention-2's (FlashKernel::fa1, Note [flash kernel generations]).
 inline PlanRequest foundry_request(const nlohmann::json& arch, const nlohmann::json& run) {
   const std::int64_t seq = run["seq"];
   return PlanRequest{.model = mpt_model(arch, run["model"], seq),
                      .cluster = *cluster_preset(run["cluster"].get<std::string>()),
                      .gpus = run["gpus"], .global_batch = run["global_batch"], .seq = seq,
                      .precision = Precision::bf16, .optimizer = Optimizer::adamw,
-                     .dropout = false, .loss = Loss::fused, .kernels = Kernels::eager};
+                     .dropout = false, .loss = Loss::fused, .kernels = Kernels::eager,
+                     .flash_kernel = FlashKernel::fa1};
 }
 
 // The layout: FSDP FULL_SHARD over every GPU (ZeRO-3, dp = G; no TP, PP or CP in llm-foundry's

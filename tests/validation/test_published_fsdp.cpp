@@ -14,9 +14,10 @@
 //
 // The goal, written down before the first prediction of these rows: per GPU type (A100 80GB,
 // A100 40GB, H100), median |error| of tokens/s per GPU ≤ 25 % and every row within a factor 2
-// either way. Known confounders, none modelled:
-//   - MPT's attention is its own Triton flash-attention kernel (attn_impl triton, 2023), not
-//     FlashAttention-2 whose fractions the presets take (fast bias, growing with the sequence);
+// either way. MPT's attention is its own Triton flash-attention kernel (attn_impl triton, 2023),
+// FlashAttention 1's class, not FlashAttention-2 whose fractions the presets take: modelled since
+// 2026-12-06 (FlashKernel::fa1, Note [flash kernel generations]; before it the miss grew with the
+// sequence). Known confounders, not modelled:
 //   - the H100 rows ran torch 2.0.1 / CUDA 11.8 (sweep.sh) on early H100 software; the presets'
 //     GEMM constants come from 2024 XLA tables (fast bias);
 //   - Composer's FSDP "DEFAULT" mixed precision (the H100 and A100 80GB rows but its 70B ones)

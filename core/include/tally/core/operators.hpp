@@ -206,6 +206,8 @@ struct Op {
   // A routed expert's GEMM or kernel (its tokens arrive by all-to-all; no TP input-gradient
   // collective follows its up projection).
   bool routed_expert = false;
+  // An attention kernel's generation (Note [flash kernel generations]); others ignore it.
+  FlashKernel flash_kernel = FlashKernel::fa2;
 };
 
 struct OperatorSetup {
@@ -216,6 +218,7 @@ struct OperatorSetup {
   int cp = 1;                        // c
   Recompute recompute = Recompute::none;
   Attention attention = Attention::flash;
+  FlashKernel flash_kernel = FlashKernel::fa2;  // which kernel runs Attention::flash
   bool causal = true;                // decoder training: flash kernels skip the masked half
   bool dropout = true;
   double act_bytes = 2;              // e
@@ -278,8 +281,25 @@ double low_precision_gemms(const ModelSpec& m, double layers, int ep);
 // Bytes the optimizer step moves per parameter it updates (read + write; see the note above).
 double optimizer_update_bytes(Precision p, Optimizer o);
 
+// Note [flash kernel generations]
+// A GPU's attention fractions (KernelPerf::attention_*: the presets' FlashAttention-2 figures,
+// or a probe's measured kernel) describe FlashAttention-2-class kernels. Runs of 2022–23 used
+// slower ones: llm-foundry's MPT (attn_impl triton, its default in the published benchmark
+// tables) runs Tri Dao's Triton port of FlashAttention, whose docstring
+// (llmfoundry/models/layers/flash_attn_triton.py) says its forward is faster than
+// FlashAttention's CUDA kernel, its backward slower, and "overall Triton forward + backward is
+// slightly slower" than it. FlashAttention (v1) on A100 reaches 30–50 % of peak forward and
+// 25–35 % backward (Dao 2023, FlashAttention-2, §1); the A100 preset's FlashAttention-2 figures,
+// from the same paper, are 0.6 and 0.45. FlashKernel::fa1 therefore runs at the GPU's fractions
+// × kFa1AttentionSpeed, the midpoints over those: 0.40 / 0.60 forward, 0.30 / 0.45 backward —
+// 2/3 both ways, where the paper's own benchmark finds FlashAttention-2 "around 2×" faster (its
+// best shapes). On another GPU the same ratio is assumed (no FlashAttention-1 figures on Hopper
+// were found); a kernel "slightly slower" than FlashAttention keeps a small fast bias.
+inline constexpr double kFa1AttentionSpeed = 2.0 / 3.0;
+
 // Seconds of one kernel on `gpu` (core/roofline.hpp): a GEMM at p's tensor-core peak, except the
-// high_precision ones and attention, which run at compute_precision(p).
+// high_precision ones and attention, which run at compute_precision(p) (attention at its
+// kernel generation's speed, Note [flash kernel generations]).
 double op_seconds(const Op& op, const GpuSpec& gpu, Precision p);
 
 // The family a streaming kernel's measured rate is looked up by (KernelPerf::streaming_rates,

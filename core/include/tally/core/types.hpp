@@ -139,6 +139,14 @@ enum class Loss { fused, vocab_parallel, eager };
 //             kernel reading both and writing the sum (PyTorch DDP under no_sync, FSDP, Megatron-
 //             LM 2021's DDP without contiguous buffers)
 enum class GradAccumulation { fused, autograd };
+// Which fused-attention kernel runs Attention::flash (Note [flash kernel generations] in
+// operators.hpp):
+//   fa2  FlashAttention-2 and kernels of its speed (cuDNN's, PyTorch SDPA's flash backend): the
+//        GPU's attention fractions (KernelPerf)
+//   fa1  FlashAttention (v1) and kernels no faster: Tri Dao's 2022 Triton kernel that MPT /
+//        llm-foundry run (attn_impl triton), whose docstring puts it slightly below FlashAttention
+//        forward + backward; the fractions × kFa1AttentionSpeed
+enum class FlashKernel { fa2, fa1 };
 
 std::string_view to_string(Precision p);
 std::string_view to_string(Optimizer o);
@@ -147,6 +155,7 @@ std::string_view to_string(Attention a);
 std::string_view to_string(Kernels k);
 std::string_view to_string(Loss l);
 std::string_view to_string(GradAccumulation g);
+std::string_view to_string(FlashKernel f);
 
 // Parsers for the boundary (CLI, files). Return nullopt on unknown names; allowed_*() lists the names.
 std::optional<Precision> parse_precision(std::string_view s);
@@ -156,6 +165,7 @@ std::optional<Attention> parse_attention(std::string_view s);
 std::optional<Kernels> parse_kernels(std::string_view s);
 std::optional<Loss> parse_loss(std::string_view s);
 std::optional<GradAccumulation> parse_grad_accumulation(std::string_view s);
+std::optional<FlashKernel> parse_flash_kernel(std::string_view s);
 std::optional<SizeUnit> parse_size_unit(std::string_view s);
 const std::vector<std::string>& allowed_precisions();
 const std::vector<std::string>& allowed_optimizers();
@@ -164,6 +174,7 @@ const std::vector<std::string>& allowed_attentions();
 const std::vector<std::string>& allowed_kernels();
 const std::vector<std::string>& allowed_losses();
 const std::vector<std::string>& allowed_grad_accumulations();
+const std::vector<std::string>& allowed_flash_kernels();
 
 // Bytes of one element of the training dtype of parameters, gradients and activations (a
 // low-precision recipe keeps them in bf16: Note [low precision]).
