@@ -332,6 +332,26 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("plan --flash-kernel fa3", "--flash-kernel");                  // fa2 | fa1
 }
 
+// Note [flash kernel generations] on the command line: `--flash-kernel fa1` is echoed in the
+// request with the other kernel choices and named in the convention, and the same layout (the
+// default plan's) is slower than under the default fa2.
+TEST(Cli, PlanFlashKernelIsAnInput) {
+  const std::string base = "compare --model seed-7b --gpus 8 --zero 1 --micro-batch 4 --json";
+  const auto v2 = json_of(tally(base));
+  const auto v1 = json_of(tally(base + " --flash-kernel fa1"));
+  const double s2 = v2["options"][0]["eval"]["step_seconds"];
+  const double s1 = v1["options"][0]["eval"]["step_seconds"];
+  EXPECT_GT(s1, s2);
+  const auto plan = json_of(tally("plan --flash-kernel fa1 --kernels eager --json"));
+  EXPECT_EQ(plan["request"]["flash_kernel"], "fa1");
+  EXPECT_EQ(plan["request"]["kernels"], "eager");
+  EXPECT_EQ(plan["request"]["loss"], "fused");
+  EXPECT_EQ(plan["request"]["grad_accumulation"], "fused");
+  EXPECT_NE(plan["convention"].get<std::string>().find("FlashAttention-1-class"),
+            std::string::npos);
+  EXPECT_EQ(json_of(tally("plan --json"))["request"]["flash_kernel"], "fa2");
+}
+
 // Note [overlap contention]: the plan says how much slower the kernels beside a hidden collective
 // run (Lee et al. 2025's 18.9 % by default), and --overlap-slowdown 0 (the ideal overlap) can only
 // make a layout's step shorter: a ZeRO-3 layout's gathers hide behind compute on NVLink.
