@@ -294,7 +294,9 @@ double optimizer_update_bytes(Precision p, Optimizer o);
 // × kFa1AttentionSpeed, the midpoints over those: 0.40 / 0.60 forward, 0.30 / 0.45 backward —
 // 2/3 both ways, where the paper's own benchmark finds FlashAttention-2 "around 2×" faster (its
 // best shapes). On another GPU the same ratio is assumed (no FlashAttention-1 figures on Hopper
-// were found); a kernel "slightly slower" than FlashAttention keeps a small fast bias.
+// were found); a kernel "slightly slower" than FlashAttention keeps a small fast bias. A
+// calibration's measured attention (`--calibration`, a probe's kernels.attention) is already the
+// kernel that probe ran: fa1 scales it too, so keep fa2 with a calibration of the kernel you run.
 inline constexpr double kFa1AttentionSpeed = 2.0 / 3.0;
 
 // Seconds of one kernel on `gpu` (core/roofline.hpp): a GEMM at p's tensor-core peak, except the
