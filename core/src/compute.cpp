@@ -1,5 +1,6 @@
 #include "tally/core/compute.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -18,9 +19,12 @@ TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
   require_real(seq >= 1, "seq_len", double(seq), "must be >= 1");
   const double N = compute_params(m);
   // 2·s·a·(d_qk + d_v) per layer: QKᵀ and PV; 4·h·s when a·d = h (no MLA, no stated head_dim).
-  const double attn_fwd = m.params_only ? 0.0
-                                        : 2.0 * double(m.layers) * double(m.heads) *
-                                              double(m.qk_dim() + m.value_dim()) * double(seq);
+  // A sliding-window layer's span is its window, min(w, s), unmasked within it.
+  const double spans =
+      double(m.layers - m.window_layers) * double(seq) +
+      double(m.window_layers) * double(std::min<std::int64_t>(m.attention_window, seq));
+  const double attn_fwd =
+      m.params_only ? 0.0 : 2.0 * double(m.heads) * double(m.qk_dim() + m.value_dim()) * spans;
   TokenFlops f;
   f.model = 6.0 * N + 3.0 * attn_fwd;
   f.hardware = f.model;

@@ -65,6 +65,12 @@ void ModelSpec::validate() const {
   require(experts_per_token >= 1 && experts_per_token <= experts, "num_experts_per_tok",
           experts_per_token, "must be in [1, num_local_experts = " + std::to_string(experts) + "]");
   validate_moe_and_mla(*this);
+  require(attention_window >= 0, "sliding_window", attention_window, "must be >= 0 (0 = none)");
+  require(window_layers >= 0 && window_layers <= layers, "sliding-window layers", window_layers,
+          "must be in [0, num_hidden_layers = " + std::to_string(layers) + "]");
+  require((attention_window > 0) == (window_layers > 0), "sliding-window layers", window_layers,
+          "must be > 0 exactly when sliding_window is (it is " + std::to_string(attention_window) +
+              ")");
   require(position != PositionKind::learned || max_positions > 0, "max_position_embeddings",
           max_positions, "must be > 0 for learned position embeddings");
 }

@@ -133,16 +133,38 @@ void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, B
     // QKᵀ over d_qk and PV over d_v: 2·(d_qk + d_v) FLOPs per score (4·d without MLA).
     // Causal: half the scores, on every CP rank alike (the zigzag split core assumes, Note
     // [causal load balancing] in context_parallel.hpp).
-    const double flops = 2.0 * probs * double(d.d + d.dv) * (s.causal ? 0.5 : 1.0);
     const double out = double(d.heads_local * d.dv);
     const double bytes = d.e * double(d.T) * (d.hq + d.hkv + d.hv + out);  // q, k, v in; o out
-    if (with_backward)
-      b.flash("flash-attention", "flash-attention.backward", d.sq, d.s, d.d, batch, flops, bytes);
-    else
-      b.forward_flash("flash-attention", d.sq, d.s, d.d, batch, flops, bytes);
+    // `share` of the layers, computing `scores` of the s² (query, key) pairs per sequence.
+    const auto emit = [&](std::string_view name, std::string_view backward, double share,
+                          double scores) {
+      const double flops = 2.0 * probs * share * double(d.d + d.dv) * scores;
+      if (with_backward)
+        b.flash(name, backward, d.sq, d.s, d.d, batch * share, flops, bytes * share);
+      else
+        b.forward_flash(name, d.sq, d.s, d.d, batch * share, flops, bytes * share);
+    };
+    const double full = s.causal ? 0.5 : 1.0;
+    // Note [sliding window]
+    // A causal window of w < s tokens (ModelSpec::attention_window) computes w·s − w²/2 of the s²
+    // pairs (query i sees min(i + 1, w) keys; the continuous form, which is the causal half at
+    // w = s), so a windowed layer's flash kernels run on w/s − (w/s)²/2 of the scores. The layer
+    // stands for all L (the planner's average layer), so its attention is two kernels: the full
+    // layers' share of it and the windowed layers' (flash-attention-window), each on its own
+    // roofline — a short window is memory-bound where the full kernel is not. Materialised
+    // attention masks the window but computes every score: unchanged. A CP rank's queries are
+    // taken to see the window's average, as its causal half is (Note [causal load balancing]).
+    const bool windowed = s.causal && m.window_layers > 0 && m.attention_window < d.s;
+    const double window_share = windowed ? double(m.window_layers) / double(m.layers) : 0.0;
+    if (window_share < 1)
+      emit("flash-attention", "flash-attention.backward", 1 - window_share, full);
+    if (windowed) {
+      const double r = double(m.attention_window) / double(d.s);
+      emit("flash-attention-window", "flash-attention-window.backward", window_share,
+           r - 0.5 * r * r);
+    }
     return;
   }
-  (void)m;
   const double softmax_bytes = 2.0 * d.e * probs;
   const double dropout_bytes = s.dropout ? (2.0 * d.e + 1.0) * probs : 0.0;
   if (with_backward) {

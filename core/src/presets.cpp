@@ -39,8 +39,13 @@ std::vector<ModelSpec> build_models() {
   // meta-llama/Llama-3.1-405B config.json; Dubey et al. 2024 Table 3 (405B: 126 layers, 16384,
   // 128 heads, 8 kv heads, FFN 53248).
   v.push_back(llama_like("llama-3.1-405b", 16384, 126, 128, 8, 53248, 128256));
-  // mistralai/Mistral-7B-v0.1 config.json (7.24B).
-  v.push_back(llama_like("mistral-7b", 4096, 32, 32, 8, 14336, 32000));
+  // mistralai/Mistral-7B-v0.1 config.json (7.24B; sliding_window 4096 on every layer).
+  {
+    ModelSpec m = llama_like("mistral-7b", 4096, 32, 32, 8, 14336, 32000);
+    m.attention_window = 4096;
+    m.window_layers = 32;
+    v.push_back(m);
+  }
   // mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, 2 per token (46.7B total, 12.9B active).
   {
     ModelSpec m = llama_like("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000);
@@ -91,13 +96,16 @@ std::vector<ModelSpec> build_models() {
   // gpt-oss-120b and gpt-oss-20b (HF openai/gpt-oss-{120b,20b} config.json, model_type gpt_oss;
   // transformers GptOssConfig): h 2880, 64 heads of 64, 8 kv heads, attention_bias true, a sink
   // per head, experts of 2880 with biases and a biased router, 4 per token; 36 layers × 128
-  // experts and 24 × 32; vocab 201088, untied. Alternating sliding-window layers change no count.
+  // experts and 24 × 32; vocab 201088, untied. Alternating sliding-window layers (sliding_window
+  // 128, layer_types: sliding first, then full) change no count, only the flash kernels' work.
   for (const auto& [name, layers, experts] :
        {std::tuple{"gpt-oss-120b", 36, 128}, std::tuple{"gpt-oss-20b", 24, 32}}) {
     ModelSpec m = llama_like(name, 2880, layers, 64, 8, 2880, 201088);
     m.attn_head_dim = 64;
     m.linear_bias = true;
     m.attention_sinks = true;
+    m.attention_window = 128;
+    m.window_layers = layers / 2;
     m.experts = experts;
     m.experts_per_token = 4;
     m.router_bias = true;

@@ -179,6 +179,37 @@ void read_extras(const ObjectReader& r, const Family& fam, ModelSpec& m) {
   }
 }
 
+// Sliding-window attention (Note [sliding window], core/operators.hpp): sliding_window (absent or
+// null = none, as in Llama's and Mistral v0.3's configs) on the layers layer_types calls
+// "sliding_attention"; without layer_types, GPT-OSS's default (GptOssConfig: every other layer,
+// the first sliding) or on every layer from max_window_layers on (Qwen2's rule; 0 when absent:
+// every layer, Mistral v0.1), unless use_sliding_window is false (Qwen2's configs carry a
+// sliding_window they do not use).
+void read_window(const ObjectReader& r, const Family& fam, ModelSpec& m) {
+  const auto w = r.opt_integer("sliding_window", 0, kMaxPositions);  // 0: none
+  if (!w || *w == 0 || !r.opt_boolean("use_sliding_window").value_or(true)) return;
+  std::int64_t windowed = 0;
+  if (const detail::json* types = r.opt_array("layer_types", std::size_t(kMaxLayers))) {
+    if (std::int64_t(types->size()) != m.layers)
+      detail::fail(r.source(), r.field("layer_types"), std::to_string(types->size()) + " entries",
+                   "must list num_hidden_layers = " + std::to_string(m.layers) + " layers");
+    for (const detail::json& t : *types) {
+      if (t == "sliding_attention")
+        ++windowed;
+      else if (t != "full_attention")
+        detail::fail(r.source(), r.field("layer_types"), detail::show(t),
+                     "each entry must be \"sliding_attention\" or \"full_attention\"");
+    }
+  } else if (fam.extras == Extras::gpt_oss) {
+    windowed = (m.layers + 1) / 2;
+  } else {
+    windowed = m.layers - r.opt_integer("max_window_layers", 0, m.layers).value_or(0);
+  }
+  if (windowed == 0) return;
+  m.attention_window = *w;
+  m.window_layers = windowed;
+}
+
 void read_hf_names(const ObjectReader& r, const Family& fam, ModelSpec& m) {
   m.hidden = r.integer("hidden_size", 1, kMaxHidden);
   m.layers = r.integer("num_hidden_layers", 1, kMaxLayers);
@@ -223,6 +254,7 @@ ModelSpec parse(std::string_view text, std::string_view source) {
   else
     read_hf_names(r, fam, m);
   read_extras(r, fam, m);
+  if (!fam.gpt2_keys) read_window(r, fam, m);
   m.tied_embeddings = r.opt_boolean("tie_word_embeddings").value_or(fam.tied_default);
   m.dropout = trains_with_dropout(r);
 

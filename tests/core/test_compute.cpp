@@ -50,6 +50,19 @@ TEST(Compute, MixtralUsesActiveParams) {
   EXPECT_LT(flops_per_token(m, 4096, Recompute::none), 6 * count_params(m).total());
 }
 
+// A sliding-window layer's attention spans its window (Note [sliding window]): Mistral 7B v0.1's
+// 4096-token window on all 32 layers changes nothing up to s = 4096 and caps the term beyond;
+// GPT-OSS 120B's 128-token window on 18 of 36 layers: 12·a·d·(18·s + 18·128) (a = 64, d = 64).
+TEST(Compute, SlidingWindowAttentionSpansTheWindow) {
+  const ModelSpec mistral = *model_preset("mistral-7b");
+  const double n = 6 * compute_params(mistral);
+  EXPECT_DOUBLE_EQ(flops_per_token(mistral, 4096, Recompute::none), n + 12.0 * 32 * 4096 * 4096);
+  EXPECT_DOUBLE_EQ(flops_per_token(mistral, 16384, Recompute::none), n + 12.0 * 32 * 4096 * 4096);
+  const ModelSpec oss = *model_preset("gpt-oss-120b");
+  EXPECT_DOUBLE_EQ(flops_per_token(oss, 4096, Recompute::none),
+                   6 * compute_params(oss) + 12.0 * 64 * 64 * (18.0 * 4096 + 18.0 * 128));
+}
+
 // The seed's generic 7B states N = 7e9; compute uses the same N as the state ledger.
 TEST(Compute, NominalParamsShareTheStateLedgersN) {
   EXPECT_DOUBLE_EQ(compute_params(*model_preset("seed-7b")), 7e9);

@@ -114,6 +114,47 @@ TEST(Operators, FlashAttentionFlops) {
   EXPECT_DOUBLE_EQ(attention_flops(Attention::materialized, true, Pass::forward), 0);
 }
 
+// Note [sliding window]: a causal window of w tokens computes w·s − w²/2 of a sequence's s²
+// scores (query i sees min(i + 1, w) keys, as a continuous sum), on the windowed layers' share of
+// the model's attention; the full layers keep the causal half. Here 3 of 4 layers, w 1024 of s
+// 4096, b 2, 32 heads of 128: FLOPs 2·(d + d)·scores per head and sequence. A window as long as the
+// sequence, or materialised attention (which masks but computes every score), changes nothing.
+TEST(Operators, SlidingWindowFlashFlopsByHand) {
+  ModelSpec m = gpt(4096, 4, 32);
+  m.attention_window = 1024;
+  m.window_layers = 3;
+  const OperatorSetup os{.seq = 4096, .micro_batch = 2};
+  const std::vector<Op> ops = layer_ops(m, os);
+  const double per_score = 2.0 * 2 * 32 * (128 + 128);  // b · heads · 2(d_qk + d_v)
+  const double full = 4096.0 * 4096 / 2, window = 1024.0 * 4096 - 1024.0 * 1024 / 2;
+  EXPECT_DOUBLE_EQ(find(ops, "flash-attention").flops, per_score * full / 4);
+  EXPECT_DOUBLE_EQ(find(ops, "flash-attention-window").flops, per_score * window * 3 / 4);
+  EXPECT_DOUBLE_EQ(find(ops, "flash-attention-window.backward").flops,
+                   2.5 * per_score * window * 3 / 4);
+  // q, k, v in and o out, bf16, split by the layers' shares.
+  const double bytes = 2.0 * 2 * 4096 * 4 * 4096;
+  EXPECT_DOUBLE_EQ(find(ops, "flash-attention").bytes + find(ops, "flash-attention-window").bytes,
+                   bytes);
+  // Every layer windowed: the full kernel is gone.
+  m.window_layers = 4;
+  for (const Op& op : layer_ops(m, os)) EXPECT_NE(op.name, "flash-attention");
+  // A window of the whole sequence, and materialised attention: the same ops as without one.
+  const ModelSpec plain = gpt(4096, 4, 32);
+  m.attention_window = 4096;
+  for (Attention att : {Attention::flash, Attention::materialized}) {
+    if (att == Attention::materialized) m.attention_window = 1024;
+    OperatorSetup s = os;
+    s.attention = att;
+    const std::vector<Op> a = layer_ops(m, s), b = layer_ops(plain, s);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].name, b[i].name);
+      EXPECT_EQ(a[i].flops, b[i].flops) << a[i].name;
+      EXPECT_EQ(a[i].bytes, b[i].bytes) << a[i].name;
+    }
+  }
+}
+
 // Note [flash kernel generations]: FlashAttention (v1) reaches 30–50 % of the A100's peak forward
 // and 25–35 % backward (Dao 2023, FlashAttention-2, §1), so FlashKernel::fa1 runs a compute-bound
 // flash kernel on the A100 at the midpoints, 0.40 and 0.30 of its 312 bf16 TFLOP/s, where fa2

@@ -139,6 +139,43 @@ TEST(HfConfig, GptOss) {
   EXPECT_EQ(count_params(small).mlp, count_params(unbiased).mlp);
 }
 
+// Note [sliding window]: GPT-OSS windows every other layer by 128 tokens (GptOssConfig's default
+// layer_types, sliding first; the file may spell them), Mistral 7B v0.1 every layer by 4096;
+// Mixtral's null, and Qwen2's unused window (use_sliding_window false), are none. layer_types must
+// name L layers of the two kinds.
+TEST(HfConfig, SlidingWindow) {
+  const ModelSpec big = load_hf_config(data_path("gpt-oss-120b.json"));
+  EXPECT_EQ(big.attention_window, 128);
+  EXPECT_EQ(big.window_layers, 18);
+  EXPECT_EQ(big.window_layers, model_preset("gpt-oss-120b")->window_layers);
+  std::string types = "\"layer_types\": [";
+  for (int i = 0; i < 36; ++i)
+    types += std::string(i ? ", " : "") +
+             (i < 30 ? "\"sliding_attention\"" : "\"full_attention\"");
+  types += "], \"sliding_window\": 128";
+  const std::string gpt_oss = fixture("gpt-oss-120b.json");
+  EXPECT_EQ(parse(replaced(gpt_oss, "\"sliding_window\": 128", types)).window_layers, 30);
+  const ModelSpec mistral = load_hf_config(data_path("mistral-7b.json"));
+  EXPECT_EQ(mistral.attention_window, 4096);
+  EXPECT_EQ(mistral.window_layers, 32);
+  EXPECT_EQ(load_hf_config(data_path("mixtral-8x7b.json")).window_layers, 0);
+  const std::string unused = replaced(fixture("mistral-7b.json"), "\"sliding_window\": 4096",
+                                      "\"sliding_window\": 4096, \"use_sliding_window\": false");
+  EXPECT_EQ(parse(unused).attention_window, 0);
+  const std::string from_layer = replaced(fixture("mistral-7b.json"), "\"sliding_window\": 4096",
+                                          "\"sliding_window\": 4096, \"max_window_layers\": 28");
+  EXPECT_EQ(parse(from_layer).window_layers, 4);
+  // layer_types must list the L layers, each of the two kinds.
+  const auto with_types = [&](const std::string& list) {
+    return replaced(gpt_oss, "\"sliding_window\": 128",
+                    "\"sliding_window\": 128, \"layer_types\": [" + list + "]");
+  };
+  expect_invalid([&] { parse(with_types("\"full_attention\"")); }, {"layer_types", "36"});
+  std::string local = "\"local\"";
+  for (int i = 1; i < 36; ++i) local += ", \"local\"";
+  expect_invalid([&] { parse(with_types(local)); }, {"layer_types", "sliding_attention"});
+}
+
 // MLA without q compression: q_lora_rank null (DeepSeek-V2-Lite's config states it so).
 TEST(HfConfig, MlaQLoraRankNull) {
   const auto text = replaced(fixture("deepseek-v3.json"), "\"q_lora_rank\": 1536", "\"q_lora_rank\": null");

@@ -8,7 +8,8 @@
 //   matmuls with weights   6N       (forward 2N, backward 4N; the LM head is inside N)
 //   attention QKᵀ and AV   12·L·h·s (forward 4·L·h·s, backward 8·L·h·s; counted unmasked, as
 //                                    Megatron-LM and PaLM do, although causal kernels skip half);
-//                                    h there is a·(d_qk + d_v)/2 with MLA or a stated head_dim
+//                                    h there is a·(d_qk + d_v)/2 with MLA or a stated head_dim;
+//                                    a sliding-window layer's s is its window, min(w, s)
 // Recompute (Korthikanti et al. 2022 §5): full replays the forward, +2N + 4·L·h·s; selective
 // replays only the attention core, +4·L·h·s.
 //

@@ -45,6 +45,12 @@ struct ModelSpec {
   bool router_bias = false;
   bool expert_bias = false;            // biases on each expert's linears (GPT-OSS: 2f + h)
   bool attention_sinks = false;        // a learned sink logit per head per layer (GPT-OSS)
+  // Sliding-window attention (Note [sliding window] in operators.hpp): `window_layers` of the L
+  // layers let each token attend only to the `attention_window` tokens ending at itself (HF config
+  // sliding_window, layer_types; 0 = no window). GPT-OSS: every other layer, 128; Mistral 7B
+  // v0.1: every layer, 4096. Counts and memory are unchanged; flash kernels compute fewer scores.
+  std::int64_t attention_window = 0;
+  std::int64_t window_layers = 0;
   bool qk_norm = false;                // RMSNorm over q and k per head (Qwen3): 2·d per layer
   // MLA (kv_lora_rank > 0): W_q h×(a·(d_n+d_r)) or, with r_q, W_qa h×r_q + norm r_q + W_qb
   // r_q×(a·(d_n+d_r)); W_kva h×(r_kv+d_r) + norm r_kv; W_kvb r_kv×(a·(d_n+d_v)); W_o (a·d_v)×h.
