@@ -179,8 +179,8 @@ void read_extras(const ObjectReader& r, const Family& fam, ModelSpec& m) {
   }
 }
 
-// Sliding-window attention (Note [sliding window], core/operators.hpp): sliding_window (absent or
-// null = none, as in Llama's and Mistral v0.3's configs) on the layers layer_types calls
+// Sliding-window attention (Note [sliding window], core/src/operators.cpp): sliding_window (absent,
+// null or 0 = none, as in Llama's and Mistral v0.3's configs) on the layers layer_types calls
 // "sliding_attention"; without layer_types, GPT-OSS's default (GptOssConfig: every other layer,
 // the first sliding) or on every layer from max_window_layers on (Qwen2's rule; 0 when absent:
 // every layer, Mistral v0.1), unless use_sliding_window is false (Qwen2's configs carry a

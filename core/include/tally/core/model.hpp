@@ -45,7 +45,7 @@ struct ModelSpec {
   bool router_bias = false;
   bool expert_bias = false;            // biases on each expert's linears (GPT-OSS: 2f + h)
   bool attention_sinks = false;        // a learned sink logit per head per layer (GPT-OSS)
-  // Sliding-window attention (Note [sliding window] in operators.hpp): `window_layers` of the L
+  // Sliding-window attention (Note [sliding window] in operators.cpp): `window_layers` of the L
   // layers let each token attend only to the `attention_window` tokens ending at itself (HF config
   // sliding_window, layer_types; 0 = no window). GPT-OSS: every other layer, 128; Mistral 7B
   // v0.1: every layer, 4096. Counts and memory are unchanged; flash kernels compute fewer scores.
