@@ -41,7 +41,9 @@
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
 #    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
 #    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
-#    forward+backward / collectives / optimizer) beside the model's matching terms.
+#    forward+backward / collectives / optimizer) beside the model's matching terms. With -r ≥ 2,
+#    how far the VM's kernels moved between the rounds' calibrations (GEMM time over the grid,
+#    DRAM bandwidth, round r / round 1).
 # OPENBLAS_NUM_THREADS=1 and one torch thread per rank throughout (the runs' default).
 set -euo pipefail
 
@@ -229,6 +231,20 @@ for name, k in three_d:
            if t.get("tp_arrival_wait_s") is not None else "-") + " | " +
           (f"{t['dp_comm_s']['measured']*1e3:.1f} ({t['dp_arrival_wait_s']*1e3:.1f})"
            if t.get("dp_arrival_wait_s") is not None else "-") + " |")
+# How far this VM's kernels moved between the rounds' calibrations (each round calibrates afresh,
+# just before its runs): a report whose rounds disagree by more than its goal's ±15 % says more
+# about the VM than about the model.
+if rounds > 1:
+    cals = [json.load(open(f"{out}/cal-r{r}.json"))["kernels"] for r in range(1, rounds + 1)]
+    def gemm_times(c):
+        return {(g["m"], g["n"], g["k"]): g["seconds_median"] for g in c["gemm"]}
+    base = gemm_times(cals[0])
+    drift = [statistics.median(t[s] / base[s] for s in base if s in t)
+             for t in map(gemm_times, cals)]
+    dram = [c["memory_bytes_per_s"] / cals[0]["memory_bytes_per_s"] for c in cals]
+    print("\ncalibration drift between rounds (round r / round 1): GEMM time, median over the grid "
+          + " / ".join(f"{x:.2f}" for x in drift) + "; DRAM add bandwidth "
+          + " / ".join(f"{x:.2f}" for x in dram))
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")
 EOF
