@@ -151,7 +151,8 @@ void attention_core(const ModelSpec& m, const OperatorSetup& s, const Dims& d, B
     // w = s), so a windowed layer's flash kernels run on w/s − (w/s)²/2 of the scores. The layer
     // stands for all L (the planner's average layer), so its attention is two kernels: the full
     // layers' share of it and the windowed layers' (flash-attention-window), each on its own
-    // roofline — a short window is memory-bound where the full kernel is not. Materialised
+    // roofline — a short window is memory-bound where the full kernel is not; each is charged a
+    // kernel's launch cost, one more than an average layer runs (≤ 2 µs a pass). Materialised
     // attention masks the window but computes every score: unchanged. A CP rank's queries are
     // taken to see the window's average, as its causal half is (Note [causal load balancing]).
     const bool windowed = s.causal && m.window_layers > 0 && m.attention_window < d.s;

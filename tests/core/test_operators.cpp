@@ -158,7 +158,8 @@ TEST(Operators, SlidingWindowFlashFlopsByHand) {
 // Note [flash kernel generations]: FlashAttention (v1) reaches 30–50 % of the A100's peak forward
 // and 25–35 % backward (Dao 2023, FlashAttention-2, §1), so FlashKernel::fa1 runs a compute-bound
 // flash kernel on the A100 at the midpoints, 0.40 and 0.30 of its 312 bf16 TFLOP/s, where fa2
-// keeps the preset's FlashAttention-2 figures (0.6 and 0.45, the same paper); every other kernel
+// keeps the preset's FlashAttention-2 figures (0.6 forward, from the same paper's 50–73 %; 0.45
+// backward, presets.cpp's choice: a regression check, not a source); every other kernel
 // costs the same under both, and the memory ledger's ops are the same list.
 TEST(Operators, FlashAttentionOneRunsAtItsPublishedFractions) {
   const ModelSpec m = gpt(4096, 32, 32);

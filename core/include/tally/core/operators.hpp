@@ -282,21 +282,23 @@ double low_precision_gemms(const ModelSpec& m, double layers, int ep);
 double optimizer_update_bytes(Precision p, Optimizer o);
 
 // Note [flash kernel generations]
-// A GPU's attention fractions (KernelPerf::attention_*: the presets' FlashAttention-2 figures,
-// or a probe's measured kernel) describe FlashAttention-2-class kernels. Runs of 2022–23 used
-// slower ones: llm-foundry's MPT (attn_impl triton, its default in the published benchmark
-// tables) runs Tri Dao's Triton port of FlashAttention, whose docstring
-// (llmfoundry/models/layers/flash_attn_triton.py) says its forward is faster than
-// FlashAttention's CUDA kernel, its backward slower, and "overall Triton forward + backward is
-// slightly slower" than it. FlashAttention (v1) on A100 reaches 30–50 % of peak forward and
-// 25–35 % backward (Dao 2023, FlashAttention-2, §1); the A100 preset's FlashAttention-2 figures,
-// from the same paper, are 0.6 and 0.45. FlashKernel::fa1 therefore runs at the GPU's fractions
-// × kFa1AttentionSpeed, the midpoints over those: 0.40 / 0.60 forward, 0.30 / 0.45 backward —
-// 2/3 both ways, where the paper's own benchmark finds FlashAttention-2 "around 2×" faster (its
-// best shapes). On another GPU the same ratio is assumed (no FlashAttention-1 figures on Hopper
-// were found); a kernel "slightly slower" than FlashAttention keeps a small fast bias. A
-// calibration's measured attention (`--calibration`, a probe's kernels.attention) is already the
-// kernel that probe ran: fa1 scales it too, so keep fa2 with a calibration of the kernel you run.
+// A GPU's attention fractions (KernelPerf::attention_*: the presets' FlashAttention-2 figures, or a
+// probe's measured kernel) describe FlashAttention-2-class kernels. Runs of 2022–23 used slower
+// ones: llm-foundry's MPT (attn_impl triton, its default in the published benchmark tables) runs
+// Tri Dao's Triton port of FlashAttention, whose docstring
+// (llmfoundry/models/layers/flash_attn_triton.py) says its forward is faster than FlashAttention's
+// CUDA kernel, its backward slower, and "overall Triton forward + backward is slightly slower" than
+// it. FlashAttention (v1) on A100 reaches 30–50 % of peak forward and 25–35 % backward (Dao 2023,
+// FlashAttention-2, §1); the A100 preset's FlashAttention-2 figures are 0.6 forward (the middle of
+// that paper's 50–73 %) and 0.45 backward (presets.cpp's own choice: the paper says only that
+// backward is lower). FlashKernel::fa1 therefore runs at the GPU's fractions × kFa1AttentionSpeed,
+// the midpoints over those: 0.40 / 0.60 forward, 0.30 / 0.45 backward — 2/3 both ways (the backward
+// ratio leans on the preset's 0.45), where the paper's own benchmark finds FlashAttention-2 "around
+// 2×" faster (its best shapes). On another GPU the same ratio is assumed (no FlashAttention-1
+// figures on Hopper were found); a kernel "slightly slower" than FlashAttention keeps a small fast
+// bias. A calibration's measured attention (`--calibration`, a probe's kernels.attention) is
+// already the kernel that probe ran: fa1 scales it too, so keep fa2 with a calibration of the
+// kernel you run.
 inline constexpr double kFa1AttentionSpeed = 2.0 / 3.0;
 
 // Seconds of one kernel on `gpu` (core/roofline.hpp): a GEMM at p's tensor-core peak, except the
