@@ -641,9 +641,14 @@ struct Liveness {
 Liveness take_liveness_locks(Comm& world) {
   Liveness l;
   try {
-    l.dir = shared_temp_directory(world, "tally-3d");
+    // Removed by the launcher however the run ends (Note [launch scratch]); by rank 0 at the end
+    // of a run that succeeded.
+    l.dir = shared_temp_directory(world, "tally-3d", TempOwner::launcher);
     l.locks = std::make_unique<RankLiveness>(l.dir / "ranks", world.rank(), world.world_size());
-  } catch (const InvalidInput&) {  // the ranks see no common directory
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception&) {  // no common directory, or rank 0 could not make one
+    l.locks.reset();
   }
   world.barrier();  // every lock is held before any rank can fail
   return l;

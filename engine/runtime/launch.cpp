@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -33,6 +34,7 @@
 #include "launcher_group.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/dist_env.hpp"
+#include "tally/engine/temp_directory.hpp"
 #include "run_helpers.hpp"
 
 extern char** environ;
@@ -108,6 +110,25 @@ struct Stream {
   }
 };
 
+// The launcher's scratch directory (Note [launch scratch] in temp_directory.hpp), made before the
+// ranks start and removed with everything in it when the launcher is done with them. Without one
+// (the system temp directory refuses), the ranks get no TALLY_LAUNCH_SCRATCH and the job runs on.
+struct LaunchScratch {
+  std::filesystem::path path;
+  LaunchScratch() {
+    try {
+      path = make_temp_directory("tally-launch");
+    } catch (const std::exception&) {
+    }
+  }
+  ~LaunchScratch() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  LaunchScratch(const LaunchScratch&) = delete;
+  LaunchScratch& operator=(const LaunchScratch&) = delete;
+};
+
 struct Rank {
   int local_rank = 0;
   int rank = 0;  // global
@@ -117,8 +138,9 @@ struct Rank {
   Stream out, err;
 };
 
-std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int port) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank, int port,
+                                         const std::filesystem::path& scratch) {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(o.global_rank(local_rank))},
       {"WORLD_SIZE", std::to_string(o.world_size())},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -127,6 +149,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(port)},
   };
+  if (!scratch.empty()) ours.emplace_back(kLaunchScratchEnv, scratch.string());
   std::vector<std::string> env;
   bool has_omp = false;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -166,7 +189,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   _exit(127);
 }
 
-void start_rank(Rank& r, const LaunchOptions& o, int port, int out_fd, int err_fd) {
+void start_rank(Rank& r, const LaunchOptions& o, int port, const std::filesystem::path& scratch,
+                int out_fd, int err_fd) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error("tally launch: pipe failed");
   if (pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -175,7 +199,7 @@ void start_rank(Rank& r, const LaunchOptions& o, int port, int out_fd, int err_f
     throw std::runtime_error("tally launch: pipe failed");
   }
   // Everything the child needs is built before fork.
-  std::vector<std::string> env = rank_environment(o, r.local_rank, port);
+  std::vector<std::string> env = rank_environment(o, r.local_rank, port, scratch);
   std::vector<char*> envp, argv;
   for (auto& s : env) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -306,6 +330,8 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
   sigaction(SIGPIPE, &ignore, &saved[3]);
 
   const auto start = Clock::now();
+  // Declared before the ranks' bookkeeping: removed on every way out, after the ranks are reaped.
+  const LaunchScratch scratch;
   std::unique_ptr<LauncherGroup> group;  // N > 1 (Note [launchers' store])
   if (options.nnodes > 1)
     group = std::make_unique<LauncherGroup>(LauncherGroupOptions{
@@ -336,7 +362,7 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
   };
 
   try {
-    for (auto& r : ranks) start_rank(r, options, result.master_port, out_fd, err_fd);
+    for (auto& r : ranks) start_rank(r, options, result.master_port, scratch.path, out_fd, err_fd);
   } catch (...) {
     for (auto& r : ranks)
       if (r.running && r.pid > 0) {

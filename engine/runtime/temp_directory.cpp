@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -33,21 +34,27 @@ std::string broadcast_text(Comm& comm, const std::string& text) {
 
 }  // namespace
 
-fs::path make_temp_directory(std::string_view prefix) {
-  std::string path = (fs::temp_directory_path() / (std::string(prefix) + "-XXXXXX")).string();
+fs::path make_temp_directory(std::string_view prefix, TempOwner owner) {
+  fs::path base = fs::temp_directory_path();
+  if (owner == TempOwner::launcher)  // Note [launch scratch]
+    if (const char* scratch = std::getenv(kLaunchScratchEnv); scratch != nullptr && *scratch) {
+      std::error_code ec;
+      if (fs::is_directory(scratch, ec)) base = scratch;
+    }
+  std::string path = (base / (std::string(prefix) + "-XXXXXX")).string();
   if (::mkdtemp(path.data()) == nullptr)
     throw std::system_error(errno, std::generic_category(), path + ": mkdtemp");
   return path;
 }
 
 // Rank 0 makes the directory, every rank learns its path and checks that it sees it.
-fs::path shared_temp_directory(Comm& comm, std::string_view prefix) {
+fs::path shared_temp_directory(Comm& comm, std::string_view prefix, TempOwner owner) {
   const int r = comm.rank(), k = comm.world_size();
   std::string made;
   std::exception_ptr error;
   if (r == 0) {
     try {
-      made = make_temp_directory(prefix).string();  // < PATH_MAX bytes
+      made = make_temp_directory(prefix, owner).string();  // < PATH_MAX bytes
     } catch (...) {
       error = std::current_exception();
     }

@@ -40,6 +40,7 @@
 #include "rank_harness.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/experiments/three_d.hpp"
+#include "tally/engine/temp_directory.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
@@ -591,12 +592,14 @@ TEST(ThreeDCli, OpSacPlanRunsAtTp1) {
 // the run fails, `tally launch` names it, and no rank reports (each survivor either noticed —
 // its CommError — or was stopped by the launcher: both non-zero). Rank 0 is the one the launcher
 // checks first, so a survivor exiting in the same tick cannot be named instead.
+// The liveness locks' directory is the launcher's (Note [launch scratch]): TMPDIR is empty after.
 TEST(ThreeDCli, LostRankFailsTheRunAndIsNamed) {
+  const test::TempDir tmp;
   const Ran r = run_command(
-      {TALLY_BINARY, "launch", "--nproc", "4", "--timeout", "100", "--", TALLY_BINARY, "run", "3d",
-       "--dp", "2", "--pp", "2", "--zero", "3", "--layers", "4", "--hidden", "16", "--heads", "4",
-       "--vocab", "32", "--seq", "8", "--steps", "3", "--kill-rank", "0", "--kill-at-step", "2",
-       "--timeout", "10"},
+      {"/usr/bin/env", "TMPDIR=" + tmp.path.string(), TALLY_BINARY, "launch", "--nproc", "4",
+       "--timeout", "100", "--", TALLY_BINARY, "run", "3d", "--dp", "2", "--pp", "2", "--zero",
+       "3", "--layers", "4", "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq", "8",
+       "--steps", "3", "--kill-rank", "0", "--kill-at-step", "2", "--timeout", "10"},
       kLimit_s);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("tally launch: rank 0 failed (killed by signal 9 (SIGKILL))"),
@@ -606,13 +609,19 @@ TEST(ThreeDCli, LostRankFailsTheRunAndIsNamed) {
   EXPECT_EQ(r.err.find("zero=3: step 2/3 loss "), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("checks: "), std::string::npos) << r.out;
   EXPECT_LT(r.elapsed_s, 60) << r.err;
+  EXPECT_EQ(test::names_in(tmp.path), std::vector<std::string>{}) << "left in " << tmp.path;
 }
 
 // Note [naming a lost rank] (three_d.cpp): the survivors name the lost rank themselves. Rank 0 of
 // DP 2 x PP 2 SIGKILLs itself in fp32 step 2; every other rank's run_3d throws a CommError whose
 // line names rank 0 and the step (whichever of its collectives, sends or receives failed first:
 // its own peer's, or a survivor's that had already given up), with rank 0 as the peer.
+// Forked without a launcher, the ranks are given a scratch directory as `tally launch` would
+// (TALLY_LAUNCH_SCRATCH): the failed run's locks go there — one tally-3d-XXXXXX — and not to the
+// system temp directory, where nobody would remove them.
 TEST(ThreeDFault, SurvivorsNameTheLostRank) {
+  const test::TempDir scratch;
+  const test::ScopedEnv given(kLaunchScratchEnv, scratch.path.string());
   const auto run = harness::run_ranks(4, kLimit_s, [](const DistEnv& env) {
     ThreeDOptions o = tiny();
     o.tp = 1, o.zero = 3, o.steps = 3, o.kill_rank = 0, o.kill_at_step = 2, o.timeout_s = 20;
@@ -634,6 +643,9 @@ TEST(ThreeDFault, SurvivorsNameTheLostRank) {
       << run.describe();
   for (int q = 1; q < 4; ++q) EXPECT_TRUE(run.ranks[std::size_t(q)].ok()) << run.describe();
   EXPECT_LT(run.elapsed_s, 60) << run.describe();
+  const std::vector<std::string> left = test::names_in(scratch.path);
+  ASSERT_EQ(left.size(), 1u) << "in " << scratch.path;
+  EXPECT_EQ(left[0].rfind("tally-3d-", 0), 0u) << left[0];
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 
 #include "rank_harness.hpp"
 #include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/bench/allreduce.hpp"
@@ -38,14 +39,6 @@ using namespace tally::engine;
 using tally::subprocess::rank_lines;
 using tally::subprocess::Ran;
 using tally::subprocess::run_command;
-
-std::filesystem::path fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("tally_bench_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::string joined(const std::vector<std::string>& lines) {
   std::string s;
@@ -481,7 +474,7 @@ std::vector<std::string> launch_bench(int k, std::vector<std::string> bench_args
 // Seed ⑤'s k = 2 run, then the planner side: the calibration file drives `tally comm`, whose
 // prediction at 64 MB must be within a factor of 2 of the median measured there.
 TEST(bench_allreduce_cli, CalibrationFromK2DrivesTallyCommAndPlan) {
-  const auto dir = fresh_dir("k2");
+  const tally::test::TempDir dir("bench_k2");  // removed however the test ends
   const std::string cal = (dir / "cal.json").string();
   // Bandwidth-dominated sizes only: on a shared 2-core box the small sizes' times swing by
   // several × with the load of other tests, and the check is about the planner's prediction at
@@ -553,7 +546,6 @@ TEST(bench_allreduce_cli, CalibrationFromK2DrivesTallyCommAndPlan) {
                                            "--calibration", cal, "--json"}),
                                60);
   EXPECT_EQ(plan.exit_code, 0) << plan.err;
-  std::filesystem::remove_all(dir);
 }
 
 // The text table at k = 4: unit-bearing headers, both algorithms, the ring-bytes line, the fits
@@ -618,7 +610,7 @@ TEST(bench_allreduce_cli, SingleRankChecksSayWhyNotApplicable) {
 // --overlap-probe (Note [host overlap]) through the binary: the JSON's rows, the table's, and the
 // --calibration-out file's overlap points at k = 2, from which a σ is read.
 TEST(bench_allreduce_cli, OverlapProbeReachesJsonTableAndFile) {
-  const auto dir = fresh_dir("overlap");
+  const tally::test::TempDir dir("bench_overlap");  // removed however the test ends
   const std::string cal = (dir / "cal.json").string();
   const std::vector<std::string> flags = {"--sizes-mb", "1,16", "--warmup", "1", "--iters", "5",
                                           "--algo", "gloo", "--overlap-probe"};
@@ -652,7 +644,7 @@ TEST(bench_allreduce_cli, OverlapProbeReachesJsonTableAndFile) {
 // --sharded through the binary: the JSON's rows (both collectives per size, their implementation,
 // #wrong 0) and fits, the table's section, and the calibration file's labelled points.
 TEST(bench_allreduce_cli, ShardedReachesJsonTableAndFile) {
-  const auto dir = fresh_dir("sharded");
+  const tally::test::TempDir dir("bench_sharded");  // removed however the test ends
   const std::string cal = (dir / "cal.json").string();
   // Sizes 64× apart: on a loaded box one slow call must not make the smaller size's mean the
   // larger one's, or --calibration-out would refuse the all-reduce fit (not what this tests).

@@ -47,31 +47,8 @@ constexpr std::int64_t kSamples = 1024;
 constexpr std::int64_t kBatch = 48;
 
 using TempDir = ::tally::test::TempDir;  // tests/support/temp_dir.hpp
-
-// TMPDIR for the processes started while it lives (they inherit it); the old value comes back.
-struct ScopedTmpdir {
-  std::optional<std::string> old;
-  explicit ScopedTmpdir(const fs::path& dir) {
-    if (const char* v = std::getenv("TMPDIR")) old = v;
-    ::setenv("TMPDIR", dir.c_str(), 1);
-  }
-  ~ScopedTmpdir() {
-    if (old)
-      ::setenv("TMPDIR", old->c_str(), 1);
-    else
-      ::unsetenv("TMPDIR");
-  }
-};
-
-// The names in dir, sorted (for a message and a comparison).
-std::vector<std::string> names_in(const fs::path& dir) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    names.push_back(it->path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using ::tally::test::names_in;
+using ::tally::test::ScopedEnv;
 
 // Each rank's JSON lines, split into events (by kind) and the final result.
 struct RankOutput {
@@ -310,7 +287,7 @@ TEST_P(Checkpoint, SavedAtOneWorldSizeLoadsAtAnother) {
 TEST_P(Checkpoint, WithoutDirUsesOneTemporaryDirectoryAndLeavesNothing) {
   const int k = GetParam();
   TempDir tmp;
-  const ScopedTmpdir tmpdir(tmp.path);
+  const ScopedEnv tmpdir("TMPDIR", tmp.path.string());
   const LaunchRun run = launch_checkpoint(k, {}, {"--steps", "4", "--save-every", "2"});
   ASSERT_EQ(run.ran.exit_code, 0) << run.ran.out << run.ran.err;
   ASSERT_EQ(run.ranks[0].events.at("started").size(), 1u) << run.ran.out;
@@ -386,7 +363,7 @@ TEST(CheckpointConsumedSamples, ForcedToZeroRestartsTheStreamCorrectResumeContin
 // liveness locks are gone); the text names it at the start and at the end.
 TEST(CheckpointTemporaryDir, KeepLeavesTheVerifiedCheckpointAndSaysWhere) {
   TempDir tmp;
-  const ScopedTmpdir tmpdir(tmp.path);
+  const ScopedEnv tmpdir("TMPDIR", tmp.path.string());
   const Ran r = run_command({TALLY_BINARY, "launch", "--nproc", "2", "--timeout", "80", "--",
                              TALLY_BINARY, "run", "checkpoint", "--timeout", "30", "--steps", "3",
                              "--keep"},

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
@@ -52,14 +53,6 @@ bool process_gone(pid_t pid) {
          line[close_paren + 2] == 'Z';
 }
 
-std::filesystem::path fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("tally_launch_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 TEST(Launch, SuccessSetsTorchrunEnvironmentAndPrefixesOutput) {
   const Ran r = run_command(tally(
       {"launch", "--nproc", "3", "--master-port", "29517", "--", "/bin/sh", "-c",
@@ -92,6 +85,30 @@ TEST(Launch, FailingRankStopsTheOthersAndIsNamed) {
   EXPECT_LT(r.elapsed_s, 10) << "the sleeping ranks were not stopped promptly";
 }
 
+// Note [launch scratch] (temp_directory.hpp): each rank sees TALLY_LAUNCH_SCRATCH, one directory
+// under TMPDIR that every rank of the host shares (rank 1 waits there for rank 0's file); after a
+// run whose rank 1 failed while rank 0 was stopped mid-sleep, nothing is left under TMPDIR.
+TEST(Launch, ScratchDirectoryIsSharedAndRemovedWhenARankFails) {
+  const tally::test::TempDir tmp("launch_scratch");
+  const Ran r = run_command(
+      {"/usr/bin/env", "TMPDIR=" + tmp.path.string(), TALLY_BINARY, "launch", "--nproc", "2", "--",
+       "/bin/sh", "-c",
+       "S=$TALLY_LAUNCH_SCRATCH; test -d \"$S\" && echo scratch $S; touch $S/from_$RANK; "
+       "if [ $RANK = 1 ]; then while [ ! -e $S/from_0 ]; do sleep 0.05; done; exit 3; fi; "
+       "sleep 30"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  std::vector<std::string> named;  // each rank's TALLY_LAUNCH_SCRATCH
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = "[rank " + std::to_string(rank) + "] scratch ";
+    const std::size_t at = r.out.find(prefix);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    named.push_back(r.out.substr(at + prefix.size(), r.out.find('\n', at) - at - prefix.size()));
+  }
+  EXPECT_EQ(named[0].rfind((tmp.path / "tally-launch-").string(), 0), 0u) << named[0];
+  EXPECT_EQ(named[0], named[1]);
+  EXPECT_EQ(tally::test::names_in(tmp.path), std::vector<std::string>{}) << "left in " << tmp.path;
+}
+
 TEST(Launch, RankKilledBySignalIsNamed) {
   const Ran r = run_command(
       tally({"launch", "--nproc", "2", "--", "/bin/sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi"}));
@@ -109,10 +126,10 @@ TEST(Launch, UnknownProgramFailsWithItsName) {
 // Rank 1 ignores SIGTERM (and so does its child), so this also exercises the SIGKILL escalation
 // after the grace period; the pid files prove no rank's child outlives the launcher.
 TEST(Launch, TimeoutStopsEveryRankAndLeavesNothingBehind) {
-  const auto dir = fresh_dir("timeout");
+  const tally::test::TempDir dir("launch_timeout");  // removed however the test ends
   const Ran r = run_command(tally(
       {"launch", "--nproc", "2", "--timeout", "2", "--", "/bin/sh", "-c",
-       "if [ $RANK = 1 ]; then trap '' TERM; fi; sleep 60 & echo $! > " + dir.string() +
+       "if [ $RANK = 1 ]; then trap '' TERM; fi; sleep 60 & echo $! > " + dir.path.string() +
            "/pid_$RANK; wait"}));
   EXPECT_EQ(r.exit_code, 124) << r.err;
   EXPECT_NE(r.err.find("tally launch: timeout after 2 s (--timeout); stopped 2 running ranks"),
@@ -128,7 +145,6 @@ TEST(Launch, TimeoutStopsEveryRankAndLeavesNothingBehind) {
     for (int i = 0; i < 50 && !process_gone(pid); ++i) usleep(20000);
     EXPECT_TRUE(process_gone(pid)) << "rank " << rank << "'s sleep (pid " << pid << ") survived";
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Launch, BadInputIsOneLineAndExitCode2) {

@@ -1,14 +1,20 @@
 // The one temporary-directory helper of tally's tests (io, engine, cli): a fresh directory per test
-// under the system temp directory (TMPDIR), removed with everything in it at the end.
+// under the system temp directory (TMPDIR), removed with everything in it at the end; and a scoped
+// environment variable (TMPDIR pointed at one, to see what a run leaves behind).
 #pragma once
 
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace tally::test {
 
@@ -35,5 +41,34 @@ struct TempDir {
   }
   std::filesystem::path operator/(std::string_view p) const { return path / p; }
 };
+
+// An environment variable set for the processes started while it lives (they inherit it); the old
+// value (or its absence) comes back. Used as TMPDIR to see what a run leaves in the temp directory.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(std::string name_, const std::string& value) : name(std::move(name_)) {
+    if (const char* v = std::getenv(name.c_str())) old = v;
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    if (old)
+      ::setenv(name.c_str(), old->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
+
+// The names in dir, sorted (for a message and a comparison); none when it cannot be read.
+inline std::vector<std::string> names_in(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    names.push_back(it->path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 }  // namespace tally::test
