@@ -273,23 +273,6 @@ void DrillHosts::validate() const {
     bad("--join-timeout", format_number(join_timeout_s), "must be in (0, 3600] s");
 }
 
-WorkDirectory::WorkDirectory(const fs::path& given, std::string_view prefix, bool keep)
-    : path_(given), temporary_(given.empty()), keep_(keep) {
-  if (temporary_)
-    path_ = make_temp_directory(prefix);
-  else
-    fs::create_directories(path_);
-}
-
-bool WorkDirectory::remove() {
-  if (temporary_ && !keep_ && !removed_) {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-    removed_ = !ec;
-  }
-  return removed_;
-}
-
 std::vector<int> processes_mentioning(const fs::path& work) {
   std::vector<int> pids;
   std::error_code ec;

@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "tally/engine/experiments/checkpoint.hpp"
-#include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/engine/experiments/fault_drill.hpp"
 #include "tally/engine/launch.hpp"
 
@@ -138,22 +137,6 @@ void validate_hosts_and_schedule(const DrillOptions& o) {
                 .launch_timeout_s = o.launch_timeout_s}
       .validate();
 }
-
-// A drill's work directory: `given` (created when missing, and kept), or a fresh temporary one
-// named after `prefix`, removed by remove() or, failing that, by the destructor — unless `keep`.
-class WorkDirectory {
- public:
-  WorkDirectory(const std::filesystem::path& given, std::string_view prefix, bool keep);
-  ~WorkDirectory() { remove(); }
-  WorkDirectory(const WorkDirectory&) = delete;
-  WorkDirectory& operator=(const WorkDirectory&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  bool remove();  // true when this call (or an earlier one) removed it
-
- private:
-  std::filesystem::path path_;
-  bool temporary_ = false, keep_ = false, removed_ = false;
-};
 
 // Processes whose command line mentions `work` (a sub-run's rank left behind).
 std::vector<int> processes_mentioning(const std::filesystem::path& work);

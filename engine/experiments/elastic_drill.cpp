@@ -11,6 +11,7 @@
 #include "drill_driver.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
+#include "tally/engine/temp_directory.hpp"
 #include "tally/io/checkpoint.hpp"
 #include "run_helpers.hpp"
 
@@ -161,7 +162,7 @@ ElasticDrillResult run_elastic_drill(const ElasticDrillOptions& options) {
   res.global_batch = kDrillGlobalBatch;
   for (int h = 0; h < o.nnodes; ++h)
     if (o.node_rank < 0 || o.node_rank == h) res.hosts_here.push_back(h);
-  drill::WorkDirectory work_dir(o.work_dir, "tally-elastic-drill", o.keep_work_dir);
+  WorkDirectory work_dir(o.work_dir, "tally-elastic-drill", o.keep_work_dir);
   o.work_dir = res.work_dir = work_dir.path();
   const fs::path work = o.work_dir;
   const int N = o.nnodes, K = o.nproc_per_node;

@@ -13,6 +13,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/experiments/checkpoint.hpp"
 #include "tally/engine/launch.hpp"
+#include "tally/engine/temp_directory.hpp"
 #include "tally/io/checkpoint.hpp"
 
 namespace tally::engine {
@@ -350,7 +351,7 @@ FaultDrillResult run_fault_drill(const FaultDrillOptions& options) {
 
   for (int h = 0; h < o.nnodes; ++h)
     if (o.node_rank < 0 || o.node_rank == h) res.hosts_here.push_back(h);
-  drill::WorkDirectory work_dir(o.work_dir, "tally-fault-drill", o.keep_work_dir);
+  WorkDirectory work_dir(o.work_dir, "tally-fault-drill", o.keep_work_dir);
   o.work_dir = res.work_dir = work_dir.path();
   const fs::path work = o.work_dir;
   {

@@ -254,8 +254,10 @@ QloraResult run_qlora(const QloraOptions& o) {
   std::vector<Batch> learn;
   for (int s = 0; s < o.learn_steps; ++s) learn.push_back(task.batch(B, o.learn_seq));
   const Batch eval = task.batch(B, o.learn_seq);
-  const std::filesystem::path adapter_dir =
-      o.save_adapters ? *o.save_adapters : make_temp_directory("tally-qlora");
+  // --save-adapters' directory is kept; a temporary one goes however the run ends.
+  WorkDirectory adapters(o.save_adapters.value_or(std::filesystem::path()), "tally-qlora",
+                         /*keep=*/false, TempOwner::launcher);
+  const std::filesystem::path& adapter_dir = adapters.path();
 
   {
     TrackingAllocatorScope scope;
@@ -412,7 +414,7 @@ QloraResult run_qlora(const QloraOptions& o) {
     model.reset();
     r.teardown_allocated_bytes = scope.counters().allocated_bytes;
   }
-  if (!o.save_adapters) std::filesystem::remove_all(adapter_dir);
+  adapters.remove();
   r.seconds = seconds_since(t_start);
   return r;
 }

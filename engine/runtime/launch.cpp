@@ -110,25 +110,6 @@ struct Stream {
   }
 };
 
-// The launcher's scratch directory (Note [launch scratch] in temp_directory.hpp), made before the
-// ranks start and removed with everything in it when the launcher is done with them. Without one
-// (the system temp directory refuses), the ranks get no TALLY_LAUNCH_SCRATCH and the job runs on.
-struct LaunchScratch {
-  std::filesystem::path path;
-  LaunchScratch() {
-    try {
-      path = make_temp_directory("tally-launch");
-    } catch (const std::exception&) {
-    }
-  }
-  ~LaunchScratch() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
-  }
-  LaunchScratch(const LaunchScratch&) = delete;
-  LaunchScratch& operator=(const LaunchScratch&) = delete;
-};
-
 struct Rank {
   int local_rank = 0;
   int rank = 0;  // global
@@ -330,8 +311,15 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
   sigaction(SIGPIPE, &ignore, &saved[3]);
 
   const auto start = Clock::now();
-  // Declared before the ranks' bookkeeping: removed on every way out, after the ranks are reaped.
-  const LaunchScratch scratch;
+  // The launcher's scratch directory (Note [launch scratch] in temp_directory.hpp), made before the
+  // ranks start and removed on every way out of this function, after the ranks are reaped. Without
+  // one (the temp directory refuses), the ranks get no TALLY_LAUNCH_SCRATCH and the job runs on.
+  std::optional<WorkDirectory> scratch;
+  try {
+    scratch.emplace(std::filesystem::path(), "tally-launch", /*keep=*/false);
+  } catch (const std::exception&) {
+  }
+  const std::filesystem::path scratch_path = scratch ? scratch->path() : std::filesystem::path();
   std::unique_ptr<LauncherGroup> group;  // N > 1 (Note [launchers' store])
   if (options.nnodes > 1)
     group = std::make_unique<LauncherGroup>(LauncherGroupOptions{
@@ -362,7 +350,7 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
   };
 
   try {
-    for (auto& r : ranks) start_rank(r, options, result.master_port, scratch.path, out_fd, err_fd);
+    for (auto& r : ranks) start_rank(r, options, result.master_port, scratch_path, out_fd, err_fd);
   } catch (...) {
     for (auto& r : ranks)
       if (r.running && r.pid > 0) {

@@ -79,4 +79,22 @@ fs::path shared_temp_directory(Comm& comm, std::string_view prefix, TempOwner ow
   return dir;
 }
 
+WorkDirectory::WorkDirectory(const fs::path& given, std::string_view prefix, bool keep,
+                             TempOwner owner)
+    : path_(given), temporary_(given.empty()), keep_(keep) {
+  if (temporary_)
+    path_ = make_temp_directory(prefix, owner);
+  else
+    fs::create_directories(path_);
+}
+
+bool WorkDirectory::remove() {
+  if (temporary_ && !keep_ && !removed_) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    removed_ = !ec;
+  }
+  return removed_;
+}
+
 }  // namespace tally::engine

@@ -41,4 +41,23 @@ std::filesystem::path make_temp_directory(std::string_view prefix,
 std::filesystem::path shared_temp_directory(Comm& comm, std::string_view prefix,
                                             TempOwner owner = TempOwner::caller);
 
+// A run's directory: `given` (created when missing, and kept), or — `given` empty — a fresh
+// temporary one (make_temp_directory(prefix, owner)), removed by remove() or, failing that, by the
+// destructor (an exception or an early return included) — unless `keep`. The fault and elastic
+// drills' work directories, `tally run qlora`'s adapters.
+class WorkDirectory {
+ public:
+  WorkDirectory(const std::filesystem::path& given, std::string_view prefix, bool keep,
+                TempOwner owner = TempOwner::caller);
+  ~WorkDirectory() { remove(); }
+  WorkDirectory(const WorkDirectory&) = delete;
+  WorkDirectory& operator=(const WorkDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  bool remove();  // true when this call (or an earlier one) removed it
+
+ private:
+  std::filesystem::path path_;
+  bool temporary_ = false, keep_ = false, removed_ = false;
+};
+
 }  // namespace tally::engine
