@@ -15,7 +15,7 @@ namespace tally::engine {
 // whether its ranks exited or were killed. Files that live no longer than the job (`tally run 3d`'s
 // liveness locks) go there, so a failed run leaves nothing behind: a rank that dies, or that the
 // launcher stops, cannot clean up after itself, and a surviving rank may not (its peers may still
-// be probing the locks). What the user may keep (`tally run checkpoint --keep-dir`'s directory) is
+// be probing the locks). What the user may keep (`tally run checkpoint --keep`'s directory) is
 // the caller's, in the system temp directory. Ranks started without `tally launch` see no
 // TALLY_LAUNCH_SCRATCH and use the system temp directory; then only the caller removes what they
 // made.
