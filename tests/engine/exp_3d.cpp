@@ -612,6 +612,21 @@ TEST(ThreeDCli, LostRankFailsTheRunAndIsNamed) {
   EXPECT_EQ(test::names_in(tmp.path), std::vector<std::string>{}) << "left in " << tmp.path;
 }
 
+// Note [naming a lost rank]: the liveness locks are an aid. With no temporary directory to hold
+// them (TMPDIR names none, so neither the launcher's scratch nor rank 0's own can be made) the run
+// goes on without them and passes its checks.
+TEST(ThreeDCli, RunsWithoutATemporaryDirectory) {
+  const Ran r = run_command(
+      {"/usr/bin/env", "TMPDIR=/nonexistent/tally-test", TALLY_BINARY, "launch", "--nproc", "2",
+       "--timeout", "100", "--", TALLY_BINARY, "run", "3d", "--dp", "2", "--layers", "2",
+       "--hidden", "16", "--heads", "4", "--vocab", "32", "--seq", "8", "--steps", "2",
+       "--timeout", "30"},
+      kLimit_s);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] checks: "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+}
+
 // Note [naming a lost rank] (three_d.cpp): the survivors name the lost rank themselves. Rank 0 of
 // DP 2 x PP 2 SIGKILLs itself in fp32 step 2; every other rank's run_3d throws a CommError whose
 // line names rank 0 and the step (whichever of its collectives, sends or receives failed first:
