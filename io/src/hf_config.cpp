@@ -1,5 +1,6 @@
 #include "tally/io/hf_config.hpp"
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <optional>
@@ -182,12 +183,15 @@ void read_extras(const ObjectReader& r, const Family& fam, ModelSpec& m) {
 // Sliding-window attention (Note [sliding window], core/src/operators.cpp): sliding_window (absent,
 // null or 0 = none, as in Llama's and Mistral v0.3's configs) on the layers layer_types calls
 // "sliding_attention"; without layer_types, GPT-OSS's default (GptOssConfig: every other layer,
-// the first sliding) or on every layer from max_window_layers on (Qwen2's rule; 0 when absent:
-// every layer, Mistral v0.1), unless use_sliding_window is false (Qwen2's configs carry a
-// sliding_window they do not use).
+// the first sliding) or on every layer from max_window_layers on (Qwen2's rule; none listed: every
+// layer, Mistral v0.1), unless use_sliding_window is false. The Qwen config classes (Qwen2Config,
+// Qwen3MoeConfig) default use_sliding_window to false and max_window_layers to 28, and their
+// configs carry a sliding_window they do not use; a max_window_layers past L (Qwen2.5-14B: 70 of
+// 48) leaves no layer windowed.
 void read_window(const ObjectReader& r, const Family& fam, ModelSpec& m) {
+  const bool qwen = fam.model_type == "qwen2" || fam.extras == Extras::qwen3_moe;
   const auto w = r.opt_integer("sliding_window", 0, kMaxPositions);  // 0: none
-  if (!w || *w == 0 || !r.opt_boolean("use_sliding_window").value_or(true)) return;
+  if (!w || *w == 0 || !r.opt_boolean("use_sliding_window").value_or(!qwen)) return;
   std::int64_t windowed = 0;
   if (const detail::json* types = r.opt_array("layer_types", std::size_t(kMaxLayers))) {
     if (std::int64_t(types->size()) != m.layers)
@@ -203,7 +207,9 @@ void read_window(const ObjectReader& r, const Family& fam, ModelSpec& m) {
   } else if (fam.extras == Extras::gpt_oss) {
     windowed = (m.layers + 1) / 2;
   } else {
-    windowed = m.layers - r.opt_integer("max_window_layers", 0, m.layers).value_or(0);
+    const std::int64_t from =
+        r.opt_integer("max_window_layers", 0, kMaxLayers).value_or(qwen ? 28 : 0);
+    windowed = std::max<std::int64_t>(0, m.layers - from);
   }
   if (windowed == 0) return;
   m.attention_window = *w;

@@ -445,6 +445,29 @@ TEST(HfConfig, Qwen2CountsItsQkvBiases) {
   EXPECT_FALSE(m.dropout);
 }
 
+// transformers' Qwen2Config: use_sliding_window=False and max_window_layers=28 by default, layer i
+// windowed when use_sliding_window and i >= max_window_layers. Qwen/Qwen2.5-14B's config.json:
+// 48 layers, sliding_window 131072, max_window_layers 70, use_sliding_window false.
+TEST(HfConfig, QwenSlidingWindowFollowsItsConfigClass) {
+  const auto qwen = [](const std::string& window) {
+    return parse(R"({"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 48,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "intermediate_size": 13824,
+        "vocab_size": 152064, "max_position_embeddings": 131072, )" + window + "}");
+  };
+  EXPECT_EQ(qwen(R"("sliding_window": 4096)").attention_window, 0);  // use_sliding_window: false
+  const ModelSpec on = qwen(R"("sliding_window": 4096, "use_sliding_window": true)");
+  EXPECT_EQ(on.attention_window, 4096);
+  EXPECT_EQ(on.window_layers, 48 - 28);  // from layer 28, the class's default
+  EXPECT_EQ(qwen(R"("sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 40)")
+                .window_layers,
+            8);
+  // Past L: no layer windowed, not an error (the 14B's own file, use_sliding_window turned on).
+  const ModelSpec past =
+      qwen(R"("sliding_window": 131072, "use_sliding_window": true, "max_window_layers": 70)");
+  EXPECT_EQ(past.attention_window, 0);
+  EXPECT_EQ(past.window_layers, 0);
+}
+
 // Dropout comes from the config: GPT-2's pdrops are 0.1; Llama 3 states attention_dropout 0.0;
 // Llama 2's file states none.
 TEST(HfConfig, DropoutFromTheConfig) {
