@@ -16,6 +16,8 @@
 #include "common.hpp"
 #include "run_registry.hpp"
 #include "tally/engine/bench/kernels.hpp"
+#include "tally/engine/comm.hpp"
+#include "tally/engine/dist_env.hpp"
 #include "tally/io/calibration.hpp"
 #include "tally/io/files.hpp"
 
@@ -85,6 +87,27 @@ void write_calibration(const std::string& path, const io::Calibration& c) {
 
 double us(double s) { return s * 1e6; }
 
+// Under `tally launch --nproc s` (WORLD_SIZE >= 2) the ranks time side by side (Note [side-by-side
+// kernels], engine/bench/kernels.hpp): a Comm over them; alone (no launch, or s = 1), none.
+std::unique_ptr<engine::Comm> side_by_side_ranks() {
+  if (std::getenv("WORLD_SIZE") == nullptr) return nullptr;
+  const engine::DistEnv env = engine::DistEnv::from_environment();
+  if (env.world_size < 2) return nullptr;
+  return std::make_unique<engine::Comm>(env);
+}
+
+// Rank 0 of side-by-side ranks, or a process alone, prints and writes the calibration.
+bool speaks(const std::unique_ptr<engine::Comm>& ranks) { return !ranks || ranks->rank() == 0; }
+
+// The table's line for side-by-side timing; empty alone.
+std::string side_by_side_line(int ranks) {
+  if (ranks < 2) return "";
+  return fmt::format("# {} ranks side by side (tally launch): a barrier before each point, each "
+                     "figure the mean over the ranks of its own median (Note [side-by-side "
+                     "kernels])\n",
+                     ranks);
+}
+
 // ---- tally bench gemm ------------------------------------------------------------------------
 
 struct GemmFlags : TimingFlags {
@@ -103,7 +126,9 @@ void run_gemm(const GemmFlags& f) {
   }
   io::Calibration c = calibration_to_merge(
       f.calibration_out, "tally bench gemm (float32 at::mm, " + f.cache + " caches)");
-  const engine::BenchGemmResult r = engine::run_bench_gemm(o);
+  const std::unique_ptr<engine::Comm> ranks = side_by_side_ranks();
+  const engine::BenchGemmResult r = engine::run_bench_gemm(o, ranks.get());
+  if (!speaks(ranks)) return;
   if (!f.calibration_out.empty()) {
     if (!c.kernels) c.kernels = io::KernelCalibration{};
     engine::add_to_calibration(r, *c.kernels);
@@ -114,10 +139,12 @@ void run_gemm(const GemmFlags& f) {
     for (const auto& row : r.rows)
       rows.push_back({{"m", row.m}, {"n", row.n}, {"k", row.k},
                       {"seconds_median", row.time.median_s}, {"seconds_min", row.time.min_s},
-                      {"seconds_max", row.time.max_s}, {"flops_per_s", row.flops_per_s}});
+                      {"seconds_max", row.time.max_s}, {"flops_per_s", row.flops_per_s},
+                      {"rank_seconds_median", row.rank_median_s}});
     print_json({{"command", "bench gemm"},
                 {"dtype", "float32"},
                 {"threads", o.timing.threads},
+                {"ranks_side_by_side", r.ranks},
                 {"cache", f.cache},
                 {"time_convention",
                  o.timing.cold ? "per call: each sample is one at::mm_out after a read of twice "
@@ -134,6 +161,7 @@ void run_gemm(const GemmFlags& f) {
   fmt::print("# tally bench gemm: C(m x n) = A(m x k) B(k x n), float32 at::mm_out, {} thread(s), "
              "{} caches; per call, median over {} samples; GFLOP/s = 2mnk / time / 1e9\n",
              o.timing.threads, f.cache, o.timing.samples);
+  fmt::print("{}", side_by_side_line(r.ranks));
   fmt::print("# {:>6} {:>6} {:>6} {:>11} {:>9}\n", "m", "n", "k", "med_us", "GFLOP/s");
   for (const auto& row : r.rows)
     fmt::print("  {:>6} {:>6} {:>6} {:>11.2f} {:>9.2f}\n", row.m, row.n, row.k,
@@ -147,7 +175,10 @@ void register_gemm(CLI::App& bench) {
   auto f = std::make_shared<GemmFlags>();
   CLI::App* cmd = bench.add_subcommand(
       "gemm", "time float32 matrix products over an (m, n, k) grid (calibrates the operator model)");
-  cmd->footer("One process, no launch needed. Every combination of --m, --n, --k is timed. "
+  cmd->footer("One process, no launch needed; under `tally launch --nproc s` the s ranks time "
+              "side by side, as a run's ranks compute at once (a barrier before each shape; "
+              "each figure the mean over ranks; rank 0 prints and writes). "
+              "Every combination of --m, --n, --k is timed. "
               "--calibration-out FILE writes kernels.gemm and the best GFLOP/s as peak_flops "
               "(merged into FILE if it exists); `tally bench ddp|run zero --calibration FILE` "
               "then predict their step time from it.");
@@ -202,7 +233,9 @@ void run_memory(const MemoryFlags& f) {
     throw InvalidInput("--calibration-out = '" + f.calibration_out +
                        "': has no kernels section yet; run `tally bench gemm --calibration-out " +
                        f.calibration_out + "` first (the section needs its peak_flops)");
-  const engine::BenchMemoryResult r = engine::run_bench_memory(o);
+  const std::unique_ptr<engine::Comm> ranks = side_by_side_ranks();
+  const engine::BenchMemoryResult r = engine::run_bench_memory(o, ranks.get());
+  if (!speaks(ranks)) return;
   if (!f.calibration_out.empty()) {
     engine::add_to_calibration(r, *c.kernels);
     write_calibration(f.calibration_out, c);
@@ -219,10 +252,12 @@ void run_memory(const MemoryFlags& f) {
                       {"add_seconds_median", row.add.median_s},
                       {"add_bytes_per_s", row.add_bps},
                       {"copy_seconds_median", row.copy.median_s},
-                      {"copy_bytes_per_s", row.copy_bps}});
+                      {"copy_bytes_per_s", row.copy_bps},
+                      {"rank_add_seconds_median", row.rank_add_median_s}});
     print_json({{"command", "bench memory"},
                 {"dtype", "float32"},
                 {"threads", o.timing.threads},
+                {"ranks_side_by_side", r.ranks},
                 {"bandwidth_convention",
                  "add: a.add_(b, alpha), 3 streams of W/2 bytes; copy: a.copy_(b), 2 streams; "
                  "bytes/s = streams * W/2 / median per-call time"},
@@ -240,6 +275,7 @@ void run_memory(const MemoryFlags& f) {
   fmt::print("# tally bench memory: float32, {} thread(s); W = working set (two arrays of W/2); "
              "add = a.add_(b, alpha) moves 3 x W/2, copy = a.copy_(b) 2 x W/2; GB = 1e9 B\n",
              o.timing.threads);
+  fmt::print("{}", side_by_side_line(r.ranks));
   fmt::print("# {:>12} {:>11} {:>10} {:>11} {:>10}\n", "W_MiB", "add_us", "add_GB/s", "copy_us",
              "copy_GB/s");
   for (const auto& row : r.rows)
@@ -265,7 +301,9 @@ void register_memory(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand(
       "memory", "time streaming kernels over working sets from cache to DRAM (calibrates the "
                 "operator model's memory passes)");
-  cmd->footer("One process, no launch needed. --calibration-out FILE merges kernels.memory_curve "
+  cmd->footer("One process, no launch needed; under `tally launch --nproc s` the s ranks time "
+              "side by side, as `bench gemm` does. --calibration-out FILE merges "
+              "kernels.memory_curve "
               "(the add bandwidth by working set), memory_bytes_per_s (its largest), "
               "memory_overhead_s (the add's time on 16 floats: a streaming kernel's fixed cost) "
               "and streaming_kernels (gelu, softmax, mask and norm, forward and backward, timed "

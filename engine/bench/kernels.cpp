@@ -14,6 +14,7 @@
 #include "tally/core/gpt_step.hpp"
 #include "tally/core/operators.hpp"
 #include "tally/core/types.hpp"
+#include "tally/engine/comm.hpp"
 #include "tally/engine/gpt.hpp"
 
 namespace tally::engine {
@@ -26,11 +27,62 @@ void check_dims(const std::vector<std::int64_t>& dims, const char* flag) {
   for (std::int64_t d : dims) require_int(d >= 1 && d <= 16384, flag, d, "must be in [1, 16384]");
 }
 
+void before_point(const BenchKernelTiming& t) {
+  if (t.before_point) t.before_point();
+}
+
+// Side by side (Note [side-by-side kernels]): the timing with a barrier before each point, or the
+// timing itself when alone.
+BenchKernelTiming side_by_side_timing(BenchKernelTiming t, Comm* ranks) {
+  if (ranks != nullptr && ranks->world_size() >= 2) t.before_point = [ranks] { ranks->barrier(); };
+  return t;
+}
+
+// Every rank's TimeStats, in the order given, merged: each statistic the mean over ranks, min and
+// max over all. `own` receives each stat's per-rank medians (rank order). The same on every rank.
+void merge_over_ranks(Comm& ranks, const std::vector<TimeStats*>& stats,
+                      std::vector<std::vector<double>>& own) {
+  constexpr std::size_t kFields = 6;
+  std::vector<double> mine;
+  for (const TimeStats* t : stats)
+    mine.insert(mine.end(), {t->median_s, t->p10_s, t->p90_s, t->min_s, t->max_s, t->mean_s});
+  const int k = ranks.world_size();
+  std::vector<double> all(mine.size() * std::size_t(k));
+  ranks.all_gather(ConstBuffer(mine.data(), std::int64_t(mine.size()), DType::f64),
+                   Buffer(all.data(), std::int64_t(all.size()), DType::f64));
+  own.assign(stats.size(), {});
+  for (std::size_t i = 0; i < stats.size(); ++i) {
+    TimeStats m{.min_s = std::numeric_limits<double>::infinity(), .max_s = 0};
+    for (int r = 0; r < k; ++r) {
+      const double* v = all.data() + std::size_t(r) * mine.size() + i * kFields;
+      m.median_s += v[0] / k;
+      m.p10_s += v[1] / k;
+      m.p90_s += v[2] / k;
+      m.min_s = std::min(m.min_s, v[3]);
+      m.max_s = std::max(m.max_s, v[4]);
+      m.mean_s += v[5] / k;
+      own[i].push_back(v[0]);
+    }
+    *stats[i] = m;
+  }
+}
+
+// Side by side needs the ranks on one host: they are to share its caches and DRAM.
+bool side_by_side(const Comm* ranks) {
+  if (ranks == nullptr || ranks->world_size() < 2) return false;
+  if (!ranks->on_one_host())
+    throw InvalidInput("side-by-side kernel timing: the " + std::to_string(ranks->world_size()) +
+                       " ranks must all run on this host (they are timed sharing its caches and "
+                       "DRAM); launch them with `tally launch --nproc` on one host");
+  return true;
+}
+
 }  // namespace
 
-std::string host_device_name(int threads, bool cold) {
+std::string host_device_name(int threads, bool cold, int side_by_side) {
   return "cpu, libtorch " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
-         (cold ? ", cold caches" : "");
+         (cold ? ", cold caches" : "") +
+         (side_by_side >= 2 ? ", " + std::to_string(side_by_side) + " ranks side by side" : "");
 }
 
 void BenchKernelTiming::validate() const {
@@ -77,6 +129,7 @@ GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKer
   const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
   at::Tensor c = at::empty({m, n});
   GemmRow row{.m = m, .n = n, .k = k};
+  before_point(t);
   const auto call = [&] {
     for (int i = 0; i < repeat; ++i) at::mm_out(c, a, b);
   };
@@ -100,9 +153,11 @@ MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& t, int 
   at::Tensor a = at::randn({n}), b = at::randn({n});
   MemoryRow row{.working_set_bytes = 2.0 * 4.0 * double(n)};
   // α = −1 then +1 alternately would keep a bounded; a tiny α keeps it finite over 2^30 calls.
+  before_point(t);
   row.add = time_calls(t.warmup, t.samples, t.min_sample_s, [&] {
     for (int i = 0; i < repeat; ++i) a.add_(b, 1e-9);
   }, t.clock);
+  before_point(t);
   row.copy = time_calls(t.warmup, t.samples, t.min_sample_s, [&] {
     for (int i = 0; i < repeat; ++i) a.copy_(b);
   }, t.clock);
@@ -162,6 +217,7 @@ std::vector<StreamingKernelRow> time_streaming_kernels(const BenchKernelTiming& 
   for (const Kernel& k : kernels) {
     StreamingKernelRow row{.kernel = std::string(kernel_family(k.op)), .op = k.op,
                            .call = k.call, .bytes = core_bytes(k.op)};
+    before_point(t);
     row.time = time_calls(t.warmup, t.samples, t.min_sample_s, k.run, t.clock);
     row.bytes_per_s = row.bytes / row.time.median_s;
     rows.push_back(std::move(row));
@@ -169,34 +225,59 @@ std::vector<StreamingKernelRow> time_streaming_kernels(const BenchKernelTiming& 
   return rows;
 }
 
-BenchGemmResult run_bench_gemm(const BenchGemmOptions& o) {
+BenchGemmResult run_bench_gemm(const BenchGemmOptions& o, Comm* ranks) {
   o.validate();
   at::set_num_threads(o.timing.threads);
-  BenchGemmResult r{.options = o};
+  BenchGemmResult r{.options = o, .ranks = side_by_side(ranks) ? ranks->world_size() : 1};
+  const BenchKernelTiming timing = side_by_side_timing(o.timing, ranks);
   at::manual_seed(0);
   for (std::int64_t m : o.m)
     for (std::int64_t n : o.n)
-      for (std::int64_t k : o.k) {
-        r.rows.push_back(time_gemm(m, n, k, o.timing));
-        r.best_flops_per_s = std::max(r.best_flops_per_s, r.rows.back().flops_per_s);
-      }
+      for (std::int64_t k : o.k) r.rows.push_back(time_gemm(m, n, k, timing));
+  if (side_by_side(ranks)) {
+    std::vector<TimeStats*> stats;
+    for (GemmRow& row : r.rows) stats.push_back(&row.time);
+    std::vector<std::vector<double>> own;
+    merge_over_ranks(*ranks, stats, own);
+    for (std::size_t i = 0; i < r.rows.size(); ++i) r.rows[i].rank_median_s = own[i];
+  }
+  for (GemmRow& row : r.rows) {
+    row.flops_per_s = 2.0 * double(row.m) * double(row.n) * double(row.k) / row.time.median_s;
+    r.best_flops_per_s = std::max(r.best_flops_per_s, row.flops_per_s);
+  }
   return r;
 }
 
-BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o) {
+BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o, Comm* ranks) {
   o.validate();
   at::set_num_threads(o.timing.threads);
-  BenchMemoryResult r{.options = o};
+  BenchMemoryResult r{.options = o, .ranks = side_by_side(ranks) ? ranks->world_size() : 1};
+  const BenchKernelTiming timing = side_by_side_timing(o.timing, ranks);
   std::vector<double> sizes = o.working_set_bytes;
   std::sort(sizes.begin(), sizes.end());
-  for (double w : sizes) r.rows.push_back(time_memory(w, o.timing));
-  r.overhead = time_memory(2.0 * 4.0 * double(kOverheadElements), o.timing).add;
-  r.streaming = time_streaming_kernels(o.timing);
+  for (double w : sizes) r.rows.push_back(time_memory(w, timing));
+  r.overhead = time_memory(2.0 * 4.0 * double(kOverheadElements), timing).add;
+  r.streaming = time_streaming_kernels(timing);
+  if (side_by_side(ranks)) {
+    std::vector<TimeStats*> stats;
+    for (MemoryRow& row : r.rows) stats.insert(stats.end(), {&row.add, &row.copy});
+    stats.push_back(&r.overhead);
+    for (StreamingKernelRow& row : r.streaming) stats.push_back(&row.time);
+    std::vector<std::vector<double>> own;
+    merge_over_ranks(*ranks, stats, own);
+    for (std::size_t i = 0; i < r.rows.size(); ++i) r.rows[i].rank_add_median_s = own[2 * i];
+  }
+  for (MemoryRow& row : r.rows) {
+    const double half = row.working_set_bytes / 2;
+    row.add_bps = 3 * half / row.add.median_s;
+    row.copy_bps = 2 * half / row.copy.median_s;
+  }
+  for (StreamingKernelRow& row : r.streaming) row.bytes_per_s = row.bytes / row.time.median_s;
   return r;
 }
 
 void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
-  k.device = host_device_name(r.options.timing.threads, r.options.timing.cold);
+  k.device = host_device_name(r.options.timing.threads, r.options.timing.cold, r.ranks);
   k.precision = "fp32";
   k.peak_flops = r.best_flops_per_s;
   k.sm_count = r.options.timing.threads;
@@ -206,7 +287,7 @@ void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
 }
 
 void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k) {
-  if (k.device.empty()) k.device = host_device_name(r.options.timing.threads);
+  if (k.device.empty()) k.device = host_device_name(r.options.timing.threads, false, r.ranks);
   k.memory_curve.clear();
   for (const MemoryRow& row : r.rows)
     k.memory_curve.push_back({.working_set_bytes = row.working_set_bytes, .bytes_per_s = row.add_bps});

@@ -24,9 +24,8 @@ namespace {
 
 constexpr std::uint64_t kChecksumSeed = 20261201;  // any fixed seed: the same A, B on every rank
 // Each turn of a kernel: 1 untimed call, 3 samples of at least 2 ms of CPU time each (time_calls).
-constexpr BenchKernelTiming kKernelTiming{.threads = 1, .warmup = 1, .samples = 3,
-                                          .min_sample_s = 2e-3,
-                                          .clock = TimerClock::process_cpu};
+const BenchKernelTiming kKernelTiming{.threads = 1, .warmup = 1, .samples = 3,
+                                      .min_sample_s = 2e-3, .clock = TimerClock::process_cpu};
 constexpr int kLinkWarmup = 1, kLinkIters = 4;  // per link per round (run_timed_loop)
 
 int repeat_on(int rank, const HealthCheckFault& f) { return rank == f.slow_rank ? f.slow_factor : 1; }

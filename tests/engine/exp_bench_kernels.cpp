@@ -15,7 +15,9 @@
 
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
+#include "rank_harness.hpp"
 #include "tally/engine/bench/kernels.hpp"
+#include "tally/engine/comm.hpp"
 #include "tally/io/calibration.hpp"
 #include "tally/io/files.hpp"
 
@@ -144,6 +146,72 @@ TEST(BenchKernels, StreamingFamiliesCarryCoresBytes) {
   EXPECT_EQ(rows[6].op, "norm-1");  // the layer's first norm stands for its family
 }
 
+// before_point runs once before each point is timed, and nowhere else: each GEMM shape; each
+// working set's add and copy; each streaming family (Note [side-by-side kernels]).
+TEST(BenchKernels, BeforePointRunsOncePerPoint) {
+  int points = 0;
+  BenchKernelTiming t = kQuick;
+  t.before_point = [&] { ++points; };
+  const BenchGemmResult g = run_bench_gemm({.m = {4, 8}, .n = {16}, .k = {8, 64}, .timing = t});
+  EXPECT_EQ(points, 4);
+  EXPECT_EQ(g.ranks, 1);  // alone: no rank figures
+  for (const GemmRow& row : g.rows) EXPECT_TRUE(row.rank_median_s.empty());
+  points = 0;
+  (void)time_memory(65536.0, t);
+  EXPECT_EQ(points, 2);
+  points = 0;
+  const GptProbeShape shape{.hidden = 32, .heads = 2, .seq = 16, .micro_batch = 2};
+  EXPECT_EQ(time_streaming_kernels(t, shape).size(), 8u);
+  EXPECT_EQ(points, 8);
+}
+
+// Side by side (Note [side-by-side kernels]): two ranks on loopback time the same grid; each
+// figure is the mean of the ranks' own medians (min and max over both), the same on both ranks,
+// and the calibration's device names the count.
+TEST(BenchKernels, SideBySideRanksReportTheMeanOfTheirMedians) {
+  test::TempDir dir("bench_side_by_side");
+  const auto run = harness::run_ranks(2, 120, [&](const DistEnv& env) {
+    Comm comm(env, {.timeout_s = 60});
+    const BenchGemmResult g =
+        run_bench_gemm({.m = {4}, .n = {16, 32}, .k = {8}, .timing = kQuick}, &comm);
+    EXPECT_EQ(g.ranks, 2);
+    ASSERT_EQ(g.rows.size(), 2u);
+    std::string figures;
+    double best = 0;
+    for (const GemmRow& row : g.rows) {
+      ASSERT_EQ(row.rank_median_s.size(), 2u);
+      EXPECT_DOUBLE_EQ(row.time.median_s, row.rank_median_s[0] / 2 + row.rank_median_s[1] / 2);
+      EXPECT_LE(row.time.min_s, std::min(row.rank_median_s[0], row.rank_median_s[1]));
+      EXPECT_GE(row.time.max_s, std::max(row.rank_median_s[0], row.rank_median_s[1]));
+      EXPECT_DOUBLE_EQ(row.flops_per_s, 2.0 * row.m * row.n * row.k / row.time.median_s);
+      best = std::max(best, row.flops_per_s);
+      figures += std::to_string(row.time.median_s) + " ";
+    }
+    EXPECT_DOUBLE_EQ(g.best_flops_per_s, best);
+    const BenchMemoryResult m =
+        run_bench_memory({.working_set_bytes = {65536.0}, .timing = kQuick}, &comm);
+    EXPECT_EQ(m.ranks, 2);
+    ASSERT_EQ(m.rows.size(), 1u);
+    const MemoryRow& row = m.rows[0];
+    ASSERT_EQ(row.rank_add_median_s.size(), 2u);
+    EXPECT_DOUBLE_EQ(row.add.median_s,
+                     row.rank_add_median_s[0] / 2 + row.rank_add_median_s[1] / 2);
+    EXPECT_DOUBLE_EQ(row.add_bps, 3 * row.working_set_bytes / 2 / row.add.median_s);
+    figures += std::to_string(row.add.median_s) + " " + std::to_string(m.overhead.median_s);
+    for (const StreamingKernelRow& s : m.streaming) {
+      EXPECT_DOUBLE_EQ(s.bytes_per_s, s.bytes / s.time.median_s);
+      figures += " " + std::to_string(s.time.median_s);
+    }
+    io::write_text_atomically((dir / ("rank" + std::to_string(env.rank))).string(), figures);
+    io::KernelCalibration k;
+    add_to_calibration(g, k);
+    EXPECT_EQ(k.device, "cpu, libtorch 1 thread, 2 ranks side by side");
+  });
+  ASSERT_TRUE(run.all_ok()) << run.describe();
+  EXPECT_EQ(io::read_text_file((dir / "rank0").string()),
+            io::read_text_file((dir / "rank1").string()));
+}
+
 Ran tally(std::vector<std::string> args, double limit_s = 120) {
   args.insert(args.begin(), TALLY_BINARY);
   return run_command(args, limit_s);
@@ -202,6 +270,35 @@ TEST(BenchKernels, GemmCacheModeIsAFlagAndIsRecorded) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(json::parse(r.out)["cache"], "warm");
   EXPECT_NE(io::load_calibration(cal).source.find("warm caches"), std::string::npos);
+}
+
+// Under `tally launch --nproc 2` bench gemm times side by side: rank 0 alone prints (the JSON
+// says how many ranks, with each rank's median) and writes the calibration, whose device says so.
+TEST(BenchKernels, LaunchedGemmTimesSideBySideAndRankZeroWrites) {
+  test::TempDir dir("bench_gemm_side_by_side");
+  const std::string cal = (dir / "cal.json").string();
+  const Ran r = launched(2, {"bench", "gemm", "--m", "64", "--n", "128", "--k", "64,256",
+                             "--samples", "2", "--warmup", "0", "--json", "--calibration-out",
+                             cal});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(rank_lines(r.out, 1).empty()) << r.out;
+  std::string printed;  // bench gemm's JSON spans lines
+  for (const std::string& line : rank_lines(r.out, 0)) printed += line + "\n";
+  const json j = json::parse(printed, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["ranks_side_by_side"], 2);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  const io::Calibration c = io::load_calibration(cal);
+  ASSERT_TRUE(c.kernels.has_value());
+  EXPECT_EQ(c.kernels->device, "cpu, libtorch 1 thread, cold caches, 2 ranks side by side");
+  for (std::size_t i = 0; i < 2; ++i) {
+    const json& row = j["rows"][i];
+    ASSERT_EQ(row["rank_seconds_median"].size(), 2u);
+    EXPECT_DOUBLE_EQ(double(row["seconds_median"]),
+                     double(row["rank_seconds_median"][0]) / 2 +
+                         double(row["rank_seconds_median"][1]) / 2);
+    EXPECT_EQ(c.kernels->gemm[i].seconds, double(row["seconds_median"]));
+  }
 }
 
 TEST(BenchKernels, CalibrateThenPredictTheEnginesRuns) {

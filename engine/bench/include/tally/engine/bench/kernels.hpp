@@ -33,9 +33,27 @@
 // write-back lands in the timed call) and each sample is one call (time_cold_calls) — as Triton's
 // do_bench clears the GPU's L2 before each timed call. `--cache warm` keeps the repeated timing.
 // bench memory needs no flush: its working sets are the cache levels it measures.
+//
+// Note [side-by-side kernels]
+// The engine's runs put k ranks on this host at once, and they compute at once: between two
+// collectives every rank runs the same kernels at the same time, on its own core but sharing the
+// last-level cache and DRAM with the others. A kernel timed alone misses that. Measured on the
+// 2-core VM (2026-12-06): `run zero`'s forward GEMM (32 × 1024 × 1024, cold) took 906–938 µs
+// alone and 964–1088 µs while a second process timed the same; the default grid, priced by its
+// fit at `run zero`'s 32 rows per rank, came out 3 % and 18 % slower on the two ranks timing it
+// together, their DRAM add bandwidth 8 % and 22 % lower (an earlier, unaligned try — a second
+// `bench gemm` started beside the first — read 1.054× over the grid: docs/ledgers.md §5). So
+// under `tally launch --nproc s` (each rank a Comm) bench gemm and bench memory time side by
+// side: a barrier before every point (before_point), so the s ranks time the same kernel at the
+// same moment, as a step's ranks run theirs; then each statistic of each point is the mean over
+// the ranks (min and max: over all), the same on every rank (a rank's own medians stay in
+// rank_median_s). The calibration's device says "s ranks side by side": a run of k ranks on c
+// cores computes min(k, c) at once and is predicted from a calibration timed by that many
+// (bench/predict_vs_measured.sh).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,8 +71,14 @@ struct BenchKernelTiming {
   // Flush the caches before every call and time one call per sample (Note [cold-cache GEMMs]);
   // min_sample_s is then unused. bench gemm's default; health-check times warm.
   bool cold = false;
+  // Called before each point is timed (each GEMM shape; each working set's add and copy; the
+  // overhead's add and copy; each streaming family): side by side, a barrier (Note [side-by-side
+  // kernels]). Empty: nothing.
+  std::function<void()> before_point;
   void validate() const;           // InvalidInput naming the flag
 };
+
+class Comm;
 
 struct BenchGemmOptions {
   std::vector<std::int64_t> m = {8, 32, 128, 512};
@@ -66,17 +90,21 @@ struct BenchGemmOptions {
 
 struct GemmRow {
   std::int64_t m = 0, n = 0, k = 0;
-  TimeStats time;                  // per call
+  TimeStats time;                  // per call (side by side: the mean over ranks)
   double flops_per_s = 0;          // 2mnk / median
+  std::vector<double> rank_median_s;  // side by side: each rank's own median, rank order
 };
 
 struct BenchGemmResult {
   BenchGemmOptions options;
   std::vector<GemmRow> rows;       // m-major, then n, then k
   double best_flops_per_s = 0;
+  int ranks = 1;                   // side by side (Note [side-by-side kernels])
 };
 
-BenchGemmResult run_bench_gemm(const BenchGemmOptions& options);
+// `ranks`: when given with two or more ranks, every rank times the grid side by side (Note
+// [side-by-side kernels]) and all return the same result; collective failures throw CommError.
+BenchGemmResult run_bench_gemm(const BenchGemmOptions& options, Comm* ranks = nullptr);
 // The flush buffer of Note [cold-cache GEMMs]: twice the last-level cache `llc_bytes`, at least
 // 64 MiB (also when the size is unknown: 0) and at most 1 GiB.
 double cache_flush_bytes(double llc_bytes);
@@ -103,8 +131,9 @@ struct BenchMemoryOptions {
 
 struct MemoryRow {
   double working_set_bytes = 0;
-  TimeStats add, copy;             // per call
+  TimeStats add, copy;             // per call (side by side: the mean over ranks)
   double add_bps = 0, copy_bps = 0;
+  std::vector<double> rank_add_median_s;  // side by side: each rank's own add median
 };
 
 // One streaming kernel family timed on the engine's kernel at kStreamingProbe.
@@ -132,17 +161,20 @@ struct BenchMemoryResult {
   // a.add_(b, α) on kOverheadElements floats, warm: a streaming kernel's fixed cost per call
   // (the calibration's memory_overhead_s, Note [memory kernel overhead] in core/src/operators.cpp).
   TimeStats overhead;
+  int ranks = 1;                   // side by side (Note [side-by-side kernels])
 };
 inline constexpr std::int64_t kOverheadElements = 16;
 
-BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options);
+// `ranks` as run_bench_gemm's.
+BenchMemoryResult run_bench_memory(const BenchMemoryOptions& options, Comm* ranks = nullptr);
 // One working set of that sweep (rounded down to whole float32 pairs); `repeat` as in time_gemm.
 MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& timing, int repeat = 1);
 
 // The device a calibration of this host's kernels names: "cpu, libtorch 1 thread", and for GEMMs
 // timed cold (Note [cold-cache GEMMs]) "cpu, libtorch 1 thread, cold caches" — another device to
-// whoever times warm (health-check refuses it).
-std::string host_device_name(int threads, bool cold = false);
+// whoever times warm (health-check refuses it); timed by s >= 2 ranks at once, ", s ranks side by
+// side" after it (Note [side-by-side kernels]).
+std::string host_device_name(int threads, bool cold = false, int side_by_side = 1);
 
 // The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
 // device, peak_flops, sm_count and gemm; a memory result memory_curve, memory_bytes_per_s,
