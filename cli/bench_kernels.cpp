@@ -253,6 +253,8 @@ void run_memory(const MemoryFlags& f) {
                       {"add_bytes_per_s", row.add_bps},
                       {"copy_seconds_median", row.copy.median_s},
                       {"copy_bytes_per_s", row.copy_bps},
+                      {"zero_seconds_median", row.zero.median_s},
+                      {"zero_bytes_per_s", row.zero_bps},
                       {"rank_add_seconds_median", row.rank_add_median_s}});
     print_json({{"command", "bench memory"},
                 {"dtype", "float32"},
@@ -260,7 +262,7 @@ void run_memory(const MemoryFlags& f) {
                 {"ranks_side_by_side", r.ranks},
                 {"bandwidth_convention",
                  "add: a.add_(b, alpha), 3 streams of W/2 bytes; copy: a.copy_(b), 2 streams; "
-                 "bytes/s = streams * W/2 / median per-call time"},
+                 "zero: a.zero_(), 1 stream; bytes/s = streams * W/2 / median per-call time"},
                 {"rows", rows},
                 {"overhead_convention",
                  "a.add_(b, alpha) on 16 floats (128 bytes), warm: a streaming kernel's fixed "
@@ -273,15 +275,17 @@ void run_memory(const MemoryFlags& f) {
     return;
   }
   fmt::print("# tally bench memory: float32, {} thread(s); W = working set (two arrays of W/2); "
-             "add = a.add_(b, alpha) moves 3 x W/2, copy = a.copy_(b) 2 x W/2; GB = 1e9 B\n",
+             "add = a.add_(b, alpha) moves 3 x W/2, copy = a.copy_(b) 2 x W/2, zero = a.zero_() "
+             "1 x W/2; GB = 1e9 B\n",
              o.timing.threads);
   fmt::print("{}", side_by_side_line(r.ranks));
-  fmt::print("# {:>12} {:>11} {:>10} {:>11} {:>10}\n", "W_MiB", "add_us", "add_GB/s", "copy_us",
-             "copy_GB/s");
+  fmt::print("# {:>12} {:>11} {:>10} {:>11} {:>10} {:>11} {:>10}\n", "W_MiB", "add_us",
+             "add_GB/s", "copy_us", "copy_GB/s", "zero_us", "zero_GB/s");
   for (const auto& row : r.rows)
-    fmt::print("  {:>12.3f} {:>11.2f} {:>10.2f} {:>11.2f} {:>10.2f}\n",
+    fmt::print("  {:>12.3f} {:>11.2f} {:>10.2f} {:>11.2f} {:>10.2f} {:>11.2f} {:>10.2f}\n",
                row.working_set_bytes / kMiB, us(row.add.median_s), row.add_bps / 1e9,
-               us(row.copy.median_s), row.copy_bps / 1e9);
+               us(row.copy.median_s), row.copy_bps / 1e9, us(row.zero.median_s),
+               row.zero_bps / 1e9);
   fmt::print("# fixed cost per call: add on 16 floats (128 B), warm: {:.2f} us median\n",
              us(r.overhead.median_s));
   fmt::print("# streaming kernel families: {}\n", streaming_convention());

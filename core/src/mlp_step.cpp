@@ -24,6 +24,11 @@ constexpr double kSgdStreams[] = {3};
 // traffic, McCalpin's STREAM FAQ). This host agrees: bench memory's copy_ takes 1.46–1.76× add_'s
 // time per counted stream from 4 to 256 MiB (Note [host step model]).
 constexpr double kCopyStreams = 3;
+// A fill (zero_, at::zeros) by the same rule: the lines read for ownership, then written — 2
+// streams where the bytes written are 1. On this host (2026-12-06) bench memory's zero_ took
+// 1.33–1.57× add_'s time per counted stream from 4 to 256 MiB (copy_ 1.36–1.42× per its 2), and
+// PyTorch 1.13's zero_ after a cache flush 1.43–1.84× (copy_ 2.75–3.12× per 1): nearer 2 than 1.
+constexpr double kFillStreams = 2;
 
 // One streaming kernel of `streams` passes over n fp32 elements.
 Op stream_op(std::string_view name, double streams, double n) {
@@ -147,10 +152,10 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
   switch (s.zero_stage) {
     case 0: grads.push_back(stream_op("pack", kCopyStreams, N)); break;
     case 1:
-      grads = {stream_op("zero", 1, N), stream_op("accumulate", 3, N)};
+      grads = {stream_op("zero", kFillStreams, N), stream_op("accumulate", 3, N)};
       break;
     case 2:
-      grads = {stream_op("zeros", 1, N), stream_op("accumulate", 3, N),
+      grads = {stream_op("zeros", kFillStreams, N), stream_op("accumulate", 3, N),
                stream_op("shard-copy", kCopyStreams, shard)};
       break;
     default:
@@ -161,7 +166,7 @@ MlpStepTime predict_mlp_step(const MlpStepSetup& s, const ClusterSpec& host) {
         // parameter views (weight, bias) gets a zeroed n_u gradient with its slice copied in,
         // and the two are summed.
         for (std::size_t p = 2 * u; p < 2 * u + 2; ++p) {
-          grads.push_back(stream_op("slice-backward-zeros", 1, nu));
+          grads.push_back(stream_op("slice-backward-zeros", kFillStreams, nu));
           grads.push_back(stream_op("slice-backward-copy", kCopyStreams, double(tensors[p])));
         }
         grads.push_back(stream_op("view-gradient-sum", 3, nu));

@@ -68,8 +68,9 @@ TEST(MlpStep, ZeroOneStepIsTheSumOfItsTerms) {
   const double elementwise = 2 * B * 6 + 3 * B * 6 + 3 * B * 4 + 2 * B * 4 + (B * 6 + 6) +
                              (B * 4 + 4);
   EXPECT_NEAR(t.compute_s, gemm_s + 4 * elementwise / W, 1e-15);
-  // ZeRO-1 gradients: zero N, accumulate 3N (reduced and gathered in place); Adam 20·⌈N/k⌉ streams.
-  EXPECT_NEAR(t.gradient_s, 4 * (N + 3 * N) / W, 1e-15);
+  // ZeRO-1 gradients: zero_ 2N (a fill: read for ownership, write), accumulate 3N (reduced and
+  // gathered in place); Adam 20·⌈N/k⌉ streams.
+  EXPECT_NEAR(t.gradient_s, 4 * (2 * N + 3 * N) / W, 1e-15);
   EXPECT_NEAR(t.optimizer_s, 4 * 20 * 41 / W, 1e-15);
   // Reduce-scatter and all-gather of S = 4N: (k − 1) steps and S(k − 1)/k bytes each.
   const double S = 4 * N;
@@ -133,16 +134,16 @@ TEST(MlpStep, MemoryKernelsTakeTheirOwnOverhead) {
 }
 
 // ZeRO-3's gradient passes per unit (one Linear: weight and bias), by hand from Note [host step
-// model], each copy into another buffer 3 streams: the gathered unit copied into its buffer
-// forward and backward (6 n_u), autograd's SliceBackward0 for each of the two views (a zeroed n_u
-// buffer, 1 stream, and its slice copied in, 3 streams of the parameter's elements), the two
-// full-size gradients summed (3 n_u), the rank's gradient shard copied out (3⌈n_u/k⌉).
+// model], each copy into another buffer 3 streams and each fill 2: the gathered unit copied into
+// its buffer forward and backward (6 n_u), autograd's SliceBackward0 for each of the two views (a
+// zeroed n_u buffer, 2 streams, and its slice copied in, 3 streams of the parameter's elements),
+// the two full-size gradients summed (3 n_u), the rank's gradient shard copied out (3⌈n_u/k⌉).
 TEST(MlpStep, ZeroThreeGradientPasses) {
   const double W = 2e9;
   MlpStepSetup s{.widths = {8, 6, 4}, .rows = 3, .ranks = 2, .zero_stage = 3, .cores = 2};
   const MlpStepTime t = predict_mlp_step(s, ideal_host(1e9, 1e-5, 1e8, W));
   const double n0 = 8 * 6 + 6, n1 = 6 * 4 + 4;  // 54, 28
-  const double streams = 6 * (n0 + n1) + 2 * (n0 + n1) + 3 * (48 + 6) + 3 * (24 + 4) +
+  const double streams = 6 * (n0 + n1) + 2 * 2 * (n0 + n1) + 3 * (48 + 6) + 3 * (24 + 4) +
                          3 * (n0 + n1) + 3 * (27 + 14);
   EXPECT_NEAR(t.gradient_s, 4 * streams / W, 1e-15);
 }

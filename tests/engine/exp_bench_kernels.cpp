@@ -99,6 +99,7 @@ TEST(BenchKernels, MemoryRowsAreTheirOwnArithmetic) {
   for (const MemoryRow& row : r.rows) {
     EXPECT_DOUBLE_EQ(row.add_bps, 3 * row.working_set_bytes / 2 / row.add.median_s);
     EXPECT_DOUBLE_EQ(row.copy_bps, 2 * row.working_set_bytes / 2 / row.copy.median_s);
+    EXPECT_DOUBLE_EQ(row.zero_bps, row.working_set_bytes / 2 / row.zero.median_s);
   }
   io::KernelCalibration k;
   add_to_calibration(r, k);
@@ -147,7 +148,7 @@ TEST(BenchKernels, StreamingFamiliesCarryCoresBytes) {
 }
 
 // before_point runs once before each point is timed, and nowhere else: each GEMM shape; each
-// working set's add and copy; each streaming family (Note [side-by-side kernels]).
+// working set's add, copy and zero; each streaming family (Note [side-by-side kernels]).
 TEST(BenchKernels, BeforePointRunsOncePerPoint) {
   int points = 0;
   BenchKernelTiming t = kQuick;
@@ -158,7 +159,7 @@ TEST(BenchKernels, BeforePointRunsOncePerPoint) {
   for (const GemmRow& row : g.rows) EXPECT_TRUE(row.rank_median_s.empty());
   points = 0;
   (void)time_memory(65536.0, t);
-  EXPECT_EQ(points, 2);
+  EXPECT_EQ(points, 3);  // add, copy, zero
   points = 0;
   const GptProbeShape shape{.hidden = 32, .heads = 2, .seq = 16, .micro_batch = 2};
   EXPECT_EQ(time_streaming_kernels(t, shape).size(), 8u);
@@ -197,6 +198,7 @@ TEST(BenchKernels, SideBySideRanksReportTheMeanOfTheirMedians) {
     EXPECT_DOUBLE_EQ(row.add.median_s,
                      row.rank_add_median_s[0] / 2 + row.rank_add_median_s[1] / 2);
     EXPECT_DOUBLE_EQ(row.add_bps, 3 * row.working_set_bytes / 2 / row.add.median_s);
+    EXPECT_DOUBLE_EQ(row.zero_bps, row.working_set_bytes / 2 / row.zero.median_s);
     figures += std::to_string(row.add.median_s) + " " + std::to_string(m.overhead.median_s);
     for (const StreamingKernelRow& s : m.streaming) {
       EXPECT_DOUBLE_EQ(s.bytes_per_s, s.bytes / s.time.median_s);

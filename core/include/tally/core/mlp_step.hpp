@@ -19,19 +19,21 @@
 //   gradients    the engine's passes over gradient buffers, per strategy (engine/runtime), a copy
 //                into another buffer counted 3 streams (read, read for ownership, write: the
 //                write-allocate traffic STREAM's 2-word copy leaves out; this host's bench memory
-//                runs copy_ at 1.46–1.76× add_'s time per counted stream):
+//                runs copy_ at 1.46–1.76× add_'s time per counted stream), a fill (zero_,
+//                at::zeros) 2 (read for ownership, write; bench memory's zero_ column:
+//                1.33–1.57× add_'s time per counted stream):
 //                  DP (zero_stage0.cpp, bench ddp: ddp.cpp pack) mul_out into the bucket: 3N
-//                  ZeRO-1 grad_.zero_() N; AccumulateGrad into it (g += g_new) 3N (reduced and
+//                  ZeRO-1 grad_.zero_() 2N; AccumulateGrad into it (g += g_new) 3N (reduced and
 //                         gathered in place: no staging copy)
-//                  ZeRO-2 at::zeros N; AccumulateGrad 3N; copy_ of the shard 3N/k
+//                  ZeRO-2 at::zeros 2N; AccumulateGrad 3N; copy_ of the shard 3N/k
 //                  ZeRO-3 Gloo's copy of each gathered unit into its buffer, forward and
 //                         backward: 6N; copy_ of each gradient shard 3N/k; and autograd's way
 //                         into the unit's flat leaf (zero_stage3.cpp: the parameters are
 //                         narrow().view() views of it): per parameter view SliceBackward0's
 //                         at::zeros(n_u) and copy_ of its slice (libtorch 1.13 slice_backward,
 //                         TensorShape.cpp), then the InputBuffer sums the V full-size gradients
-//                         (V − 1 adds): (V + 3 + 3(V − 1))·n_u, 8 n_u for a Linear's weight and
-//                         bias — 8N a step
+//                         (V − 1 adds): (2V + 3 + 3(V − 1))·n_u, 10 n_u for a Linear's weight
+//                         and bias — 10N a step
 //                (elements; each is read or written once: a "stream").
 //   optimizer    torch.optim.Adam's single-tensor step, as engine/runtime/optimizer.cpp writes
 //                it: m.mul_ 2, add_ 3, v.mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4 —

@@ -9,7 +9,8 @@
 // memory: for every working set W (bytes), two float32 arrays a, b of W/2 bytes each;
 //   add   a.add_(b, α)    3 streams of W/2: read a, read b, write a — the commonest kernel form of
 //                         the engine's optimizer and gradient passes (Note [host step model]);
-//   copy  a.copy_(b)      2 streams of W/2.
+//   copy  a.copy_(b)      2 streams of W/2;
+//   zero  a.zero_()       1 stream of W/2 (a fill: what Note [host step model]'s zeroing costs).
 //   Bandwidth = streams · W/2 / median; the add curve is the calibration's memory_curve, its
 //   largest working set (DRAM) the memory_bytes_per_s.
 //   Then the add on 16 floats (128 bytes): its time is the kernel's fixed cost per call, the
@@ -71,9 +72,9 @@ struct BenchKernelTiming {
   // Flush the caches before every call and time one call per sample (Note [cold-cache GEMMs]);
   // min_sample_s is then unused. bench gemm's default; health-check times warm.
   bool cold = false;
-  // Called before each point is timed (each GEMM shape; each working set's add and copy; the
-  // overhead's add and copy; each streaming family): side by side, a barrier (Note [side-by-side
-  // kernels]). Empty: nothing.
+  // Called before each point is timed (each GEMM shape; each working set's add, copy and zero;
+  // the overhead's add, copy and zero; each streaming family): side by side, a barrier (Note
+  // [side-by-side kernels]). Empty: nothing.
   std::function<void()> before_point;
   void validate() const;           // InvalidInput naming the flag
 };
@@ -131,8 +132,8 @@ struct BenchMemoryOptions {
 
 struct MemoryRow {
   double working_set_bytes = 0;
-  TimeStats add, copy;             // per call (side by side: the mean over ranks)
-  double add_bps = 0, copy_bps = 0;
+  TimeStats add, copy, zero;       // per call (side by side: the mean over ranks)
+  double add_bps = 0, copy_bps = 0, zero_bps = 0;
   std::vector<double> rank_add_median_s;  // side by side: each rank's own add median
 };
 
