@@ -67,7 +67,6 @@ void merge_over_ranks(Comm& ranks, const std::vector<TimeStats*>& stats,
   }
 }
 
-// Side by side needs the ranks on one host: they are to share its caches and DRAM.
 // Each kernel's bytes over its median: add 3, copy 2, zero 1 streams of W/2 (kernels.hpp).
 void set_bandwidths(MemoryRow& row) {
   const double half = row.working_set_bytes / 2;
@@ -76,6 +75,7 @@ void set_bandwidths(MemoryRow& row) {
   row.zero_bps = half / row.zero.median_s;
 }
 
+// Side by side needs the ranks on one host: they are to share its caches and DRAM.
 bool side_by_side(const Comm* ranks) {
   if (ranks == nullptr || ranks->world_size() < 2) return false;
   if (!ranks->on_one_host())
