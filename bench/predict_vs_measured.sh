@@ -12,11 +12,7 @@
 #      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set,
 #                                                      and the GPT's streaming kernel families
 #                                                      (Note [streaming kernel families])
-#      and, for each count s = min(k, cores) >= 2 among the k below, the same two under
-#      `tally launch --nproc s` into cal-s<s>-r<r>.json: the s ranks time each kernel side by
-#      side, as a run's ranks compute at once on this host's shared caches and DRAM (Note
-#      [side-by-side kernels] in engine/bench/kernels.hpp); cal-k<k>-r<r>.json is a copy of
-#      cal-s<min(k, cores)> (of cal-r<r> where that is 1), and per k >= 2 it gets
+#      then per k >= 2 a copy cal-k<k>-r<r>.json plus
 #      tally launch --nproc k -- tally bench allreduce --algo both --sizes-mb $SIZES --iters 50
 #        --busy-ms BUSY_MS   (default 2: each call after 2 ms of busy CPU, as a step makes it —
 #                             Note [busy before a call]; -b 0 times the calls back to back)
@@ -83,7 +79,6 @@ THREE_D=("single:1:" "tp2:2:--tp 2" "tp2-sp:2:--tp 2 --sp" "cp2:2:--cp 2" "pp2:2
 SIZES=0.041,0.25,1,2.1,4.17,6.31,10.56,16
 GPT=(--hidden 256 --heads 4 --layers 4 --vocab 512 --seq 128 --micro-batch 4 --steps 6)
 mkdir -p "$OUT"
-CORES=$(getconf _NPROCESSORS_ONLN)  # not nproc: it answers OMP_NUM_THREADS, set below
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 # Each round calibrates afresh, just before its runs: this VM's kernels drift by a fifth to a third
@@ -91,23 +86,11 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # rounds is then over independent calibrate-then-run pairs.
 calibrate() {  # $1 = round
   local cal="$OUT/cal-r$1.json"
-  rm -f "$cal" "$OUT"/cal-s*-r"$1".json
+  rm -f "$cal"
   "$TALLY" bench gemm --calibration-out "$cal" >"$OUT/gemm-r$1.txt"
   "$TALLY" bench memory --calibration-out "$cal" >"$OUT/memory-r$1.txt"
   for k in $WORLD_SIZES; do
-    # k ranks on CORES cores compute min(k, CORES) at a time: their kernels are timed so, side by
-    # side (Note [side-by-side kernels]), once per round for each such count.
-    local s=$((k < CORES ? k : CORES)) src=$cal
-    if [[ $s -ge 2 ]]; then
-      src="$OUT/cal-s$s-r$1.json"
-      if [[ ! -f $src ]]; then
-        "$TALLY" launch --nproc "$s" -- "$TALLY" bench gemm --calibration-out "$src" \
-          >"$OUT/gemm-s$s-r$1.txt"
-        "$TALLY" launch --nproc "$s" -- "$TALLY" bench memory --calibration-out "$src" \
-          >"$OUT/memory-s$s-r$1.txt"
-      fi
-    fi
-    cp "$src" "$OUT/cal-k$k-r$1.json"
+    cp "$cal" "$OUT/cal-k$k-r$1.json"
     if [[ $k -ge 2 ]]; then
       "$TALLY" launch --nproc "$k" -- "$TALLY" bench allreduce --algo both \
         --sizes-mb "$SIZES" --iters 50 --busy-ms "$BUSY_MS" --overlap-probe --sharded \

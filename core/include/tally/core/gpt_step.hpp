@@ -31,9 +31,7 @@
 // chunk) over the rank's own parameters N_r (its shard under ZeRO ≥ 1), as one flat buffer
 // (engine/runtime/zero_flat.hpp).
 // Contention: with k·t > c (ranks × threads over cores) every kernel time stretches by k·t/c, as
-// in Note [host step model]; the α–β collectives were calibrated at the same k, the kernels (in
-// bench/predict_vs_measured.sh) side by side with min(k, c) ranks (Note [side-by-side kernels]
-// in engine/bench/kernels.hpp).
+// in Note [host step model]; the α–β collectives were calibrated at the same k.
 // What is not counted: the TP, CP, PP and DP communication (the α–β items of core/comm.hpp, timed
 // beside this), the gradient-buffer passes of the flat DP buffers, and the pipeline's bubble
 // (core/pipeline.hpp on these times).

@@ -13,9 +13,8 @@
 //                reduction over B rows), ReLU backward; cross-entropy (log-softmax + NLL, three
 //                passes over B × d_L forward, two backward). Timed by op_seconds (core/roofline)
 //                on a GEMM table timed with cold caches, as the step runs them (Note [cold-cache
-//                GEMMs], engine/bench/kernels.hpp), and for k >= 2 timed by min(k, c) ranks side
-//                by side, as the run's ranks compute at once (Note [side-by-side kernels]: the
-//                calibration the caller passes; bench/predict_vs_measured.sh makes it so).
+//                GEMMs], engine/bench/kernels.hpp), one process alone (timing them side by side,
+//                as k ranks compute, predicted no better: Note [side-by-side kernels]).
 //   gradients    the engine's passes over gradient buffers, per strategy (engine/runtime), a copy
 //                into another buffer counted 3 streams (read, read for ownership, write: the
 //                write-allocate traffic STREAM's 2-word copy leaves out; this host's bench memory

@@ -48,9 +48,13 @@
 // side: a barrier before every point (before_point), so the s ranks time the same kernel at the
 // same moment, as a step's ranks run theirs; then each statistic of each point is the mean over
 // the ranks (min and max: over all), the same on every rank (a rank's own medians stay in
-// rank_median_s). The calibration's device says "s ranks side by side": a run of k ranks on c
-// cores computes min(k, c) at once and is predicted from a calibration timed by that many
-// (bench/predict_vs_measured.sh).
+// rank_median_s). The calibration's device says "s ranks side by side" (a run of k ranks on c
+// cores computes min(k, c) at once). Tried as the host report's calibration for k >= 2 and not
+// kept: over 72 paired predictions of `run zero` at k = 2 and 4 from three reports (2026-12-06),
+// the kernels timed alone minutes earlier predicted as well or better (mean |log(measured /
+// predicted)| 0.094 alone, 0.102 side by side, 0.096 with side-by-side GEMMs and DRAM alone;
+// within ±15 % 59, 51, 54 of 72): the effect is real but below this VM's drift, and the
+// side-by-side DRAM figure is the noisier (docs/ledgers.md §5, *Kernels side by side*).
 #pragma once
 
 #include <cstdint>
