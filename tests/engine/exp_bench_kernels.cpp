@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -173,6 +174,11 @@ TEST(BenchKernels, SideBySideRanksReportTheMeanOfTheirMedians) {
   test::TempDir dir("bench_side_by_side");
   const auto run = harness::run_ranks(2, 120, [&](const DistEnv& env) {
     Comm comm(env, {.timeout_s = 60});
+    const auto exact = [](double x) {  // every bit: the ranks must agree exactly
+      char b[32];
+      std::snprintf(b, sizeof b, "%a ", x);
+      return std::string(b);
+    };
     const BenchGemmResult g =
         run_bench_gemm({.m = {4}, .n = {16, 32}, .k = {8}, .timing = kQuick}, &comm);
     EXPECT_EQ(g.ranks, 2);
@@ -186,7 +192,7 @@ TEST(BenchKernels, SideBySideRanksReportTheMeanOfTheirMedians) {
       EXPECT_GE(row.time.max_s, std::max(row.rank_median_s[0], row.rank_median_s[1]));
       EXPECT_DOUBLE_EQ(row.flops_per_s, 2.0 * row.m * row.n * row.k / row.time.median_s);
       best = std::max(best, row.flops_per_s);
-      figures += std::to_string(row.time.median_s) + " ";
+      figures += exact(row.time.median_s);
     }
     EXPECT_DOUBLE_EQ(g.best_flops_per_s, best);
     const BenchMemoryResult m =
@@ -199,10 +205,10 @@ TEST(BenchKernels, SideBySideRanksReportTheMeanOfTheirMedians) {
                      row.rank_add_median_s[0] / 2 + row.rank_add_median_s[1] / 2);
     EXPECT_DOUBLE_EQ(row.add_bps, 3 * row.working_set_bytes / 2 / row.add.median_s);
     EXPECT_DOUBLE_EQ(row.zero_bps, row.working_set_bytes / 2 / row.zero.median_s);
-    figures += std::to_string(row.add.median_s) + " " + std::to_string(m.overhead.median_s);
+    figures += exact(row.add.median_s) + exact(m.overhead.median_s);
     for (const StreamingKernelRow& s : m.streaming) {
       EXPECT_DOUBLE_EQ(s.bytes_per_s, s.bytes / s.time.median_s);
-      figures += " " + std::to_string(s.time.median_s);
+      figures += exact(s.time.median_s);
     }
     io::write_text_atomically((dir / ("rank" + std::to_string(env.rank))).string(), figures);
     io::KernelCalibration k;

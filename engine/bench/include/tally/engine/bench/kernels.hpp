@@ -53,8 +53,9 @@
 // kept: over 72 paired predictions of `run zero` at k = 2 and 4 from three reports (2026-12-06),
 // the kernels timed alone minutes earlier predicted as well or better (mean |log(measured /
 // predicted)| 0.094 alone, 0.102 side by side, 0.096 with side-by-side GEMMs and DRAM alone;
-// within ±15 % 59, 51, 54 of 72): the effect is real but below this VM's drift, and the
-// side-by-side DRAM figure is the noisier (docs/ledgers.md §5, *Kernels side by side*).
+// within ±15 % 59, 51, 54 of 72; bench/calibration_ab): the effect is real but below this VM's
+// drift, and the side-by-side DRAM figure is the noisier (docs/ledgers.md §5, *Kernels side by
+// side*).
 #pragma once
 
 #include <cstdint>
