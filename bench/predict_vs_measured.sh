@@ -9,6 +9,13 @@
 #      tally bench gemm   --calibration-out cal-r<r>.json   float32 at::mm over the default grid,
 #                                                      each call after a cache flush (its default:
 #                                                      Note [cold-cache GEMMs], bench/kernels.hpp)
+#      tally bench gemm --batch 8,16 --m/--n/--k 32,64,128  the batched products the GPT's
+#                                                      attention makes (B·a' = 8 or 16 heads of
+#                                                      T = 128 or ring blocks of 32, d = 64),
+#                                                      merged into the same file: a calibration
+#                                                      prices a GEMM on the measured GEMMs of its
+#                                                      kind, single or batched (Note [GEMM
+#                                                      residuals], core/roofline.hpp)
 #      tally bench memory --calibration-out cal-r<r>.json   a.add_(b) bandwidth by working set,
 #                                                      and the GPT's streaming kernel families
 #                                                      (Note [streaming kernel families])
@@ -88,6 +95,8 @@ calibrate() {  # $1 = round
   local cal="$OUT/cal-r$1.json"
   rm -f "$cal"
   "$TALLY" bench gemm --calibration-out "$cal" >"$OUT/gemm-r$1.txt"
+  "$TALLY" bench gemm --batch 8,16 --m 32,64,128 --n 32,64,128 --k 32,64,128 \
+    --calibration-out "$cal" >"$OUT/gemm-batched-r$1.txt"
   "$TALLY" bench memory --calibration-out "$cal" >"$OUT/memory-r$1.txt"
   for k in $WORLD_SIZES; do
     cp "$cal" "$OUT/cal-k$k-r$1.json"
@@ -237,7 +246,8 @@ for name, k in three_d:
 if rounds > 1:
     cals = [json.load(open(f"{out}/cal-r{r}.json"))["kernels"] for r in range(1, rounds + 1)]
     def gemm_times(c):
-        return {(g["m"], g["n"], g["k"]): g["seconds_median"] for g in c["gemm"]}
+        return {(g["m"], g["n"], g["k"], g.get("batch", 1)): g["seconds_median"]
+                for g in c["gemm"]}
     base = gemm_times(cals[0])
     drift = [statistics.median(t[s] / base[s] for s in base if s in t)
              for t in map(gemm_times, cals)]

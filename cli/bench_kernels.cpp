@@ -112,12 +112,14 @@ std::string side_by_side_line(int ranks) {
 
 struct GemmFlags : TimingFlags {
   std::vector<std::int64_t> m = engine::BenchGemmOptions{}.m, n = engine::BenchGemmOptions{}.n,
-                            k = engine::BenchGemmOptions{}.k;
+                            k = engine::BenchGemmOptions{}.k,
+                            batch = engine::BenchGemmOptions{}.batch;
   std::string cache = "cold";  // Note [cold-cache GEMMs]
 };
 
 void run_gemm(const GemmFlags& f) {
-  engine::BenchGemmOptions o{.m = f.m, .n = f.n, .k = f.k, .timing = f.timing()};
+  engine::BenchGemmOptions o{.m = f.m, .n = f.n, .k = f.k, .batch = f.batch,
+                             .timing = f.timing()};
   o.timing.cold = f.cache == "cold";
   try {
     o.validate();
@@ -137,7 +139,7 @@ void run_gemm(const GemmFlags& f) {
   if (f.json) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& row : r.rows)
-      rows.push_back({{"m", row.m}, {"n", row.n}, {"k", row.k},
+      rows.push_back({{"m", row.m}, {"n", row.n}, {"k", row.k}, {"batch", row.batch},
                       {"seconds_median", row.time.median_s}, {"seconds_min", row.time.min_s},
                       {"seconds_max", row.time.max_s}, {"flops_per_s", row.flops_per_s},
                       {"rank_seconds_median", row.rank_median_s}});
@@ -151,7 +153,7 @@ void run_gemm(const GemmFlags& f) {
                                  "the last-level cache; median/min/max over samples"
                                : "per call: each sample repeats at::mm_out until it lasts "
                                  "min_sample_ms; median/min/max over samples"},
-                {"flops_convention", "2mnk per call"},
+                {"flops_convention", "2·batch·mnk per call (batch > 1: one at::bmm_out)"},
                 {"rows", rows},
                 {"best_flops_per_s", r.best_flops_per_s},
                 {"calibration_out", f.calibration_out.empty() ? nlohmann::json(nullptr)
@@ -162,9 +164,15 @@ void run_gemm(const GemmFlags& f) {
              "{} caches; per call, median over {} samples; GFLOP/s = 2mnk / time / 1e9\n",
              o.timing.threads, f.cache, o.timing.samples);
   fmt::print("{}", side_by_side_line(r.ranks));
-  fmt::print("# {:>6} {:>6} {:>6} {:>11} {:>9}\n", "m", "n", "k", "med_us", "GFLOP/s");
+  // A batch column only where a batch was asked for: the plain table stays as it was.
+  const bool batched = o.batch != std::vector<std::int64_t>{1};
+  if (batched)
+    fmt::print("# batch b > 1: b products in one at::bmm_out; GFLOP/s counts all b\n");
+  fmt::print("# {}{:>6} {:>6} {:>6} {:>11} {:>9}\n",
+             batched ? fmt::format("{:>6} ", "batch") : "", "m", "n", "k", "med_us", "GFLOP/s");
   for (const auto& row : r.rows)
-    fmt::print("  {:>6} {:>6} {:>6} {:>11.2f} {:>9.2f}\n", row.m, row.n, row.k,
+    fmt::print("  {}{:>6} {:>6} {:>6} {:>11.2f} {:>9.2f}\n",
+               batched ? fmt::format("{:>6} ", row.batch) : "", row.m, row.n, row.k,
                us(row.time.median_s), row.flops_per_s / 1e9);
   fmt::print("# best {:.2f} GFLOP/s (the host's peak for the fit)\n", r.best_flops_per_s / 1e9);
   if (!f.calibration_out.empty())
@@ -178,9 +186,11 @@ void register_gemm(CLI::App& bench) {
   cmd->footer("One process, no launch needed; under `tally launch --nproc s` the s ranks time "
               "side by side, as a run's ranks compute at once (a barrier before each shape; "
               "each figure the mean over ranks; rank 0 prints and writes). "
-              "Every combination of --m, --n, --k is timed. "
+              "Every combination of --m, --n, --k (and --batch) is timed. "
               "--calibration-out FILE writes kernels.gemm and the best GFLOP/s as peak_flops "
-              "(merged into FILE if it exists); `tally bench ddp|run zero --calibration FILE` "
+              "(merged into FILE if it exists: GEMMs timed on the same device before keep "
+              "their shapes, a shape timed again takes the new time, so a batched grid adds to "
+              "a single one); `tally bench ddp|run zero --calibration FILE` "
               "then predict their step time from it.");
   for (auto [flag, dims, help] :
        {std::tuple{"--m", &f->m, "rows of A and C"}, std::tuple{"--n", &f->n, "columns of B and C"},
@@ -189,6 +199,12 @@ void register_gemm(CLI::App& bench) {
         ->delimiter(',')
         ->check(CLI::Range(std::int64_t{1}, std::int64_t{16384}))
         ->capture_default_str();
+  cmd->add_option("--batch", f->batch,
+                  "independent products per call, comma-separated, each in [1, 4096] (b > 1: "
+                  "one at::bmm_out over b of them, as attention multiplies its heads)")
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}))
+      ->capture_default_str();
   add_timing_flags(*cmd, *f);
   cmd->add_option("--cache", f->cache,
                   "cold | warm: read twice the last-level cache before each call and time one "

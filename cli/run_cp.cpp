@@ -11,6 +11,7 @@
 
 #include "common.hpp"
 #include "experiment_report.hpp"
+#include "host_prediction.hpp"
 #include "run_registry.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/cp.hpp"
@@ -22,7 +23,14 @@ namespace {
 struct Flags {
   engine::CpOptions run;
   bool json = false;
+  std::string calibration;
 };
+
+std::vector<double> in_ms(const std::vector<double>& seconds) {
+  std::vector<double> ms;
+  for (double s : seconds) ms.push_back(s * 1e3);
+  return ms;
+}
 
 
 
@@ -58,6 +66,10 @@ nlohmann::json to_json(const engine::CpResult& r, const std::vector<engine::CpCh
           measured_json(v.block_pair_imbalance(), v.predicted_block_pair_imbalance())},
          {"compute_seconds_by_rank_fp32", v.compute_s_by_rank},
          {"compute_imbalance_fp32", v.compute_imbalance()},
+         // null without --calibration (Note [engine ring attention], core/gpt_step.hpp)
+         {"predicted_compute_seconds_by_rank_fp32",
+          v.predicted_compute_s_by_rank.empty() ? nlohmann::json(nullptr)
+                                                : nlohmann::json(v.predicted_compute_s_by_rank)},
          {"predicted_cp", {{"calls_per_layer", c64.calls},
                            {"bytes_per_call", c64.bytes_per_call},
                            {"bytes_per_layer", c64.bytes_per_rank},
@@ -102,12 +114,15 @@ void print_text(const engine::CpResult& r, const std::vector<engine::CpCheck>& c
     fmt::print("  fp32 time per layer (median of {}): {:.3f} ms; compute {:.3f} ms, ring shifts "
                "{:.3f} ms (mean); compute by rank {} ms, max/min {:.2f}\n",
                v.layer_seconds.size(), v.median_layer_seconds() * 1e3, v.compute_s * 1e3,
-               v.shift_s * 1e3, joined([&] {
-                 std::vector<double> ms;
-                 for (double s : v.compute_s_by_rank) ms.push_back(s * 1e3);
-                 return ms;
-               }(), 3),
-               v.compute_imbalance());
+               v.shift_s * 1e3, joined(in_ms(v.compute_s_by_rank), 3), v.compute_imbalance());
+    if (!v.predicted_compute_s_by_rank.empty()) {
+      std::vector<double> ratios;
+      for (std::size_t i = 0; i < v.compute_s_by_rank.size(); ++i)
+        ratios.push_back(ratio(v.compute_s_by_rank[i], v.predicted_compute_s_by_rank[i]));
+      fmt::print("  compute by rank, operator model on the calibration (Note [engine ring "
+                 "attention]): {} ms; measured/predicted {}\n",
+                 joined(in_ms(v.predicted_compute_s_by_rank), 3), joined(ratios, 2));
+    }
     fmt::print("  core: {}\n", c64.formula.empty() ? "no CP traffic at c = 1" : c64.formula);
   }
   int failed = 0;
@@ -116,6 +131,10 @@ void print_text(const engine::CpResult& r, const std::vector<engine::CpCheck>& c
 }
 
 void run(Flags& f) {
+  if (!f.calibration.empty()) {  // kernels only: no link is priced here
+    f.run.host = load_host_model("--calibration", f.calibration, 1).host;
+    f.run.host_cores = host_cores();
+  }
   const engine::CpResult r = engine::run_cp(engine::DistEnv::from_environment(), f.run);
   report_and_check("cp", r, engine::cp_checks(r), f.json, to_json, print_text);
 }
@@ -143,6 +162,9 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
   cmd->add_option("--seed", f->run.seed, "seed of Q, K, V and the output gradient")
       ->capture_default_str();
   add_rank_run_flags(cmd, f->run.timeout_s, f->run.threads, f->json, "send / recv");
+  cmd->add_option("--calibration", f->calibration,
+                  "predict each rank's ring computation from this host calibration (`tally bench "
+                  "gemm|memory --calibration-out`; reported, not checked)");
   cmd->callback([f] { run(*f); });
 }};
 

@@ -73,11 +73,8 @@ class Builder {
 
  private:
   void push(std::string_view name, OpKind kind, Pass pass, i64 m, i64 n, i64 k, double batch) {
-    const double e = s_.act_bytes;
-    out_.push_back(Op{.name = name, .kind = kind, .pass = pass, .m = m, .n = n, .k = k,
-                      .batch = batch,
-                      .flops = 2.0 * batch * double(m) * double(n) * double(k),
-                      .bytes = batch * e * (double(m) * k + double(k) * n + double(m) * n)});
+    TALLY_INVARIANT(kind == OpKind::gemm);
+    out_.push_back(gemm_kernel(name, pass, m, n, k, batch, s_.act_bytes));
   }
   const OperatorSetup& s_;
   std::vector<Op>& out_;
@@ -477,13 +474,22 @@ double optimizer_update_bytes(Precision p, Optimizer o) {
   return b.grads + 2.0 * (b.m + b.v + weights) + (b.master > 0 ? b.params : 0.0);
 }
 
+Op gemm_kernel(std::string_view name, Pass pass, i64 m, i64 n, i64 k, double batch, double e) {
+  return Op{.name = name, .kind = OpKind::gemm, .pass = pass, .m = m, .n = n, .k = k,
+            .batch = batch, .flops = 2.0 * batch * double(m) * double(n) * double(k),
+            .bytes = batch * e * (double(m) * double(k) + double(k) * double(n) +
+                                  double(m) * double(n))};
+}
+
 double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
   const KernelPerf& k = gpu.kernels;
   switch (op.kind) {
     case OpKind::gemm: {
       const Precision g = op.high_precision ? compute_precision(p) : p;
       const KernelPerf& gk = gpu.gemm_kernels(g);
-      return roofline_seconds(gpu, op.flops,
+      // Note [GEMM residuals]: a calibration's measured shapes
+      return gemm_residual(gk, op.m, op.n, op.k, op.batch) *
+             roofline_seconds(gpu, op.flops,
                               gpu.peak_flops(g) * gemm_efficiency(gk, op.m, op.n, op.k, op.batch) *
                                   gk.sustained_gemm,
                               op.bytes, gk.kernel_overhead_s);
@@ -533,6 +539,9 @@ std::string_view kernel_family(std::string_view op_name) {
   for (std::string_view norm : {"norm-1", "norm-2", "final-norm", "q-norm", "kv-norm"})
     if (base == norm) return backward ? "norm.backward" : "norm";
   if (base == "shared-gelu") return backward ? "gelu.backward" : "gelu";
+  // Note [engine ring attention]: the ring masks its diagonal pairs with the forward's
+  // masked_fill(−∞), in its backward too (the scores recomputed).
+  if (base == "ring-mask") return "mask";
   return op_name;
 }
 

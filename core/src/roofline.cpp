@@ -137,6 +137,24 @@ double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std
                                        (outer / (outer + kp.gemm_half_mn)));
 }
 
+double gemm_residual(const KernelPerf& kp, std::int64_t m, std::int64_t n, std::int64_t k,
+                     double batch) {
+  if (kp.gemm_residuals.empty()) return 1.0;
+  const double lm = std::log2(double(m)), ln = std::log2(double(n)), lk = std::log2(double(k));
+  const double lb = std::log2(std::max(batch, 1.0));
+  double sum_w = 0, sum = 0;
+  for (const KernelPerf::GemmResidual& r : kp.gemm_residuals) {
+    if ((r.log2_batch > 0) != (lb > 0)) continue;  // single and batched apart
+    const double dm = lm - r.log2_m, dn = ln - r.log2_n, dk = lk - r.log2_k, db = lb - r.log2_batch;
+    const double d2 = dm * dm + dn * dn + dk * dk + db * db;
+    if (d2 < 1e-18) return std::exp(r.log_ratio);  // a measured shape
+    const double w = 1 / (d2 * d2);
+    sum_w += w;
+    sum += w * r.log_ratio;
+  }
+  return sum_w > 0 ? std::exp(sum / sum_w) : 1.0;
+}
+
 double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, double bytes) {
   return roofline_seconds(gpu, flops, flops_per_s, bytes, gpu.kernels.kernel_overhead_s);
 }

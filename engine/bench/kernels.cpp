@@ -106,6 +106,12 @@ void BenchGemmOptions::validate() const {
   check_dims(m, "--m");
   check_dims(n, "--n");
   check_dims(k, "--k");
+  require_int(!batch.empty() && batch.size() <= 64, "--batch", std::int64_t(batch.size()),
+              "must list 1..64 sizes");
+  for (std::int64_t b : batch)
+    require_int(b >= 1 && b <= 4096, "--batch", b, "must be in [1, 4096]");
+  const std::int64_t shapes = std::int64_t(m.size() * n.size() * k.size() * batch.size());
+  require_int(shapes <= 4096, "--m x --n x --k x --batch", shapes, "must be at most 4096 shapes");
   timing.validate();
 }
 
@@ -132,14 +138,16 @@ double last_level_cache_bytes() {
 }
 
 GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKernelTiming& t,
-                  int repeat) {
-  TALLY_INVARIANT(repeat >= 1);
-  const at::Tensor a = at::randn({m, k}), b = at::randn({k, n});
-  at::Tensor c = at::empty({m, n});
-  GemmRow row{.m = m, .n = n, .k = k};
+                  int repeat, std::int64_t batch) {
+  TALLY_INVARIANT(repeat >= 1 && batch >= 1);
+  const bool batched = batch > 1;
+  const at::Tensor a = batched ? at::randn({batch, m, k}) : at::randn({m, k});
+  const at::Tensor b = batched ? at::randn({batch, k, n}) : at::randn({k, n});
+  at::Tensor c = batched ? at::empty({batch, m, n}) : at::empty({m, n});
+  GemmRow row{.m = m, .n = n, .k = k, .batch = batch};
   before_point(t);
   const auto call = [&] {
-    for (int i = 0; i < repeat; ++i) at::mm_out(c, a, b);
+    for (int i = 0; i < repeat; ++i) batched ? at::bmm_out(c, a, b) : at::mm_out(c, a, b);
   };
   if (t.cold) {
     // Made once per process and never freed (no tensor outlives libtorch's own statics); read
@@ -151,7 +159,7 @@ GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKer
   } else {
     row.time = time_calls(t.warmup, t.samples, t.min_sample_s, call, t.clock);
   }
-  row.flops_per_s = 2.0 * double(m) * double(n) * double(k) / row.time.median_s;
+  row.flops_per_s = 2.0 * double(batch) * double(m) * double(n) * double(k) / row.time.median_s;
   return row;
 }
 
@@ -241,9 +249,10 @@ BenchGemmResult run_bench_gemm(const BenchGemmOptions& o, Comm* ranks) {
   BenchGemmResult r{.options = o, .ranks = side_by_side(ranks) ? ranks->world_size() : 1};
   const BenchKernelTiming timing = side_by_side_timing(o.timing, ranks);
   at::manual_seed(0);
-  for (std::int64_t m : o.m)
-    for (std::int64_t n : o.n)
-      for (std::int64_t k : o.k) r.rows.push_back(time_gemm(m, n, k, timing));
+  for (std::int64_t b : o.batch)
+    for (std::int64_t m : o.m)
+      for (std::int64_t n : o.n)
+        for (std::int64_t k : o.k) r.rows.push_back(time_gemm(m, n, k, timing, 1, b));
   if (side_by_side(ranks)) {
     std::vector<TimeStats*> stats;
     for (GemmRow& row : r.rows) stats.push_back(&row.time);
@@ -252,7 +261,8 @@ BenchGemmResult run_bench_gemm(const BenchGemmOptions& o, Comm* ranks) {
     for (std::size_t i = 0; i < r.rows.size(); ++i) r.rows[i].rank_median_s = own[i];
   }
   for (GemmRow& row : r.rows) {
-    row.flops_per_s = 2.0 * double(row.m) * double(row.n) * double(row.k) / row.time.median_s;
+    row.flops_per_s = 2.0 * double(row.batch) * double(row.m) * double(row.n) * double(row.k) /
+                      row.time.median_s;
     r.best_flops_per_s = std::max(r.best_flops_per_s, row.flops_per_s);
   }
   return r;
@@ -283,13 +293,27 @@ BenchMemoryResult run_bench_memory(const BenchMemoryOptions& o, Comm* ranks) {
 }
 
 void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k) {
-  k.device = host_device_name(r.options.timing.threads, r.options.timing.cold, r.ranks);
+  const std::string device =
+      host_device_name(r.options.timing.threads, r.options.timing.cold, r.ranks);
+  // The same device's GEMMs merge (a second grid adds its shapes, a shape timed again takes the
+  // new time, the peak is the best of both); another device's are replaced.
+  const bool merge = k.device == device && k.precision == "fp32" && !k.gemm.empty();
+  if (!merge) k.gemm.clear();
+  k.device = device;
   k.precision = "fp32";
-  k.peak_flops = r.best_flops_per_s;
+  k.peak_flops = merge ? std::max(k.peak_flops, r.best_flops_per_s) : r.best_flops_per_s;
   k.sm_count = r.options.timing.threads;
-  k.gemm.clear();
-  for (const GemmRow& row : r.rows)
-    k.gemm.push_back({.m = row.m, .n = row.n, .k = row.k, .seconds = row.time.median_s});
+  for (const GemmRow& row : r.rows) {
+    const GemmSample g{.m = row.m, .n = row.n, .k = row.k, .batch = double(row.batch),
+                       .seconds = row.time.median_s};
+    const auto same = std::find_if(k.gemm.begin(), k.gemm.end(), [&](const GemmSample& x) {
+      return x.m == g.m && x.n == g.n && x.k == g.k && x.batch == g.batch;
+    });
+    if (same != k.gemm.end())
+      *same = g;
+    else
+      k.gemm.push_back(g);
+  }
 }
 
 void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k) {

@@ -14,6 +14,8 @@
 
 #include "comm_torch.hpp"
 #include "ring_attention.hpp"
+#include "tally/core/gpt_step.hpp"
+#include "tally/core/model.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/process_groups.hpp"
 #include "run_helpers.hpp"
@@ -145,6 +147,20 @@ void time_f32(const CpOptions& o, Comm& world, Comm& cp, const Problem& p, CpVar
     v.block_pairs.push_back(all[2 * std::size_t(r)]);
     v.compute_s_by_rank.push_back(all[2 * std::size_t(r) + 1]);
     v.predicted_block_pairs.push_back(double(cp_causal_block_pairs(v.balance, c, r)));
+  }
+  if (!o.host) return;
+  // Note [engine ring attention]: the attention core alone, as ring_attention_forward and
+  // ring_attention_backward run it here (the operands arrive contiguous: no wrapper copy).
+  const ModelSpec m{.name = "cp attention", .hidden = o.heads * o.head_dim, .layers = 1,
+                    .heads = o.heads, .kv_heads = o.kv_heads, .ffn = 1, .vocab = 2,
+                    .max_positions = o.seq};
+  const OperatorSetup s{.seq = o.seq, .micro_batch = o.batch, .cp = c, .act_bytes = 4};
+  const int threads = o.threads > 0 ? o.threads : at::get_num_threads();
+  const double contention = std::max(1.0, double(world.world_size()) * threads / o.host_cores);
+  for (int r = 0; r < c; ++r) {
+    const RingAttentionTime t =
+        predict_ring_attention(m, s, ring_blocks(v.balance, c, r), *o.host, contention);
+    v.predicted_compute_s_by_rank.push_back(t.forward_s + t.backward_s);
   }
 }
 

@@ -327,6 +327,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A measured GEMM as the operator model's kernel: its FLOPs and bytes in precision p.
+Op gemm_sample_op(const GemmSample& g, Precision p) {
+  return gemm_kernel("gemm", Pass::forward, g.m, g.n, g.k, g.batch, dtype_bytes(p));
+}
+
 // Note [GEMM calibration] applied: fractions are relative to the peak the benchmark states, so a
 // measurement keeps its meaning on a preset whose peak is quoted differently.
 void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
@@ -341,6 +346,12 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
                        format_number(k.peak_flops) + " FLOP/s) cannot describe gpu '" + gpu.name +
                        "' (" + format_number(gpu.peak_flops(p)) + " FLOP/s at " + k.precision +
                        "): use a calibration of that device");
+  // The streaming rate first: a GEMM's modelled time below is a roofline, its bytes at this rate.
+  if (k.memory_overhead_s) kp.memory_overhead_s = *k.memory_overhead_s;
+  if (k.memory_bps) {
+    if (gpu.memory_bps <= 0) gpu.memory_bps = *k.memory_bps;
+    kp.memory_fraction = std::min(1.0, *k.memory_bps / gpu.memory_bps);
+  }
   if (k.gemm.size() >= 3) {
     const KernelPerf fit = fit_gemm_perf(kp, k.peak_flops, k.gemm);
     kp.gemm_half_k = fit.gemm_half_k;
@@ -354,25 +365,30 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
       best = std::max(best, 2.0 * g.batch * double(g.m) * double(g.n) * double(g.k) / g.seconds);
     kp.gemm_ceiling = std::clamp(best / gpu.peak_flops(p), 1e-6, 1.0);
   }
+  // Note [GEMM residuals] (core/roofline.hpp): each measured shape against the fitted terms, at
+  // burst clock (the grid's), the model's own GEMM time: FLOPs and bytes in the stated precision.
+  kp.gemm_residuals.clear();
+  if (k.gemm.size() >= 3) {
+    GpuSpec fitted = gpu;
+    fitted.kernels.sustained_gemm = 1;
+    fitted.kernels.gemm_residuals.clear();
+    for (const GemmSample& g : k.gemm) {
+      const Op op = gemm_sample_op(g, p);
+      kp.gemm_residuals.push_back({.log2_m = std::log2(double(g.m)),
+                                   .log2_n = std::log2(double(g.n)),
+                                   .log2_k = std::log2(double(g.k)),
+                                   .log2_batch = std::log2(g.batch),
+                                   .log_ratio = std::log(g.seconds / op_seconds(op, fitted, p))});
+    }
+  }
   if (!k.gemm_sustained.empty()) {
     // Note [power cap]: the burst terms above against GEMMs timed at the cap.
     GpuSpec burst = gpu;
     burst.kernels.sustained_gemm = 1;
     std::vector<double> ratio;
-    for (const GemmSample& g : k.gemm_sustained) {
-      const double bytes = dtype_bytes(p) * g.batch *
-                           (double(g.m) * g.k + double(g.k) * g.n + double(g.m) * g.n);
-      const Op op{.name = "gemm", .kind = OpKind::gemm, .m = g.m, .n = g.n, .k = g.k,
-                  .batch = g.batch, .flops = 2.0 * g.batch * double(g.m) * g.n * g.k,
-                  .bytes = bytes};
-      ratio.push_back(g.seconds / op_seconds(op, burst, p));
-    }
+    for (const GemmSample& g : k.gemm_sustained)
+      ratio.push_back(g.seconds / op_seconds(gemm_sample_op(g, p), burst, p));
     kp.sustained_gemm = std::clamp(1 / median(ratio), 1e-6, 1.0);
-  }
-  if (k.memory_overhead_s) kp.memory_overhead_s = *k.memory_overhead_s;
-  if (k.memory_bps) {
-    if (gpu.memory_bps <= 0) gpu.memory_bps = *k.memory_bps;
-    kp.memory_fraction = std::min(1.0, *k.memory_bps / gpu.memory_bps);
   }
   if (!k.attention.empty()) {
     std::vector<double> fwd, bwd;

@@ -202,6 +202,103 @@ TEST(GptStep, EngineSpEdgesAreWhatTheEngineSent) {
   EXPECT_THROW(engine_sp_traffic(s), InvalidInput);
 }
 
+// Note [engine ring attention], counted by hand from ring_attention.cpp: the engine GPT (a 4, g 4,
+// d 8), T = 16, B = 2, c = 2 zigzag: n = T/(2c) = 4, P = 2c + 1 = 5 pairs, 2 diagonal; e = 4,
+// E = B·a·n² = 128 scores a pair, R = B·a·n = 32 rows, Rd = 256, KV = B·g·2n·d = 512.
+TEST(GptStep, RingAttentionKernelsByHand) {
+  const ModelSpec m = engine_gpt();
+  const OperatorSetup s{.seq = 16, .micro_batch = 2, .cp = 2, .act_bytes = 4};
+  const RingBlocks zigzag = ring_blocks(CpBalance::zigzag, 2, 0);
+  EXPECT_EQ(zigzag.pairs, 5);
+  EXPECT_EQ(zigzag.diagonal, 2);
+  EXPECT_EQ(ring_blocks(CpBalance::contiguous, 2, 1).pairs, 7);  // chunks 2, 3: 3 + 4
+  std::vector<Op> ops;
+  add_engine_ring_attention(m, s, zigzag, ops);
+  std::map<std::string, double> bytes, calls;
+  double forward_flops = 0, backward_flops = 0;
+  for (const Op& op : ops) {
+    bytes[std::string(op.name)] += op.bytes;
+    calls[std::string(op.name)] += 1;
+    if (op.kind == OpKind::gemm) {
+      EXPECT_EQ(op.batch, 8) << op.name;  // B·a
+      (op.pass == Pass::forward ? forward_flops : backward_flops) += op.flops;
+    }
+  }
+  // One pair's GEMM: 2·(B·a)·n·n·d = 2·8·4·4·8 FLOPs; forward QKᵀ and PV, backward QKᵀ again, dP,
+  // dQ, dK, dV.
+  const double pair_gemm = 2.0 * 8 * 4 * 4 * 8;
+  EXPECT_EQ(forward_flops, 5 * 2 * pair_gemm);
+  EXPECT_EQ(backward_flops, 5 * 5 * pair_gemm);
+  for (const char* g : {"ring-scores", "ring-context", "ring-scores.backward", "ring-dp.backward",
+                        "ring-dq.backward", "ring-dk.backward", "ring-dv.backward"})
+    EXPECT_EQ(calls[g], 5) << g;  // one call each per pair: each pays the GEMM overhead
+  const std::map<std::string, double> streams = {
+      {"ring-state-fill", 4 * (4 * 32 + 2 * 256)},       // m, ℓ (R each), acc (Rd), two chunks
+      {"ring-kv-stack", 4 * 4 * 512},                    // K and V read, the stack written
+      {"ring-scale", 5 * 2 * 4 * 128},                   // in place, every pair
+      {"ring-mask", 2 * 2 * 4 * 128},                    // the two diagonal pairs
+      {"ring-max", 5 * (4 * 128 + (4 + 8) * 32)},        // values and int64 indices
+      {"ring-exp", 5 * (4 * 4 * 128 + 4 * 32)},          // s − m (broadcast), then exp
+      {"ring-row-sum", 5 * (4 * 128 + 4 * 32)},
+      {"ring-row-state", 5 * 14 * 4 * 32},               // max, sub, exp, ℓ·α, +
+      {"ring-rescale", 5 * (2 * 4 * 256 + 4 * 32)},      // acc·α
+      {"ring-accumulate", 5 * 3 * 4 * 256},              // + P·V
+      {"ring-normalise", 8 * 4 * 256 + 16 * 4 * 32},     // /ℓ, cat; log ℓ, + m, cat
+      {"ring-delta.backward", 8 * 4 * 256 + 2 * 4 * 32}, // dO∘O, its row sum
+      {"ring-grad-fill.backward", 4 * (2 * 256 + 4 * 512)},  // dQ, own, travel
+      {"ring-kv-stack.backward", 4 * 4 * 512},
+      {"ring-scale.backward", 5 * 2 * 4 * 128},
+      {"ring-mask.backward", 2 * 2 * 4 * 128},
+      {"ring-exp.backward", 5 * (4 * 4 * 128 + 4 * 32)},  // s − lse, exp
+      {"ring-ds.backward", 5 * (5 * 4 * 128 + 4 * 32)},   // dP − D, P∘(…)
+      {"ring-accumulate.backward", 5 * 3 * 4 * (256 + 512)},  // dQ, dK, dV chunks (g = a)
+      {"ring-own-add.backward", 3 * 4 * 2 * 512}};       // own += travel (K and V)
+  for (const auto& [name, want] : streams) EXPECT_EQ(bytes[name], want) << name;
+  EXPECT_EQ(bytes.count("ring-kv-expand"), 0u);  // g = a: no GQA copies
+
+  // GQA (g = 2 of a = 4): per pair K and V expanded forward; expanded and folded in backward.
+  ModelSpec gqa = m;
+  gqa.kv_heads = 2;
+  std::vector<Op> gqa_ops;
+  add_engine_ring_attention(gqa, s, zigzag, gqa_ops);
+  double expand = 0, fold = 0;
+  for (const Op& op : gqa_ops) {
+    if (op.name == "ring-kv-expand") expand += op.bytes;
+    if (op.name == "ring-kv-fold.backward") fold += op.bytes;
+  }
+  // One chunk of K: B·g·n·d = 128 elements, expanded to Rd = 256: 2·e·(128 + 256) a pair.
+  EXPECT_EQ(expand, 5 * 2 * 4 * (128 + 256));
+  EXPECT_EQ(fold, 5 * 2 * 4 * (128 + 256));
+}
+
+// Under CP the stage's attention is the ring's: no materialised scores, softmax, context, scale
+// or mask, and the wrapper's gradient copy (B·a·(T/c)·d = 2·4·8·8 = 512 elements read and
+// written, e = 4) in each of the 4 layers; at c = 1 none of the ring's.
+TEST(GptStep, CpStagesRunTheRingNotTheMaterialisedCore) {
+  GptStageSetup s{.model = engine_gpt(), .seq = 16, .micro_batch = 2, .cp = 2,
+                  .stage_layers = 4};
+  const auto names = [](const GptStageSetup& x) {
+    std::map<std::string, double> out;
+    for (const Op& op : gpt_stage_ops(x)) out[std::string(op.name)] += op.bytes;
+    return out;
+  };
+  const auto cp = names(s);
+  for (const char* gone : {"scores", "scores.dgrad", "softmax", "softmax.backward", "context",
+                           "context.wgrad", "scale", "mask", "mask.backward"})
+    EXPECT_EQ(cp.count(gone), 0u) << gone;
+  EXPECT_EQ(cp.at("ring-dout-copy.backward"), 4 * (2 * 4 * 512));  // 4 layers
+  EXPECT_GT(cp.at("ring-scores"), 0);
+  s.cp = 1;
+  for (const auto& [name, b] : names(s)) EXPECT_FALSE(name.starts_with("ring-")) << name;
+  // Full recompute replays the ring's forward too (each layer's 5 pairs' QKᵀ again).
+  s.cp = 2;
+  s.recompute = Recompute::full;
+  int replayed = 0;
+  for (const Op& op : gpt_stage_ops(s))
+    replayed += op.pass == Pass::recompute && op.name == "ring-scores";
+  EXPECT_EQ(replayed, 4 * 5);
+}
+
 TEST(GptStep, BadSetupsNameTheirField) {
   const auto field_of = [](GptStageSetup s) {
     try {

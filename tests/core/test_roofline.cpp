@@ -175,6 +175,28 @@ TEST(Roofline, BadShapesAndFiguresAreRejected) {
   }
 }
 
+// Note [GEMM residuals]: a measured shape takes its own ratio exactly; between two measured
+// shapes at equal distance in (log2 m, log2 n, log2 k), the geometric mean of their ratios; single
+// and batched GEMMs apart; nothing measured of a kind: 1.
+TEST(Roofline, GemmResidualsHonourMeasuredShapes) {
+  KernelPerf kp;
+  EXPECT_EQ(gemm_residual(kp, 4, 4, 4), 1.0);  // a preset: no table
+  kp.gemm_residuals = {{.log2_m = 2, .log2_n = 2, .log2_k = 2, .log_ratio = std::log(2.0)},
+                       {.log2_m = 4, .log2_n = 4, .log2_k = 4, .log_ratio = std::log(0.5)}};
+  EXPECT_DOUBLE_EQ(gemm_residual(kp, 4, 4, 4), 2.0);
+  EXPECT_DOUBLE_EQ(gemm_residual(kp, 16, 16, 16), 0.5);
+  EXPECT_NEAR(gemm_residual(kp, 8, 8, 8), 1.0, 1e-12);  // √(2 · 0.5)
+  // Distance² 3 to (4,4,4) and 27 to (16,16,16): weights 1/9 and 1/729, ln r = (81 ln 2 −
+  // ln 2)/82.
+  EXPECT_NEAR(gemm_residual(kp, 2, 2, 2), std::exp(80 * std::log(2.0) / 82), 1e-12);
+  EXPECT_EQ(gemm_residual(kp, 4, 4, 4, 8), 1.0);  // batched: no batched point measured
+  kp.gemm_residuals.push_back(
+      {.log2_m = 2, .log2_n = 2, .log2_k = 2, .log2_batch = 3, .log_ratio = std::log(3.0)});
+  EXPECT_DOUBLE_EQ(gemm_residual(kp, 4, 4, 4, 8), 3.0);
+  EXPECT_DOUBLE_EQ(gemm_residual(kp, 64, 64, 64, 16), 3.0);  // the only batched point
+  EXPECT_DOUBLE_EQ(gemm_residual(kp, 4, 4, 4), 2.0);         // single ones unchanged
+}
+
 }  // namespace
 }  // namespace tally::test_roofline
 

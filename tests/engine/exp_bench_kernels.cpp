@@ -67,6 +67,40 @@ TEST(BenchKernels, GemmRowsAreTheirOwnArithmetic) {
                InvalidInput);
 }
 
+// --batch: b products per call, batch-major rows, FLOP/s counting all b; into a calibration the
+// batch is kept, a second grid of the same device merges by shape (a shape timed again takes the
+// new time, the peak is the best of both), another device's GEMMs are replaced.
+TEST(BenchKernels, BatchedGemmsAndMergedGrids) {
+  const BenchGemmResult r =
+      run_bench_gemm({.m = {4}, .n = {8}, .k = {16, 32}, .batch = {1, 3}, .timing = kQuick});
+  ASSERT_EQ(r.rows.size(), 4u);
+  EXPECT_EQ(r.rows[0].batch, 1);
+  EXPECT_EQ(r.rows[2].batch, 3);
+  EXPECT_EQ(r.rows[3].k, 32);
+  for (const GemmRow& row : r.rows)
+    EXPECT_DOUBLE_EQ(row.flops_per_s,
+                     2.0 * double(row.batch) * row.m * row.n * row.k / row.time.median_s);
+  io::KernelCalibration k;
+  add_to_calibration(r, k);
+  ASSERT_EQ(k.gemm.size(), 4u);
+  EXPECT_EQ(k.gemm[2].batch, 3);
+  const BenchGemmResult again =
+      run_bench_gemm({.m = {4}, .n = {8}, .k = {32, 64}, .batch = {3}, .timing = kQuick});
+  add_to_calibration(again, k);
+  ASSERT_EQ(k.gemm.size(), 5u);  // 4·8·32·3 timed again, 4·8·64·3 added
+  EXPECT_EQ(k.gemm[3].seconds, again.rows[0].time.median_s);
+  EXPECT_EQ(k.gemm[4].k, 64);
+  EXPECT_EQ(k.peak_flops, std::max(r.best_flops_per_s, again.best_flops_per_s));
+  io::KernelCalibration other{.device = "another device", .precision = "bf16",
+                              .peak_flops = 1e15, .gemm = {{.m = 1, .n = 1, .k = 1,
+                                                            .seconds = 1}}};
+  add_to_calibration(again, other);
+  EXPECT_EQ(other.gemm.size(), 2u);
+  EXPECT_EQ(other.peak_flops, again.best_flops_per_s);
+  EXPECT_THROW(run_bench_gemm({.m = {4}, .batch = {0}, .timing = kQuick}), InvalidInput);
+  EXPECT_THROW(run_bench_gemm({.m = {4}, .batch = {5000}, .timing = kQuick}), InvalidInput);
+}
+
 // Note [cold-cache GEMMs]: the flush runs, untimed, before every call — warm-up and timed — and
 // each sample is one call; the buffer is twice the last-level cache within [64 MiB, 1 GiB].
 TEST(BenchKernels, ColdTimingFlushesBeforeEveryCall) {

@@ -318,14 +318,21 @@ TEST(Calibration, MemoryOverheadRoundTripsAndApplies) {
 // KernelPerf as bytes / seconds_median, and a bad entry is refused naming it: a kernel named by
 // its layer position instead of its family, a family listed twice, a rate outside the links'
 // bounds. Without the list, no rates.
-TEST(Calibration, StreamingKernelsRoundTripAndApply) {
+// A synthetic one-core host: 27 GEMMs at 100 GFLOP/s plus 10 µs, n = 256 slowed by `bump`.
+KernelCalibration synthetic_host(double bump = 1) {
   const double peak = 100e9;
   KernelCalibration k{.device = "test-cpu", .precision = "fp32", .peak_flops = peak,
                       .sm_count = 1, .memory_bps = 3e10};
   for (std::int64_t m : {8, 64, 512})
     for (std::int64_t n : {16, 256, 1024})
       for (std::int64_t kk : {16, 256, 1024})
-        k.gemm.push_back({.m = m, .n = n, .k = kk, .seconds = 2.0 * m * n * kk / peak + 1e-5});
+        k.gemm.push_back({.m = m, .n = n, .k = kk,
+                          .seconds = 2.0 * m * n * kk / peak * (n == 256 ? bump : 1.0) + 1e-5});
+  return k;
+}
+
+TEST(Calibration, StreamingKernelsRoundTripAndApply) {
+  KernelCalibration k = synthetic_host();
   k.streaming_kernels = {{.kernel = "gelu", .bytes = 4194304, .seconds_median = 0.0014},
                          {.kernel = "norm.backward", .bytes = 2621440, .seconds_median = 5.2e-5}};
   const std::string text = calibration_to_json({.source = "synthetic host", .kernels = k});
@@ -352,6 +359,41 @@ TEST(Calibration, StreamingKernelsRoundTripAndApply) {
   slow.kernels->streaming_kernels[0].seconds_median = 1e3;  // 4 kB/s
   expect_invalid([&] { host_cluster(parse(calibration_to_json(slow)), false); },
                  {"streaming_kernels 'gelu'", "4194.3 B/s", "[1000000, 1e+15]"});
+}
+
+// Note [GEMM residuals]: applied, every GEMM the calibration measured — single and batched — is
+// priced at its measured time, which the fitted terms alone do not reproduce (times with a bump
+// at n = 256 no five-constant fit follows); a shape between two measured ones lands between them.
+TEST(Calibration, MeasuredGemmsArePricedAtTheirTimes) {
+  KernelCalibration k = synthetic_host(1.6);
+  k.gemm.push_back({.m = 32, .n = 32, .k = 64, .batch = 16, .seconds = 4e-5});
+  const ClusterSpec h =
+      host_cluster(parse(calibration_to_json({.source = "synthetic", .kernels = k})), false);
+  GpuSpec fitted = h.gpu;  // the fitted terms alone
+  fitted.kernels.gemm_residuals.clear();
+  const auto seconds_on = [](const GpuSpec& gpu, const GemmSample& g) {
+    const Op op{.name = "gemm", .kind = OpKind::gemm, .m = g.m, .n = g.n, .k = g.k,
+                .batch = g.batch, .flops = 2.0 * g.batch * double(g.m * g.n * g.k),
+                .bytes = 4.0 * g.batch * double(g.m * g.k + g.k * g.n + g.m * g.n)};
+    return op_seconds(op, gpu, Precision::fp32);
+  };
+  const auto priced = [&](const GemmSample& g) { return seconds_on(h.gpu, g); };
+  double worst_fit = 0;
+  for (const GemmSample& g : k.gemm) {
+    EXPECT_NEAR(priced(g) / g.seconds, 1.0, 1e-9)
+        << g.m << "x" << g.n << "x" << g.k << "·" << g.batch;
+    worst_fit = std::max(worst_fit, std::abs(std::log(seconds_on(fitted, g) / g.seconds)));
+  }
+  EXPECT_GT(worst_fit, std::log(1.2));  // the fit alone misses some point by more than 20 %
+  // m = 64 between n = 16 and 256 (k = 256): no faster than the faster of the two per FLOP, no
+  // slower than the slower.
+  const double mid = priced({.m = 64, .n = 64, .k = 256});
+  const double per_flop = mid / (2.0 * 64 * 64 * 256);
+  const double lo = priced({.m = 64, .n = 16, .k = 256}) / (2.0 * 64 * 16 * 256);
+  const double hi = priced({.m = 64, .n = 256, .k = 256}) / (2.0 * 64 * 256 * 256);
+  EXPECT_GT(per_flop, std::min(lo, hi) * 0.5);
+  EXPECT_LT(per_flop, std::max(lo, hi) * 2);
+  EXPECT_EQ(h.gpu.kernels.gemm_residuals.size(), k.gemm.size());
 }
 
 // Note [power cap]: GEMMs timed at the power cap set sustained_gemm to 1 / the median of measured /

@@ -21,10 +21,8 @@
 //                 T × f/t; the row-parallel two: T_n × h each): e per element read
 // A replay (full recompute: the block's forward again) repeats the forward kernels, extras
 // included; the selective policies replay the softmax chain (scale and mask with it). With
-// context parallelism the engine's ring attention runs kernels of its own (per-block scores and
-// the online-softmax rescaling, Note [ring attention]); they are counted as the materialised
-// attention's on the rank's T/c queries against all T keys — an approximation, and CP is left out
-// of bench/predict_vs_measured.sh.
+// context parallelism the engine's ring attention replaces the materialised attention core and
+// its scale and mask kernels (Note [engine ring attention]).
 // Per micro-batch: forward = the stage's layers + the embedding (first stage) + the head and loss
 // (last stage); backward likewise (with the replays). The optimizer is the engine's Adam
 // (Note [host step model] in mlp_step.hpp: 20 streams per element, one kernel per 2^20-element
@@ -42,6 +40,7 @@
 #include <vector>
 
 #include "tally/core/comm.hpp"
+#include "tally/core/context_parallel.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
 #include "tally/core/operators.hpp"
@@ -76,6 +75,55 @@ struct GptStageTime {
 // The engine's extra kernels of one layer (Note [host GPT step]), forward and backward (and their
 // replays under `s.recompute`), appended to `ops`.
 void add_engine_gpt_kernels(const ModelSpec& m, const OperatorSetup& s, std::vector<Op>& ops);
+
+// Note [engine ring attention]
+// Under CP (c > 1) the engine's GPT computes attention with its ring (engine/runtime/
+// ring_attention.cpp, Note [ring attention]), not one materialised T/c × T score matrix: each
+// block pair (a query chunk of n = T/(2c) tokens against a key chunk) is a pair of small batched
+// GEMMs and a dozen elementwise kernels of the online softmax, and the backward recomputes the
+// pair's scores (flash attention's way) before five GEMMs. Counted from the code, per micro-batch
+// and layer, with e = 4, b·a' query-head batches, E = b·a'·n² scores of a pair, R = b·a'·n rows
+// of a query chunk, KV = b·g'·2n·d elements of this rank's K (or V), bytes read + written:
+//   forward, once   state fills e(4R + 2Rd) (m, ℓ, acc of both chunks), K,V stacked 4e·KV; the
+//                   output and log-sum-exp normalised and concatenated, 8eRd + 16eR
+//   forward, each   QKᵀ GEMM (n, n, d) and P·V (n, d, n), batch b·a'; scale 2eE; the diagonal
+//   of the P pairs  pairs' mask 2eE; row max (values and int64 indices) eE + (e+8)R; exp(s − m)
+//                   4eE + eR; row sum eE + eR; the running m, ℓ 14eR; acc rescaled 2eRd + eR
+//                   and accumulated 3eRd
+//   backward, once  D = rowsum(dO∘O) 8eRd + 2eR;
+//                   dQ and the two dK,dV buffers zeroed e(2Rd + 4KV); K,V stacked 4e·KV; the
+//                   visiting dK,dV added home 6e·KV
+//   backward, each  QKᵀ again, dP = dO·Vᵀ (n, n, d), dQ += dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO (n,
+//   pair            d, n); scale (and the diagonal's mask) 2eE each; exp(s − lse) 4eE + eR;
+//                   dS = P∘(dP − D) 5eE + eR; the three accumulations 3e(Rd + KV)
+// and under GQA (a' > g') K and V repeated to the query heads per pair, dK, dV summed back; the
+// GPT's autograd wrapper adds a copy making the output gradient contiguous, 4eRd. The
+// engine's 3-D runs split the sequence zigzag: P = 2c + 1 pairs, 2 of them diagonal, on every
+// rank (cp_causal_block_pairs); full recompute replays the forward kernels; the selective
+// policies replay none of the ring's (the engine replays its softmax only without CP), nor op
+// SAC's K projection. Every GEMM is its own call, so each pays the host's GEMM overhead — the
+// cost of small blocks the materialised count (one (T/c) × T matrix: 6 GEMMs, the masked
+// blocks included) left out.
+struct RingBlocks {
+  std::int64_t pairs = 0;     // P: block pairs this rank computes in one forward
+  std::int64_t diagonal = 0;  // of them, masked below the diagonal
+};
+RingBlocks ring_blocks(CpBalance balance, int cp, int rank);
+// The ring's kernels of one layer on one micro-batch (ring_attention_forward and
+// ring_attention_backward, nothing around them), forward and backward, appended to `ops`.
+// m: heads a, kv_heads g and qk_dim d; s: seq, micro_batch, tp, cp (seq divisible by 2·cp),
+// act_bytes.
+void add_engine_ring_attention(const ModelSpec& m, const OperatorSetup& s,
+                               const RingBlocks& blocks, std::vector<Op>& ops);
+// Those kernels timed on a calibrated host, each stretched by `contention` (>= 1; Note [host GPT
+// step]): what `tally run cp --calibration` prints beside each rank's measured computation.
+struct RingAttentionTime {
+  double forward_s = 0, backward_s = 0;
+};
+RingAttentionTime predict_ring_attention(const ModelSpec& m, const OperatorSetup& s,
+                                         const RingBlocks& blocks, const ClusterSpec& host,
+                                         double contention = 1);
+
 // The OperatorSetup the engine's GPT runs (fp32, materialised, no dropout, eager).
 OperatorSetup engine_gpt_setup(const GptStageSetup& s);
 // One stage's kernels on one micro-batch: layer_ops + the engine's kernels for each of its

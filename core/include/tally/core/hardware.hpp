@@ -88,6 +88,13 @@ struct KernelPerf {
     double bytes_per_s = 0;   // core's bytes of the kernel / its measured time
   };
   std::vector<StreamingRate> streaming_rates;
+  // Note [GEMM residuals] (core/roofline.hpp): each GEMM a calibration timed, as its shape and
+  // batch in log2 and log(measured / the fitted terms' time); empty on every preset.
+  struct GemmResidual {
+    double log2_m = 0, log2_n = 0, log2_k = 0, log2_batch = 0;
+    double log_ratio = 0;
+  };
+  std::vector<GemmResidual> gemm_residuals;
   // Per-kernel fixed cost (launch and tail), seconds; 0 = hidden by asynchronous launches.
   double kernel_overhead_s = 0;
   // The same for streaming (memory-bound) kernels where it was measured apart (`tally bench

@@ -301,6 +301,11 @@ double optimizer_update_bytes(Precision p, Optimizer o);
 // kernel you run.
 inline constexpr double kFa1AttentionSpeed = 2.0 / 3.0;
 
+// One GEMM kernel: C (m × n) = A (m × k) · B (k × n), `batch` of them in one call, e bytes per
+// element — 2·batch·mnk FLOPs, batch·e·(mk + kn + mn) bytes (every operand read or written once).
+Op gemm_kernel(std::string_view name, Pass pass, std::int64_t m, std::int64_t n, std::int64_t k,
+               double batch, double e);
+
 // Seconds of one kernel on `gpu` (core/roofline.hpp): a GEMM at p's tensor-core peak, except the
 // high_precision ones and attention, which run at compute_precision(p) (attention at its
 // kernel generation's speed, Note [flash kernel generations]).
@@ -309,7 +314,8 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p);
 // The family a streaming kernel's measured rate is looked up by (KernelPerf::streaming_rates,
 // Note [streaming kernel families]): the operator's name with the layer's position dropped —
 // norm-1, norm-2, final-norm, q-norm and kv-norm are "norm", shared-gelu "gelu" — and
-// ".backward" kept ("norm.backward"); any other name is its own family.
+// ".backward" kept ("norm.backward"), except the engine ring's ring-mask, "mask" in both passes
+// (Note [engine ring attention], core/gpt_step.hpp); any other name is its own family.
 std::string_view kernel_family(std::string_view op_name);
 // The measured rate of `op_name`'s family on `k`, bytes/s; 0 where none was measured.
 double streaming_rate_bps(const KernelPerf& k, std::string_view op_name);

@@ -38,6 +38,29 @@ namespace tally {
 double gemm_efficiency(const KernelPerf& kp, std::int64_t m, std::int64_t n, std::int64_t k,
                        double batch = 1);
 
+// Note [GEMM residuals]
+// The GEMM terms above (efficiency fraction, k and m·n saturation, tiles, overhead) are fitted to
+// a calibration's grid (fit_gemm_perf), and no five numbers follow a BLAS: on this project's CPU
+// (2026-12-06, `tally bench gemm`'s 64 default shapes) the fit missed its own points by 0.77–1.49×
+// of their time — thin GEMMs (m = 8–32 against n, k = 1024–2048) fitted too slow, small ones (n
+// or k = 16–128) too fast — and off the grid by up to 2.7× (32 × 32 × 32: 30.5 µs measured, 11.2
+// modelled); on the H200 probe's 277 shapes by 0.27–1.41× (cuBLAS's split-K on m, n = 128 with
+// k = 16384 ran 3.7× faster than the tiles predict). And the terms fitted to one grid price
+// another's shapes differently: the engine GPT's batched (128 × 128 × 64) · 16 attention GEMMs
+// moved 1.8 → 3.3 ms per micro-batch between the default grid and a denser one. So a calibration
+// keeps each measured GEMM's ratio r = measured / modelled time (the fitted terms at burst clock,
+// sustained_gemm = 1), and a GEMM of shape (m, n, k) in batches of b takes the fitted time × exp of
+// the weighted mean of the ln r of the measured GEMMs of its kind — single (b = 1) or batched (b >
+// 1) — weights 1/d⁴ at distance d in (log2 m, log2 n, log2 k, log2 b): the measured time at a
+// measured shape (exactly), near its neighbours between them, toward the nearest edge's off the
+// grid (a power above the dimensions keeps far points' weight small). Single and batched are not
+// mixed: on a CPU the cold single GEMM's fixed cost (30 µs for 32³, after the cache flush of Note
+// [cold-cache GEMMs]) is paid once per batched call, not once per matrix, so a single GEMM's ratio
+// would charge a batch b times over. A GEMM of a kind no measured GEMM shares, and every GEMM of a
+// preset (its terms come from published figures, not a grid), takes the factor 1.
+double gemm_residual(const KernelPerf& kp, std::int64_t m, std::int64_t n, std::int64_t k,
+                     double batch = 1);
+
 // The roofline of one kernel: max(flops / flops_per_s, bytes / (W · memory_fraction)) plus the
 // GPU's per-kernel overhead. flops_per_s is the rate the kernel's FLOPs run at (peak · η for a
 // GEMM or fused attention, the fp32 CUDA-core peak for elementwise math).

@@ -90,20 +90,25 @@ struct BenchGemmOptions {
   std::vector<std::int64_t> m = {8, 32, 128, 512};
   std::vector<std::int64_t> n = {16, 128, 1024, 2048};
   std::vector<std::int64_t> k = {16, 128, 1024, 2048};
+  // b > 1: b independent products in one at::bmm_out, as the engine's attention multiplies its
+  // (B, a', ·, ·) heads (Note [GEMM residuals], core/roofline.hpp: batched calls are priced on
+  // batched points).
+  std::vector<std::int64_t> batch = {1};
   BenchKernelTiming timing;
-  void validate() const;           // each dimension in [1, 16384]; at most 4096 shapes
+  void validate() const;           // each dimension in [1, 16384], batch in [1, 4096]; at most
+                                   // 4096 shapes
 };
 
 struct GemmRow {
-  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
   TimeStats time;                  // per call (side by side: the mean over ranks)
-  double flops_per_s = 0;          // 2mnk / median
+  double flops_per_s = 0;          // 2·batch·mnk / median
   std::vector<double> rank_median_s;  // side by side: each rank's own median, rank order
 };
 
 struct BenchGemmResult {
   BenchGemmOptions options;
-  std::vector<GemmRow> rows;       // m-major, then n, then k
+  std::vector<GemmRow> rows;       // batch-major, then m, then n, then k
   double best_flops_per_s = 0;
   int ranks = 1;                   // side by side (Note [side-by-side kernels])
 };
@@ -117,10 +122,11 @@ double cache_flush_bytes(double llc_bytes);
 // This host's last-level cache (sysconf: L3, else L2), bytes; 0 when the system does not say.
 double last_level_cache_bytes();
 // One shape of that grid, on the calling thread's current torch thread count. Each timed call runs
-// at::mm_out `repeat` times (1 for the benchmark; `tally run health-check` repeats it on the rank
-// it is told to slow down, so that rank's call takes `repeat` times as long whatever the load).
+// at::mm_out (batch > 1: at::bmm_out) `repeat` times (1 for the benchmark; `tally run
+// health-check` repeats it on the rank it is told to slow down, so that rank's call takes
+// `repeat` times as long whatever the load).
 GemmRow time_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const BenchKernelTiming& timing,
-                  int repeat = 1);
+                  int repeat = 1, std::int64_t batch = 1);
 
 // One transformer layer of the engine's GPT (gpt.hpp): C, a, T, B.
 struct GptProbeShape {
@@ -183,8 +189,9 @@ MemoryRow time_memory(double working_set_bytes, const BenchKernelTiming& timing,
 std::string host_device_name(int threads, bool cold = false, int side_by_side = 1);
 
 // The results as the calibration's kernels section (fp32; sm_count = threads): a gemm result sets
-// device, peak_flops, sm_count and gemm; a memory result memory_curve, memory_bytes_per_s,
-// memory_overhead_s and streaming_kernels.
+// device, peak_flops, sm_count and gemm — merged by shape (m, n, k, batch) into the GEMMs already
+// there when they were timed on the same device (peak: the best of both), else replacing them; a
+// memory result memory_curve, memory_bytes_per_s, memory_overhead_s and streaming_kernels.
 void add_to_calibration(const BenchGemmResult& r, io::KernelCalibration& k);
 void add_to_calibration(const BenchMemoryResult& r, io::KernelCalibration& k);
 

@@ -12,7 +12,9 @@
 //                  = 1 with Transformer Engine's zigzag split, (4c−1)/3 with contiguous chunks
 //   time           fp32 forward + backward per layer (median over repeats), split into block
 //                  computation and ring shifts, and each rank's computation time (reported, not
-//                  asserted)
+//                  asserted); with a host calibration (`--calibration`) core's operator model of
+//                  the ring's kernels beside each rank's (Note [engine ring attention] in
+//                  core/gpt_step.hpp: its blocks under each split, contention k·t/c)
 // Both splits run, zigzag (what core assumes) first, over the same groups and data.
 //
 // Legend: B = micro-batch, a = query heads, g = K,V heads, d = head dim, s = sequence,
@@ -21,11 +23,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tally/core/comm.hpp"
 #include "tally/core/context_parallel.hpp"
+#include "tally/core/hardware.hpp"
 #include "tally/engine/dist_env.hpp"
 
 namespace tally::engine {
@@ -44,6 +48,9 @@ struct CpOptions {
   std::uint64_t seed = 0;       // Q, K, V and the output gradient
   double timeout_s = 60;        // rendezvous and every send / recv
   int threads = 1;              // torch intra-op threads per rank (0 = libtorch's)
+  // A host calibration's cluster (io::host_cluster): enables the computation time prediction.
+  std::optional<ClusterSpec> host;
+  int host_cores = 1;           // the cores the ranks share (contention)
   // InvalidInput naming the flag, the value and the allowed range: --cp ≠ world size, --cp not
   // splitting --seq into 2c chunks, --kv-heads not dividing --heads, sizes out of range.
   void validate(int world_size) const;
@@ -63,6 +70,9 @@ struct CpVariant {
   // Gathered over the CP ranks (index = CP rank): block pairs of one forward, and mean fp32
   // computation seconds per layer; core's prediction of the pairs.
   std::vector<double> block_pairs, predicted_block_pairs, compute_s_by_rank;
+  // With CpOptions::host: core's seconds of each rank's ring kernels per layer (forward +
+  // backward, Note [engine ring attention]); empty without.
+  std::vector<double> predicted_compute_s_by_rank;
   double median_layer_seconds() const;
   double block_pair_imbalance() const;            // max/min over ranks, measured
   double predicted_block_pair_imbalance() const;  // the same from core
