@@ -11,7 +11,8 @@
 //                zigzag (Transformer Engine: chunks r, 2c−1−r) 2c+1 on every rank, contiguous
 //                (chunks 2r, 2r+1) 4r+3, max/min (4c−1)/3;
 //   the CLI      bad input exits 2 with one line naming the flag; `tally launch -- tally run cp
-//                --json` reports measured beside predicted.
+//                --json` reports measured beside predicted, and with --calibration each rank's
+//                ring computation beside core's operator model of it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +22,10 @@
 
 #include "rank_harness.hpp"
 #include "../support/subprocess.hpp"
+#include "../support/temp_dir.hpp"
 #include "tally/engine/experiments/cp.hpp"
+#include "tally/io/calibration.hpp"
+#include "tally/io/files.hpp"
 
 #ifndef TALLY_BINARY
 #error "TALLY_BINARY must name the tally executable"
@@ -147,8 +151,48 @@ TEST(CpCli, JsonMeasuredBesidePredicted) {
   // Contiguous at c = 2: rank 0 chunks {0, 1} → 3 pairs, rank 1 {2, 3} → 7.
   EXPECT_EQ(j["variants"][1]["block_pairs_by_rank"], json::array({3.0, 7.0}));
   EXPECT_EQ(zig["layer_seconds_fp32"].size(), 2u);
+  EXPECT_TRUE(zig["predicted_compute_seconds_by_rank_fp32"].is_null());  // no --calibration
   // One progress line per timed layer on stderr, from rank 0.
   EXPECT_NE(r.err.find("cp c=2 contiguous: layer 2/2 forward+backward "), std::string::npos) << r.err;
+}
+
+// --calibration FILE: each rank's ring computation predicted beside the measured one, from core's
+// operator model of the ring's kernels under each split (Note [engine ring attention]) — the same
+// on every zigzag rank (2c + 1 = 5 block pairs each), more for contiguous rank 1 (7 pairs) than
+// rank 0 (3); a missing file is exit 2 naming the flag. A synthetic one-core host: 27 GEMMs at
+// 100 GFLOP/s plus 10 µs, 30 GB/s streaming.
+TEST(CpCli, CalibrationPredictsEachRanksRingKernels) {
+  const test::TempDir dir("tally-exp-cp-calibration");
+  io::KernelCalibration k{.device = "test-cpu", .precision = "fp32", .peak_flops = 100e9,
+                          .sm_count = 1, .memory_bps = 3e10};
+  for (std::int64_t m : {8, 64, 512})
+    for (std::int64_t n : {16, 256, 1024})
+      for (std::int64_t kk : {16, 256, 1024})
+        k.gemm.push_back({.m = m, .n = n, .k = kk, .seconds = 2.0 * m * n * kk / 100e9 + 1e-5});
+  const std::string cal = (dir.path / "cal.json").string();
+  io::write_text_atomically(cal, io::calibration_to_json({.source = "synthetic", .kernels = k}));
+  const auto launch = [&](const std::string& file) {
+    return run_command({TALLY_BINARY, "launch", "--nproc", "2", "--timeout", "80", "--",
+                        TALLY_BINARY, "run", "cp", "--cp", "2", "--seq", "24", "--head-dim", "8",
+                        "--repeats", "2", "--json", "--timeout", "60", "--calibration", file},
+                       kLimit_s);
+  };
+  const Ran r = launch(cal);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto lines = rank_lines(r.out, 0);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const json j = json::parse(lines[0]);
+  const json& zig = j["variants"][0]["predicted_compute_seconds_by_rank_fp32"];
+  const json& contiguous = j["variants"][1]["predicted_compute_seconds_by_rank_fp32"];
+  ASSERT_EQ(zig.size(), 2u) << j.dump();
+  ASSERT_EQ(contiguous.size(), 2u) << j.dump();
+  EXPECT_GT(zig[0].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(zig[0].get<double>(), zig[1].get<double>());
+  EXPECT_GT(contiguous[1].get<double>(), contiguous[0].get<double>());
+  EXPECT_LT(contiguous[0].get<double>(), zig[0].get<double>());  // 3 pairs against 5
+  const Ran missing = launch((dir.path / "none.json").string());
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("--calibration"), std::string::npos) << missing.err;
 }
 
 }  // namespace
