@@ -73,6 +73,16 @@ void ModelSpec::validate() const {
               ")");
   require(position != PositionKind::learned || max_positions > 0, "max_position_embeddings",
           max_positions, "must be > 0 for learned position embeddings");
+  require_real(std::isfinite(rotary_attention_scale) && rotary_attention_scale > 0 &&
+                   rotary_attention_scale <= 100,
+               "rope_scaling attention_factor", rotary_attention_scale, "must be in (0, 100]");
+  require_real(rotary_attention_scale == 1.0 || position == PositionKind::rotary,
+               "rope_scaling attention_factor", rotary_attention_scale,
+               "must be 1 without rotary embeddings");
+  require_real(std::isfinite(glu_clamp) && glu_clamp >= 0 && glu_clamp <= 1e6, "swiglu_limit",
+               glu_clamp, "must be in [0, 1e6] (0 = none)");
+  require_real(glu_clamp == 0 || mlp == MlpKind::swiglu, "swiglu_limit", glu_clamp,
+               "must be 0 without a gated MLP");
 }
 
 namespace {
@@ -163,6 +173,12 @@ double gemm_weight_share(const ModelSpec& m) {
   if (m.params_only) return 1.0;
   const ParamCount c = count_params(m);
   return (c.attention + c.mlp) / c.total();
+}
+
+double yarn_attention_factor(double factor) {
+  require_real(std::isfinite(factor) && factor > 0 && factor <= 1e6, "rope_scaling factor",
+               factor, "must be in (0, 1e6]");
+  return factor <= 1 ? 1.0 : 0.1 * std::log(factor) + 1.0;
 }
 
 double routed_expert_share(const ModelSpec& m) {

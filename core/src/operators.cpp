@@ -218,13 +218,19 @@ constexpr MlpNames kSharedGelu{"shared-up", "shared-up.dgrad", "shared-up.wgrad"
 
 // One MLP (routed experts batched, the shared experts, or a dense FFN) of width f per rank on
 // `rows` tokens per expert; `tokens` = rows summed over experts, the activation kernel's rows.
-template <class Gemm, class Kernels>
-void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Kernels&& kernels, i64 rows, i64 f,
-               double experts, double tokens, bool shared) {
+// megatron_routed: the routed experts as Megatron-Core's TEGroupedMLP runs them (kernels fused),
+// whose clamp and fc2 bias run as kernels of their own (Note [GPT-OSS kernels]).
+template <class Gemm, class Kernels, class Memory2>
+void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Kernels&& kernels,
+               Memory2&& memory2, i64 rows, i64 f, double experts, double tokens, bool shared,
+               bool megatron_routed) {
   const bool gated = m.mlp == MlpKind::swiglu;
   const MlpNames& n = gated ? (shared ? kSharedSwiglu : kSwiglu) : (shared ? kSharedGelu : kGelu);
   gemm(n.up, n.up_dgrad, n.up_wgrad, rows, (gated ? 2 : 1) * f, d.h, experts);
   const double e = d.e;  // SwiGLU eager: silu and the product apart (Note [eager kernels])
+  if (gated && megatron_routed && m.glu_clamp > 0)
+    memory2("glu-clamp", "glu-clamp.backward", 8 * e * tokens * double(f),
+            10 * e * tokens * double(f));
   if (gated)
     kernels(n.act, n.act_backward, tokens * double(f), ElementBytes{3 * e, 4.5 * e},
             ElementBytes{5 * e, 9 * e});
@@ -232,6 +238,9 @@ void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Kernels&& kernels
     kernels(n.act, n.act_backward, tokens * double(f), ElementBytes{2 * e, 3 * e},
             ElementBytes{2 * e, 3 * e});
   gemm(n.down, n.down_dgrad, n.down_wgrad, rows, d.h, f, experts);
+  if (megatron_routed && (m.linear_bias || m.expert_bias))
+    memory2("expert-bias", "expert-bias.backward", 6 * e * tokens * double(d.h),
+            8 * e * tokens * double(d.h));
 }
 
 // Every forward kernel of a layer; with_backward adds their gradients.
@@ -280,8 +289,13 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     // MLA rotates only the d_r rope part of each q head and the one shared rope key.
     const double width = m.is_mla() ? double(d.heads_local + 1) * double(m.qk_rope_head_dim)
                                     : double(d.hq + d.hkv);
-    kernels("rotary", "rotary.backward", double(d.T) * width, {2 * d.e, 3 * d.e},
-            {16 + 2 * d.e, 16 + 2 * d.e});
+    if (s.kernels == Kernels::fused && !m.is_mla() &&
+        m.rotary_attention_scale != 1.0)  // Note [GPT-OSS kernels]
+      memory2("rotary", "rotary.backward", 12 * d.e * double(d.T) * width,
+              10 * d.e * double(d.T) * width);
+    else
+      kernels("rotary", "rotary.backward", double(d.T) * width, {2 * d.e, 3 * d.e},
+              {16 + 2 * d.e, 16 + 2 * d.e});
   }
   if (eager && !m.is_mla()) {
     // torchtitan's repeat_kv (GQA) and the attention output's transpose copy.
@@ -325,12 +339,13 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
   const double routed =
       moe ? expert_tokens * double(m.experts_per_token) * s.capacity_factor : double(d.T);
   const std::size_t routed_from = b.size();
-  mlp_block(m, d, gemm, kernels, rows, moe ? m.ffn / etp : d.f, experts, routed, /*shared=*/false);
+  mlp_block(m, d, gemm, kernels, memory2, rows, moe ? m.ffn / etp : d.f, experts, routed,
+            /*shared=*/false, /*megatron_routed=*/moe && s.kernels == Kernels::fused);
   if (moe) b.mark_routed(routed_from);
   // Shared experts: one always-active MLP of width E_s·f_s beside the routed ones (TP-split).
   if (moe && m.shared_experts > 0)
-    mlp_block(m, d, gemm, kernels, d.T, m.shared_experts * m.shared_expert_ffn / s.tp, 1.0,
-              double(d.T), /*shared=*/true);
+    mlp_block(m, d, gemm, kernels, memory2, d.T, m.shared_experts * m.shared_expert_ffn / s.tp,
+              1.0, double(d.T), /*shared=*/true, /*megatron_routed=*/false);
   memory("dropout-residual-2", "dropout-residual-2.backward", residual_bytes);
   // The bias gradients of out-proj, MLP up and MLP down, summed over the tokens (dense MLP).
   if (local_bias && with_backward && !moe)
@@ -407,6 +422,9 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
       if (op.pass != Pass::forward || op.kind != OpKind::memory) continue;
       if (op.name == "dropout-residual-1" || op.name == "dropout-residual-2") continue;
       if (op.name.starts_with("moe-")) continue;  // the dispatcher's: Note [MoE token dispatcher]
+      // Added after the down projection, outside the activation's checkpoint (Megatron-Core's
+      // moe_act: experts.py checkpoints bias_act_func only): Note [GPT-OSS kernels].
+      if (op.name == "expert-bias") continue;
       Op replay = op;
       replay.pass = Pass::recompute;
       ops.push_back(replay);

@@ -98,12 +98,16 @@ std::vector<ModelSpec> build_models() {
   // per head, experts of 2880 with biases and a biased router, 4 per token; 36 layers × 128
   // experts and 24 × 32; vocab 201088, untied. Alternating sliding-window layers (sliding_window
   // 128, layer_types: sliding first, then full) change no count, only the flash kernels' work.
+  // rope_scaling yarn with factor 32 (attention factor 0.1·ln 32 + 1) and swiglu_limit 7.0
+  // change no count either, only the kernels Megatron-Core runs (Note [GPT-OSS kernels]).
   for (const auto& [name, layers, experts] :
        {std::tuple{"gpt-oss-120b", 36, 128}, std::tuple{"gpt-oss-20b", 24, 32}}) {
     ModelSpec m = llama_like(name, 2880, layers, 64, 8, 2880, 201088);
     m.attn_head_dim = 64;
     m.linear_bias = true;
     m.attention_sinks = true;
+    m.rotary_attention_scale = yarn_attention_factor(32);
+    m.glu_clamp = 7.0;
     m.attention_window = 128;
     m.window_layers = layers / 2;
     m.experts = experts;

@@ -166,6 +166,18 @@ void read_extras(const ObjectReader& r, const Family& fam, ModelSpec& m) {
       m.attention_sinks = m.expert_bias = true;
       m.router_bias = m.is_moe();
       m.linear_bias = r.opt_boolean("attention_bias").value_or(true);
+      // Note [GPT-OSS kernels] (core/operators.hpp): GptOssConfig's swiglu_limit (default 7.0)
+      // and its YaRN attention factor change no count, only Megatron-Core's kernels.
+      m.glu_clamp = r.opt_number("swiglu_limit", detail::Range{0, 1e6}).value_or(7.0);
+      if (const auto rs = r.opt_object("rope_scaling")) {
+        auto type = rs->opt_string("rope_type", kMaxNameChars);
+        if (!type) type = rs->opt_string("type", kMaxNameChars);  // the older key
+        if (type && *type == "yarn") {
+          const auto given = rs->opt_number("attention_factor", detail::Range{1e-6, 100});
+          m.rotary_attention_scale = given ? *given : yarn_attention_factor(
+              rs->opt_number("factor", detail::Range{1e-6, 1e6}).value_or(1.0));
+        }
+      }
       break;
     case Extras::deepseek_v3: {
       read_mla(r, m);

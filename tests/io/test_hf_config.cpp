@@ -176,6 +176,36 @@ TEST(HfConfig, SlidingWindow) {
   expect_invalid([&] { parse(with_types(local)); }, {"layer_types", "sliding_attention"});
 }
 
+// Note [GPT-OSS kernels] (core/operators.hpp): GPT-OSS's YaRN attention factor (rope_scaling's
+// attention_factor, else HF's get_mscale 0.1·ln(factor) + 1) and swiglu_limit (GptOssConfig's
+// default 7.0), which decide Megatron-Core's kernels; the preset carries the same.
+TEST(HfConfig, GptOssYarnAndClamp) {
+  const ModelSpec m = load_hf_config(data_path("gpt-oss-120b.json"));
+  EXPECT_NEAR(m.rotary_attention_scale, 0.1 * std::log(32.0) + 1.0, 1e-12);
+  EXPECT_EQ(m.glu_clamp, 7.0);
+  EXPECT_EQ(m.rotary_attention_scale, model_preset("gpt-oss-120b")->rotary_attention_scale);
+  EXPECT_EQ(m.glu_clamp, model_preset("gpt-oss-120b")->glu_clamp);
+  const std::string text = fixture("gpt-oss-120b.json");
+  const std::string yarn = "\"rope_type\": \"yarn\"";
+  const std::string given = yarn + ", \"attention_factor\": 1.0";
+  EXPECT_EQ(parse(replaced(text, yarn, given)).rotary_attention_scale, 1.0);
+  EXPECT_EQ(parse(replaced(text, yarn, "\"type\": \"yarn\"")).rotary_attention_scale,
+            m.rotary_attention_scale);  // the older key
+  EXPECT_EQ(parse(replaced(text, yarn, "\"rope_type\": \"linear\"")).rotary_attention_scale,
+            1.0);
+  EXPECT_EQ(parse(replaced(text, "\"swiglu_limit\": 7.0", "\"swiglu_limit\": 10.0")).glu_clamp,
+            10.0);
+  EXPECT_EQ(parse(replaced(text, "\"swiglu_limit\": 7.0,", "")).glu_clamp, 7.0);
+  expect_invalid([&] { parse(replaced(text, "\"swiglu_limit\": 7.0", "\"swiglu_limit\": -1")); },
+                 {"swiglu_limit"});
+  expect_invalid([&] { parse(replaced(text, yarn, yarn + ", \"attention_factor\": 0")); },
+                 {"attention_factor"});
+  // Other families keep 1 and 0.
+  const ModelSpec llama = load_hf_config(data_path("mistral-7b.json"));
+  EXPECT_EQ(llama.rotary_attention_scale, 1.0);
+  EXPECT_EQ(llama.glu_clamp, 0.0);
+}
+
 // MLA without q compression: q_lora_rank null (DeepSeek-V2-Lite's config states it so).
 TEST(HfConfig, MlaQLoraRankNull) {
   const auto text = replaced(fixture("deepseek-v3.json"), "\"q_lora_rank\": 1536", "\"q_lora_rank\": null");

@@ -86,7 +86,8 @@ inline std::string bridge_skip_reason(const nlohmann::json& run) {
 
 // Megatron-Core's recompute_modules ["layernorm", "moe_act"] replays the norms and the experts'
 // activation from saved GEMM outputs: tally's save_matmuls (norms, activation and rotary replayed;
-// Megatron's fused rotary is not, a memory-bound kernel counted once more). [] = none.
+// Megatron's rotary is not, a memory-bound kernel counted once more: for GPT-OSS its unfused 12e
+// per element of q and k, Note [GPT-OSS kernels]). [] = none.
 inline Recompute bridge_recompute(const nlohmann::json& recipe) {
   return recipe.value("recompute", nlohmann::json::array()).empty() ? Recompute::none
                                                                      : Recompute::save_matmuls;

@@ -52,6 +52,13 @@ struct ModelSpec {
   std::int64_t attention_window = 0;
   std::int64_t window_layers = 0;
   bool qk_norm = false;                // RMSNorm over q and k per head (Qwen3): 2·d per layer
+  // YaRN's attention factor on the rotary cos and sin (HF rope_scaling rope_type "yarn":
+  // attention_factor, else 0.1·ln(factor) + 1; GPT-OSS 0.1·ln 32 + 1 = 1.3466); 1 = none. Not
+  // 1, Megatron-Core rotates q and k with its unfused kernels (Note [GPT-OSS kernels]).
+  double rotary_attention_scale = 1.0;
+  // The gated MLP's clamp (HF swiglu_limit: GPT-OSS 7.0, the gate clamped above, the linear half
+  // to ±limit); 0 = none. Counts nothing; its kernels: Note [GPT-OSS kernels].
+  double glu_clamp = 0.0;
   // MLA (kv_lora_rank > 0): W_q h×(a·(d_n+d_r)) or, with r_q, W_qa h×r_q + norm r_q + W_qb
   // r_q×(a·(d_n+d_r)); W_kva h×(r_kv+d_r) + norm r_kv; W_kvb r_kv×(a·(d_n+d_v)); W_o (a·d_v)×h.
   std::optional<std::int64_t> q_lora_rank;  // r_q; none = q projected directly
@@ -86,6 +93,10 @@ struct ModelSpec {
   // Throws InvalidInput naming the first field out of range.
   void validate() const;
 };
+
+// YaRN's default attention factor for a context scaling factor s (HF transformers
+// _compute_yarn_parameters, get_mscale): 0.1·ln(s) + 1 for s > 1, else 1.
+double yarn_attention_factor(double factor);
 
 // Itemized parameter count (elements, not bytes).
 struct ParamCount {

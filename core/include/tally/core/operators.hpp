@@ -12,7 +12,8 @@
 // Note [operator inventory] (forward; GEMM shapes are m × n with inner k)
 //   norm 1, norm 2      memory   read + write T_n·h                        (LayerNorm / RMSNorm)
 //   qkv                 GEMM     T × (h_q + 2h_kv), k = h
-//   rotary              memory   read + write T·(h_q + h_kv)               (rotary models)
+//   rotary              memory   read + write T·(h_q + h_kv)               (rotary models;
+//                                YaRN's unfused kernels: Note [GPT-OSS kernels])
 //   attention, flash    fused    4·b·a/t·(s/c)·s·d FLOPs, × ½ when causal (the kernel skips the
 //                                masked blocks); reads q, k, v, writes o
 //   attention, materialised: scores  GEMM B = b·a/t, (s/c) × s, k = d;  softmax memory read +
@@ -72,6 +73,38 @@
 //   SwiGLU silu(w1·x) · (w3·x): forward silu 2e, product 3e = 5e; backward the product's two
 //       gradients 6e, silu's 3e = 9e (fused 3e, 4.5e)
 //   residual adds and GeLU are one kernel either way.
+//
+// Note [GPT-OSS kernels] (kernels fused: Megatron-Core core_r0.17.0 = 2edffadb with Transformer
+// Engine, the release Megatron-Bridge v0.4.2 runs GPT-OSS with): three things of GPT-OSS's
+// architecture run as kernels of their own there. Bytes per element of the tensor named (e =
+// activation bytes):
+//   rotary with an attention factor ≠ 1 (ModelSpec::rotary_attention_scale, YaRN's): TE's fused
+//       RoPE takes no mscale, so apply_rotary_pos_emb falls back to _apply_rotary_pos_emb_bshd
+//       (models/common/embeddings/rope_utils.py) on q and k: t·cos 2e, rotate_half's negation e
+//       and concatenation 2e, ·sin 2e, the sum 3e, the final cat with the empty pass-through 2e =
+//       12e forward (fused 2e); backward ·sin 2e, the negation e, chunk's gradient concatenated
+//       2e, ·cos 2e, the two gradients of t summed 3e = 10e (fused 3e). The full-width slice is a
+//       view (PyTorch skips a slice of the whole dimension); cos and sin of the [s, d] table are
+//       not counted (no head dimension).
+//   the GLU's clamp (ModelSpec::glu_clamp): weighted_bias_quick_geglu_impl
+//       (fusions/fused_bias_geglu.py) clamps the gate and linear halves of fc1's output and
+//       concatenates them before the compiled GLU kernel: per element of the f-wide output, two
+//       clamps 2e each and the cat 4e = 8e forward; backward each clamp's gradient reads the
+//       gradient and its input and writes 3e, and chunk's gradient concatenates the halves 4e =
+//       10e. Inside moe_act's checkpoint, so replayed with the activation.
+//   the experts' fc2 bias (linear_bias or expert_bias on a MoE model): TEGroupedMLP's fc2 skips
+//       the bias add (fc1's runs in the grouped GEMM's epilogue) and _apply_bias adds t + b·p per
+//       local expert (transformer/moe/experts.py): b·p e, the sum 3e, the concatenation 2e = 6e
+//       per element of the routed tokens' h-wide output forward (the probabilities taken in bf16,
+//       the router's dtype, so the closing .to() moves nothing); backward the gradients of b and
+//       of p, each a product and a reduction 3e, and split's gradient concatenated 2e = 8e. Not
+//       replayed by moe_act (it follows the down projection).
+// Not counted: the attention output's bias, added unfused where Megatron-Bridge's GPT-OSS sets
+// bias_dropout_fusion off (2e forward, a reduction e backward, per T_n·h); each local expert's
+// own launches (one overhead per op); the host's synchronisation of the all-to-all dispatcher.
+// Only the routed experts are affected (GPT-OSS has no shared or dense MLP); MLA's rotary, the
+// eager kernels (Note [eager kernels]) and the local ones (Note [local kernels]: no TEGroupedMLP)
+// keep their counts.
 //
 // Note [norm backward passes]: a norm's backward computes the input gradient (per row: reads x
 // and dy, writes dx) and the weight's (and bias's) gradient (per column: a sum over the rows of
