@@ -230,7 +230,7 @@ void mlp_block(const ModelSpec& m, const Dims& d, Gemm&& gemm, Kernels&& kernels
   const double e = d.e;  // SwiGLU eager: silu and the product apart (Note [eager kernels])
   if (gated && megatron_routed && m.glu_clamp > 0)
     memory2("glu-clamp", "glu-clamp.backward", 8 * e * tokens * double(f),
-            10 * e * tokens * double(f));
+            (11 * e + 8) * tokens * double(f));
   if (gated)
     kernels(n.act, n.act_backward, tokens * double(f), ElementBytes{3 * e, 4.5 * e},
             ElementBytes{5 * e, 9 * e});
@@ -292,7 +292,7 @@ void layer_forward(const ModelSpec& m, const OperatorSetup& s, const Dims& d, Bu
     if (s.kernels == Kernels::fused && !m.is_mla() &&
         m.rotary_attention_scale != 1.0)  // Note [GPT-OSS kernels]
       memory2("rotary", "rotary.backward", 12 * d.e * double(d.T) * width,
-              10 * d.e * double(d.T) * width);
+              14 * d.e * double(d.T) * width);
     else
       kernels("rotary", "rotary.backward", double(d.T) * width, {2 * d.e, 3 * d.e},
               {16 + 2 * d.e, 16 + 2 * d.e});

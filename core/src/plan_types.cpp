@@ -119,7 +119,7 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                       "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
                                       "125M-70B; kept aside, nothing fitted)",
                             .runs = "llm-foundry FSDP runs on A100"};
-  const ErrorBand blackwell{.low = 0.94, .median = 1.22, .high = 1.845, .rank_spread = 0.673,
+  const ErrorBand blackwell{.low = 0.94, .median = 1.22, .high = 1.80, .rank_spread = 0.638,
                             .source = "measured / predicted step time of 16 published Megatron-"
                                       "Bridge runs on B200, B300, GB200 and GB300 (26.04.01 "
                                       "performance summary: Llama 3 70B, GPT-OSS 120B, Qwen3 MoE; "

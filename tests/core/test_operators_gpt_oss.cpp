@@ -43,10 +43,13 @@ Seen kernels(const std::vector<Op>& ops) {
 //   rotary on q and k: T·(h_q + h_kv) = 4096·(64·64 + 8·64) = 18,874,368 elements; unfused
 //     (mscale = 0.1·ln 32 + 1 ≠ 1): t·cos 2e + negation e + cat 2e + ·sin 2e + sum 3e + final cat
 //     2e = 12e = 24 B each: 452,984,832; backward ·sin 2e, negation e, chunk's cat 2e, ·cos 2e,
-//     the two gradients summed 3e = 10e: 377,487,360
+//     the empty slice's zero-filled gradient e, two sums of t's three gradients 6e = 14e = 28 B:
+//     528,482,304
 //   routed tokens: 4096 tokens × 4 experts each = 16,384 rows, f = h = 2880: 47,185,920 elements
 //   glu-clamp: two clamps over the f-wide halves 2e + 2e, their cat 4e = 8e = 16 B per element:
-//     754,974,720; backward two clamp gradients 3e + 3e, chunk's cat 4e = 10e: 943,718,400
+//     754,974,720; backward the gate's le (e + 1) and where (1 + 2e), the linear half's ge and le
+//     (e + 1 each), logical_and_ 3 and where (1 + 2e), chunk's cat 4e = 11e + 8 = 30 B:
+//     1,415,577,600
 //   expert-bias (fc2 out, h wide): b·p e, the sum 3e, the cat 2e = 6e: 566,231,040; backward
 //     the gradients of b and p, 3e each, split's cat 2e = 8e: 754,974,720
 TEST(OperatorsGptOss, MegatronCoresKernelsByHand) {
@@ -55,8 +58,8 @@ TEST(OperatorsGptOss, MegatronCoresKernelsByHand) {
   EXPECT_EQ(m.glu_clamp, 7.0);
   const Seen s = kernels(layer_ops(m, OperatorSetup{.seq = 4096, .ep = 8}));
   const std::map<std::string, double> want{
-      {"rotary", 452984832.0},          {"rotary.backward", 377487360.0},
-      {"glu-clamp", 754974720.0},       {"glu-clamp.backward", 943718400.0},
+      {"rotary", 452984832.0},          {"rotary.backward", 528482304.0},
+      {"glu-clamp", 754974720.0},       {"glu-clamp.backward", 1415577600.0},
       {"expert-bias", 566231040.0},     {"expert-bias.backward", 754974720.0}};
   EXPECT_EQ(s.bytes, want);
   for (const char* k : {"glu-clamp", "glu-clamp.backward", "expert-bias", "expert-bias.backward"})

@@ -83,15 +83,19 @@
 //       (models/common/embeddings/rope_utils.py) on q and k: t·cos 2e, rotate_half's negation e
 //       and concatenation 2e, ·sin 2e, the sum 3e, the final cat with the empty pass-through 2e =
 //       12e forward (fused 2e); backward ·sin 2e, the negation e, chunk's gradient concatenated
-//       2e, ·cos 2e, the two gradients of t summed 3e = 10e (fused 3e). The full-width slice is a
-//       view (PyTorch skips a slice of the whole dimension); cos and sin of the [s, d] table are
-//       not counted (no head dimension).
+//       2e, ·cos 2e, the empty pass-through slice's gradient (slice_backward: a zero fill of t's
+//       shape) e, and t's three gradients summed in two adds 6e = 14e (fused 3e). The full-width
+//       slice is an alias (PyTorch skips a slice of the whole dimension); cos and sin of the
+//       [s, d] table are not counted (no head dimension).
 //   the GLU's clamp (ModelSpec::glu_clamp): weighted_bias_quick_geglu_impl
 //       (fusions/fused_bias_geglu.py) clamps the gate and linear halves of fc1's output and
 //       concatenates them before the compiled GLU kernel: per element of the f-wide output, two
-//       clamps 2e each and the cat 4e = 8e forward; backward each clamp's gradient reads the
-//       gradient and its input and writes 3e, and chunk's gradient concatenates the halves 4e =
-//       10e. Inside moe_act's checkpoint, so replayed with the activation.
+//       clamps 2e each and the cat 4e = 8e forward; backward autograd's clamp_backward, where(mask,
+//       grad, 0) with 1-byte masks: the gate's le e + 1 and where 1 + 2e, the linear half's ge and
+//       le e + 1 each, logical_and_ 3 and where 1 + 2e, then chunk's gradient concatenates the
+//       halves 4e = 11e + 8. Inside moe_act's checkpoint, so replayed with the activation.
+//   The three counts were checked op by op with PyTorch's profiler on the same code (aten ops of
+//   forward and backward, Debian's python3-torch 1.13 on the CPU).
 //   the experts' fc2 bias (linear_bias or expert_bias on a MoE model): TEGroupedMLP's fc2 skips
 //       the bias add (fc1's runs in the grouped GEMM's epilogue) and _apply_bias adds t + b·p per
 //       local expert (transformer/moe/experts.py): b·p e, the sum 3e, the concatenation 2e = 6e

@@ -323,11 +323,11 @@ struct PlanEval {
 //     (the default plan, a 7B on 8 A100s with ZeRO-3, printed 85 % MFU beside it).
 //   B200 / B300 / GB200 / GB300 (kept aside, tests/validation/test_published_bridge.cpp: NVIDIA
 //     Megatron-Bridge's 26.04.01 performance summary, the 16 Blackwell rows tally can express —
-//     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 0.94 to 1.84,
-//     median 1.22; within one system's table up to 67.2 % apart (B300: GPT-OSS's BF16 MoE row
-//     1.74 beside Qwen3 30B-A3B's MXFP8 1.04; GPT-OSS's own kernels counted, Note [GPT-OSS
+//     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 0.94 to 1.80,
+//     median 1.22; within one system's table up to 63.7 % apart (B300: GPT-OSS's BF16 MoE row
+//     1.71 beside Qwen3 30B-A3B's MXFP8 1.04; GPT-OSS's own kernels counted, Note [GPT-OSS
 //     kernels] in operators.hpp). The same tables'
-//     3 H100 rows read 0.92-1.57, inside the Hopper band's range but for its low end (0.92 < 1.12):
+//     3 H100 rows read 0.92-1.54, inside the Hopper band's range but for its low end (0.92 < 1.12):
 //     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
 //   any other GPU (a cluster file, a calibrated host): no published run checks it; the band of
 //     the newest generation checked by torchtitan (H100 / H200), said so in its source.
