@@ -94,8 +94,6 @@
 //       grad, 0) with 1-byte masks: the gate's le e + 1 and where 1 + 2e, the linear half's ge and
 //       le e + 1 each, logical_and_ 3 and where 1 + 2e, then chunk's gradient concatenates the
 //       halves 4e = 11e + 8. Inside moe_act's checkpoint, so replayed with the activation.
-//   The three counts were checked op by op with PyTorch's profiler on the same code (aten ops of
-//   forward and backward, Debian's python3-torch 1.13 on the CPU).
 //   the experts' fc2 bias (linear_bias or expert_bias on a MoE model): TEGroupedMLP's fc2 skips
 //       the bias add (fc1's runs in the grouped GEMM's epilogue) and _apply_bias adds t + b·p per
 //       local expert (transformer/moe/experts.py): b·p e, the sum 3e, the concatenation 2e = 6e
@@ -103,6 +101,8 @@
 //       the router's dtype, so the closing .to() moves nothing); backward the gradients of b and
 //       of p, each a product and a reduction 3e, and split's gradient concatenated 2e = 8e. Not
 //       replayed by moe_act (it follows the down projection).
+// The three counts were checked op by op with PyTorch's profiler on the same Python (the aten
+// ops of forward and backward; Debian's python3-torch 1.13 on the CPU).
 // Not counted: the attention output's bias, added unfused where Megatron-Bridge's GPT-OSS sets
 // bias_dropout_fusion off (2e forward, a reduction e backward, per T_n·h); each local expert's
 // own launches (one overhead per op); the host's synchronisation of the all-to-all dispatcher.
