@@ -169,7 +169,7 @@ void run_compare(const PlanOptions& o, const Answers& answers) {
     base.dp = int(req.gpus / mp);
   }
   if (!o.pp_layers.empty()) {  // any split: every stage's layers (core/pipeline.hpp)
-    check_stage_list(o.pp_layers, int(req.model.layers), o.pp);
+    check_stage_list(o.pp_layers, int(req.model.layers), o.pp, o.interleave);
     base.stage_layer_list = std::make_shared<const std::vector<int>>(o.pp_layers);
   }
   if (o.grad_accum) {
@@ -366,7 +366,8 @@ void register_compare(CLI::App& app, const Answers& answers) {
   cmd->add_option("--interleave", o->interleave, "base pipeline chunks")->check(CLI::Range(1, 64));
   cmd->add_option("--pp-layers", o->pp_layers,
                   "base layers per pipeline stage, comma-separated, e.g. 7,8,8,…,8,7 (default: the "
-                  "planner's split — even, or end stages lightened by the embedding and head)")
+                  "planner's split — even, or end stages lightened by the embedding and head); "
+                  "with --interleave v, pp·v entries: every virtual stage's layers in model order")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--sp", o->sp, "base uses sequence parallelism");

@@ -16,7 +16,7 @@ nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
   const Layout& l = e.layout;
   std::vector<int> stages;
   for (int s = 0; s < l.pp; ++s) stages.push_back(l.layers_on_stage(int(model_layers), s));
-  return {{"dp", l.dp},
+  nlohmann::json j = {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
@@ -63,6 +63,11 @@ nlohmann::json eval_json(const PlanEval& e, std::int64_t model_layers) {
           {"mfu", e.mfu},
           {"scaling_efficiency", e.efficiency},
           {"wall", std::string(to_string(e.wall))}};
+  // Interleaved with an explicit split: every virtual stage's layers as well, in model order
+  // (Note [uneven virtual stages]); `stage_layers` keeps each stage's sum.
+  if (l.interleave > 1 && l.stage_layer_list != nullptr)
+    j["virtual_stage_layers"] = *l.stage_layer_list;
+  return j;
 }
 
 std::string reason_text(const Reason& x, const PlanEval& chosen, SizeUnit u) {

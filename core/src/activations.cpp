@@ -20,7 +20,7 @@ std::string i2s(std::int64_t v) { return std::to_string(v); }
 }  // namespace
 
 int ActivationSetup::layers_on_stage(const ModelSpec& m, int s) const {
-  if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
+  if (stage_layer_list != nullptr) return stage_layer_total(*stage_layer_list, pp, s);
   return layers_of_stage(int(m.layers), pp, first_stage_layers, last_stage_layers, s);
 }
 
@@ -51,11 +51,15 @@ void ActivationSetup::validate(const ModelSpec& m) const {
   const bool uneven =
       first_stage_layers != 0 || last_stage_layers != 0 || stage_layer_list != nullptr;
   if (uneven) {
-    if (interleave != 1)
+    if (interleave != 1 && stage_layer_list == nullptr)
       throw InvalidInput("--interleave = " + i2s(interleave) +
-                         ": uneven pipeline stages need interleave 1");
+                         ": lightened end stages need interleave 1; interleaved, give every " +
+                         "virtual stage's layers (--pp-layers)");
+    if (interleave != 1 && micro_batches % pp != 0)
+      throw InvalidInput("--micro-batches = " + i2s(micro_batches) +
+                         ": the interleaved schedule needs a multiple of --pp = " + i2s(pp));
     if (stage_layer_list != nullptr)
-      check_stage_list(*stage_layer_list, int(m.layers), pp);
+      check_stage_list(*stage_layer_list, int(m.layers), pp, interleave);
     else
       (void)stage_layers(int(m.layers), pp, first_stage_layers, last_stage_layers);  // validates
   } else if (m.layers % (std::int64_t(pp) * interleave) != 0)
@@ -349,9 +353,13 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
   const double p = a.pp, v = a.interleave;
   r.layers_on_stage = double(m.layers) / p;
   // Korthikanti §4.2.3: the first 1F1B stage holds p micro-batches (fewer if m < p); interleaving
-  // with v chunks multiplies that by 1 + (p−1)/(p·v).
+  // with v chunks multiplies that by 1 + (p−1)/(p·v): its warm-up's chunks and the steady
+  // state's one more, never more than the v·m chunks there are (all of them when m = p,
+  // Megatron-LM's all-warm-up case; interleaved_warmup).
   double in_flight = std::min<double>(p, a.micro_batches);
-  if (a.pp > 1 && a.interleave > 1) in_flight *= 1.0 + (p - 1) / (p * v);
+  if (a.pp > 1 && a.interleave > 1)
+    in_flight = std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, 0) + 1.0,
+                         v * a.micro_batches) / v;
   r.in_flight_micro_batches = in_flight;
   r.transformer_bytes = (r.per_layer_bytes * r.layers_on_stage +
                          dense_extra * dense_on_first(int(r.layers_on_stage))) * in_flight;
@@ -378,21 +386,46 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
              a.stage_layer_list != nullptr) {
     // Uneven stages (core/pipeline.hpp stage_layers, validated): stage s holds min(p − s, m)
     // micro-batches of its n_s layers; the middle stages share the rest, extras toward the end.
+    // Interleaved (Note [uneven virtual stages]): the chunks stage s holds at its peak, each
+    // weighing its own layers' bytes (interleaved_peak_held).
+    const bool chunked = a.interleave > 1 && a.stage_layer_list != nullptr;
     std::int64_t first_layer = 0;
-    for (int s = 0; s < a.pp; ++s) {
-      const int n = a.layers_on_stage(m, s);
-      const double held = std::min<double>(a.pp - s, a.micro_batches);
+    // The bytes of one micro-batch's `n` layers starting at model layer first_layer (the dense
+    // leading layers of a MoE model counted where they sit).
+    auto layer_bytes = [&](int n) {
       const double dense = double(std::clamp<std::int64_t>(m.dense_layers - first_layer, 0, n));
       first_layer += n;
-      stage(s, (r.per_layer_bytes * n + dense_extra * dense) * held +
-                   (s == 0 ? r.embedding_bytes : 0.0));
+      return r.per_layer_bytes * n + dense_extra * dense;
+    };
+    std::vector<double> chunk_bytes;  // per virtual stage, in model order
+    if (chunked)
+      for (const int n : *a.stage_layer_list) chunk_bytes.push_back(layer_bytes(n));
+    double stage0_held = 0;
+    for (int s = 0; s < a.pp; ++s) {
+      double held = 0;
+      if (chunked) {
+        std::vector<double> mine;
+        for (std::size_t j = std::size_t(s); j < chunk_bytes.size(); j += std::size_t(a.pp))
+          mine.push_back(chunk_bytes[j]);
+        held = interleaved_peak_held(mine, a.pp, a.micro_batches, s);
+      } else {
+        held = layer_bytes(a.layers_on_stage(m, s)) * std::min<double>(a.pp - s, a.micro_batches);
+      }
+      if (s == 0) stage0_held = held;
+      stage(s, held + (s == 0 ? r.embedding_bytes : 0.0));
     }
     r.layers_on_stage = a.layers_on_stage(m, 0);
-    r.transformer_bytes = (r.per_layer_bytes * r.layers_on_stage +
-                           dense_extra * dense_on_first(int(r.layers_on_stage))) * in_flight;
+    r.transformer_bytes = stage0_held;
   } else {
     stage(0, r.transformer_bytes + r.embedding_bytes);
-    stage(last, r.per_layer_bytes * r.layers_on_stage);  // one micro-batch in flight
+    // The last stage: one micro-batch in flight under 1F1B; interleaved, its warm-up's (v − 1)·p
+    // chunk-forwards and the steady state's one more (never more than the v·m there are).
+    const double last_held =
+        a.pp > 1 && a.interleave > 1
+            ? std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, last) + 1.0,
+                       v * a.micro_batches) / v
+            : 1.0;
+    stage(last, r.per_layer_bytes * r.layers_on_stage * last_held);
   }
   r.loss_phase_bytes = last_saved + r.output_bytes;
   r.blocks_phase_bytes = fullest + r.layer_backward_bytes;

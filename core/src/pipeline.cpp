@@ -146,10 +146,8 @@ std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule
     }
     // 1F1B is the interleaved schedule at v = 1: warm-up (P − s − 1)·2 there is P − s − 1 here.
     const int total = v * M;
-    const int warm =
-        schedule == PipelineSchedule::one_f_one_b
-            ? std::min(P - s - 1, M)
-            : (M == P ? total : std::min((P - s - 1) * 2 + (v - 1) * P, total));
+    const int warm = schedule == PipelineSchedule::one_f_one_b ? std::min(P - s - 1, M)
+                                                               : interleaved_warmup(P, M, v, s);
     for (int k = 0; k < warm; ++k) ops.push_back(interleaved_op(K::forward, k, P, v));
     for (int k = 0; k < total - warm; ++k) {
       ops.push_back(interleaved_op(K::forward, warm + k, P, v));
@@ -158,6 +156,29 @@ std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule
     for (int k = total - warm; k < total; ++k) ops.push_back(interleaved_op(K::backward, k, P, v));
   }
   return out;
+}
+
+int interleaved_warmup(int P, int M, int v, int s) {
+  return std::min((P - s - 1) * 2 + (v - 1) * P, v * M);
+}
+
+double interleaved_peak_held(const std::vector<double>& chunk_weight, int P, int M, int s) {
+  const int v = int(chunk_weight.size());
+  require_int(v >= 1, "interleave", v, "must be >= 1");
+  require_int(P >= 1 && M >= 1 && M % P == 0, "micro_batches", M,
+              "must be a multiple of stages = " + std::to_string(P));
+  require_int(s >= 0 && s < P, "stage", s, "must be in [0, stages)");
+  const int total = v * M, warm = interleaved_warmup(P, M, v, s);
+  auto weight = [&](PipelineOpKind kind, int k) {
+    return chunk_weight[std::size_t(interleaved_op(kind, k, P, v).chunk)];
+  };
+  double held = 0, peak = 0;
+  for (int k = 0; k < warm; ++k) peak = std::max(peak, held += weight(PipelineOpKind::forward, k));
+  for (int k = 0; k < total - warm; ++k) {  // steady state: one forward, then one backward
+    peak = std::max(peak, held += weight(PipelineOpKind::forward, warm + k));
+    held -= weight(PipelineOpKind::backward, k);
+  }
+  return peak;  // the remaining backwards only release
 }
 
 int peak_in_flight(const std::vector<PipelineOp>& stage_ops) {
@@ -174,17 +195,20 @@ int peak_in_flight(const std::vector<PipelineOp>& stage_ops) {
 // We sweep the stages repeatedly, advancing each as far as its dependencies allow. A sweep that
 // advances no stage would mean the schedule deadlocks: an invariant (every schedule above is
 // deadlock-free; tests/core/test_pipeline.cpp checks it for many P, M, v).
-double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
-                                  const std::vector<double>& backward_s, int M, int v) {
+namespace {
+
+// Virtual stage j = chunk j div P of stage j mod P takes forward_s[j] / backward_s[j].
+double simulate_chunk_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
+                               const std::vector<double>& backward_s, int P, int M) {
   require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
               std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
-  for (std::size_t s = 0; s < forward_s.size(); ++s) {
-    require_real(std::isfinite(forward_s[s]) && forward_s[s] > 0, "forward_s", forward_s[s],
+  for (std::size_t j = 0; j < forward_s.size(); ++j) {
+    require_real(std::isfinite(forward_s[j]) && forward_s[j] > 0, "forward_s", forward_s[j],
                  "must be > 0 s");
-    require_real(std::isfinite(backward_s[s]) && backward_s[s] > 0, "backward_s", backward_s[s],
+    require_real(std::isfinite(backward_s[j]) && backward_s[j] > 0, "backward_s", backward_s[j],
                  "must be > 0 s");
   }
-  const int P = int(forward_s.size());
+  const int v = int(forward_s.size()) / P;
   const auto order = pipeline_schedule(schedule, P, M, v);
   const int V = P * v;  // virtual stages; chunk c of stage s is virtual stage c·P + s
   constexpr double kPending = -1.0;
@@ -206,7 +230,7 @@ double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<d
           ready = j == V - 1 ? fwd_done[j][op.micro_batch] : bwd_done[j + 1][op.micro_batch];
         if (ready == kPending) break;
         const double start = std::max(ready, free_at[s]);
-        free_at[s] = start + (op.kind == PipelineOpKind::backward ? backward_s[s] : forward_s[s]) / v;
+        free_at[s] = start + (op.kind == PipelineOpKind::backward ? backward_s[j] : forward_s[j]);
         (op.kind == PipelineOpKind::backward ? bwd_done : fwd_done)[j][op.micro_batch] = free_at[s];
         ++next[s];
         --remaining;
@@ -216,6 +240,35 @@ double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<d
     TALLY_INVARIANT(progressed);
   }
   return *std::max_element(free_at.begin(), free_at.end());
+}
+
+}  // namespace
+
+double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
+                                  const std::vector<double>& backward_s, int M, int v) {
+  require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
+              std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
+  require_int(v >= 1, "interleave", v, "must be >= 1");
+  // Every chunk of a stage takes 1/v of the stage's time.
+  const std::size_t P = forward_s.size();
+  std::vector<double> f(P * std::size_t(v)), b(P * std::size_t(v));
+  for (std::size_t j = 0; j < f.size(); ++j) {
+    f[j] = forward_s[j % P] / v;
+    b[j] = backward_s[j % P] / v;
+  }
+  return simulate_chunk_makespan(schedule, f, b, int(P), M);
+}
+
+double simulate_virtual_stage_makespan(const std::vector<double>& forward_s,
+                                       const std::vector<double>& backward_s, int stages, int M) {
+  require_int(stages >= 1, "stages", stages, "must be >= 1");
+  require_int(!forward_s.empty() && forward_s.size() % std::size_t(stages) == 0, "virtual stages",
+              std::int64_t(forward_s.size()),
+              "must be a multiple of stages = " + std::to_string(stages));
+  return simulate_chunk_makespan(forward_s.size() == std::size_t(stages)
+                                     ? PipelineSchedule::one_f_one_b
+                                     : PipelineSchedule::interleaved,
+                                 forward_s, backward_s, stages, M);
 }
 
 double simulate_1f1b_makespan(const std::vector<double>& forward_s,
@@ -283,17 +336,31 @@ double pipeline_makespan(const std::vector<StageRun>& runs, int micro_batches, i
   return makespan;
 }
 
-void check_stage_list(const std::vector<int>& list, int layers, int stages) {
-  if (int(list.size()) != stages)
+void check_stage_list(const std::vector<int>& list, int layers, int stages, int interleave) {
+  if (interleave > 1 && std::int64_t(list.size()) != std::int64_t(stages) * interleave)
+    throw InvalidInput("--pp-layers: " + std::to_string(list.size()) +
+                       " entries given for --pp = " + std::to_string(stages) +
+                       " × --interleave = " + std::to_string(interleave) +
+                       ": give each of the " + std::to_string(std::int64_t(stages) * interleave) +
+                       " virtual stages' layers, in model order");
+  if (interleave <= 1 && int(list.size()) != stages)
     throw InvalidInput("--pp-layers: " + std::to_string(list.size()) + " stages given for --pp = " +
                        std::to_string(stages));
+  // Interleaved, a virtual stage may hold no layer (Megatron-Core's slot split of 126 layers over
+  // 16 × 8 virtual stages leaves the first the embedding and the last the loss), a stage not.
   long long sum = 0;
   for (std::size_t s = 0; s < list.size(); ++s) {
-    if (list[s] < 1)
-      throw InvalidInput("--pp-layers: stage " + std::to_string(s) + " holds " +
-                         std::to_string(list[s]) + " layers: every stage needs >= 1");
+    if (list[s] < (interleave > 1 ? 0 : 1))
+      throw InvalidInput("--pp-layers: " + std::string(interleave > 1 ? "virtual " : "") +
+                         "stage " + std::to_string(s) + " holds " + std::to_string(list[s]) +
+                         " layers: every " + (interleave > 1 ? "virtual stage needs >= 0"
+                                                             : "stage needs >= 1"));
     sum += list[s];
   }
+  for (int s = 0; interleave > 1 && s < stages; ++s)
+    if (stage_layer_total(list, stages, s) < 1)
+      throw InvalidInput("--pp-layers: stage " + std::to_string(s) +
+                         "'s virtual stages hold no layer: every stage needs >= 1");
   if (sum != layers)
     throw InvalidInput("--pp-layers: the stages hold " + std::to_string(sum) +
                        " layers; the model has " + std::to_string(layers));

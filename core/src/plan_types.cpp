@@ -17,14 +17,15 @@ void Layout::stage_runs(int model_layers, std::vector<LayerRun>& out) const {
     return;
   }
   out.clear();
-  const std::vector<int>& list = *stage_layer_list;
-  for (std::size_t s = 0; s < list.size(); ++s) {
-    // A middle stage joins the run of the middle stage before it when their layers match.
-    const bool middle_after_middle = s >= 2 && s + 1 < list.size();
-    if (middle_after_middle && out.back().layers == list[s])
+  for (int s = 0; s < pp; ++s) {
+    // Interleaved, a stage's layers are its chunks' (Note [uneven virtual stages]). A middle
+    // stage joins the run of the middle stage before it when their layers match.
+    const int n = stage_layer_total(*stage_layer_list, pp, s);
+    const bool middle_after_middle = s >= 2 && s + 1 < pp;
+    if (middle_after_middle && out.back().layers == n)
       ++out.back().stages;
     else
-      out.push_back({.layers = list[s], .stages = 1});
+      out.push_back({.layers = n, .stages = 1});
   }
 }
 
@@ -39,7 +40,7 @@ std::string Layout::describe() const {
                   " × PP " + std::to_string(pp);
   if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
   if (stage_layer_list != nullptr) {
-    s += " (stages";
+    s += interleave > 1 ? " (virtual stages" : " (stages";
     for (std::size_t i = 0; i < stage_layer_list->size(); ++i)
       s += (i == 0 ? " " : ",") + std::to_string((*stage_layer_list)[i]);
     s += " layers)";
@@ -109,8 +110,8 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                  "figures on A100 (Korthikanti 2022 Tables 4-5, Narayanan 2021 "
                                  "Table 1)",
                        .runs = "Megatron-LM runs on A100"};
-  const ErrorBand hopper{.low = 1.11, .median = 1.48, .high = 1.85, .rank_spread = 0.368,
-                         .source = "measured / predicted step time of 19 published torchtitan "
+  const ErrorBand hopper{.low = 1.11, .median = 1.50, .high = 1.85, .rank_spread = 0.368,
+                         .source = "measured / predicted step time of 20 published torchtitan "
                                    "runs on H100 and H200 (Llama 3.1 8B-405B, Dec 2024 and June "
                                    "2025 tables; kept aside, nothing fitted)",
                          .runs = "torchtitan runs on H100/H200"};
@@ -119,11 +120,12 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                       "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
                                       "125M-70B; kept aside, nothing fitted)",
                             .runs = "llm-foundry FSDP runs on A100"};
-  const ErrorBand blackwell{.low = 0.94, .median = 1.22, .high = 1.80, .rank_spread = 0.638,
-                            .source = "measured / predicted step time of 16 published Megatron-"
+  const ErrorBand blackwell{.low = 0.94, .median = 1.14, .high = 1.80, .rank_spread = 0.793,
+                            .source = "measured / predicted step time of 24 published Megatron-"
                                       "Bridge runs on B200, B300, GB200 and GB300 (26.04.01 "
-                                      "performance summary: Llama 3 70B, GPT-OSS 120B, Qwen3 MoE; "
-                                      "FP8, MXFP8, NVFP4, BF16; kept aside, nothing fitted)",
+                                      "performance summary: Llama 3 70B and 3.1 405B, GPT-OSS "
+                                      "120B, Qwen3 MoE; FP8, MXFP8, NVFP4, BF16; kept aside, "
+                                      "nothing fitted)",
                             .runs = "Megatron-Bridge runs on B200/B300/GB200/GB300"};
   const std::string_view name = gpu.name;
   if (name.starts_with("b200") || name.starts_with("b300") || name.starts_with("gb200") ||
@@ -134,7 +136,7 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
   if (name.starts_with("h100") || name.starts_with("h200")) return hopper;
   ErrorBand nearest = hopper;  // a cluster file's GPU, a calibrated host
   nearest.source = "no published run checks this GPU: the band of the newest generation checked, "
-                   "19 torchtitan runs on H100 and H200 (kept aside, nothing fitted)";
+                   "20 torchtitan runs on H100 and H200 (kept aside, nothing fitted)";
   nearest.runs = "no published run on this GPU; torchtitan runs on H100/H200";
   return nearest;
 }

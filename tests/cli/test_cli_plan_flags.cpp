@@ -59,6 +59,33 @@ TEST(Cli, CompareTakesPipelineStageLayers) {
   EXPECT_EQ(tally(base + " --pp-layers 8,8").rc, 2);  // 2 stages for --pp 16
 }
 
+// Interleaved, --pp-layers names every virtual stage (Note [uneven virtual stages]): torchtitan's
+// Llama 3.1 405B run put 126 layers on 8 stages × 2 chunks as 7, 8, …, 8, 7. The plan JSON keeps
+// each stage's sum in stage_layers and the list itself in virtual_stage_layers; the interleaved
+// bubble is smaller than the same stages' 1F1B. Per-stage entries for --interleave 2 are refused
+// with one line saying how many entries it takes.
+TEST(Cli, CompareTakesVirtualStageLayers) {
+  const std::string base =
+      "compare --model llama-3.1-405b --gpu h100-80g --gpus 512 --global-batch 256 --seq 8192 "
+      "--tp 8 --pp 8 --sp --zero 1 --micro-batch 1 --recompute full";
+  const auto r = tally(base + " --interleave 2 --pp-layers 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto e = json_of(r)["options"][0]["eval"];
+  ASSERT_TRUE(e.is_object()) << json_of(r)["options"][0];
+  EXPECT_EQ(e["stage_layers"], (std::vector<int>{15, 16, 16, 16, 16, 16, 16, 15}));
+  EXPECT_EQ(e["virtual_stage_layers"].size(), 16u);
+  EXPECT_EQ(e["virtual_stage_layers"][0], 7);
+  const auto flat = json_of(tally(base + " --pp-layers 15,16,16,16,16,16,16,15 --json"));
+  const auto f = flat["options"][0]["eval"];
+  EXPECT_FALSE(f.contains("virtual_stage_layers"));
+  EXPECT_LT(e["bubble_seconds"].get<double>(), f["bubble_seconds"].get<double>());
+  const auto bad = tally(base + " --interleave 2 --pp-layers 15,16,16,16,16,16,16,15");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--pp-layers"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("16 virtual stages"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
 // A choice flag given a value outside its list: exit 2 and one line naming the flag, the value and
 // the allowed names.
 void expect_choice_error(const std::string& command, const std::string& flag,

@@ -301,9 +301,13 @@ TEST(PipelineSchedule, InterleavedMatchesMegatronByHand) {
   const auto s = pipeline_schedule(PipelineSchedule::interleaved, 2, 4, 2);
   EXPECT_EQ(str(s[0]), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
   EXPECT_EQ(str(s[1]), "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
-  // M = P: Megatron runs every forward first.
+  // M = P: the warm-up rule holds as it is (Megatron-Core core_r0.17.0 and PyTorch's
+  // ScheduleInterleaved1F1B): stage 1 warms up (2−1−1)·2 + 2 = 2 forwards; stage 0's
+  // (2−0−1)·2 + 2 = 4 are all v·M = 4. (Megatron-LM of 2021 ran every forward first on every
+  // stage when M = P: stage 1 would read F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1.)
   const auto t = pipeline_schedule(PipelineSchedule::interleaved, 2, 2, 2);
-  EXPECT_EQ(str(t[1]), "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1");
+  EXPECT_EQ(str(t[0]), "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1");
+  EXPECT_EQ(str(t[1]), "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1");
   // P = 4, v = 2, M = 8 (the shape of Narayanan et al. 2021 Fig. 4, bottom): stage 0 warms up
   // 3·2 + 4 = 10 forwards — chunk 0 of micro-batches 0–3, chunk 1 of 0–3, chunk 0 of 4 and 5 —
   // then the steady state's first forward (chunk 0 of 6) and its first backward (chunk 1 of 0).
@@ -348,14 +352,11 @@ TEST(PipelineSchedule, PropertiesOverManyShapes) {
           }
           // Deadlock-free: the simulation settles every operation (else an invariant fires).
           // Equal stages (t_b = 2 t_f) give the closed form (v·M + P − 1)·(t_f + t_b)/v of
-          // bubble() (Narayanan et al. 2021 eq. 1 and §2.2.2); the interleaved schedule at M = P
-          // runs every forward first and is left out.
+          // bubble() (Narayanan et al. 2021 eq. 1 and §2.2.2), M = P included.
           const double makespan = simulate_pipeline_makespan(
               kind, std::vector<double>(std::size_t(P), 1.0), std::vector<double>(std::size_t(P), 2.0),
               M, v);
-          if (kind != PipelineSchedule::interleaved || M > P || P == 1) {
-            EXPECT_NEAR(makespan, 3.0 * (v * M + P - 1) / v, 1e-9);
-          }
+          EXPECT_NEAR(makespan, 3.0 * (v * M + P - 1) / v, 1e-9);
         }
   EXPECT_EQ(peak_in_flight(pipeline_schedule(PipelineSchedule::one_f_one_b, 8, 16)[0]), 8);
 }

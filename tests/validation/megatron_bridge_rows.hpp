@@ -97,8 +97,9 @@ inline Recompute bridge_recompute(const nlohmann::json& recipe) {
 // the planner's choose_split does not move layers the run did not move): even, or with
 // account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split (Llama 3.1 405B,
 // Qwen3 235B): the embedding and the loss each take one layer's slot, (L + 2) / (pp·v) slots per
-// virtual stage, so the first stage holds one layer fewer and the last one fewer. Empty for an
-// even split that tally's interleaved schedule takes as it is (v > 1) and for pp = 1.
+// virtual stage, so the first virtual stage holds one layer fewer and the last one fewer. With
+// v > 1 the list names every virtual stage, in model order (Note [uneven virtual stages]). Empty
+// for an even split that tally's interleaved schedule takes as it is (v > 1) and for pp = 1.
 inline std::vector<int> bridge_stage_layers(const nlohmann::json& run, std::int64_t layers) {
   const int pp = run["pp"], v = bridge_int(run["vp"], 1);
   if (pp == 1) return {};
@@ -108,7 +109,7 @@ inline std::vector<int> bridge_stage_layers(const nlohmann::json& run, std::int6
   if (total % chunks != 0)
     throw InvalidInput(std::to_string(total) + " layer slots do not split evenly over pp·vp = " +
                        std::to_string(chunks) + " stages");
-  std::vector<int> per(std::size_t(pp), int(total / pp));
+  std::vector<int> per(std::size_t(chunks), int(total / chunks));
   if (slots) {
     per.front() -= 1;  // the embedding's slot
     per.back() -= 1;   // the loss's slot
@@ -123,11 +124,12 @@ inline std::vector<int> bridge_stage_layers(const nlohmann::json& run, std::int6
 // TE's fused kernels and fused cross-entropy; dropless balanced routing (capacity factor 1, the
 // page's footnote); fp8 current scaling keeps no amax history (memory only); fp8 parameters
 // (Note [fp8 parameters]) where the recipe's precision config sets fp8_param_gather — fp8_cs and
-// fp8_mx, not nvfp4 (src/megatron/bridge/training/mixed_precision.py at the same commit).
+// fp8_mx, not nvfp4 (src/megatron/bridge/training/mixed_precision.py at the same commit); the
+// parameter all-gather's overlap off where the recipe records overlap_param_gather False.
 inline PlanRequest bridge_request(const nlohmann::json& run) {
   const auto& rc = run["recipe"];
   const Precision p = bridge_precision(run["precision"]);
-  return PlanRequest{.model = *model_preset(*bridge_model_preset(run["model"])),
+  PlanRequest q{.model = *model_preset(*bridge_model_preset(run["model"])),
                      .cluster = *cluster_preset(bridge_cluster(run["system"])),
                      .gpus = run["gpus"], .global_batch = run["gbs"], .seq = run["seq"],
                      .precision = p, .optimizer = Optimizer::adamw,
@@ -137,6 +139,10 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
                      .fp8_param_gather = rc["precision_recipe"] == "fp8_cs" ||
                                          rc["precision_recipe"] == "fp8_mx",
                      .loss = Loss::fused, .kernels = Kernels::fused};
+  // Recorded where a recipe turns it off (Llama 3.1 405B GB200 NVFP4:
+  // disable_param_gather_overlap).
+  q.overlap_param_gather = rc.value("overlap_param_gather", true);
+  return q;
 }
 
 // The layout: the row's TP, PP, CP, VP and EP; DP the rest; SP with TP (the perf configs'

@@ -152,9 +152,10 @@ struct ActivationSetup {
   double lora_rank_width = 0;
   bool lora_dropout = false;
   // Layers of the first and last pipeline stage (core/pipeline.hpp stage_layers); 0 = the even
-  // split L/p (which needs p·v | L). Uneven stages need interleave 1.
+  // split L/p (which needs p·v | L). These two need interleave 1.
   int first_stage_layers = 0, last_stage_layers = 0;
-  // Or every stage's layers (core/pipeline.hpp check_stage_list); not owned; overrides the two.
+  // Or every stage's layers (core/pipeline.hpp check_stage_list; interleaved, every virtual
+  // stage's, Note [uneven virtual stages]); not owned; overrides the two.
   const std::vector<int>* stage_layer_list = nullptr;
   void validate(const ModelSpec& m) const;
   int layers_on_stage(const ModelSpec& m, int s) const;  // after validate

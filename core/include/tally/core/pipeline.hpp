@@ -70,8 +70,11 @@ double simulate_1f1b_makespan(const std::vector<double>& forward_s,
 //                forward_backward_pipelining_with_interleaving runs it: v·M chunk-operations per
 //                direction; forward k runs chunk (k mod P·v) div P of micro-batch (k div P·v)·P +
 //                k mod P, backward k the chunk v − 1 − that; min((P − s − 1)·2 + (v − 1)·P, v·M)
-//                warm-up forwards (all v·M when M = P), then 1F1B, then the remaining backwards.
-//                M must be a multiple of P.
+//                warm-up forwards, then 1F1B, then the remaining backwards. M must be a multiple
+//                of P. The warm-up is Megatron-Core's (core_r0.17.0, schedules.py
+//                get_pp_rank_microbatches) and PyTorch's ScheduleInterleaved1F1B's
+//                (get_rank_warmup_ops); Megatron-LM of 2021 ran every forward first on every stage
+//                when M = P, which stage 0 does anyway (its warm-up reaches v·M there).
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
 std::string_view to_string(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved"
 
@@ -101,6 +104,12 @@ int peak_in_flight(const std::vector<PipelineOp>& stage_ops);
 double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
                                   const std::vector<double>& backward_s, int micro_batches,
                                   int interleave = 1);
+// The same with each virtual stage's own times (Note [uneven virtual stages]): stages·v entries
+// in model order, virtual stage j (chunk j div P of stage j mod P) taking forward_s[j] and
+// backward_s[j]; interleaved for v > 1, 1F1B for v = 1.
+double simulate_virtual_stage_makespan(const std::vector<double>& forward_s,
+                                       const std::vector<double>& backward_s, int stages,
+                                       int micro_batches);
 
 // Makespan of M micro-batches through stages of per-micro-batch time t_s (forward + backward):
 // a lower bound that holds each stage to its fill, drain and round-trip waits (Note [uneven stages]
@@ -126,7 +135,32 @@ double pipeline_makespan(const std::vector<StageRun>& runs, int micro_batches, i
 std::vector<int> stage_layers(int layers, int stages, int first = 0, int last = 0);
 // An explicit split of any shape (`tally compare --pp-layers 5,6,6,…,5`): `stages` entries, each
 // >= 1, summing to the model's layers. Throws InvalidInput naming --pp-layers otherwise.
-void check_stage_list(const std::vector<int>& list, int layers, int stages);
+// Interleaved (v > 1): one entry per virtual stage, stages·v of them in model order (Note
+// [uneven virtual stages]).
+void check_stage_list(const std::vector<int>& list, int layers, int stages, int interleave = 1);
+// Note [uneven virtual stages]
+// With v model chunks per stage, a split names every virtual stage: entry j holds virtual stage
+// j's layers, which is chunk j div P of pipeline stage j mod P (Megatron-LM's chunk order, Note
+// [pipeline schedules]). Real runs need it: Megatron-Core's account_for_embedding_in_pipeline_split
+// and account_for_loss_in_pipeline_split count the embedding and the loss as one layer each, so the
+// first and the last virtual stage hold one layer fewer (Llama 3.1 405B: 126 + 2 slots over
+// 8 × 4 virtual stages, 3, 4, …, 4, 3); torchtitan's generate_split_points puts 126 layers on 16
+// virtual stages as 7, 8, …, 8, 7. A stage's time and parameters follow its chunks' sum
+// (stage_layer_total); its activations follow the chunks in flight (interleaved_peak_held).
+// Stage s's layers: the list's entry (v = 1) or its chunks' sum (one entry per virtual stage).
+inline int stage_layer_total(const std::vector<int>& list, int stages, int s) {
+  int n = 0;
+  for (std::size_t j = std::size_t(s); j < list.size(); j += std::size_t(stages)) n += list[j];
+  return n;
+}
+// Chunk-operations stage s runs forward before its first backward in the interleaved schedule
+// (Note [pipeline schedules]): min((P − s − 1)·2 + (v − 1)·P, v·M).
+int interleaved_warmup(int stages, int micro_batches, int interleave, int s);
+// The most stage s holds at once in the interleaved schedule (v > 1, M a multiple of P), each
+// forwarded and not yet backwarded chunk c weighing chunk_weight[c] (its layers, or its saved
+// bytes): the order of pipeline_schedule(interleaved), walked in O(v·M) without building it.
+double interleaved_peak_held(const std::vector<double>& chunk_weight, int stages,
+                             int micro_batches, int s);
 // Stage s's entry of stage_layers(layers, stages, first, last), without allocating (the planner's
 // hot path: inline, so its per-stage loops hoist the divisions); the arguments must already have
 // passed stage_layers' checks.

@@ -249,14 +249,15 @@ struct Layout {
   // them the slowest (Note [planner stages]).
   int first_stage_layers = 0, last_stage_layers = 0;
   // Or any split (`tally compare --pp-layers 5,6,6,…`): every stage's layers, overriding the two
-  // above (core/pipeline.hpp check_stage_list). Shared and immutable so a Layout stays cheap to
-  // copy; the search never sets it.
+  // above (core/pipeline.hpp check_stage_list); interleaved, every virtual stage's (pp·v entries,
+  // Note [uneven virtual stages]). Shared and immutable so a Layout stays cheap to copy; the
+  // search never sets it.
   std::shared_ptr<const std::vector<int>> stage_layer_list;
   bool uneven_stages() const {
     return first_stage_layers != 0 || last_stage_layers != 0 || stage_layer_list != nullptr;
   }
   int layers_on_stage(int model_layers, int s) const {  // pipeline stage s
-    if (stage_layer_list != nullptr) return (*stage_layer_list)[std::size_t(s)];
+    if (stage_layer_list != nullptr) return stage_layer_total(*stage_layer_list, pp, s);
     return layers_of_stage(model_layers, pp, first_stage_layers, last_stage_layers, s);
   }
   // The stages as runs of equal layer counts (core/pipeline.hpp stage_layer_runs: stage 0 and
@@ -311,8 +312,8 @@ struct PlanEval {
 //     scatter/gather], comm.cpp; presets.cpp); what can reorder two plans on one system is the
 //     spread within one published table: at most 10.7 %.
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
-//     tables, 19 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.12 to 1.84, median 1.48 (uncompiled rows with Note [eager kernels], Float8 rows with Note
+//     tables, 20 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
+//     1.12 to 1.84, median 1.50 (uncompiled rows with Note [eager kernels], Float8 rows with Note
 //     [low-precision casts] and Hopper's fp8 GEMM constants) — the model runs much faster than
 //     these runs; within one table up to 36.8 % apart (Table 4: AsyncTP, which tally hides
 //     entirely, gained 6 %).
@@ -322,12 +323,13 @@ struct PlanEval {
 //     within one table up to 55 % apart. The Megatron band above does not cover these layouts
 //     (the default plan, a 7B on 8 A100s with ZeRO-3, printed 85 % MFU beside it).
 //   B200 / B300 / GB200 / GB300 (kept aside, tests/validation/test_published_bridge.cpp: NVIDIA
-//     Megatron-Bridge's 26.04.01 performance summary, the 16 Blackwell rows tally can express —
-//     Llama 3 70B, GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 0.94 to 1.80,
-//     median 1.22; within one system's table up to 63.7 % apart (B300: GPT-OSS's BF16 MoE row
-//     1.71 beside Qwen3 30B-A3B's MXFP8 1.04; GPT-OSS's own kernels counted, Note [GPT-OSS
+//     Megatron-Bridge's 26.04.01 performance summary, the 24 Blackwell rows tally can express —
+//     Llama 3 70B and 3.1 405B (uneven virtual stages, Note [uneven virtual stages] in
+//     pipeline.hpp), GPT-OSS 120B, Qwen3 30B/235B MoE; FP8, MXFP8, NVFP4, BF16): 0.94 to 1.80,
+//     median 1.14; within one system's table up to 79.3 % apart (GB200: GPT-OSS's BF16 MoE row
+//     1.80 beside Llama 3.1 405B's NVFP4 1.00; GPT-OSS's own kernels counted, Note [GPT-OSS
 //     kernels] in operators.hpp). The same tables'
-//     3 H100 rows read 0.92-1.54, inside the Hopper band's range but for its low end (0.92 < 1.12):
+//     5 H100 rows read 0.92-1.54, inside the Hopper band's range but for its low end (0.92 < 1.12):
 //     Megatron-Core's runs are closer to the model than torchtitan's, which set the Hopper band.
 //   any other GPU (a cluster file, a calibrated host): no published run checks it; the band of
 //     the newest generation checked by torchtitan (H100 / H200), said so in its source.

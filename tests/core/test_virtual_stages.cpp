@@ -1,0 +1,221 @@
+// Uneven virtual stages (Note [uneven virtual stages], core/pipeline.hpp): an interleaved split
+// names every virtual stage; a stage's time and parameters follow its chunks' sum, its
+// activations the chunks it holds at once. Expected values are worked by hand from the schedule's
+// rules or computed independently from pipeline_schedule's operation lists.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tally/core/activations.hpp"
+#include "tally/core/pipeline.hpp"
+#include "tally/core/planner.hpp"
+#include "tally/core/presets.hpp"
+
+namespace tally::test_virtual_stages {
+namespace {
+
+// The most stage s holds at once, from the operation list itself: each forward adds its chunk's
+// weight, each backward removes it (an independent count of what interleaved_peak_held walks).
+double held_from_ops(const std::vector<PipelineOp>& ops, const std::vector<double>& w) {
+  double held = 0, peak = 0;
+  for (const PipelineOp& op : ops) {
+    held += (op.kind == PipelineOpKind::forward ? 1 : -1) * w[std::size_t(op.chunk)];
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
+// P = 2, v = 2, M = 4; virtual stages hold 1, 2, 3, 1 layers, so stage 0's chunks hold 1 and 3,
+// stage 1's 2 and 1. Stage 0 runs F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 … (Megatron's
+// order, tests/core/test_pipeline.cpp): 1, 2, 5, 8, 9 layers after its first five forwards, then
+// never more than 9. Stage 1 runs F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 …: 2, 4, 5, 4, 5, 4, 6, 4, 6,
+// … — 6 at most.
+TEST(VirtualStages, PeakHeldByHand) {
+  EXPECT_DOUBLE_EQ(interleaved_peak_held({1, 3}, 2, 4, 0), 9);
+  EXPECT_DOUBLE_EQ(interleaved_peak_held({2, 1}, 2, 4, 1), 6);
+  // M = P: stage 0 forwards all v·M chunks first (its warm-up reaches v·M): 2 × (1 + 3).
+  EXPECT_DOUBLE_EQ(interleaved_peak_held({1, 3}, 2, 2, 0), 8);
+  EXPECT_THROW(interleaved_peak_held({1, 3}, 2, 3, 0), InvalidInput);  // M not a multiple of P
+  EXPECT_THROW(interleaved_peak_held({1, 3}, 2, 4, 2), InvalidInput);  // no stage 2
+}
+
+TEST(VirtualStages, PeakHeldEqualsTheScheduleOverManyShapes) {
+  for (int P = 2; P <= 6; ++P)
+    for (int v = 2; v <= 4; ++v)
+      for (int M = P; M <= 3 * P; M += P) {
+        const auto schedule = pipeline_schedule(PipelineSchedule::interleaved, P, M, v);
+        for (int s = 0; s < P; ++s) {
+          SCOPED_TRACE("P=" + std::to_string(P) + " v=" + std::to_string(v) +
+                       " M=" + std::to_string(M) + " s=" + std::to_string(s));
+          // Equal chunks: the chunk count of peak_in_flight.
+          EXPECT_DOUBLE_EQ(interleaved_peak_held(std::vector<double>(std::size_t(v), 1.0), P, M, s),
+                           peak_in_flight(schedule[std::size_t(s)]));
+          // Unequal chunks: the walk of the operation list.
+          std::vector<double> w;
+          for (int c = 0; c < v; ++c) w.push_back(1.0 + ((c * 7 + s * 3) % 5));
+          EXPECT_DOUBLE_EQ(interleaved_peak_held(w, P, M, s),
+                           held_from_ops(schedule[std::size_t(s)], w));
+        }
+      }
+}
+
+// Megatron-Core's embedding and loss slots for Llama 3.1 405B on pp 8 × vp 4 (126 + 2 = 128 slots,
+// 4 per virtual stage): 3, 4, …, 4, 3; torchtitan's 126 layers on 16 virtual stages: 7, 8, …, 8, 7.
+TEST(VirtualStages, StageTotalsAndChecks) {
+  std::vector<int> slots(32, 4);
+  slots.front() = slots.back() = 3;
+  EXPECT_NO_THROW(check_stage_list(slots, 126, 8, 4));
+  EXPECT_EQ(stage_layer_total(slots, 8, 0), 15);
+  EXPECT_EQ(stage_layer_total(slots, 8, 1), 16);
+  EXPECT_EQ(stage_layer_total(slots, 8, 7), 15);
+  std::vector<int> titan(16, 8);
+  titan.front() = titan.back() = 7;
+  EXPECT_NO_THROW(check_stage_list(titan, 126, 8, 2));
+  EXPECT_EQ(stage_layer_total(titan, 8, 0), 7 + 8);
+  EXPECT_EQ(stage_layer_total(titan, 8, 7), 8 + 7);
+  // v = 1: the entry itself.
+  EXPECT_EQ(stage_layer_total({15, 16, 16, 16, 16, 16, 16, 15}, 8, 1), 16);
+  // Per-stage entries for an interleaved layout are refused with the count asked for.
+  try {
+    check_stage_list({15, 16, 16, 16, 16, 16, 16, 15}, 126, 8, 2);
+    ADD_FAILURE() << "8 entries for 16 virtual stages accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("16 virtual stages"), std::string::npos) << e.what();
+  }
+  titan[3] = 1;
+  EXPECT_THROW(check_stage_list(titan, 126, 8, 2), InvalidInput);  // 127 layers
+  // A virtual stage may hold none (126 + 2 slots over 16 × 8: the first holds only the
+  // embedding, the last only the loss), a stage not, and none holds fewer than none.
+  std::vector<int> one(128, 1);
+  one.front() = one.back() = 0;
+  EXPECT_NO_THROW(check_stage_list(one, 126, 16, 8));
+  EXPECT_EQ(stage_layer_total(one, 16, 0), 7);
+  EXPECT_THROW(check_stage_list({0, 2, 0, 3}, 5, 2, 2), InvalidInput);   // stage 0 holds none
+  EXPECT_THROW(check_stage_list({-1, 2, 1, 3}, 5, 2, 2), InvalidInput);
+  EXPECT_THROW(check_stage_list({0, 5}, 5, 2), InvalidInput);  // v = 1: every stage >= 1
+}
+
+ModelSpec small_gpt(std::int64_t layers) {
+  return ModelSpec{.name = "gpt-small", .hidden = 1024, .layers = layers, .heads = 16,
+                   .kv_heads = 16, .ffn = 4096, .vocab = 32000, .mlp = MlpKind::gelu,
+                   .norm = NormKind::layernorm};
+}
+
+// The activation ledger follows the chunks: 7 layers on virtual stages 1, 2, 3, 1 (P = 2, v = 2,
+// M = 4), full recompute (one 2·s·b·h input kept per layer): stage 0 holds 9 layers' inputs at
+// its peak, stage 1 6 (PeakHeldByHand).
+TEST(VirtualStages, ActivationsFollowTheChunksInFlight) {
+  const ModelSpec m = small_gpt(7);
+  const std::vector<int> list{1, 2, 3, 1};
+  const ActivationSetup a{.seq = 2048, .micro_batch = 1, .pp = 2, .interleave = 2,
+                          .micro_batches = 4, .recompute = Recompute::full,
+                          .dropout = false, .stage_layer_list = &list};
+  const ActivationResult r = activations(m, a);
+  const double input = 2.0 * 2048 * 1024;
+  EXPECT_DOUBLE_EQ(r.per_layer_bytes, input);
+  EXPECT_DOUBLE_EQ(r.transformer_bytes, 9 * input);
+  EXPECT_DOUBLE_EQ(r.layers_on_stage, 4);  // stage 0's chunks: 1 + 3
+  EXPECT_EQ(r.peak_stage, r.peak_phase == BackwardPhase::blocks ? 0 : 1);
+  EXPECT_DOUBLE_EQ(r.blocks_phase_bytes, 9 * input + r.layer_backward_bytes);
+  // The last stage holds 6 layers' inputs when its loss runs.
+  EXPECT_DOUBLE_EQ(r.loss_phase_bytes, 6 * input + r.output_bytes);
+  // An explicit even split equals the implicit one (M > P: Korthikanti's factor).
+  const ModelSpec m8 = small_gpt(8);
+  const std::vector<int> even(4, 2);
+  ActivationSetup e = a;
+  e.micro_batches = 8;
+  e.stage_layer_list = nullptr;
+  const double implicit = activations(m8, e).peak_stage_bytes;
+  e.stage_layer_list = &even;
+  EXPECT_DOUBLE_EQ(activations(m8, e).peak_stage_bytes, implicit);
+  // Refused: per-stage entries for v = 2, and M not a multiple of P.
+  const std::vector<int> per_stage{4, 3};
+  ActivationSetup bad = a;
+  bad.stage_layer_list = &per_stage;
+  EXPECT_THROW(activations(m, bad), InvalidInput);
+  bad = a;
+  bad.micro_batches = 3;
+  EXPECT_THROW(activations(m, bad), InvalidInput);
+}
+
+// An interleaved stage never holds more micro-batches than there are: at M = P its warm-up takes
+// all v·M chunk-forwards, i.e. M micro-batches, not Korthikanti's M·(1 + (P−1)/(P·v)) (which
+// counts the steady state's extra forward that M = P leaves no room for).
+TEST(VirtualStages, InterleavedInFlightCappedAtM) {
+  const ModelSpec m = small_gpt(8);
+  ActivationSetup a{.seq = 2048, .micro_batch = 1, .pp = 4, .interleave = 2, .micro_batches = 4};
+  EXPECT_DOUBLE_EQ(activations(m, a).in_flight_micro_batches, 4);
+  a.micro_batches = 8;  // M > P: (2·3 + 4 + 1) / 2 = 5.5 = 4 · (1 + 3/8)
+  EXPECT_DOUBLE_EQ(activations(m, a).in_flight_micro_batches, 5.5);
+}
+
+// Time: stage s runs its chunks' layers; the planner's makespan (pipeline_makespan over stage
+// totals, each chunk taken as 1/v of its stage — a lower bound only for equal chunks) stays within
+// 3 % of the discrete-event simulation that gives every virtual stage its own time, on Megatron's
+// slot split of Llama 3.1 405B (pp 8 × vp 4, M = 32; 1 forward and 2 backward per layer, the
+// embedding 0.5 layer on virtual stage 0 and the LM head and loss 2 layers on the last).
+TEST(VirtualStages, MakespanBoundAgainstTheVirtualStageSimulation) {
+  const int P = 8, v = 4, M = 32;
+  std::vector<int> slots(std::size_t(P * v), 4);
+  slots.front() = slots.back() = 3;
+  std::vector<double> f, b;
+  for (std::size_t j = 0; j < slots.size(); ++j) {
+    const double extra = j == 0 ? 0.5 : j + 1 == slots.size() ? 2.0 : 0.0;
+    f.push_back(slots[j] + extra);
+    b.push_back(2 * (slots[j] + extra));
+  }
+  const double simulated = simulate_virtual_stage_makespan(f, b, P, M);
+  std::vector<double> stage(std::size_t(P), 0.0);
+  for (std::size_t j = 0; j < f.size(); ++j) stage[j % std::size_t(P)] += f[j] + b[j];
+  const double bound = pipeline_makespan(stage, M, v, 2.0 / 3.0);
+  EXPECT_NEAR(bound / simulated, 1.0, 0.03);
+  // Equal virtual stages: the simulation is the one with per-stage times.
+  const std::vector<double> even_f(std::size_t(P * v), 1.0), even_b(std::size_t(P * v), 2.0);
+  EXPECT_DOUBLE_EQ(simulate_virtual_stage_makespan(even_f, even_b, P, M),
+                   simulate_pipeline_makespan(PipelineSchedule::interleaved,
+                                              std::vector<double>(std::size_t(P), 4.0),
+                                              std::vector<double>(std::size_t(P), 8.0), M, v));
+  EXPECT_THROW(simulate_virtual_stage_makespan(f, b, 5, M), InvalidInput);  // 32 % 5
+}
+
+// The planner evaluates an interleaved layout with uneven virtual stages: its stages' layers are
+// the chunks' sums, its parameters the heaviest stage's, and it describes the split it was given.
+TEST(VirtualStages, PlannerTakesAVirtualStageSplit) {
+  PlanRequest r{.model = *model_preset("llama-3.1-405b"), .cluster = *cluster_preset("h100-80g"),
+                .gpus = 512, .global_batch = 256, .seq = 8192};
+  Layout L{.dp = 8, .tp = 8, .pp = 8, .interleave = 2, .sp = true, .zero = 1, .micro_batch = 1,
+           .grad_accum = 32, .recompute = Recompute::full};
+  std::vector<int> titan(16, 8);
+  titan.front() = titan.back() = 7;
+  L.stage_layer_list = std::make_shared<const std::vector<int>>(titan);
+  const PlanEval e = evaluate_layout(r, L);
+  EXPECT_TRUE(std::isfinite(e.step_s) && e.step_s > 0);
+  EXPECT_EQ(L.layers_on_stage(126, 0), 15);
+  EXPECT_EQ(L.layers_on_stage(126, 3), 16);
+  std::vector<LayerRun> runs;
+  L.stage_runs(126, runs);
+  ASSERT_EQ(runs.size(), 3u);  // 15 | 16 × 6 | 15
+  EXPECT_EQ(runs[1].layers, 16);
+  EXPECT_EQ(runs[1].stages, 6);
+  EXPECT_NE(L.describe().find("virtual stages 7,8,"), std::string::npos) << L.describe();
+  // The same stage totals without interleaving: the interleaved bubble is smaller.
+  Layout flat = L;
+  flat.interleave = 1;
+  flat.stage_layer_list =
+      std::make_shared<const std::vector<int>>(std::vector<int>{15, 16, 16, 16, 16, 16, 16, 15});
+  const PlanEval f = evaluate_layout(r, flat);
+  EXPECT_LT(e.bubble_s, f.bubble_s);
+  EXPECT_DOUBLE_EQ(e.compute_s, f.compute_s);
+  // A per-stage list with v = 2 is bad input naming --pp-layers.
+  Layout bad = L;
+  bad.stage_layer_list = flat.stage_layer_list;
+  EXPECT_THROW(evaluate_layout(r, bad), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally::test_virtual_stages
