@@ -56,19 +56,25 @@ nlohmann::json vs_time(double measured, double predicted) {
 // The plan's `stage_layers` (when it has them): an even split is the run's own even split at its
 // depth; an uneven one (the planner's lighter end stages, compare --pp-layers) runs as planned, at
 // the planned depth: --layers then defaults to the plan's and must equal it when given.
+// Interleaved with uneven virtual stages, the plan's `virtual_stage_layers` (pp·v entries, Note
+// [uneven virtual stages]) runs as planned instead.
 void apply_plan_stages(Flags& f, const nlohmann::json& j, const std::string& flag) {
-  if (!j.contains("stage_layers")) return;
-  const nlohmann::json& list = j["stage_layers"];
+  const bool chunks = f.run.interleave > 1 && j.contains("virtual_stage_layers");
+  const char* key = chunks ? "virtual_stage_layers" : "stage_layers";
+  if (!j.contains(key)) return;
+  const nlohmann::json& list = j[key];
+  const int entries = f.run.pp * (chunks ? f.run.interleave : 1);
   std::vector<int> stages;
   if (list.is_array())
     for (const auto& x : list)
       if (x.is_number_integer() && x.get<std::int64_t>() >= 1 && x.get<std::int64_t>() <= 100000)
         stages.push_back(x.get<int>());
-  if (!list.is_array() || stages.size() != list.size() || int(stages.size()) != f.run.pp)
-    throw InvalidInput(flag + ": plan field `stage_layers` must list pp = " +
-                       std::to_string(f.run.pp) + " layer counts, each in [1, 100000]");
+  if (!list.is_array() || stages.size() != list.size() || int(stages.size()) != entries)
+    throw InvalidInput(flag + ": plan field `" + key + "` must list " +
+                       (chunks ? "pp x interleave = " : "pp = ") + std::to_string(entries) +
+                       " layer counts, each in [1, 100000]");
   const int planned = std::accumulate(stages.begin(), stages.end(), 0);
-  if (stages == stage_layers(planned, f.run.pp)) return;  // even: the run's own split
+  if (!chunks && stages == stage_layers(planned, f.run.pp)) return;  // even: the run's own split
   std::string list_text;
   for (int l : stages) list_text += (list_text.empty() ? "" : ",") + std::to_string(l);
   if (f.layers_flag->count() == 0) {
@@ -429,7 +435,8 @@ const RegisterRun reg{[](CLI::App& run_cmd) {
              ->check(one_of(allowed_recomputes()))
              ->capture_default_str());
   layout(cmd->add_option("--pp-layers", f->run.pp_layers,
-                         "layers of each stage, e.g. 3,5 (default: core's even split)")
+                         "layers of each stage, e.g. 3,5 (default: core's even split); with "
+                         "--interleave v also pp·v entries, every virtual stage's in model order")
              ->delimiter(','));
   layout(cmd->add_option("--interleave", f->run.interleave,
                          "model chunks per stage (> 1: the interleaved schedule)")

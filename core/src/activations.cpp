@@ -400,14 +400,34 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
     std::vector<double> chunk_bytes;  // per virtual stage, in model order
     if (chunked)
       for (const int n : *a.stage_layer_list) chunk_bytes.push_back(layer_bytes(n));
+    // Interleaved, stage s holds at most its heaviest chunk × the chunks in flight at its peak,
+    // exactly that when its chunks weigh the same (the planner's slot splits: every stage but the
+    // end ones). Walking only stage 0, the last (its loss phase) and the stages whose bound
+    // beats the fullest found keeps a search's cost apart from P.
+    std::vector<double> mine;
+    auto held_on = [&](int s) {
+      mine.clear();
+      for (std::size_t j = std::size_t(s); j < chunk_bytes.size(); j += std::size_t(a.pp))
+        mine.push_back(chunk_bytes[j]);
+      const auto [lo, hi] = std::minmax_element(mine.begin(), mine.end());
+      const double chunks =
+          std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, s) + 1.0,
+                   v * a.micro_batches);
+      return *lo == *hi ? *hi * chunks : interleaved_peak_held(mine, a.pp, a.micro_batches, s);
+    };
+    auto bound_on = [&](int s) {
+      double hi = 0;
+      for (std::size_t j = std::size_t(s); j < chunk_bytes.size(); j += std::size_t(a.pp))
+        hi = std::max(hi, chunk_bytes[j]);
+      return hi * std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, s) + 1.0,
+                           v * a.micro_batches);
+    };
     double stage0_held = 0;
     for (int s = 0; s < a.pp; ++s) {
       double held = 0;
       if (chunked) {
-        std::vector<double> mine;
-        for (std::size_t j = std::size_t(s); j < chunk_bytes.size(); j += std::size_t(a.pp))
-          mine.push_back(chunk_bytes[j]);
-        held = interleaved_peak_held(mine, a.pp, a.micro_batches, s);
+        if (s != 0 && s != last && bound_on(s) <= fullest) continue;  // can't be the fullest
+        held = held_on(s);
       } else {
         held = layer_bytes(a.layers_on_stage(m, s)) * std::min<double>(a.pp - s, a.micro_batches);
       }

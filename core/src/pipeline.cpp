@@ -158,6 +158,26 @@ std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule
   return out;
 }
 
+std::vector<int> virtual_stage_layers(const std::vector<int>& list, int P, int v) {
+  require_int(P >= 1 && v >= 1, "interleave", v, "must be >= 1");
+  if (std::int64_t(list.size()) == std::int64_t(P) * v) return list;
+  if (int(list.size()) != P)
+    throw InvalidInput("--pp-layers: " + std::to_string(list.size()) + " entries for --pp = " +
+                       std::to_string(P) + " × --interleave = " + std::to_string(v) +
+                       ": give each stage's layers (" + std::to_string(P) +
+                       ") or each virtual stage's (" + std::to_string(std::int64_t(P) * v) + ")");
+  std::vector<int> out(std::size_t(P) * std::size_t(v));
+  for (int j = 0; j < P * v; ++j) {
+    const int n = list[std::size_t(j % P)];
+    if (n % v != 0)
+      throw InvalidInput("--pp-layers: stage " + std::to_string(j % P) + " holds " +
+                         std::to_string(n) + " layers, not a multiple of --interleave = " +
+                         std::to_string(v) + " (or give each virtual stage's layers)");
+    out[std::size_t(j)] = n / v;
+  }
+  return out;
+}
+
 int interleaved_warmup(int P, int M, int v, int s) {
   return std::min((P - s - 1) * 2 + (v - 1) * P, v * M);
 }
@@ -174,7 +194,11 @@ double interleaved_peak_held(const std::vector<double>& chunk_weight, int P, int
   };
   double held = 0, peak = 0;
   for (int k = 0; k < warm; ++k) peak = std::max(peak, held += weight(PipelineOpKind::forward, k));
-  for (int k = 0; k < total - warm; ++k) {  // steady state: one forward, then one backward
+  // Steady state: one forward, then one backward. Both walk the chunks with period P·v, each
+  // chunk P times a period, so a period adds and releases the same and the held bytes repeat:
+  // its first period holds the peak.
+  const int steady = std::min(total - warm, P * v);
+  for (int k = 0; k < steady; ++k) {
     peak = std::max(peak, held += weight(PipelineOpKind::forward, warm + k));
     held -= weight(PipelineOpKind::backward, k);
   }

@@ -80,6 +80,9 @@ struct Prepared {
   double lower_bound_s[kRecomputePolicies] = {};  // step time can't be below this, by Recompute
   ParamCount count;            // the model's itemized parameters (stage shares)
   mutable std::map<std::pair<int, int>, std::pair<int, int>> splits;  // (pp, rc) → (first, last)
+  // (pp, v) → Megatron-Core's embedding and loss slots over pp·v virtual stages, or null
+  // (slot_split in planner.cpp, Note [uneven virtual stages]).
+  mutable std::map<std::pair<int, int>, std::shared_ptr<const std::vector<int>>> slot_splits;
   // A layout's stages as runs (Layout::stage_runs) and their seconds, reused across layouts.
   mutable std::vector<LayerRun> layer_runs;
   mutable std::vector<StageRun> stage_seconds;

@@ -35,15 +35,32 @@ int Layout::dimensions() const {
          (recompute != Recompute::none) + (grad_accum > 1);
 }
 
+namespace {
+
+// "7,8×14,7": a split's entries, three or more equal ones in a row as value×count.
+std::string split_text(const std::vector<int>& list) {
+  std::string s;
+  for (std::size_t i = 0; i < list.size();) {
+    std::size_t j = i;
+    while (j < list.size() && list[j] == list[i]) ++j;
+    const std::size_t run = j - i;
+    for (std::size_t k = 0; k < (run >= 3 ? 1 : run); ++k)
+      s += (s.empty() ? "" : ",") + std::to_string(list[i]);
+    if (run >= 3) s += "×" + std::to_string(run);
+    i = j;
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string Layout::describe() const {
   std::string s = "DP " + std::to_string(dp) + " × TP " + std::to_string(tp) + (sp ? "+SP" : "") +
                   " × PP " + std::to_string(pp);
   if (interleave > 1) s += "(v" + std::to_string(interleave) + ")";
   if (stage_layer_list != nullptr) {
-    s += interleave > 1 ? " (virtual stages" : " (stages";
-    for (std::size_t i = 0; i < stage_layer_list->size(); ++i)
-      s += (i == 0 ? " " : ",") + std::to_string((*stage_layer_list)[i]);
-    s += " layers)";
+    s += (interleave > 1 ? " (virtual stages " : " (stages ") + split_text(*stage_layer_list) +
+         " layers)";
   } else if (first_stage_layers != 0 || last_stage_layers != 0)
     s += " (end stages " + std::to_string(first_stage_layers) + " + " +
          std::to_string(last_stage_layers) + " layers)";

@@ -186,7 +186,8 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
 // 7 + 14 × 8 + 7, Dubey et al. 2024 §3.3.2), weighing each stage by its FLOPs — a choice that
 // depends on (pp, recompute) only, so it is made once and the memory pruning stays exact. A PP
 // that doesn't divide the layers gets the most even split (extra layers on the later stages).
-// Interleaved schedules keep equal stages (Megatron-LM needs pp·v | layers).
+// Interleaved schedules keep equal stages where pp·v | layers (Megatron-LM's rule), else take
+// Megatron-Core's embedding and loss slots (Note [planner virtual stages]).
 std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
   const auto key = std::make_pair(pp, int(rc));
   if (const auto it = P.splits.find(key); it != P.splits.end()) return it->second;
@@ -215,6 +216,26 @@ std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
     }
   }
   return P.splits.emplace(key, best).first->second;
+}
+
+// Note [planner virtual stages]: an interleaved layout whose pp·v virtual stages don't divide
+// the layers takes Megatron-Core's split where the embedding and the loss each count as a layer
+// (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split; Llama 3 puts
+// 126 layers on 16 stages so): (L + 2)/(pp·v) slots per virtual stage, the first and the last
+// one layer lighter (Note [uneven virtual stages] in pipeline.hpp). Null when pp·v doesn't divide
+// L + 2 either. Made once per (pp, v).
+std::shared_ptr<const std::vector<int>> slot_split(const Prepared& P, int pp, int v) {
+  const auto key = std::make_pair(pp, v);
+  if (const auto it = P.slot_splits.find(key); it != P.slot_splits.end()) return it->second;
+  const std::int64_t slots = P.req->model.layers + 2, chunks = std::int64_t(pp) * v;
+  std::shared_ptr<const std::vector<int>> list;
+  if (pp > 1 && v > 1 && slots % chunks == 0) {
+    std::vector<int> per(std::size_t(chunks), int(slots / chunks));
+    per.front() -= 1;  // the embedding's slot
+    per.back() -= 1;   // the loss's slot
+    list = std::make_shared<const std::vector<int>>(std::move(per));
+  }
+  return P.slot_splits.emplace(key, list).first->second;
 }
 
 // Parameters on the GPU of the heaviest stage: N/(t·p) for an even split (the seed's ledger);
@@ -535,6 +556,11 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
 Layout with_stages(const Prepared& P, Layout L) {
   if (L.pp > 1 && L.interleave == 1 && !L.uneven_stages())
     std::tie(L.first_stage_layers, L.last_stage_layers) = choose_split(P, L.pp, L.recompute);
+  // Interleaved over virtual stages that don't divide the layers: Megatron-Core's slots, as the
+  // search takes them (Note [planner virtual stages]; none when they don't divide L + 2).
+  if (L.pp > 1 && L.interleave > 1 && !L.uneven_stages() &&
+      P.req->model.layers % (std::int64_t(L.pp) * L.interleave) != 0)
+    L.stage_layer_list = slot_split(P, L.pp, L.interleave);
   return L;
 }
 
@@ -672,16 +698,26 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         std::vector<std::int64_t> micro;
         for (std::int64_t b : divisors(per_dp))
           if (space.max_micro_batch == 0 || b <= space.max_micro_batch) micro.push_back(b);
-        std::vector<std::int64_t> chunks{1};
-        if (pp > 1 && m.layers % pp == 0)  // interleaving needs pp·v | layers
-          for (std::int64_t v : divisors(m.layers / pp))
-            if (v > 1 && v <= space.max_interleave) chunks.push_back(v);
+        // Interleaving: equal chunks where pp·v | layers, else Megatron-Core's embedding and
+        // loss slots where pp·v | layers + 2 (Note [planner virtual stages]).
+        struct Chunking {
+          std::int64_t v = 1;
+          std::shared_ptr<const std::vector<int>> list;  // null: equal chunks
+        };
+        std::vector<Chunking> chunks{{}};
+        for (std::int64_t v = 2; pp > 1 && v <= space.max_interleave; ++v) {
+          if (m.layers % (pp * v) == 0)
+            chunks.push_back({.v = v});
+          else if (auto list = slot_split(P, int(pp), int(v)))
+            chunks.push_back({.v = v, .list = std::move(list)});
+        }
         // Expert parallelism and expert TP: MoE models only, e_t ∈ {tp, 1} (SearchSpace::
         // expert_tp), e_t | f, ep·e_t | tp·cp·dp and ep | experts.
         const std::vector<ExpertSplit> experts = expert_splits(m, space, int(tp), dp * cp);
         for (const ExpertSplit& ex : experts)
-        for (std::int64_t v : chunks)
+        for (const Chunking& chunking : chunks)
           for (bool sp : {false, true}) {
+            const std::int64_t v = chunking.v;
             if (sp && (tp == 1 || !space.allow_sp)) continue;
             if (!sp && ex.etp != tp && tp > 1) continue;  // Note [expert tensor parallelism]
             for (int zero : space.zero_stages) {
@@ -703,7 +739,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                                    .interleave = int(v), .ep = ex.ep, .etp = ex.etp, .sp = sp,
                                    .zero = zero,
                                    .micro_batch = b, .grad_accum = accum, .recompute = rc,
-                                   .attention = att};
+                                   .attention = att, .stage_layer_list = chunking.list};
                     const PlanEval e = cost(P, L);
                     ++res.evaluated;
                     if (space.max_points > 0) points.add(e);

@@ -145,9 +145,9 @@ struct RankModel {
   double hook_tp_s = 0;     // TP seconds inside the hooks (SP gradient sums), this step
   bool die_after_op = false;  // --kill-rank: SIGKILL itself after the schedule's next operation
 
-  RankModel(Gpt& ref, ProcessGroups& g, const ThreeDOptions& o, const std::vector<int>& layers)
+  RankModel(Gpt& ref, ProcessGroups& g, const ThreeDOptions& o)
       : tp(ref, g.tp(), o.sp, o.recompute, &g.cp()), stage_model(tp),
-        stage(stage_model, g.pp(), layers, o.interleave), pp(g.pp()) {}
+        stage(stage_model, g.pp(), o.virtual_split(), o.interleave), pp(g.pp()) {}
   RankModel(const RankModel&) = delete;  // the hooks hold `this`
 
   // The stage's own parameters into the DP wrapper's flat buffers (what its model states are);
@@ -257,7 +257,7 @@ void check_f64(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
                const std::vector<PipelineOp>& ops, int M, ThreeDRank& me, double& reference_loss) {
   const Data d = draw(o, M, 1);
   Gpt ref = reference_model(o, at::kDouble);
-  RankModel rm(ref, g, o, layers);
+  RankModel rm(ref, g, o);
   rm.make_optimizer(grad, o, kCheckAdam);
   reference_loss = reference_step(ref, d);
   const StepRecord step = rm.backward_step(ops, d, g.coords().dp, M, nullptr);
@@ -375,7 +375,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
                const std::vector<PipelineOp>& ops, int M, std::int64_t n_params, ThreeDRank& me,
                std::vector<double>& losses, bool progress, int& step) {
   Gpt ref = reference_model(o, at::kFloat);
-  RankModel rm(ref, g, o, layers);
+  RankModel rm(ref, g, o);
   measure_policies(o, g, rm.stage.own_layers(), me);
   // Opened after the TP shards are cut (every layer's, the engine's models being tiny) and before
   // the stage's own ones move into the optimizer's flat buffers: what it sees allocated then is
@@ -523,8 +523,16 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   a.cp = o.cp;
   a.recompute = o.recompute;
   me.in_flight = peak_in_flight(ops);
-  me.predicted_activation_bytes = activations(gpt_model_spec(o.model), a).per_layer_bytes *
-                                  (double(me.stage_layers) / v) * me.in_flight;
+  // Interleaved: the layers of the chunks held at once, each its own (Note [uneven virtual
+  // stages]); equal chunks give stage_layers / v × in_flight.
+  std::vector<double> chunk_layers;
+  const std::vector<int> chunks = o.virtual_split();
+  for (std::size_t j = std::size_t(g.coords().pp); j < chunks.size(); j += std::size_t(o.pp))
+    chunk_layers.push_back(chunks[j]);
+  const double held_layers = v > 1 ? interleaved_peak_held(chunk_layers, o.pp, M, g.coords().pp)
+                                   : double(me.stage_layers) * me.in_flight;
+  me.predicted_activation_bytes =
+      activations(gpt_model_spec(o.model), a).per_layer_bytes * held_layers;
   const GptStageSetup stage{
       .model = gpt_model_spec(o.model), .seq = o.model.seq, .micro_batch = o.model.micro_batch,
       .tp = o.tp, .sequence_parallel = o.sp, .cp = o.cp, .recompute = o.recompute,

@@ -33,7 +33,15 @@ void ThreeDOptions::validate(int world_size) const {
   require(model.layers >= pp, "--pp", pp,
           "must be <= --layers = " + std::to_string(model.layers) +
               " (one layer per stage at least)");
-  if (!pp_layers.empty()) check_stage_list(pp_layers, int(model.layers), pp);
+  if (virtual_split_given()) {  // every virtual stage's layers (Note [uneven virtual stages])
+    check_stage_list(pp_layers, int(model.layers), pp, interleave);
+    for (std::size_t j = 0; j < pp_layers.size(); ++j)
+      require(pp_layers[j] >= 1, "--pp-layers", pp_layers[j],
+              "must be >= 1 for every virtual stage here (virtual stage " + std::to_string(j) +
+                  ": each of the engine's chunks runs at least one block)");
+  } else if (!pp_layers.empty()) {
+    check_stage_list(pp_layers, int(model.layers), pp);
+  }
   require(zero >= 0 && zero <= 3, "--zero", zero, "must be 0, 1, 2 or 3 (over the DP x CP group)");
   require(micro_batches >= 0 && micro_batches <= 4096, "--micro-batches", micro_batches,
           "must be in [1, 4096]");
@@ -53,7 +61,7 @@ void ThreeDOptions::validate(int world_size) const {
     require(M % pp == 0, "--micro-batches", M,
             "must be a multiple of --pp = " + std::to_string(pp) + " for the interleaved schedule");
     const std::vector<int> layers = stage_split();
-    for (int s = 0; s < pp; ++s)
+    for (int s = 0; s < pp && !virtual_split_given(); ++s)
       require(layers[std::size_t(s)] % interleave == 0, "--interleave", interleave,
               "must divide the layers of every stage (stage " + std::to_string(s) + " holds " +
                   std::to_string(layers[std::size_t(s)]) + " of --layers = " +
@@ -67,7 +75,21 @@ void ThreeDOptions::validate(int world_size) const {
 }
 
 std::vector<int> ThreeDOptions::stage_split() const {
+  if (virtual_split_given()) {  // each stage's chunks summed
+    std::vector<int> out;
+    for (int s = 0; s < pp; ++s) out.push_back(stage_layer_total(pp_layers, pp, s));
+    return out;
+  }
   return pp_layers.empty() ? stage_layers(int(model.layers), pp) : pp_layers;
+}
+
+std::vector<int> ThreeDOptions::virtual_split() const {
+  return virtual_split_given() ? pp_layers : virtual_stage_layers(stage_split(), pp, interleave);
+}
+
+bool ThreeDOptions::virtual_split_given() const {
+  return interleave > 1 && pp >= 1 &&
+         std::int64_t(pp_layers.size()) == std::int64_t(pp) * interleave;
 }
 
 // The byte checks are exact but for double rounding: the Comm records each call's S(k−1)/k, which

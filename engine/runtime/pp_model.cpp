@@ -57,13 +57,11 @@ PpStage::PpStage(StageModel& model, Comm& pp, const std::vector<int>& layers_per
 
 void PpStage::lay_out(const std::vector<int>& layers_per_stage) {
   const int P = pp_.world_size();
-  TALLY_INVARIANT(int(layers_per_stage.size()) == P && v_ >= 1);
+  TALLY_INVARIANT(v_ >= 1);
+  // Each stage's layers over its chunks, or every virtual stage's (Note [uneven virtual stages]).
+  const std::vector<int> chunks = virtual_stage_layers(layers_per_stage, P, v_);
   first_layer_.push_back(0);
-  for (int j = 0; j < P * v_; ++j) {
-    const int per_stage = layers_per_stage[std::size_t(j % P)];
-    TALLY_INVARIANT(per_stage % v_ == 0);
-    first_layer_.push_back(first_layer_.back() + per_stage / v_);
-  }
+  for (const int n : chunks) first_layer_.push_back(first_layer_.back() + n);
   TALLY_INVARIANT(first_layer_.back() == model_.layers());
 }
 

@@ -7,10 +7,12 @@
 //
 // Layout: virtual stage j = c·P + s is chunk c of stage s; the model's blocks are laid out over
 // the virtual stages in order, virtual stage j holding stage_layers(L, P)[s] / v of them (core's
-// split, so uneven stages run too). Virtual stage 0 adds the embedding (token + positions), the
-// last one ln_f, the tied LM head and the loss. The tied embedding is used on stage 0 and stage
-// P − 1: after the step the two stages exchange its gradient and each adds the other's
-// (Megatron-LM's embedding group), so both hold the full gradient.
+// split, so uneven stages run too), or its own count when the split names every virtual stage
+// (core's virtual_stage_layers, Note [uneven virtual stages]). Virtual stage 0 adds the
+// embedding (token + positions), the last one ln_f, the tied LM head and the loss. The tied
+// embedding is used on stage 0 and stage P − 1: after the step the two stages exchange its
+// gradient and each adds the other's (Megatron-LM's embedding group), so both hold the full
+// gradient.
 //
 // Messages: a forward sends its output (B, T, C) to the next virtual stage's rank, a backward
 // the gradient of its input (B, T, C) to the previous one; both non-blocking (Note [non-blocking
@@ -104,7 +106,8 @@ struct PpOpHooks {
 class PpStage {
  public:
   // full: the single-process model; pp: the PP group (rank = stage). layers_per_stage: core's
-  // stage_layers(L, P); each entry divisible by interleave (checked by the caller).
+  // stage_layers(L, P), each entry divisible by interleave, or P·v entries, every virtual
+  // stage's (checked by the caller).
   PpStage(Gpt& full, Comm& pp, const std::vector<int>& layers_per_stage, int interleave);
   // The same on any StageModel (which must outlive the stage); own_parameters() is then empty.
   PpStage(StageModel& model, Comm& pp, const std::vector<int>& layers_per_stage, int interleave);

@@ -143,6 +143,30 @@ TEST(VirtualStages, ActivationsFollowTheChunksInFlight) {
   EXPECT_THROW(activations(m, bad), InvalidInput);
 }
 
+// The fullest stage over uneven chunks, found by walking only the stages whose bound can beat it,
+// is the largest of every stage's walk (full recompute: one input per layer).
+TEST(VirtualStages, FullestStageIsTheLargestWalk) {
+  const std::vector<std::vector<int>> lists{{1, 3, 2, 2, 2, 1, 3, 1}, {2, 2, 2, 2, 1, 2, 2, 2},
+                                            {0, 3, 3, 3, 3, 3, 3, 0}, {1, 1, 1, 5, 1, 1, 1, 4}};
+  for (const auto& list : lists)
+    for (int M : {4, 8, 12}) {
+      const int layers = std::accumulate(list.begin(), list.end(), 0);
+      const ModelSpec m = small_gpt(layers);
+      const ActivationSetup a{.seq = 2048, .micro_batch = 1, .pp = 4, .interleave = 2,
+                              .micro_batches = M, .recompute = Recompute::full, .dropout = false,
+                              .stage_layer_list = &list};
+      const ActivationResult r = activations(m, a);
+      double fullest = 0;
+      for (int s = 0; s < 4; ++s)
+        fullest = std::max(fullest, interleaved_peak_held({double(list[std::size_t(s)]),
+                                                           double(list[std::size_t(s + 4)])},
+                                                          4, M, s));
+      EXPECT_DOUBLE_EQ(r.blocks_phase_bytes,
+                       fullest * r.per_layer_bytes + r.layer_backward_bytes)
+          << "M = " << M << ", list starting " << list[0] << "," << list[1];
+    }
+}
+
 // An interleaved stage never holds more micro-batches than there are: at M = P its warm-up takes
 // all v·M chunk-forwards, i.e. M micro-batches, not Korthikanti's M·(1 + (P−1)/(P·v)) (which
 // counts the steady state's extra forward that M = P leaves no room for).
@@ -202,7 +226,16 @@ TEST(VirtualStages, PlannerTakesAVirtualStageSplit) {
   ASSERT_EQ(runs.size(), 3u);  // 15 | 16 × 6 | 15
   EXPECT_EQ(runs[1].layers, 16);
   EXPECT_EQ(runs[1].stages, 6);
-  EXPECT_NE(L.describe().find("virtual stages 7,8,"), std::string::npos) << L.describe();
+  EXPECT_NE(L.describe().find("(virtual stages 7,8×14,7 layers)"), std::string::npos)
+      << L.describe();
+  // Without a split the layout takes Megatron-Core's slots (128 / 16 = 8 per virtual stage, the
+  // ends one lighter): here the same list (Note [planner virtual stages]).
+  Layout slots = L;
+  slots.stage_layer_list = nullptr;
+  const PlanEval a = evaluate_layout(r, slots);
+  ASSERT_NE(a.layout.stage_layer_list, nullptr);
+  EXPECT_EQ(*a.layout.stage_layer_list, titan);
+  EXPECT_DOUBLE_EQ(a.step_s, e.step_s);
   // The same stage totals without interleaving: the interleaved bubble is smaller.
   Layout flat = L;
   flat.interleave = 1;
@@ -215,6 +248,48 @@ TEST(VirtualStages, PlannerTakesAVirtualStageSplit) {
   Layout bad = L;
   bad.stage_layer_list = flat.stage_layer_list;
   EXPECT_THROW(evaluate_layout(r, bad), InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally::test_virtual_stages
+
+namespace tally::test_virtual_stages {
+namespace {
+
+// The planner's search (Note [planner virtual stages]): where pp·v does not divide the layers but
+// divides them plus the embedding's and the loss's slots, an interleaved layout takes
+// Megatron-Core's slot split. 14 layers, 16 slots: pp 2 × v 2 runs 3, 4, 4, 3 (by hand: 16 / 4
+// = 4 slots each, the first and the last one lighter); pp 2 × v 7 divides 14 and stays equal;
+// pp 2 × v 3 divides neither 14 nor 16 and is not searched. Each searched layout costs
+// what evaluate_layout gives the same layout.
+TEST(VirtualStages, PlannerSearchesMegatronSlotSplits) {
+  const PlanRequest r{.model = small_gpt(14), .cluster = *cluster_preset("a100-80g"), .gpus = 8,
+                      .global_batch = 16, .seq = 2048};
+  SearchSpace space;
+  space.prune = false;
+  space.top = 1000000;
+  space.zero_stages = {0};
+  space.recomputes = {Recompute::none};
+  const PlanResult res = plan(r, space);
+  bool slot = false, equal = false;
+  for (const PlanEval& e : res.best) {
+    const Layout& L = e.layout;
+    if (L.interleave == 1) continue;
+    SCOPED_TRACE(L.describe());
+    EXPECT_FALSE(L.pp == 2 && L.interleave == 3);
+    if (L.pp == 2 && L.interleave == 2) {
+      ASSERT_NE(L.stage_layer_list, nullptr);
+      EXPECT_EQ(*L.stage_layer_list, (std::vector<int>{3, 4, 4, 3}));
+      EXPECT_DOUBLE_EQ(evaluate_layout(r, L).step_s, e.step_s);
+      slot = true;
+    }
+    if (L.pp == 2 && L.interleave == 7) {
+      EXPECT_EQ(L.stage_layer_list, nullptr);
+      equal = true;
+    }
+  }
+  EXPECT_TRUE(slot);
+  EXPECT_TRUE(equal);
 }
 
 }  // namespace

@@ -112,6 +112,22 @@ TEST(ThreeDOptions, BadLayoutsNameTheFlag) {
   o = tiny();
   o.pp = 8, o.dp = 1, o.tp = 1;
   EXPECT_EQ(message(o, 8), "--pp = 8: must be <= --layers = 4 (one layer per stage at least)");
+  // Interleaved, --pp-layers may name every virtual stage (Note [uneven virtual stages]): 4
+  // layers as 1, 1, 1, 1 over 2 × 2, stage totals 2 and 2; not a virtual stage without a block
+  // (the engine's chunks each run one), nor a stage total that v does not divide.
+  o = tiny();
+  o.schedule = PipelineSchedule::interleaved;
+  o.interleave = 2;
+  o.pp_layers = {1, 1, 1, 1};
+  EXPECT_EQ(message(o, 8), "no throw");
+  EXPECT_EQ(o.stage_split(), (std::vector<int>{2, 2}));
+  o.pp_layers = {2, 1, 0, 1};
+  EXPECT_EQ(message(o, 8), "--pp-layers = 0: must be >= 1 for every virtual stage here (virtual "
+                           "stage 2: each of the engine's chunks runs at least one block)");
+  o.model.layers = 5;
+  o.pp_layers = {3, 2};
+  EXPECT_EQ(message(o, 8), "--interleave = 2: must divide the layers of every stage (stage 0 "
+                           "holds 3 of --layers = 5 over --pp = 2)");
 }
 
 // A rank's own parameters, by hand (C = 16, t = 2, V = 32, T = 8): one block's TP slice is
@@ -561,6 +577,32 @@ TEST(ThreeDCli, UnevenZero3RecomputePlanRuns) {
     ASSERT_TRUE(x["dp_arrival_wait_s"].is_number()) << x.dump();
     EXPECT_GE(x["dp_arrival_wait_s"].get<double>(), 0.0);
     EXPECT_LE(x["dp_arrival_wait_s"].get<double>(), x["dp_comm_s"]["measured"].get<double>());
+  }
+}
+
+// A plan of DP 2 x PP 2 interleaved over 2 × 2 uneven virtual stages (Note [uneven virtual
+// stages]; `tally compare --interleave 2 --pp-layers 1,2,1,1` writes `virtual_stage_layers`):
+// 5 layers, stage 0 runs virtual stages 0 and 2 (1 + 1 layers), stage 1 virtual stages 1 and 3
+// (2 + 1). Every check passes (float64 equivalence with the single-process model, bytes); each
+// stage owns its chunks' blocks, n = 640 + 2·3280 and 544 + 3·3280; M = 4 micro-batches send
+// (2v − 1)·M = 12 messages a stage.
+TEST(ThreeDCli, UnevenVirtualStagesPlanRuns) {
+  const test::TempDir dir;
+  json p = plan_object(2, 1, 2, false, 0, 4);
+  p["interleave"] = 2;
+  p["stage_layers"] = {2, 3};
+  p["virtual_stage_layers"] = {1, 2, 1, 1};
+  const json j = run_plan(write(dir.path / "plan.json", {{"best", p}}), {});
+  ASSERT_TRUE(j.contains("ranks"));
+  EXPECT_EQ(j["model"]["layers"], 5);
+  EXPECT_EQ(j["stage_layers"], json({2, 3}));
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  for (const json& x : j["ranks"]) {
+    const bool first = x["pp_index"] == 0;
+    EXPECT_EQ(x["stage_layers"], first ? 2 : 3);
+    EXPECT_DOUBLE_EQ(x["own_params"].get<double>(),
+                     first ? kEmbed + 2 * kBlockT1 : kHead + 3 * kBlockT1);
+    EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 12);
   }
 }
 

@@ -153,6 +153,10 @@ inline int stage_layer_total(const std::vector<int>& list, int stages, int s) {
   for (std::size_t j = std::size_t(s); j < list.size(); j += std::size_t(stages)) n += list[j];
   return n;
 }
+// Every virtual stage's layers (stages·v entries, model order) from a split of either form: the
+// list itself when it names every virtual stage, or each stage's entry split evenly over its v
+// chunks (each a multiple of v; throws InvalidInput naming --pp-layers otherwise).
+std::vector<int> virtual_stage_layers(const std::vector<int>& list, int stages, int interleave);
 // Chunk-operations stage s runs forward before its first backward in the interleaved schedule
 // (Note [pipeline schedules]): min((P − s − 1)·2 + (v − 1)·P, v·M).
 int interleaved_warmup(int stages, int micro_batches, int interleave, int s);

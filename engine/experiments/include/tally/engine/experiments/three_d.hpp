@@ -74,7 +74,8 @@ struct ThreeDOptions {
   // (core's saved sets: tp_model.hpp Note [selective recompute policies])
   Recompute recompute = Recompute::none;
   // Layers of each stage (--pp-layers 3,5): pp entries >= 1 summing to the layers (core's
-  // check_stage_list); empty = core's even split stage_layers(L, P).
+  // check_stage_list), or with interleave v > 1 pp·v entries, every virtual stage's (each >= 1
+  // here); empty = core's even split stage_layers(L, P).
   std::vector<int> pp_layers;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int interleave = 1;                  // v; > 1 needs the interleaved schedule
@@ -102,7 +103,11 @@ struct ThreeDOptions {
   // interleave constraints as `run pp`'s, …
   void validate(int world_size) const;
   int micro_batches_or_default() const { return micro_batches == 0 ? 2 * pp : micro_batches; }
-  std::vector<int> stage_split() const;  // pp_layers, or core's even split
+  std::vector<int> stage_split() const;  // pp_layers (each stage's sum), or core's even split
+  // Every virtual stage's layers (pp·v entries, model order): pp_layers when it names them all
+  // (Note [uneven virtual stages]), else each stage's split evenly over its chunks.
+  std::vector<int> virtual_split() const;
+  bool virtual_split_given() const;  // pp_layers holds pp·v entries (interleave > 1)
 };
 
 // One rank's figures, gathered to every rank. Bytes are per step (the first fp32 step); times the
