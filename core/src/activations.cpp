@@ -354,12 +354,11 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
   r.layers_on_stage = double(m.layers) / p;
   // Korthikanti §4.2.3: the first 1F1B stage holds p micro-batches (fewer if m < p); interleaving
   // with v chunks multiplies that by 1 + (p−1)/(p·v): its warm-up's chunks and the steady
-  // state's one more, never more than the v·m chunks there are (all of them when m = p,
-  // Megatron-LM's all-warm-up case; interleaved_warmup).
+  // state's one more, never more than the v·m chunks there are (all of them at m = p, where
+  // stage 0's warm-up reaches v·m; interleaved_peak_chunks).
   double in_flight = std::min<double>(p, a.micro_batches);
   if (a.pp > 1 && a.interleave > 1)
-    in_flight = std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, 0) + 1.0,
-                         v * a.micro_batches) / v;
+    in_flight = interleaved_peak_chunks(a.pp, a.micro_batches, a.interleave, 0) / v;
   r.in_flight_micro_batches = in_flight;
   r.transformer_bytes = (r.per_layer_bytes * r.layers_on_stage +
                          dense_extra * dense_on_first(int(r.layers_on_stage))) * in_flight;
@@ -410,17 +409,14 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
       for (std::size_t j = std::size_t(s); j < chunk_bytes.size(); j += std::size_t(a.pp))
         mine.push_back(chunk_bytes[j]);
       const auto [lo, hi] = std::minmax_element(mine.begin(), mine.end());
-      const double chunks =
-          std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, s) + 1.0,
-                   v * a.micro_batches);
-      return *lo == *hi ? *hi * chunks : interleaved_peak_held(mine, a.pp, a.micro_batches, s);
+      return *lo == *hi ? *hi * interleaved_peak_chunks(a.pp, a.micro_batches, a.interleave, s)
+                        : interleaved_peak_held(mine, a.pp, a.micro_batches, s);
     };
     auto bound_on = [&](int s) {
       double hi = 0;
       for (std::size_t j = std::size_t(s); j < chunk_bytes.size(); j += std::size_t(a.pp))
         hi = std::max(hi, chunk_bytes[j]);
-      return hi * std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, s) + 1.0,
-                           v * a.micro_batches);
+      return hi * interleaved_peak_chunks(a.pp, a.micro_batches, a.interleave, s);
     };
     double stage0_held = 0;
     for (int s = 0; s < a.pp; ++s) {
@@ -442,8 +438,7 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
     // chunk-forwards and the steady state's one more (never more than the v·m there are).
     const double last_held =
         a.pp > 1 && a.interleave > 1
-            ? std::min(interleaved_warmup(a.pp, a.micro_batches, a.interleave, last) + 1.0,
-                       v * a.micro_batches) / v
+            ? interleaved_peak_chunks(a.pp, a.micro_batches, a.interleave, last) / v
             : 1.0;
     stage(last, r.per_layer_bytes * r.layers_on_stage * last_held);
   }

@@ -9,6 +9,7 @@
 // the same schedule.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -160,6 +161,12 @@ std::vector<int> virtual_stage_layers(const std::vector<int>& list, int stages, 
 // Chunk-operations stage s runs forward before its first backward in the interleaved schedule
 // (Note [pipeline schedules]): min((P − s − 1)·2 + (v − 1)·P, v·M).
 int interleaved_warmup(int stages, int micro_batches, int interleave, int s);
+// The chunks stage s holds at once at its peak, equal chunks: its warm-up's and the steady
+// state's first forward, never more than the v·M there are (min(warm-up + 1, v·M)).
+inline int interleaved_peak_chunks(int stages, int micro_batches, int interleave, int s) {
+  return std::min(interleaved_warmup(stages, micro_batches, interleave, s) + 1,
+                  interleave * micro_batches);
+}
 // The most stage s holds at once in the interleaved schedule (v > 1, M a multiple of P), each
 // forwarded and not yet backwarded chunk c weighing chunk_weight[c] (its layers, or its saved
 // bytes): the order of pipeline_schedule(interleaved), walked in O(v·M) without building it.
