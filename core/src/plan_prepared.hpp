@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -168,5 +169,11 @@ struct Prepared {
 
 // The request's invariants (PlanRequest::validate must have passed).
 Prepared prepare(const PlanRequest& r);
+
+// core/src/plan_stages.cpp. Note [planner stages]: interleave 1's (first, last) stage layers for
+// (pp, recompute), (0, 0) for the even split. Note [planner virtual stages]: Megatron-Core's
+// embedding and loss slots over pp·v virtual stages, or null where pp·v doesn't divide L + 2.
+std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc);
+std::shared_ptr<const std::vector<int>> slot_split(const Prepared& P, int pp, int v);
 
 }  // namespace tally::detail
