@@ -64,15 +64,17 @@ void apply_plan_stages(Flags& f, const nlohmann::json& j, const std::string& fla
   if (!j.contains(key)) return;
   const nlohmann::json& list = j[key];
   const int entries = f.run.pp * (chunks ? f.run.interleave : 1);
+  const std::int64_t least = chunks ? 0 : 1;  // a virtual stage may hold none (the slot split)
   std::vector<int> stages;
   if (list.is_array())
     for (const auto& x : list)
-      if (x.is_number_integer() && x.get<std::int64_t>() >= 1 && x.get<std::int64_t>() <= 100000)
+      if (x.is_number_integer() && x.get<std::int64_t>() >= least &&
+          x.get<std::int64_t>() <= 100000)
         stages.push_back(x.get<int>());
   if (!list.is_array() || stages.size() != list.size() || int(stages.size()) != entries)
     throw InvalidInput(flag + ": plan field `" + key + "` must list " +
                        (chunks ? "pp x interleave = " : "pp = ") + std::to_string(entries) +
-                       " layer counts, each in [1, 100000]");
+                       " layer counts, each in [" + std::to_string(least) + ", 100000]");
   const int planned = std::accumulate(stages.begin(), stages.end(), 0);
   if (!chunks && stages == stage_layers(planned, f.run.pp)) return;  // even: the run's own split
   std::string list_text;

@@ -33,15 +33,11 @@ void ThreeDOptions::validate(int world_size) const {
   require(model.layers >= pp, "--pp", pp,
           "must be <= --layers = " + std::to_string(model.layers) +
               " (one layer per stage at least)");
-  if (virtual_split_given()) {  // every virtual stage's layers (Note [uneven virtual stages])
-    check_stage_list(pp_layers, int(model.layers), pp, interleave);
-    for (std::size_t j = 0; j < pp_layers.size(); ++j)
-      require(pp_layers[j] >= 1, "--pp-layers", pp_layers[j],
-              "must be >= 1 for every virtual stage here (virtual stage " + std::to_string(j) +
-                  ": each of the engine's chunks runs at least one block)");
-  } else if (!pp_layers.empty()) {
-    check_stage_list(pp_layers, int(model.layers), pp);
-  }
+  // Every virtual stage's layers (Note [uneven virtual stages]); one may hold none, as
+  // Megatron-Core's slot split leaves the first the embedding and the last the loss: PpStage runs
+  // such a chunk as the identity (with the embedding or the loss on an end).
+  if (!pp_layers.empty())
+    check_stage_list(pp_layers, int(model.layers), pp, virtual_split_given() ? interleave : 1);
   require(zero >= 0 && zero <= 3, "--zero", zero, "must be 0, 1, 2 or 3 (over the DP x CP group)");
   require(micro_batches >= 0 && micro_batches <= 4096, "--micro-batches", micro_batches,
           "must be in [1, 4096]");

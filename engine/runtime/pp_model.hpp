@@ -9,7 +9,10 @@
 // the virtual stages in order, virtual stage j holding stage_layers(L, P)[s] / v of them (core's
 // split, so uneven stages run too), or its own count when the split names every virtual stage
 // (core's virtual_stage_layers, Note [uneven virtual stages]). Virtual stage 0 adds the
-// embedding (token + positions), the last one ln_f, the tied LM head and the loss. The tied
+// embedding (token + positions), the last one ln_f, the tied LM head and the loss. A virtual
+// stage may hold no block (Megatron-Core's slot split: 0,1,…,1,0): it runs as the identity — its
+// received input is its output, and in backward its input's gradient is the one it receives —
+// or as the embedding or the loss alone on an end. The tied
 // embedding is used on stage 0 and stage P − 1: after the step the two stages exchange its
 // gradient and each adds the other's (Megatron-LM's embedding group), so both hold the full
 // gradient.

@@ -113,17 +113,20 @@ TEST(ThreeDOptions, BadLayoutsNameTheFlag) {
   o.pp = 8, o.dp = 1, o.tp = 1;
   EXPECT_EQ(message(o, 8), "--pp = 8: must be <= --layers = 4 (one layer per stage at least)");
   // Interleaved, --pp-layers may name every virtual stage (Note [uneven virtual stages]): 4
-  // layers as 1, 1, 1, 1 over 2 × 2, stage totals 2 and 2; not a virtual stage without a block
-  // (the engine's chunks each run one), nor a stage total that v does not divide.
+  // layers as 1, 1, 1, 1 over 2 × 2, stage totals 2 and 2; a virtual stage may hold no block, a
+  // stage not; with pp entries, v must divide each stage's total.
   o = tiny();
   o.schedule = PipelineSchedule::interleaved;
   o.interleave = 2;
   o.pp_layers = {1, 1, 1, 1};
   EXPECT_EQ(message(o, 8), "no throw");
   EXPECT_EQ(o.stage_split(), (std::vector<int>{2, 2}));
-  o.pp_layers = {2, 1, 0, 1};
-  EXPECT_EQ(message(o, 8), "--pp-layers = 0: must be >= 1 for every virtual stage here (virtual "
-                           "stage 2: each of the engine's chunks runs at least one block)");
+  o.pp_layers = {2, 1, 0, 1};  // virtual stage 2 (stage 0's second chunk) empty: the identity
+  EXPECT_EQ(message(o, 8), "no throw");
+  EXPECT_EQ(o.stage_split(), (std::vector<int>{2, 2}));
+  o.pp_layers = {2, 0, 2, 0};
+  EXPECT_EQ(message(o, 8), "--pp-layers: stage 1's virtual stages hold no layer: every stage "
+                           "needs >= 1");
   o.model.layers = 5;
   o.pp_layers = {3, 2};
   EXPECT_EQ(message(o, 8), "--interleave = 2: must divide the layers of every stage (stage 0 "
@@ -603,6 +606,40 @@ TEST(ThreeDCli, UnevenVirtualStagesPlanRuns) {
     EXPECT_DOUBLE_EQ(x["own_params"].get<double>(),
                      first ? kEmbed + 2 * kBlockT1 : kHead + 3 * kBlockT1);
     EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 12);
+  }
+}
+
+// Megatron-Core's slot split at its smallest: 2 layers as 0, 1, 1, 0 over 2 × 2 virtual stages
+// (DP 2, M = 4), the shape of the planner's Llama 3.1 405B choice (0, 1×126, 0). Virtual stage 0
+// is the embedding alone, virtual stage 3 the loss alone; every float64 and byte check passes.
+// Own parameters: stage 0 the embedding and block 1 (virtual stage 2), stage 1 block 0 (virtual
+// stage 1) and the head; sends 2·v·M − M = 12 per stage, as with blocks in every chunk. Then an
+// empty chunk in the middle, 3 layers as 1, 1, 0, 1: virtual stage 2 passes its input on as the
+// identity (stage 0: the embedding and block 0; stage 1: blocks 1 and 2 and the head).
+TEST(ThreeDCli, EmptyVirtualStagesRunAsTheSlotSplit) {
+  const test::TempDir dir;
+  struct Case {
+    std::vector<int> chunks, stages;
+    double stage0_params, stage1_params;
+  };
+  for (const Case& c : {Case{{0, 1, 1, 0}, {1, 1}, kEmbed + kBlockT1, kHead + kBlockT1},
+                        Case{{1, 1, 0, 1}, {1, 2}, kEmbed + kBlockT1, kHead + 2 * kBlockT1}}) {
+    SCOPED_TRACE(json(c.chunks).dump());
+    json p = plan_object(2, 1, 2, false, 0, 4);
+    p["interleave"] = 2;
+    p["stage_layers"] = c.stages;
+    p["virtual_stage_layers"] = c.chunks;
+    const json j = run_plan(write(dir.path / "plan.json", {{"best", p}}), {});
+    ASSERT_TRUE(j.contains("ranks"));
+    EXPECT_EQ(j["model"]["layers"], c.stages[0] + c.stages[1]);
+    ASSERT_EQ(j["ranks"].size(), 4u);
+    for (const json& x : j["ranks"]) {
+      const bool first = x["pp_index"] == 0;
+      EXPECT_EQ(x["stage_layers"], c.stages[first ? 0 : 1]);
+      EXPECT_DOUBLE_EQ(x["own_params"].get<double>(),
+                       first ? c.stage0_params : c.stage1_params);
+      EXPECT_DOUBLE_EQ(x["pp_sends"]["measured"].get<double>(), 12);
+    }
   }
 }
 

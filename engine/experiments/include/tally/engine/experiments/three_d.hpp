@@ -74,8 +74,8 @@ struct ThreeDOptions {
   // (core's saved sets: tp_model.hpp Note [selective recompute policies])
   Recompute recompute = Recompute::none;
   // Layers of each stage (--pp-layers 3,5): pp entries >= 1 summing to the layers (core's
-  // check_stage_list), or with interleave v > 1 pp·v entries, every virtual stage's (each >= 1
-  // here); empty = core's even split stage_layers(L, P).
+  // check_stage_list), or with interleave v > 1 pp·v entries, every virtual stage's (each >= 0,
+  // every stage's sum >= 1); empty = core's even split stage_layers(L, P).
   std::vector<int> pp_layers;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int interleave = 1;                  // v; > 1 needs the interleaved schedule
