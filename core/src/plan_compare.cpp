@@ -53,6 +53,9 @@ std::vector<Comparison> compare_alternatives(const PlanRequest& base_request, co
     return std::string(what) + " " + std::to_string(from) + " → " + std::to_string(to);
   };
   add("base", base.describe(), base_request, base);
+  // The base as costed: with its settled split (Note [planner stages], [planner virtual stages]),
+  // so an interleaved base without --pp-layers names the slot split it was timed with.
+  if (out.back().eval) out.back().change = out.back().eval->layout.describe();
   for (Alternative a : alternatives) {
     PlanRequest req = base_request;
     Layout l = base;

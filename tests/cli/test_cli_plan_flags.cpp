@@ -84,6 +84,23 @@ TEST(Cli, CompareTakesVirtualStageLayers) {
   EXPECT_NE(bad.err.find("--pp-layers"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("16 virtual stages"), std::string::npos) << bad.err;
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  // Without --pp-layers, 126 layers over 16 × 8 virtual stages take Megatron-Core's slots: (126 +
+  // 2) / 128 = 1 layer each, the first and last one lighter (0, 1 × 126, 0). The base line names
+  // the split it was costed with, as the JSON does.
+  const std::string slots =
+      "compare --model llama-3.1-405b --gpu h100-80g --gpus 16384 --global-batch 2048 --seq 8192 "
+      "--dp 64 --tp 4 --sp --pp 16 --interleave 8 --cp 4 --micro-batch 1";
+  const auto text = tally(slots);
+  ASSERT_EQ(text.rc, 0) << text.err;
+  const std::size_t at = text.out.find("\n  base ");
+  ASSERT_NE(at, std::string::npos) << text.out;
+  const std::string base_line = text.out.substr(at + 1, text.out.find('\n', at + 1) - at - 1);
+  EXPECT_NE(base_line.find("(virtual stages 0,1×126,0 layers)"), std::string::npos) << text.out;
+  const auto s = json_of(tally(slots + " --json"))["options"][0]["eval"];
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["virtual_stage_layers"].size(), 128u);
+  EXPECT_EQ(s["virtual_stage_layers"][0], 0);
+  EXPECT_EQ(s["virtual_stage_layers"][127], 0);
 }
 
 // A choice flag given a value outside its list: exit 2 and one line naming the flag, the value and
