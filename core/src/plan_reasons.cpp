@@ -45,6 +45,8 @@ std::vector<Reason> explain_plan(const PlanRequest& r, const PlanEval& chosen) {
     } else {
       try {
         reason.eval = evaluate_layout(req, v);
+        // As costed, with its settled split (another stage count's end stages or slots).
+        reason.variant = reason.eval->layout.describe();
       } catch (const InvalidInput& e) {
         reason.invalid_reason = e.what();
       }

@@ -292,5 +292,25 @@ TEST(VirtualStages, PlannerSearchesMegatronSlotSplits) {
   EXPECT_TRUE(equal);
 }
 
+// The plan's reasons name each variant as it was costed: Llama 3.1 405B's chosen PP 16 × v8 with
+// PP halved is PP 8 × v8, 64 virtual stages over 126 + 2 slots, 2 each with the ends one lighter
+// (by hand: 1, 2 × 62, 1), not the bare "PP 8(v8)" the variant was before its split was settled.
+TEST(VirtualStages, ReasonsNameTheVariantsSplit) {
+  const PlanRequest r{.model = *model_preset("llama-3.1-405b"),
+                      .cluster = *cluster_preset("h100-80g"), .gpus = 16384,
+                      .global_batch = 2048, .seq = 8192};
+  const Layout chosen{.dp = 64, .tp = 4, .pp = 16, .cp = 4, .interleave = 8, .sp = true,
+                      .zero = 3, .micro_batch = 1, .grad_accum = 32};
+  bool saw_pp = false;
+  for (const Reason& x : explain_plan(r, evaluate_layout(r, chosen))) {
+    if (x.dimension != "PP") continue;
+    saw_pp = true;
+    ASSERT_TRUE(x.eval.has_value()) << x.invalid_reason;
+    EXPECT_NE(x.variant.find("PP 8(v8) (virtual stages 1,2×62,1 layers)"), std::string::npos)
+        << x.variant;
+  }
+  EXPECT_TRUE(saw_pp);
+}
+
 }  // namespace
 }  // namespace tally::test_virtual_stages
