@@ -220,10 +220,10 @@ TEST(HealthCheckCalibration, OwnCalibrationFlagsSlowRanksTheMedianCannot) {
   ASSERT_GT(gemm_256_s, 0.0) << measured.dump();
   ASSERT_GT(memory_16_bps, 0.0) << measured.dump();
   const json& k = measured["kernels"];
-  // 1000×, not 100×: a VM counts time stolen by its host as this process's CPU time, so the
-  // calibration's own 256³ GEMM once read 11.7× slower than the health check that followed it (the
-  // clean-clone CI of 3ed1a18: 0.117 of the 100× figure). (3) needs only the fast figures far
-  // above anything this host can do.
+  // 1000×, not 100×: a VM whose hypervisor reports no steal time counts time taken by its host
+  // as this process's CPU time, so the calibration's own 256³ GEMM once read 11.7× slower than the
+  // health check that followed it (the project's CI of df0812e: 0.117 of the 100× figure). (3)
+  // needs only the fast figures far above anything this host can do.
   constexpr double kFast = 1000;
   fast["kernels"]["peak_flops"] = kFast * k["peak_flops"].get<double>();
   fast["kernels"]["memory_bytes_per_s"] = kFast * k["memory_bytes_per_s"].get<double>();
