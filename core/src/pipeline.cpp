@@ -227,10 +227,11 @@ double simulate_chunk_makespan(PipelineSchedule schedule, const std::vector<doub
   require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
               std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
   for (std::size_t j = 0; j < forward_s.size(); ++j) {
-    require_real(std::isfinite(forward_s[j]) && forward_s[j] > 0, "forward_s", forward_s[j],
-                 "must be > 0 s");
-    require_real(std::isfinite(backward_s[j]) && backward_s[j] > 0, "backward_s", backward_s[j],
-                 "must be > 0 s");
+    // 0 s is a virtual stage with nothing to run (an empty chunk whose sends cost nothing).
+    require_real(std::isfinite(forward_s[j]) && forward_s[j] >= 0, "forward_s", forward_s[j],
+                 "must be >= 0 s");
+    require_real(std::isfinite(backward_s[j]) && backward_s[j] >= 0, "backward_s", backward_s[j],
+                 "must be >= 0 s");
   }
   const int v = int(forward_s.size()) / P;
   const auto order = pipeline_schedule(schedule, P, M, v);
@@ -304,6 +305,8 @@ double simulate_1f1b_makespan(const std::vector<double>& forward_s,
 
 double simulate_1f1b_bubble(int stages, int micro_batches, double forward_s, double backward_s) {
   require_int(stages >= 1, "stages", stages, "must be >= 1");
+  require_real(forward_s > 0, "forward_s", forward_s, "must be > 0 s");
+  require_real(backward_s > 0, "backward_s", backward_s, "must be > 0 s");
   const double makespan =
       simulate_1f1b_makespan(std::vector<double>(std::size_t(stages), forward_s),
                              std::vector<double>(std::size_t(stages), backward_s), micro_batches);

@@ -68,6 +68,9 @@ struct Prepared {
   const PlanRequest* req = nullptr;
   // evaluate_layout's one layout: validate what the search's layouts satisfy by construction.
   bool check_each = false;
+  // Time the pipeline by its schedule (scheduled_makespan) rather than the search's bound: set
+  // for the layouts tally prints (Note [priced by the schedule] in plan_stages.cpp).
+  bool simulate_pipeline = false;
   double n_state = 0;          // N of the state ledger
   double peak = 0, util = 0;
   double model_flops = 0;      // per step
@@ -175,5 +178,20 @@ Prepared prepare(const PlanRequest& r);
 // embedding and loss slots over pp·v virtual stages, or null where pp·v doesn't divide L + 2.
 std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc);
 std::shared_ptr<const std::vector<int>> slot_split(const Prepared& P, int pp, int v);
+
+// One micro-batch's parts of a stage's time, as cost_time (planner.cpp) adds them up.
+struct StagePieces {
+  double layer_s = 0, layer_backward_s = 0;  // one layer's kernels, all passes; the backward's
+  double comm_per_layer_s = 0;               // one layer's exposed TP, CP and EP collectives
+  double first_extra_s = 0, edge_first_s = 0;  // the embedding; the first stage's TP edges
+  double last_extra_s = 0, last_extra_backward_s = 0, edge_last_s = 0;  // LM head and loss
+  double accumulate_s = 0;  // a stage's gradient accumulation, in its backward
+  double pp_s = 0;          // a stage's point-to-point sends
+  double beta = 2.0 / 3.0;  // the backward's share of the collectives and sends
+};
+// The makespan of one step's micro-batches by the layout's schedule (core/pipeline.hpp
+// simulate_virtual_stage_makespan: 1F1B, or interleaved for v > 1), every virtual stage timed
+// from its own layers and extras (Note [priced by the schedule]).
+double scheduled_makespan(const Layout& L, int model_layers, const StagePieces& x);
 
 }  // namespace tally::detail

@@ -148,6 +148,10 @@ namespace tally {
 // A window the collective always fits in (the LM head's weight gradient behind its input
 // gradient's collective, Note [TP edges]).
 constexpr double kFullyHidden = std::numeric_limits<double>::infinity();
+// How many times `top` layouts the search keeps for the schedule to re-price (Note [priced by the
+// schedule]): the closed form is within a few per cent of the schedule on the splits the search
+// makes, so the best few by the schedule lie among the first few dozen by the form.
+constexpr std::size_t kPricedBySchedule = 4;
 
 double overlap_exposed_s(double comm_s, double window_s, double slowdown) {
   if (!(comm_s > 0)) return 0.0;
@@ -167,6 +171,7 @@ using detail::Prepared;
 using detail::choose_split;
 using detail::prepare;
 using detail::slot_split;
+using detail::scheduled_makespan;
 
 std::vector<std::int64_t> divisors(std::int64_t n) {
   std::vector<std::int64_t> lo, hi;
@@ -429,7 +434,17 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   }
   e.tp_s += m * slowest_edges;  // the slowest stage's exposed TP time, its edges included
   const double beta = st.layer_s > 0 ? st.layer_backward_s / st.layer_s : 2.0 / 3.0;
-  const double pipe = pipeline_makespan(stage_s, int(L.grad_accum), L.interleave, beta);
+  // Note [priced by the schedule] (plan_stages.cpp): the search's closed form, or the schedule.
+  const double pipe =
+      P.simulate_pipeline && L.pp > 1
+          ? scheduled_makespan(
+                L, int(r.model.layers),
+                {.layer_s = st.layer_s, .layer_backward_s = st.layer_backward_s,
+                 .comm_per_layer_s = comm_per_layer, .first_extra_s = st.first_extra_s,
+                 .edge_first_s = edge_first_s, .last_extra_s = st.last_extra_s,
+                 .last_extra_backward_s = st.last_extra_backward_s, .edge_last_s = edge_last_s,
+                 .accumulate_s = accumulate_s, .pp_s = pp_per_mb, .beta = beta})
+          : pipeline_makespan(stage_s, int(L.grad_accum), L.interleave, beta);
   const double busy = m * slowest;
   e.bubble_s = pipe - busy;
   e.bubble_fraction = pipe > 0 ? e.bubble_s / pipe : 0.0;
@@ -599,6 +614,7 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
   require_expert_tp(L.tp, L.expert_tp(), L.sp);
   Prepared P = prepare(r);
   P.check_each = true;
+  P.simulate_pipeline = true;
   const Layout staged = with_stages(P, L);
   ActivationSetup{.seq = r.seq, .micro_batch = L.micro_batch, .tp = L.tp,
                   .sequence_parallel = L.sp, .cp = L.cp, .pp = L.pp, .interleave = L.interleave,
@@ -615,13 +631,17 @@ PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
 
 PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
   r.validate();
-  const Prepared P = prepare(r);
+  Prepared P = prepare(r);
   const ModelSpec& m = r.model;
   PlanResult res;
   res.request = r;
   auto& rej = res.rejected;
   const int max_tp = space.max_tp > 0 ? space.max_tp : r.cluster.nvlink_domain_size();
   const std::size_t top = std::size_t(std::max(space.top, 1));
+  // Note [priced by the schedule] (plan_stages.cpp): the search ranks by the closed form and
+  // keeps kPricedBySchedule·top layouts, which the schedule re-prices; the best top are kept.
+  const std::size_t pool_size = top * kPricedBySchedule;
+  std::vector<PlanEval> pool;
   std::uint64_t shape_ok = 0;
   PointCollector points(space.max_points);  // Note [plan points]
 
@@ -668,8 +688,8 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                 if (!recompute_applies(rc, m)) continue;  // op-sac: dense layers only
                 const double lower_bound_s = P.lower_bound_s[int(rc)];
                 for (Attention att : space.attentions) {
-                  if (space.prune && res.best.size() == top &&
-                      lower_bound_s > res.best.back().step_s) {
+                  if (space.prune && pool.size() == pool_size &&
+                      lower_bound_s > pool.back().step_s) {
                     res.pruned += micro.size();
                     continue;
                   }
@@ -691,7 +711,7 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
                       if (space.prune) break;  // Note [planner pruning] cut 1
                       continue;
                     }
-                    keep_top(res.best, e, top, better);
+                    keep_top(pool, e, pool_size, better);
                   }
                 }
               }
@@ -714,6 +734,13 @@ PlanResult plan(const PlanRequest& r, const SearchSpace& space) {
         std::to_string(r.global_batch) + ")");
   }
 
+  P.simulate_pipeline = true;
+  for (PlanEval& e : pool) e = cost(P, e.layout);
+  std::sort(pool.begin(), pool.end(), better);
+  if (pool.size() > top) pool.resize(top);
+  res.best = std::move(pool);
+  for (PlanEval& e : res.near_misses) e = cost(P, e.layout);
+  std::sort(res.near_misses.begin(), res.near_misses.end(), closer_miss);
   res.points = points.points();
   res.points_sampled = points.sampled();
   res.frontier_thinned = points.frontier_thinned();

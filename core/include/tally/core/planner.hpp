@@ -313,7 +313,7 @@ struct PlanEval {
 //     spread within one published table: at most 10.7 %.
 //   H100 / H200 (kept aside, tests/validation/test_published_throughput.cpp: torchtitan's Llama 3.1
 //     tables, 20 PyTorch-native runs — FSDP2, TP, PP, CP, Float8, torch.compile; 500 W H100s):
-//     1.12 to 1.84, median 1.50 (uncompiled rows with Note [eager kernels], Float8 rows with Note
+//     1.12 to 1.80, median 1.49 (uncompiled rows with Note [eager kernels], Float8 rows with Note
 //     [low-precision casts] and Hopper's fp8 GEMM constants) — the model runs much faster than
 //     these runs; within one table up to 36.8 % apart (Table 4: AsyncTP, which tally hides
 //     entirely, gained 6 %).
@@ -360,7 +360,10 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu,
 //  - the feasible Pareto frontier (no other fitting layout is both faster and smaller), kept
 //    whole while it holds at most max_points layouts (thinned like the sample beyond that).
 // PlanResult::points is their union, frontier members flagged. Pruned layouts were never costed
-// (Note [planner pruning]), so they are not points.
+// (Note [planner pruning]), so they are not points. A point's step is the search's price (the
+// closed form of Note [priced by the schedule], core/src/plan_stages.cpp); the plans printed
+// beside them are re-priced by their schedule: where the stages differ, a few per cent slower at
+// v = 1, either way with unequal chunks.
 struct PlanPoint {
   Layout layout;
   double step_s = 0;
