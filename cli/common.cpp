@@ -49,9 +49,33 @@ void add_model_flags(CLI::App* cmd, ModelOptions& m) {
                                  "parameter count when no architecture is known: 7e9, 7B, 350M");
   model->excludes(params);
   params->excludes(model);
+  cmd->add_option("--mtp-layers", m.mtp_layers,
+                  "multi-token-prediction modules trained beside the model (DeepSeek-V3: 1; "
+                  "Megatron-Core --mtp-num-layers): each a projection, one layer of the model's "
+                  "last kind and a pass through the shared head, on the last pipeline stage "
+                  "(default 0: presets and config.json files describe the main model)")
+      ->check(CLI::Range(0, 1024));
 }
 
 std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none) {
+  std::optional<ModelSpec> spec = resolve_main_model(m, allow_none);
+  if (spec && m.mtp_layers) {
+    if (spec->params_only)
+      throw InvalidInput("--mtp-layers = " + std::to_string(*m.mtp_layers) +
+                         ": needs an architecture (--model), not only --params");
+    spec->mtp_layers = *m.mtp_layers;
+    if (spec->mtp_layers > spec->layers)
+      throw InvalidInput("--mtp-layers = " + std::to_string(*m.mtp_layers) +
+                         ": allowed 0.." + std::to_string(spec->layers) + " (the model's layers)");
+    // Every report names the model it costs: "deepseek-v3 + 1 MTP module".
+    if (spec->mtp_layers > 0)
+      spec->name += " + " + std::to_string(spec->mtp_layers) +
+                    (spec->mtp_layers == 1 ? " MTP module" : " MTP modules");
+  }
+  return spec;
+}
+
+std::optional<ModelSpec> resolve_main_model(const ModelOptions& m, bool allow_none) {
   if (m.params) return model_from_params(parse_count(*m.params, "--params"));
   if (!m.model) {
     if (allow_none) return std::nullopt;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,9 +39,12 @@ inline constexpr const char* kInlineCalibrationSource = "calibration.json";
 struct ModelOptions {
   std::optional<std::string> model;
   std::optional<std::string> params;
+  std::optional<std::int64_t> mtp_layers;  // --mtp-layers D (Note [multi-token prediction])
 };
 void add_model_flags(CLI::App* cmd, ModelOptions& m);
 std::optional<ModelSpec> resolve_model(const ModelOptions& m, bool allow_none = false);
+// The same without --mtp-layers applied: the preset, config.json or --params as given.
+std::optional<ModelSpec> resolve_main_model(const ModelOptions& m, bool allow_none = false);
 
 // --gpu PRESET|cluster.json|{...} (default a100-80g) plus --gpus-per-node and --calibration overrides.
 struct ClusterOptions {

@@ -368,14 +368,22 @@ static void stage_totals(const ModelSpec& m, const ActivationSetup& a,
   const double h = double(m.hidden);
   r.embedding_bytes = (a.dropout ? 1.0 : 0.0) * tokens * h / rep * in_flight;
   // Korthikanti §4.3: final norm input + LM-head input (2-byte) and fp32 logits 4sbV / t.
-  r.output_bytes = 2 * a.act_bytes * tokens * h / rep +
-                   (a.eager_loss ? 12.0 : 4.0) * tokens * double(m.vocab) / a.tp;
+  // Note [multi-token prediction] (model.cpp): each MTP module repeats this at the last stage's
+  // loss, and holds its layer's tensors and its own inputs — the norms' inputs (h and the
+  // shifted tokens' embedding) and the projection's 2h input — for the one micro-batch the last
+  // (virtual) stage keeps in flight: its backward follows each forward at once under 1F1B and
+  // interleaving alike.
+  const double mtp = double(m.mtp_layers);
+  r.output_bytes = (1 + mtp) * (2 * a.act_bytes * tokens * h / rep +
+                                (a.eager_loss ? 12.0 : 4.0) * tokens * double(m.vocab) / a.tp);
+  r.mtp_bytes = mtp * (r.per_layer_bytes + 4 * a.act_bytes * tokens * h / rep);
 
   // Each stage's saved tensors; the loss phase on the last, the blocks' phase on the fullest.
   const int last = a.pp - 1;
   double last_saved = 0, fullest = -1;
   int fullest_stage = 0;
   const auto stage = [&](int s, double saved) {
+    if (s == last) saved += r.mtp_bytes;
     if (saved > fullest) fullest = saved, fullest_stage = s;
     if (s == last) last_saved = saved;
   };

@@ -20,13 +20,16 @@ TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
   const double N = compute_params(m);
   // 2·s·a·(d_qk + d_v) per layer: QKᵀ and PV; 4·h·s when a·d = h (no MLA, no stated head_dim).
   // A sliding-window layer's span is its window, min(w, s), unmasked within it.
+  // Note [multi-token prediction] (model.cpp): each MTP module's layer attends over the whole
+  // sequence, and its logits come from the shared head, one more 6·V·h pass beside its own 6N.
   const double spans =
-      double(m.layers - m.window_layers) * double(seq) +
+      double(m.layers - m.window_layers + m.mtp_layers) * double(seq) +
       double(m.window_layers) * double(std::min<std::int64_t>(m.attention_window, seq));
   const double attn_fwd =
       m.params_only ? 0.0 : 2.0 * double(m.heads) * double(m.qk_dim() + m.value_dim()) * spans;
   TokenFlops f;
-  f.model = 6.0 * N + 3.0 * attn_fwd;
+  f.model = 6.0 * N + 3.0 * attn_fwd +
+            6.0 * double(m.mtp_layers) * double(m.vocab) * double(m.hidden);
   f.hardware = f.model;
   if (r == Recompute::full) f.hardware += 2.0 * N + attn_fwd;
   if (r == Recompute::selective) f.hardware += attn_fwd;
@@ -38,7 +41,7 @@ TokenFlops token_flops(const ModelSpec& m, std::int64_t seq, Recompute r) {
     const double h = double(m.hidden), f_w = double(m.ffn);
     const double k_proj = h * double(m.kv_heads * m.head_dim());
     const double o_proj = double(m.heads * m.head_dim()) * h;
-    f.hardware += 2.0 * double(m.layers) * (k_proj + o_proj + h * f_w);
+    f.hardware += 2.0 * double(m.layers + m.mtp_layers) * (k_proj + o_proj + h * f_w);
   }
   return f;
 }
@@ -58,6 +61,13 @@ double flops_per_token(const ModelSpec& m, std::int64_t seq, Recompute r) {
 double lm_head_flops_per_token(const ModelSpec& m) {
   if (m.params_only) return 0.0;
   return 6.0 * double(m.vocab) * double(m.hidden);
+}
+
+double mtp_flops_per_token(const ModelSpec& m, std::int64_t seq, Recompute r) {
+  if (m.mtp_layers == 0) return 0.0;
+  ModelSpec main = m;
+  main.mtp_layers = 0;
+  return token_flops(m, seq, r).hardware - token_flops(main, seq, r).hardware;
 }
 
 void ComputeSetup::validate() const {
@@ -93,6 +103,9 @@ std::string ComputeResult::convention() const {
   std::string c = "FLOPs per token = 6N";
   if (!s.model.params_only) c += " + 12*L*h*s (attention unmasked)";
   c += ", N = " + format_number(params_per_token) + (s.model.is_moe() ? " active" : "") + " params";
+  if (s.model.mtp_layers > 0)
+    c += " incl. " + std::to_string(s.model.mtp_layers) +
+         " MTP module(s), each + its layer's attention + 6*V*h through the shared head";
   c += " | recompute " + std::string(to_string(s.recompute));
   if (s.recompute == Recompute::full) c += " (+2N + 4*L*h*s hardware FLOPs)";
   if (s.recompute == Recompute::selective && !s.model.params_only)

@@ -92,6 +92,11 @@ void LoraSetup::validate(const ModelSpec& m) const {
   m.validate();
   if (method == FineTune::full)
     throw InvalidInput("--method full: the model-state ledger answers it, not the LoRA ledger");
+  // Fine-tuning trains the main model; its ledgers have no MTP modules (Note [multi-token
+  // prediction] in model.cpp).
+  require_int(m.mtp_layers == 0, "mtp-layers", m.mtp_layers,
+              "must be 0 with --method " + std::string(to_string(method)) +
+                  " (LoRA fine-tuning of the MTP modules is not modelled)");
   require_int(rank >= 1 && rank <= 65536, "lora-rank", rank, "must be in [1, 65536]");
   require_real(std::isfinite(alpha) && alpha > 0, "lora-alpha", alpha, "must be > 0");
   require_real(std::isfinite(dropout) && dropout >= 0 && dropout < 1, "lora-dropout", dropout,

@@ -71,6 +71,8 @@ void ModelSpec::validate() const {
   require((attention_window > 0) == (window_layers > 0), "sliding-window layers", window_layers,
           "must be > 0 exactly when sliding_window is (it is " + std::to_string(attention_window) +
               ")");
+  require(mtp_layers >= 0 && mtp_layers <= layers, "mtp_num_layers", mtp_layers,
+          "must be in [0, num_hidden_layers = " + std::to_string(layers) + "]");
   require(position != PositionKind::learned || max_positions > 0, "max_position_embeddings",
           max_positions, "must be > 0 for learned position embeddings");
   require_real(std::isfinite(rotary_attention_scale) && rotary_attention_scale > 0 &&
@@ -145,6 +147,8 @@ ParamCount count_params(const ModelSpec& m) {
   c.attention = L * attention_params(m);
 
   const double expert = mlp_params(m, double(m.ffn), m.linear_bias || m.expert_bias);
+  // One layer's MLP of the model's last kind: all of it, what a token uses, the routed experts.
+  double layer_mlp = expert, layer_mlp_active = expert, layer_routed = 0;
   if (!m.is_moe()) {
     c.mlp = c.mlp_active = L * expert;
   } else {
@@ -153,14 +157,36 @@ ParamCount count_params(const ModelSpec& m) {
     const double shared = double(m.shared_experts) *
                           mlp_params(m, double(m.shared_expert_ffn), m.linear_bias || m.expert_bias);
     const double dense = double(m.dense_layers) * mlp_params(m, double(m.dense_ffn), m.linear_bias);
-    c.routed_experts = moe_L * E * expert;
-    c.mlp = dense + c.routed_experts + moe_L * (shared + router);
-    c.mlp_active = dense + moe_L * (double(m.experts_per_token) * expert + shared + router);
+    layer_routed = E * expert;
+    layer_mlp = layer_routed + shared + router;
+    layer_mlp_active = double(m.experts_per_token) * expert + shared + router;
+    c.routed_experts = moe_L * layer_routed;
+    c.mlp = dense + moe_L * layer_mlp;
+    c.mlp_active = dense + moe_L * layer_mlp_active;
   }
 
   c.norms = L * layer_norm_params(m) + (m.norm == NormKind::layernorm ? 2 * h : h);
 
   c.output_head = m.tied_embeddings ? 0.0 : double(m.vocab) * h;
+
+  // Note [multi-token prediction]: DeepSeek-V3 §2.2 (Liu et al. 2024, Fig. 3) — module k takes the
+  // main model's (or module k−1's) final hidden state and the embedding of token i + k, normalises
+  // each (RMSNorm), concatenates them, projects 2h → h (M_k, no bias), runs one transformer block
+  // and, through its own final norm, the shared output head; the embedding and head are the main
+  // model's. DeepSeek-V3's block is a MoE layer (its checkpoint's layer 61: 256 experts); Megatron-
+  // Core builds MTP layers with the decoder's last layer spec (multi_token_prediction.py), so here
+  // the block is the model's last kind: MoE when the model has MoE layers. README_WEIGHTS.md: "MTP
+  // Modules: 11.5B unique parameters" (test_model.cpp checks the count).
+  if (m.mtp_layers > 0) {
+    const double D = double(m.mtp_layers), norm = m.norm == NormKind::layernorm ? 2 * h : h;
+    // The block's norms, the norms of h and of the embedding, and the module's final norm.
+    const double norms = layer_norm_params(m) + 3 * norm;
+    const double own = attention_params(m) + 2 * h * h + norms;  // + the projection M_k
+    c.mtp = D * (own + layer_mlp);
+    c.mtp_active = D * (own + layer_mlp_active);
+    c.mtp_norms = D * norms;
+    c.routed_experts += D * layer_routed;
+  }
   return c;
 }
 
@@ -172,7 +198,7 @@ double state_params(const ModelSpec& m) {
 double gemm_weight_share(const ModelSpec& m) {
   if (m.params_only) return 1.0;
   const ParamCount c = count_params(m);
-  return (c.attention + c.mlp) / c.total();
+  return (c.attention + c.mlp + c.mtp - c.mtp_norms) / c.total();
 }
 
 double yarn_attention_factor(double factor) {

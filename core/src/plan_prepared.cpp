@@ -19,9 +19,11 @@ Prepared prepare(const PlanRequest& r) {
   p.model_flops = flops_per_token(r.model, r.seq, Recompute::none) * p.tokens;
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full,
                        Recompute::save_matmuls, Recompute::op_sac})
-    if (recompute_applies(rc, r.model))
+    if (recompute_applies(rc, r.model)) {
       p.hw_flops[int(rc)] = flops_per_token(r.model, r.seq, rc) * p.tokens;
-  p.head_flops = lm_head_flops_per_token(r.model) * p.tokens;
+      p.head_flops[int(rc)] =
+          (lm_head_flops_per_token(r.model) + mtp_flops_per_token(r.model, r.seq, rc)) * p.tokens;
+    }
   p.count = count_params(r.model);
   p.param_bytes = dtype_bytes(r.precision);
   p.act_bytes = dtype_bytes(r.precision);

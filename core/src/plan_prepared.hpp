@@ -75,7 +75,9 @@ struct Prepared {
   double peak = 0, util = 0;
   double model_flops = 0;      // per step
   double hw_flops[kRecomputePolicies] = {};  // per step, by Recompute
-  double head_flops = 0;       // per step, LM head only
+  // Per step, by Recompute: the last stage's FLOPs beyond its layers — the LM head and the
+  // multi-token-prediction modules (Note [multi-token prediction], model.cpp).
+  double head_flops[kRecomputePolicies] = {};
   double tokens = 0;
   double param_bytes = 0, act_bytes = 0;
   double grad_bytes = 0;       // the state ledger's gradient bytes per parameter
@@ -146,19 +148,24 @@ struct Prepared {
     const PlanRequest& r = *req;
     const BaseTimes& bt = base_times(b, tp, sp, cp, rc, att);
     OpsTime layer = bt.plain_layer;
+    // Note [multi-token prediction] (model.cpp): each MTP module's layer, of the model's last
+    // kind, runs on the last stage beside the head.
+    OpsTime last_kind = bt.plain_layer;
     if (r.model.is_moe()) {  // the MoE layer at this EP, mixed with the dense layers
       OperatorSetup os = operator_setup(b, tp, sp, cp, rc, att);
       os.ep = ep;
       os.etp = etp;
-      layer = mix_layer_times(r.model, time_ops(layer_ops(r.model, os), r.cluster.gpu,
-                                                r.precision), bt.plain_layer);
+      last_kind = time_ops(layer_ops(r.model, os), r.cluster.gpu, r.precision);
+      layer = mix_layer_times(r.model, last_kind, bt.plain_layer);
     }
+    const double mtp = double(r.model.mtp_layers);
     MicroTimes t{.layer_s = layer.total_s(),
                  .layer_backward_s = layer.backward_s + layer.recompute_s,
                  .column_wgrad_s = layer.column_wgrad_s,
                  .embedding_s = bt.embedding_s,
-                 .output_s = bt.output_s,
-                 .output_backward_s = bt.output_backward_s,
+                 .output_s = bt.output_s + mtp * last_kind.total_s(),
+                 .output_backward_s =
+                     bt.output_backward_s + mtp * (last_kind.backward_s + last_kind.recompute_s),
                  .weight_cast_forward_s = layer.weight_cast_forward_s,
                  .weight_cast_s = layer.weight_cast_s,
                  .weight_casts_cached =

@@ -14,21 +14,22 @@
 namespace tally::detail {
 
 // Note [planner stages]
-// A pipeline's end stages carry more than layers: the first the embedding, the last the final
-// norm, the LM head and the loss (6·V·h FLOPs per token, a large share for big vocabularies). With
-// interleave 1 the planner picks the layer split that makes the slowest stage fastest, among the
-// even split and end stages one layer lighter (as Llama 3 puts 126 layers on 16 stages:
-// 7 + 14 × 8 + 7, Dubey et al. 2024 §3.3.2), weighing each stage by its FLOPs — a choice that
-// depends on (pp, recompute) only, so it is made once and the memory pruning stays exact. A PP
-// that doesn't divide the layers gets the most even split (extra layers on the later stages).
-// Interleaved schedules keep equal stages where pp·v | layers (Megatron-LM's rule), else take
-// Megatron-Core's embedding and loss slots (Note [planner virtual stages]).
+// A pipeline's end stages carry more than layers: the first the embedding, the last the final norm,
+// the LM head and the loss (6·V·h FLOPs per token, a large share for big vocabularies) and any
+// multi-token-prediction modules. With interleave 1 the planner picks the layer split that makes
+// the slowest stage fastest, among the even split, end stages one layer lighter (as Llama 3 puts
+// 126 layers on 16 stages: 7 + 14 × 8 + 7, Dubey et al. 2024 §3.3.2) and a last stage lighter by
+// more (the first one layer heavier or lighter) where that is faster still, weighing each stage by
+// its FLOPs — a choice that depends on (pp, recompute) only, so it is made once and the memory
+// pruning stays exact. A PP that doesn't divide the layers gets the most even split (extra layers
+// on the later stages). Interleaved schedules keep equal stages where pp·v | layers (Megatron-LM's
+// rule), else take Megatron-Core's embedding and loss slots (Note [planner virtual stages]).
 std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
   const auto key = std::make_pair(pp, int(rc));
   if (const auto it = P.splits.find(key); it != P.splits.end()) return it->second;
   const PlanRequest& r = *P.req;
   const int layers = int(r.model.layers);
-  const double head = P.head_flops, layer = (P.hw_flops[int(rc)] - head) / layers;
+  const double head = P.head_flops[int(rc)], layer = (P.hw_flops[int(rc)] - head) / layers;
   auto pace = [&](int first, int last) {
     const std::vector<int> n = stage_layers(layers, pp, first, last);
     double worst = 0;
@@ -41,8 +42,16 @@ std::pair<int, int> choose_split(const Prepared& P, int pp, Recompute rc) {
   std::pair<int, int> best = layers % pp == 0 ? std::make_pair(0, 0)
                                                : std::make_pair(even, even + 1);
   double best_pace = pace(best.first, best.second);
-  for (const auto& [f, l] : {std::pair{even - 1, even}, std::pair{even, even - 1},
-                             std::pair{even - 1, even - 1}, std::pair{even, even}}) {
+  std::vector<std::pair<int, int>> candidates{{even - 1, even}, {even, even - 1},
+                                              {even - 1, even - 1}, {even, even}};
+  // A last stage heavier than a layer beyond its layers (a large vocabulary's head, the MTP
+  // modules: Note [multi-token prediction]) may shed more than one, and the first stage, whose
+  // embedding is a lookup, take one more: DeepSeek-V3's Megatron-Bridge recipe on 8 stages puts
+  // 8 layers and the embedding on the first, 8 on each middle one, 5 and the MTP module on the
+  // last. Tried after the splits above, kept only where strictly faster.
+  for (int l = even; l >= 1; --l)
+    for (const int f : {even + 1, even, even - 1}) candidates.emplace_back(f, l);
+  for (const auto& [f, l] : candidates) {
     if (f < 1 || l < 1 || (pp == 2 && f + l != layers) || layers - f - l < pp - 2) continue;
     const double p = pace(f, l);
     if (p < best_pace * (1 - 1e-12)) {

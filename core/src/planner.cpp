@@ -186,13 +186,15 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
 
 
 // Parameters on the GPU of the heaviest stage: N/(t·p) for an even split (the seed's ledger);
-// with uneven stages, each stage's layers plus the embedding (first) or the head (last; a tied
-// head keeps a copy of the embedding there, as Megatron-LM does), scaled to the state ledger's N.
+// with uneven stages or MTP modules, each stage's layers plus the embedding (first) or the head
+// and the MTP modules (last; a tied head keeps a copy of the embedding there, as Megatron-LM
+// does), scaled to the state ledger's N.
 double params_per_gpu(const Prepared& P, const Layout& L, const std::vector<LayerRun>& runs) {
-  if (!L.uneven_stages()) return P.n_state / (double(L.tp) * L.pp);
   const ParamCount& c = P.count;
+  // The multi-token-prediction modules sit on the last stage (Note [multi-token prediction]).
+  if (!L.uneven_stages() && (c.mtp == 0 || L.pp == 1)) return P.n_state / (double(L.tp) * L.pp);
   const double per_layer = (c.attention + c.mlp + c.norms) / double(P.req->model.layers);
-  const double head = P.req->model.tied_embeddings ? c.embedding : c.output_head;
+  const double head = (P.req->model.tied_embeddings ? c.embedding : c.output_head) + c.mtp;
   double heaviest = 0;
   for (std::size_t i = 0; i < runs.size(); ++i)  // stage 0 and stage P − 1 are runs of their own
     heaviest = std::max(heaviest, runs[i].layers * per_layer + (i == 0 ? c.embedding : 0.0) +
@@ -281,10 +283,11 @@ StageTimes stage_times(const Prepared& P, const Layout& L, const MicroTimes* mic
     // Per micro-batch per GPU: the step's FLOPs over m micro-batches and the t·c GPUs of a stage.
     const double per_mb = double(L.micro_batch) / double(r.global_batch) / (double(L.tp) * L.cp) /
                           (P.peak * P.util);
-    const double layer = (P.hw_flops[int(L.recompute)] - P.head_flops) / double(r.model.layers);
+    const double head = P.head_flops[int(L.recompute)];
+    const double layer = (P.hw_flops[int(L.recompute)] - head) / double(r.model.layers);
     return StageTimes{.layer_s = layer * per_mb, .layer_backward_s = (2.0 / 3.0) * layer * per_mb,
-                      .last_extra_s = P.head_flops * per_mb,
-                      .last_extra_backward_s = (2.0 / 3.0) * P.head_flops * per_mb};
+                      .last_extra_s = head * per_mb,
+                      .last_extra_backward_s = (2.0 / 3.0) * head * per_mb};
   }
   const MicroTimes& t = *micro;
   return StageTimes{.layer_s = t.layer_per_micro_batch(double(L.grad_accum)),
@@ -411,6 +414,10 @@ void cost_time(const Prepared& P, const Layout& L, const Stages& stages,
   if (r.ep_overlap)  // the all-to-alls behind another micro-batch's kernels
     e.ep_s = overlap_exposed_s(e.ep_s, m * busiest * st.layer_s, sigma);
   const double comm_per_layer = (e.tp_s + e.cp_s + e.ep_s) / (m * busiest);
+  // Note [multi-token prediction] (model.cpp): each MTP module on the last stage repeats the
+  // head's TP edges and adds its layer's collectives.
+  const double mtp = double(r.model.mtp_layers);
+  edge_last_s = edge_last_s * (1 + mtp) + mtp * comm_per_layer;
   const double pp_per_mb = e.pp_s / m;
   // Per run of equal stages (stage 0 and stage P − 1 are runs of their own).
   std::vector<StageRun>& stage_s = P.stage_seconds;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tally/core/model.hpp"
 #include "tally/core/presets.hpp"
 
 namespace tally::test_compute {
@@ -102,6 +103,30 @@ TEST(Compute, PropertyMonotone) {
               flops_per_token(m, s, Recompute::selective));
     prev = none;
   }
+}
+
+// Multi-token prediction (Note [multi-token prediction], model.cpp): each module's 6N over its
+// own parameters as a token uses them (the layer with E_act experts, the 2h → h projection, its
+// norms), its pass through the shared head, 6·V·h, and its layer's attention over the whole
+// sequence, 3 × 2·a·(d_qk + d_v)·s (DeepSeek-V3: a = 128, d_qk = 192, d_v = 128) — all of it on
+// the last stage (mtp_flops_per_token). Full recompute replays the module's 2N and attention
+// forward as it does the layers'.
+TEST(Compute, MultiTokenPredictionAddsItsModules) {
+  ModelSpec m = *model_preset("deepseek-v3");
+  const double s = 4096, V = 129280, h = 7168, attention = 2 * 128 * (192 + 128) * s;
+  const double none = flops_per_token(m, 4096, Recompute::none);
+  const double full = flops_per_token(m, 4096, Recompute::full);
+  EXPECT_EQ(mtp_flops_per_token(m, 4096, Recompute::none), 0.0);
+  m.mtp_layers = 1;
+  const double active = count_params(m).mtp_active;
+  const double module = 6 * active + 6 * V * h + 3 * attention;
+  EXPECT_NEAR(flops_per_token(m, 4096, Recompute::none) - none, module, 1e-6 * module);
+  EXPECT_NEAR(mtp_flops_per_token(m, 4096, Recompute::none), module, 1e-6 * module);
+  EXPECT_NEAR(flops_per_token(m, 4096, Recompute::full) - full, module + 2 * active + attention,
+              1e-6 * module);
+  // About a sixtieth more than the main model's 61 layers and head, as one more layer and head.
+  EXPECT_GT(module / none, 0.01);
+  EXPECT_LT(module / none, 0.05);
 }
 
 TEST(Compute, RejectsBadInput) {

@@ -80,6 +80,46 @@ TEST(Model, DeepSeekV3TotalAndActive) {
   EXPECT_EQ(std::round(c.active_without_embedding() / 1e9), 37);
 }
 
+// DeepSeek-V3's multi-token-prediction module (Note [multi-token prediction], model.cpp), by hand
+// from its weight file's layer 61 (README_WEIGHTS.md: enorm, hnorm, eh_proj, one transformer layer
+// "identical to the Main Model hidden layers" — a MoE layer —, shared_head's norm; embedding and
+// head shared): the layer's MLA, norms, 256 + 1 experts and router; the projection 2h × h; three
+// norms of h. README_WEIGHTS.md says "11.5B unique parameters" and "Activation parameters: 1.5B
+// (including 0.9B for the output Head)": both the layer's alone (11.508B; 0.585B + 0.927B head =
+// 1.512B) — the projection's 2h² = 0.103B is not in them (with it 11.61B and 1.615B), though the
+// file holds it and training updates it, so tally counts it.
+TEST(Model, DeepSeekV3MultiTokenPrediction) {
+  const double h = 7168;
+  const double mla = h * 1536 + 1536 * (128 * (128 + 64)) + h * (512 + 64) +
+                     512 * (128 * (128 + 128)) + (128 * 128) * h;
+  const double block_norms = 2 * h + 1536 + 512;
+  const double expert = 3 * h * 2048, router = 256 * h + 256;
+  const double layer = mla + block_norms + 256 * expert + expert + router;
+  const double layer_active = mla + block_norms + (8 + 1) * expert + router;
+  const double proj = 2 * h * h, own_norms = 3 * h;
+  ModelSpec m = *model_preset("deepseek-v3");
+  const ParamCount main = count_params(m);
+  m.mtp_layers = 1;
+  const ParamCount c = count_params(m);
+  EXPECT_DOUBLE_EQ(c.mtp, layer + proj + own_norms);
+  EXPECT_DOUBLE_EQ(c.mtp_active, layer_active + proj + own_norms);
+  EXPECT_DOUBLE_EQ(c.mtp_norms, block_norms + own_norms);
+  EXPECT_NEAR(layer / 1e9, 11.5, 0.05);                       // README_WEIGHTS.md
+  EXPECT_NEAR((layer_active + c.output_head) / 1e9, 1.5, 0.05);
+  EXPECT_DOUBLE_EQ(c.main_model(), main.total());             // the 671B are untouched
+  EXPECT_DOUBLE_EQ(c.total(), main.total() + c.mtp);
+  EXPECT_DOUBLE_EQ(c.active(), main.active() + c.mtp_active);
+  // EP shards the module's routed experts too.
+  EXPECT_DOUBLE_EQ(c.routed_experts, main.routed_experts + 256 * expert);
+  // Two modules, twice; more than the layers, a one-line error naming the field.
+  m.mtp_layers = 2;
+  EXPECT_DOUBLE_EQ(count_params(m).mtp, 2 * c.mtp);
+  m.mtp_layers = 62;
+  EXPECT_THROW(count_params(m), InvalidInput);
+  m.mtp_layers = -1;
+  EXPECT_THROW(count_params(m), InvalidInput);
+}
+
 // Qwen3 model cards (HF Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): "30.5B in total and 3.3B
 // activated", non-embedding 29.9B; "235B in total and 22B activated", non-embedding 234B. Qwen
 // counts the embedding in the active figure (without it 3.0B, not 3.3B).

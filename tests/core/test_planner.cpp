@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "tally/core/activations.hpp"
+#include "tally/core/compute.hpp"
 #include "tally/core/finetune.hpp"
 #include "tally/core/pipeline.hpp"
 #include "tally/core/presets.hpp"
@@ -660,6 +662,74 @@ TEST(Planner, InterleavedStagesStayEqual) {
   EXPECT_EQ(e.layout.last_stage_layers, 0);
   EXPECT_GT(e.bubble_fraction, 0);
   EXPECT_LT(e.bubble_fraction, 7.0 / 64);  // below the non-interleaved (P−1)/m
+}
+
+// Multi-token prediction in the planner (Note [multi-token prediction], core/src/model.cpp): the
+// module's FLOPs, parameters and activations land on the last stage.
+// - Time: under the utilisation model without PP the kernels are the step's hardware FLOPs over
+//   G·peak·u, so compute grows by flops_per_token's ratio exactly.
+// - Parameters: Llama 3 8B's 32 layers pinned to 8 per stage on PP 4: the last stage holds its
+//   8 layers, the head and the module (by hand from count_params' items), 2 B each in bf16.
+// - The split: the module weighs about a layer and a head more on the last stage, so the
+//   planner's split for PP 4 puts fewer layers there than without it.
+// - Activations: the last stage keeps the module's layer and inputs, and a second set of logits.
+TEST(Planner, MultiTokenPredictionSitsOnTheLastStage) {
+  PlanRequest r{.model = *model_preset("llama-3-8b"), .cluster = *cluster_preset("h100-80g"),
+                .gpus = 8, .global_batch = 64, .seq = 4096};
+  r.time_model = TimeModel::utilisation;
+  const Layout dp{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 8};
+  const PlanEval base = evaluate_layout(r, dp);
+  PlanRequest with = r;
+  with.model.mtp_layers = 1;
+  const PlanEval mtp = evaluate_layout(with, dp);
+  EXPECT_NEAR(mtp.compute_s / base.compute_s,
+              flops_per_token(with.model, 4096, Recompute::none) /
+                  flops_per_token(r.model, 4096, Recompute::none),
+              1e-9);
+  // Parameters of the last stage.
+  Layout pp{.dp = 2, .pp = 4, .micro_batch = 1, .grad_accum = 32};
+  pp.stage_layer_list = std::make_shared<const std::vector<int>>(std::vector<int>{8, 8, 8, 8});
+  const ParamCount c = count_params(with.model);
+  const double per_layer = (c.attention + c.mlp + c.norms) / 32;
+  EXPECT_DOUBLE_EQ(evaluate_layout(with, pp).states.params,
+                   2.0 * (8 * per_layer + c.output_head + c.mtp));
+  // The planner's own split lightens the last stage more with the module.
+  Layout chosen = pp;
+  chosen.stage_layer_list = nullptr;
+  const Layout without_split = evaluate_layout(r, chosen).layout;
+  const Layout with_split = evaluate_layout(with, chosen).layout;
+  EXPECT_LT(with_split.layers_on_stage(32, 3), without_split.layers_on_stage(32, 3));
+  // Activations of the last stage: + the module's layer and inputs, + a second output.
+  ModelSpec m = r.model;
+  ActivationSetup a{.seq = 4096, .micro_batch = 1, .pp = 4, .micro_batches = 8};
+  const ActivationResult before = activations(m, a);
+  m.mtp_layers = 1;
+  const ActivationResult after = activations(m, a);
+  const double tokens = 4096, h = 4096, inputs = 4 * 2 * tokens * h;  // h, e(x), 2h; bf16
+  EXPECT_DOUBLE_EQ(after.mtp_bytes, before.per_layer_bytes + inputs);
+  EXPECT_DOUBLE_EQ(after.output_bytes, 2 * before.output_bytes);
+  EXPECT_DOUBLE_EQ(after.loss_phase_bytes,
+                   before.loss_phase_bytes + after.mtp_bytes + before.output_bytes);
+}
+
+// The split the planner picks for DeepSeek-V3 with its MTP module on 8 stages is the one NVIDIA's
+// Megatron-Bridge recipe runs on 256 B300s (tests/data/megatron_bridge_perf.json, the B300 row's
+// pipeline_model_parallel_layout "E + 8 | 8 x 6 | 5 + mtp + loss"): 8 layers beside the
+// embedding, 8 on each middle stage, 5 beside the MTP module and the loss. Without the module it
+// is 7, 8 × 6, 6.
+TEST(Planner, DeepSeekV3SplitWithMtpIsTheBridgeRecipes) {
+  PlanRequest r{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("b300"),
+                .gpus = 256, .global_batch = 4096, .seq = 4096, .precision = Precision::mxfp8};
+  const Layout L{.dp = 32, .pp = 8, .ep = 8, .zero = 1, .micro_batch = 2, .grad_accum = 64};
+  auto split = [&](const PlanRequest& req) {
+    const Layout chosen = evaluate_layout(req, L).layout;
+    std::vector<int> n;
+    for (int s = 0; s < 8; ++s) n.push_back(chosen.layers_on_stage(61, s));
+    return n;
+  };
+  EXPECT_EQ(split(r), (std::vector<int>{7, 8, 8, 8, 8, 8, 8, 6}));
+  r.model.mtp_layers = 1;
+  EXPECT_EQ(split(r), (std::vector<int>{8, 8, 8, 8, 8, 8, 8, 5}));
 }
 
 }  // namespace

@@ -72,10 +72,6 @@ inline std::string bridge_skip_reason(const nlohmann::json& run) {
   }
   if (!run.contains("recipe")) return "no recipe read for this row";
   const auto& rc = run["recipe"];
-  if (rc.value("mtp_num_layers", 0) > 0)
-    return "the recipe trains DeepSeek-V3's multi-token-prediction module with it (mtp_num_layers "
-           "1: one more MoE layer and a second LM-head pass); tally's deepseek-v3 preset leaves "
-           "the MTP module out";
   for (const auto& m : rc.value("recompute", nlohmann::json::array())) {
     const std::string mod = m;
     if (mod != "layernorm" && mod != "moe_act")
@@ -142,6 +138,9 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
   // Recorded where a recipe turns it off (Llama 3.1 405B GB200 NVFP4:
   // disable_param_gather_overlap).
   q.overlap_param_gather = rc.value("overlap_param_gather", true);
+  // DeepSeek-V3's recipes train its multi-token-prediction module (mtp_num_layers 1; Note
+  // [multi-token prediction] in core/src/model.cpp).
+  q.model.mtp_layers = rc.value("mtp_num_layers", 0);
   return q;
 }
 

@@ -179,7 +179,10 @@ struct ActivationResult {
   double in_flight_micro_batches = 0;        // first 1F1B stage (× interleave factor)
   double transformer_bytes = 0;              // per_layer × layers_on_stage × in-flight
   double embedding_bytes = 0;                // first stage, × in-flight
-  double output_bytes = 0;                   // last stage, one micro-batch
+  double output_bytes = 0;                   // last stage, one micro-batch (× 1 + D with MTP)
+  // Last stage, one micro-batch: the D multi-token-prediction modules' layers and their own
+  // saved tensors (Note [multi-token prediction] in model.cpp); 0 without them.
+  double mtp_bytes = 0;
   // Note [backward phases]. One layer's backward, beyond the stage's saved tensors:
   // full recompute: the replayed layer's inventory less its checkpointed input (0 otherwise);
   double recompute_transient_bytes = 0;

@@ -39,6 +39,11 @@ double flops_per_token(const ModelSpec& m, std::int64_t seq, Recompute r);
 // (Narayanan et al. 2021 §3.2 balance discussion). 0 for params_only models.
 double lm_head_flops_per_token(const ModelSpec& m);
 
+// FLOPs per token of the multi-token-prediction modules (Note [multi-token prediction] in
+// model.cpp), forward + backward [+ recompute]: their layers, projections and their pass through
+// the shared head — inside flops_per_token, and all on the last pipeline stage. 0 without them.
+double mtp_flops_per_token(const ModelSpec& m, std::int64_t seq, Recompute r);
+
 struct ComputeSetup {
   ModelSpec model;
   std::int64_t seq_len = 0;            // s

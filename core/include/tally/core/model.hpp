@@ -6,6 +6,8 @@
 // always active; L_d = dense leading layers (FFN width f_d) before the L − L_d MoE layers.
 // Multi-head latent attention (DeepSeek-V2/V3, MLA): r_q = q_lora_rank (q compression, optional),
 // r_kv = kv_lora_rank, d_n = qk_nope_head_dim, d_r = qk_rope_head_dim, d_v = v_head_dim.
+// Multi-token prediction (DeepSeek-V3 §2.2, Megatron-Core's MTP): D = mtp_layers modules after the
+// main model, each predicting one token further (Note [multi-token prediction] in model.cpp).
 #pragma once
 
 #include <cstdint>
@@ -61,6 +63,11 @@ struct ModelSpec {
   double glu_clamp = 0.0;
   // MLA (kv_lora_rank > 0): W_q h×(a·(d_n+d_r)) or, with r_q, W_qa h×r_q + norm r_q + W_qb
   // r_q×(a·(d_n+d_r)); W_kva h×(r_kv+d_r) + norm r_kv; W_kvb r_kv×(a·(d_n+d_v)); W_o (a·d_v)×h.
+  // D: multi-token-prediction modules trained beside the main model (DeepSeek-V3: 1, HF
+  // num_nextn_predict_layers; Megatron-Core --mtp-num-layers); 0 = none. Each holds two norms, a
+  // 2h → h projection, one transformer layer of the model's last kind and a final norm, and
+  // shares the main model's embedding and LM head.
+  std::int64_t mtp_layers = 0;
   std::optional<std::int64_t> q_lora_rank;  // r_q; none = q projected directly
   std::int64_t kv_lora_rank = 0;             // r_kv; 0 = not MLA
   std::int64_t qk_nope_head_dim = 0;         // d_n
@@ -104,14 +111,22 @@ struct ParamCount {
   double attention = 0;       // all layers: q, k, v, o (+ biases, sinks; MLA's projections)
   double mlp = 0;             // all layers, all experts (+ shared experts, dense layers, router)
   double mlp_active = 0;      // all layers, E_act routed experts (+ the rest of mlp)
-  // Inside mlp: the E routed experts of every MoE layer (weights and biases), the part expert
-  // parallelism shards (shared experts, the router and dense layers are replicated like attention).
+  // Inside mlp (and mtp): the E routed experts of every MoE layer (weights and biases), the part
+  // expert parallelism shards (shared experts, the router and dense layers are replicated like
+  // attention).
   double routed_experts = 0;
   double norms = 0;           // all layers + final norm (+ q/k norms, MLA's low-rank norms)
   double output_head = 0;     // 0 when tied
-  double total() const { return embedding + attention + mlp + norms + output_head; }
+  // The D multi-token-prediction modules' own parameters (their layers, projections and norms;
+  // the embedding and head are shared), of which mtp_norms are norm vectors and mtp_active the
+  // part a token uses (E_act routed experts). Not in DeepSeek-V3's "671B" (main_model()).
+  double mtp = 0, mtp_norms = 0, mtp_active = 0;
+  double total() const { return embedding + attention + mlp + norms + output_head + mtp; }
+  double main_model() const { return total() - mtp; }  // without the MTP modules
   // Active per token, counting the input embedding (Mistral's 12.9B for Mixtral, Qwen's 3.3B).
-  double active() const { return embedding + attention + mlp_active + norms + output_head; }
+  double active() const {
+    return embedding + attention + mlp_active + norms + output_head + mtp_active;
+  }
   // Active per token without the input embedding, a lookup rather than a matmul — the convention
   // of DeepSeek-V3 (36.6B incl. the output head, README_WEIGHTS.md) and OpenAI's gpt-oss card.
   // Tied embeddings are the output head, so they stay.

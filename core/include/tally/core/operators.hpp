@@ -304,7 +304,9 @@ std::vector<DispatchKernel> moe_dispatch_kernels(const ModelSpec& m, const Opera
 bool weight_casts_cached(const OperatorSetup& s);
 // First pipeline stage's extra kernels (token embedding), one micro-batch.
 std::vector<Op> embedding_ops(const ModelSpec& m, const OperatorSetup& s);
-// Last pipeline stage's extra kernels (final norm, LM head, cross-entropy), one micro-batch.
+// Last pipeline stage's extra kernels (final norm, LM head, cross-entropy), one micro-batch; with
+// multi-token prediction each module's own kernels and its pass through the head and loss, but
+// not its transformer layer (Note [multi-token prediction] in model.cpp).
 std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s);
 
 // The low-precision GEMMs (the linear layers' forward GEMMs a recipe runs in its format, each a TE
