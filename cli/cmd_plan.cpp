@@ -35,6 +35,7 @@ struct PlanOptions {
   std::string grad_accumulation = "fused";
   std::string flash_kernel = "fa2";
   std::vector<std::string> recompute_policies;  // unset: all of them
+  std::vector<std::string> recompute_modules;   // Megatron-Core's: mla_up_proj, mlp
   std::vector<int> pp_layers;                    // compare: layers per stage; unset: the planner's
   std::int64_t global_batch = 256, seq = 2048;
   std::string precision = "bf16", optimizer = "adam", attention = "flash";
@@ -83,6 +84,10 @@ PlanRequest make_request(const PlanOptions& o) {
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
+  for (const std::string& m : o.recompute_modules) {
+    r.recompute_modules.mla_up_proj = r.recompute_modules.mla_up_proj || m == "mla_up_proj";
+    r.recompute_modules.dense_mlp = r.recompute_modules.dense_mlp || m == "mlp";
+  }
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
   if (o.write_bps) r.cluster.checkpoint_write_bps = *o.write_bps;
   if (o.utilisation) r.cluster.mfu = *o.utilisation;
@@ -213,6 +218,13 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--optimizer", o.optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
       ->check(one_of(allowed_optimizers()))
       ->capture_default_str();
+  cmd->add_option("--recompute-modules", o.recompute_modules,
+                  "Megatron-Core recompute modules beside each layout's --recompute policy "
+                  "(comma-separated): mla_up_proj (MLA's q/kv up-projections and RoPE replayed, "
+                  "their q, k, v not kept), mlp (each dense MLP replayed from its input); "
+                  "default none")
+      ->delimiter(',')
+      ->check(one_of({"mla_up_proj", "mlp"}));
   add_memory_budget_flags(cmd, o.memory);
   add_loss_flag(cmd, o.loss);
   cmd->add_option("--kernels", o.kernels,

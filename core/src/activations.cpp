@@ -126,6 +126,10 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   const double mla_latent = m.is_mla() ? rq + rkv + dr : 0.0;           // saved GEMM outputs
   const double mla_latents = m.is_mla() ? 2 * rq + 2 * rkv + dr : 0.0;  // + their norm outputs
   const double mask = a.dropout ? 1.0 : 0.0;
+  // Megatron-Core's recompute modules (types.hpp RecomputeModules): q, k, v not kept; a dense
+  // MLP's hidden not kept, its input is.
+  const bool up_replayed = a.recompute_modules.mla_up_proj && m.is_mla();
+  const bool mlp_replayed = a.recompute_modules.dense_mlp && !moe;
   // Low precision (Note [activation inventory]): q bytes per element of a saved linear input.
   const bool lowp = a.linear_input_bytes > 0;
   const double q = lowp ? a.linear_input_bytes : e;
@@ -157,7 +161,12 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("router probabilities (fp32)", "4sb·E", 4.0 * tokens * double(m.experts) / rep, kMlp);
     add(lowp ? "dispatched tokens (low-precision)" : "dispatched tokens (expert input)",
         dispatched_label, q * tokens * routed * h * gathered, kMlp);
-    add("expert outputs (combine input)", "2sb·E_act·c_f·h", e * tokens * routed * h / rep, kMlp);
+    // The routing weights multiply inside the experts' activation (Megatron-Core's TEGroupedMLP
+    // bias_act_func with permuted_probs; torchtitan scores the routed inputs before the
+    // experts), so the combine is an unweighted scatter that keeps nothing; the weighted
+    // activation keeps each routed copy's fp32 weight.
+    add("routed copies' weights (fp32)", gathered == 1.0 ? "4sb·E_act·c_f" : "4sb·E_act·c_f ·g/t",
+        4.0 * tokens * routed * gathered, kMlp);
   };
   // Note [activation inventory], LoRA adapters.
   const auto lora_terms = [&] {
@@ -200,15 +209,18 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("layer input (norm-1 replay)", "2sbh", e * tokens * h / rep, kAttn);
     add("MLA latents (q, kv down outputs)", "2sb·(r_q + r_kv + d_r)", e * tokens * mla_latent,
         kAttn);
-    add("Q", q_label, e * tokens * hq / t, kAttn);
-    add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
+    if (!up_replayed) {
+      add("Q", q_label, e * tokens * hq / t, kAttn);
+      add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
+    }
     sac_attention_core();
     add("attention output (projection input)", o_label, e * tokens * ho / t, kMlp);
     add("projection dropout mask", "sbh", mask * tokens * h / rep, kMlp);
     add("MLP block input (norm-2 replay)", "2sbh", e * tokens * h / rep, kMlp);
-    if (m.mlp == MlpKind::gelu)
+    // A replayed dense MLP keeps none of its outputs: it reruns from the block input.
+    if (!mlp_replayed && m.mlp == MlpKind::gelu)
       add("MLP up output (GeLU replay)", "2sbf /t", e * tokens * f / t, kMlp);
-    else
+    else if (!mlp_replayed)
       add("MLP gate, up outputs (SwiGLU replay)", "2·2sbf /t", 2 * e * tokens * f / t, kMlp);
     moe_terms();
     add("MLP dropout mask", "sbh", mask * tokens * h / rep, kMlp);
@@ -226,8 +238,10 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
   add("MLA latents and their norms", lowp ? "2sb·(r_q + r_kv + d_r) + q·sb·(r_q + r_kv)"
                                           : "2sb·(2r_q + 2r_kv + d_r)",
       e * tokens * mla_latent + q * tokens * (mla_latents - mla_latent), kAttn);
-  add("Q", q_label, e * tokens * hq / t, kAttn);
-  add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
+  if (!up_replayed) {
+    add("Q", q_label, e * tokens * hq / t, kAttn);
+    add("K, V", kv_label, 2 * e * tokens * hkv / t, kAttn);
+  }
   if (a.attention == Attention::materialized && a.recompute != Recompute::selective) {
     const double scores = heads * sl * s * b / t;  // each rank holds its s/c queries × all s keys
     add("attention scores (softmax output)", "2·a·s²·b /t", e * scores, kAttn);
@@ -245,15 +259,18 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     add("projection input (low-precision copy)", own_widths ? "q·sb·a·d_v /t" : "q·sbh /t",
         q * tokens * ho / t, kMlp);
   add("projection dropout mask", "sbh", mask * tokens * h / rep, kMlp);
-  if (!lowp || moe) add("MLP input (norm output)", "2sbh", e * tokens * h / rep, kMlp);
-  if (lowp && (!moe || m.shared_experts > 0))
+  if (!lowp || moe || mlp_replayed)
+    add(mlp_replayed ? "MLP input (the dense MLP's checkpoint)" : "MLP input (norm output)",
+        "2sbh", e * tokens * h / rep, kMlp);
+  if (lowp && !mlp_replayed && (!moe || m.shared_experts > 0))
     add(moe ? "shared experts' input (low-precision copy)"
             : "MLP input (low-precision norm output)",
         "q·sbh", q * tokens * h / rep, kMlp);
-  if (m.mlp == MlpKind::gelu)
+  // A replayed dense MLP's hidden is rebuilt in its backward (Note [backward phases]).
+  if (!mlp_replayed && m.mlp == MlpKind::gelu)
     add("MLP hidden: GeLU input + W2 input", lowp ? "(2 + q)·sbf /t" : "2·2sbf /t",
         (e + q) * tokens * f / t, kMlp);
-  else  // fused SwiGLU (Megatron bias_swiglu): gate and up outputs, and the down-projection input
+  else if (!mlp_replayed)  // fused SwiGLU (Megatron bias_swiglu): gate, up, the down input
     add("MLP hidden: gate, up, down input (SwiGLU)", lowp ? "(2·2 + q)·sbf /t" : "3·2sbf /t",
         (2 * e + q) * tokens * f / t, kMlp);
   moe_terms();
@@ -290,12 +307,14 @@ LayerBackward layer_backward(const ModelSpec& m, const ActivationSetup& a, bool 
   const bool rebuilds_core = full || a.recompute == Recompute::selective;
   const LayerBytes kept = layer_bytes(m, a, dense_layer);
   // What the layer's backward rebuilds its saved set to: the inventory without recompute under
-  // full and selective recompute; otherwise its own saved set (the cheap ops save-matmuls and
-  // op-sac replay are not counted: Note [backward phases]).
+  // full and selective recompute; with recompute modules, without them (their q, k, v, or a dense
+  // MLP's hidden, rebuilt one layer at a time); otherwise its own saved set (the cheap ops
+  // save-matmuls and op-sac replay are not counted: Note [backward phases]).
   LayerBytes whole = kept;
-  if (rebuilds_core) {
+  if (rebuilds_core || a.recompute_modules.any()) {
     ActivationSetup none = a;
-    none.recompute = Recompute::none;
+    if (rebuilds_core) none.recompute = Recompute::none;
+    none.recompute_modules = {};
     whole = layer_bytes(m, none, dense_layer);
   }
   LayerBackward r;
@@ -303,7 +322,9 @@ LayerBackward layer_backward(const ModelSpec& m, const ActivationSetup& a, bool 
     r.score_gradients = 2 * a.act_bytes * double(m.heads) * (double(a.seq) / a.cp) *
                         double(a.seq) * double(a.micro_batch) / a.tp;
   r.replay = full ? whole.all - kept.all : 0.0;
-  const double mlp_point = r.replay;
+  // A replayed dense MLP rebuilds its hidden during its own backward.
+  const double mlp_point =
+      full ? r.replay : (whole.all - whole.attention) - (kept.all - kept.attention);
   const double attention_point = (whole.attention - kept.attention) - (kept.all - kept.attention) +
                                  r.score_gradients;
   r.extra = std::max({0.0, mlp_point, attention_point});

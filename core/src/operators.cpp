@@ -430,6 +430,26 @@ std::vector<Op> layer_ops(const ModelSpec& m, const OperatorSetup& s) {
       ops.push_back(replay);
     }
   }
+  // Megatron-Core's recompute modules (types.hpp RecomputeModules) beside none, selective or
+  // save-matmuls: MLA's q-up, kv-up and rotary, a dense layer's MLP, replayed in backward (their
+  // memory kernels once: save-matmuls replays those already).
+  const bool up = s.recompute_modules.mla_up_proj && m.is_mla();
+  const bool dense_mlp = s.recompute_modules.dense_mlp && (!m.is_moe() || s.dense_layer);
+  if ((up || dense_mlp) && s.recompute != Recompute::full && s.recompute != Recompute::op_sac) {
+    for (std::size_t i = 0, n = ops.size(); i < n; ++i) {
+      const Op op = ops[i];
+      if (op.pass != Pass::forward) continue;
+      if (op.kind == OpKind::memory && s.recompute == Recompute::save_matmuls) continue;
+      const std::string_view k = op.name;
+      const bool of_up = k == "q-up" || k == "kv-up" || k == "rotary";
+      const bool of_mlp = k == "mlp-gate-up" || k == "mlp-up" || k == "swiglu" || k == "gelu" ||
+                          k == "mlp-down";
+      if (!((up && of_up) || (dense_mlp && of_mlp))) continue;
+      Op replay = op;
+      replay.pass = Pass::recompute;
+      ops.push_back(replay);
+    }
+  }
   mark_high_precision(ops);
   detail::add_quantize_ops(m, s, ops);  // Note [low-precision casts]
   return ops;

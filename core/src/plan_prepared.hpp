@@ -117,7 +117,8 @@ struct Prepared {
                                Attention att) const {
     const PlanRequest& r = *req;
     return {.seq = r.seq, .micro_batch = b, .tp = tp, .sequence_parallel = sp, .cp = cp,
-            .recompute = rc, .attention = att, .flash_kernel = r.flash_kernel,
+            .recompute = rc, .recompute_modules = r.recompute_modules, .attention = att,
+            .flash_kernel = r.flash_kernel,
             .causal = r.causal, .dropout = r.uses_dropout(),
             .act_bytes = act_bytes, .capacity_factor = r.capacity_factor, .kernels = r.kernels,
             .loss = r.loss, .recipe = r.precision,

@@ -137,12 +137,12 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                       "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
                                       "125M-70B; kept aside, nothing fitted)",
                             .runs = "llm-foundry FSDP runs on A100"};
-  const ErrorBand blackwell{.low = 0.94, .median = 1.14, .high = 1.80, .rank_spread = 0.793,
-                            .source = "measured / predicted step time of 24 published Megatron-"
+  const ErrorBand blackwell{.low = 0.64, .median = 1.12, .high = 1.80, .rank_spread = 1.552,
+                            .source = "measured / predicted step time of 28 published Megatron-"
                                       "Bridge runs on B200, B300, GB200 and GB300 (26.04.01 "
-                                      "performance summary: Llama 3 70B and 3.1 405B, GPT-OSS "
-                                      "120B, Qwen3 MoE; FP8, MXFP8, NVFP4, BF16; kept aside, "
-                                      "nothing fitted)",
+                                      "performance summary: Llama 3 70B and 3.1 405B, DeepSeek-V3, "
+                                      "GPT-OSS 120B, Qwen3 MoE; FP8, MXFP8, NVFP4, BF16; kept "
+                                      "aside, nothing fitted)",
                             .runs = "Megatron-Bridge runs on B200/B300/GB200/GB300"};
   const std::string_view name = gpu.name;
   if (name.starts_with("b200") || name.starts_with("b300") || name.starts_with("gb200") ||
@@ -259,6 +259,8 @@ std::string plan_convention(const PlanRequest& r) {
          " % of capacity | activations: Korthikanti 2022 inventory" +
          (r.loss == Loss::eager ? ", eager fp32 loss" : "") +
          (r.uses_dropout() ? " with dropout masks" : " without dropout") +
+         (r.recompute_modules.mla_up_proj ? ", MLA up-projections recomputed" : "") +
+         (r.recompute_modules.dense_mlp ? ", dense MLPs recomputed" : "") +
          " | time: " +
          (r.time_model == TimeModel::operators
               ? "operator model (kernels on the " + r.cluster.gpu.name +

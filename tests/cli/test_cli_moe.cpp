@@ -253,13 +253,14 @@ TEST(Cli, Fp8ParametersDropTheBf16LinearWeights) {
   }
 }
 
-// --mtp-layers (Note [multi-token prediction], core/src/model.cpp). DeepSeek-V3's module by hand
-// from its weight file's layer 61: a MoE layer — MLA 187,105,280 (7168·1536 + 1536·128·192 +
-// 7168·576 + 512·128·256 + 128·128·7168), norms 16,384 (2·7168 + 1536 + 512), 257 experts of
-// 3·7168·2048 = 11,318,329,344, router 256·7168 + 256 = 1,835,264 — plus the projection 2·7168² =
-// 102,760,448 and three norms 3·7168: 11,610,068,224 beside the main model's 671,026,419,200. The
-// report names the module; fine-tuning, --params and more modules than layers are refused.
-TEST(Cli, MtpLayersAddDeepSeekV3sModule) {
+// The flags DeepSeek-V3's Megatron-Bridge recipes need. --mtp-layers (Note [multi-token
+// prediction], core/src/model.cpp): DeepSeek-V3's module by hand from its weight file's layer 61: a
+// MoE layer — MLA 187,105,280 (7168·1536 + 1536·128·192 + 7168·576 + 512·128·256 + 128·128·7168),
+// norms 16,384 (2·7168 + 1536 + 512), 257 experts of 3·7168·2048 = 11,318,329,344, router 256·7168
+// + 256 = 1,835,264 — plus the projection 2·7168² = 102,760,448 and three norms 3·7168:
+// 11,610,068,224 beside the main model's 671,026,419,200. The report names the module; fine-tuning,
+// --params and more modules than layers are refused.
+TEST(Cli, DeepSeekV3RecipeFlags) {
   const auto mem = json_of(tally("memory --model deepseek-v3 --mtp-layers 1 --json"));
   EXPECT_EQ(mem["n_params"].get<long long>(), 671026419200LL + 11610068224LL) << mem.dump();
   EXPECT_EQ(mem["model"], "deepseek-v3 + 1 MTP module");
@@ -269,6 +270,19 @@ TEST(Cli, MtpLayersAddDeepSeekV3sModule) {
                                   "--alternative double-gpus --json"));
   EXPECT_EQ(plan["options"][0]["eval"]["stage_layers"],
             nlohmann::json::parse("[8, 8, 8, 8, 8, 8, 8, 5]"));
+  // --recompute-modules (core/types.hpp RecomputeModules): mla_up_proj keeps no q, k, v — per
+  // layer 2·4096·128·(192 + 192 + 128) bytes at micro-batch 1, s 4096, TP 1 — on the PP 8
+  // layout's fullest stage, 8 layers × in-flight micro-batches, so activations fall.
+  const std::string base = "compare --model deepseek-v3 --gpu b300 --gpus 256 --global-batch 4096 "
+                           "--seq 4096 --pp 8 --ep 8 --zero 1 --micro-batch 1 "
+                           "--alternative double-gpus --json";
+  const auto none = json_of(tally(base));
+  const auto up = json_of(tally(base + " --recompute-modules mla_up_proj"));
+  EXPECT_LT(up["options"][0]["eval"]["activations_gb"].get<double>(),
+            none["options"][0]["eval"]["activations_gb"].get<double>());
+  EXPECT_GT(up["options"][0]["eval"]["step_seconds"].get<double>(),
+            none["options"][0]["eval"]["step_seconds"].get<double>());
+  expect_bad_input(base + " --recompute-modules moe", {"--recompute-modules"});
   expect_bad_input("memory --params 7B --mtp-layers 1", {"--mtp-layers"});
   expect_bad_input("plan --model llama-3-8b --mtp-layers 33", {"--mtp-layers", "0..32"});
   expect_bad_input("memory --model llama-3-8b --method lora --mtp-layers 1", {"mtp-layers"});

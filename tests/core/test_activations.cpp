@@ -169,27 +169,28 @@ TEST(Activations, PropertyLinearInBatchQuadraticInSeq) {
 // input (4h); MLA's latents and their norms (2·1536 + 2·512 + 64); Q 128·192; K 128·192 and V
 // 128·128; the attention output 128·128; SwiGLU's three f-wide tensors with f = 8 routed × 2048 +
 // 1 shared × 2048; flash's fp32 log-sum-exp per head; and the MoE block's own tensors: the
-// router's fp32 probabilities over 256 experts, the 8 dispatched copies of the token and the 8
-// expert outputs, h wide each.
+// router's fp32 probabilities over 256 experts, the 8 dispatched copies of the token, h wide each,
+// and their 8 fp32 routing weights (the experts' activation applies them, so the combine keeps no
+// expert output: Megatron-Core's TEGroupedMLP).
 TEST(Activations, DeepSeekV3MoeLayerByHand) {
   const ModelSpec m = *model_preset("deepseek-v3");
   const ActivationSetup a{.seq = 4096, .dropout = false};
   const double T = 4096, h = 7168, e = 2;
-  const double moe_block = 4.0 * 256 + e * 2 * 8 * h;
+  const double moe_block = 4.0 * 256 + e * 8 * h + 4.0 * 8;
   const double per_token = e * (4 * h + (2 * 1536 + 2 * 512 + 64) + 128 * 192 +
                                 128 * (192 + 128) + 128 * 128 + 3 * (8 + 1) * 2048.0) +
                            4.0 * 128 + moe_block;
   const ActivationResult r = activations(m, a);
   EXPECT_DOUBLE_EQ(r.per_layer_bytes, T * per_token);
   // Its dense layers' FFN (18432) equals the active MoE width, 9 × 2048: the same MLP bytes, less
-  // the router and the dispatch/combine tensors.
+  // the router's, the dispatch's and the weights' tensors.
   EXPECT_DOUBLE_EQ(r.dense_layer_bytes, r.per_layer_bytes - T * moe_block);
-  // A capacity factor of 1.25 pads the routed tensors: the 8 routed experts' SwiGLU hidden and
-  // the dispatched and combined copies grow by a quarter; the router's probabilities do not.
+  // A capacity factor of 1.25 pads the routed tensors: the 8 routed experts' SwiGLU hidden, the
+  // dispatched copies and their weights grow by a quarter; the router's probabilities do not.
   const ActivationResult padded = activations(m, {.seq = 4096, .dropout = false,
                                                   .capacity_factor = 1.25});
   EXPECT_DOUBLE_EQ(padded.per_layer_bytes - r.per_layer_bytes,
-                   T * 0.25 * e * (3 * 8 * 2048.0 + 2 * 8 * h));
+                   T * 0.25 * (e * (3 * 8 * 2048.0 + 8 * h) + 4.0 * 8));
   // A narrower dense FFN lowers the first stage by 3 layers × 3·e·T·(18432 − 4096).
   ModelSpec narrow = m;
   narrow.dense_ffn = 4096;
@@ -199,8 +200,9 @@ TEST(Activations, DeepSeekV3MoeLayerByHand) {
 
 // The dispatched copies as the expert-TP group gathers them (Note [expert tensor parallelism]):
 // DeepSeek-V3 at s 4096 on TP 2 + SP. Each rank routes its 2048 tokens; with ETP = TP = 2 the
-// grouped GEMM saves both halves' 8 copies, 4096·8·7168·2 B; with ETP 1 its own, 2048·8·7168·2 B.
-// The routed MLP hidden is 2048·8 tokens × 2048 (ETP 1) or 4096·8 × 1024 (ETP 2): the same bytes.
+// grouped GEMM saves both halves' 8 copies, 4096·8·7168·2 B; with ETP 1 its own, 2048·8·7168·2 B;
+// their fp32 weights likewise 4096·8·4 and 2048·8·4 B. The routed MLP hidden is 2048·8 tokens ×
+// 2048 (ETP 1) or 4096·8 × 1024 (ETP 2): the same bytes.
 TEST(Activations, DispatchedTokensAsTheExpertTpGroupGathersThem) {
   const ModelSpec m = *model_preset("deepseek-v3");
   ActivationSetup a{.seq = 4096, .tp = 2, .sequence_parallel = true, .dropout = false};
@@ -209,7 +211,7 @@ TEST(Activations, DispatchedTokensAsTheExpertTpGroupGathersThem) {
   const ActivationResult one = activations(m, a);
   EXPECT_DOUBLE_EQ(term_bytes(two, "dispatched tokens (expert input)"), 4096.0 * 8 * 7168 * 2);
   EXPECT_DOUBLE_EQ(term_bytes(one, "dispatched tokens (expert input)"), 2048.0 * 8 * 7168 * 2);
-  EXPECT_DOUBLE_EQ(two.per_layer_bytes - one.per_layer_bytes, 2048.0 * 8 * 7168 * 2);
+  EXPECT_DOUBLE_EQ(two.per_layer_bytes - one.per_layer_bytes, 2048.0 * 8 * (7168 * 2 + 4));
   // Without SP (ETP = TP) each TP rank routes all 4096 tokens already: 4096·8·7168·2 B, no gather.
   const ActivationResult no_sp = activations(m, {.seq = 4096, .tp = 2, .dropout = false});
   EXPECT_DOUBLE_EQ(term_bytes(no_sp, "dispatched tokens (expert input)"), 4096.0 * 8 * 7168 * 2);
@@ -263,7 +265,7 @@ TEST(Activations, LowPrecisionRecipesSaveQuantizedLinearInputs) {
 // + 512); the attention output 128·128 bf16 plus its fp8 copy; the MoE layer's MLP input stays bf16
 // for the router, the shared expert adding its fp8 copy h; SwiGLU's gate and up bf16 and the down
 // input fp8, (2·2 + 1)·9·2048; the router's fp32 probabilities; the 8 dispatched copies fp8, 8h;
-// the 8 expert outputs bf16.
+// their 8 fp32 weights.
 TEST(Activations, DeepSeekV3MoeLayerInFp8ByHand) {
   const ModelSpec m = *model_preset("deepseek-v3");
   const ActivationSetup a{.seq = 4096, .dropout = false, .linear_input_bytes = 1};
@@ -271,7 +273,7 @@ TEST(Activations, DeepSeekV3MoeLayerInFp8ByHand) {
   const double per_token = e * 2 * h + 2 * h + e * (1536 + 512 + 64) + (1536 + 512) +
                            e * 128 * 192 + e * 128 * (192 + 128) + 4.0 * 128 + e * 128 * 128 +
                            128 * 128 + e * h + h + (2 * e + 1) * 9 * 2048.0 + 4.0 * 256 + 8 * h +
-                           e * 8 * h;
+                           4.0 * 8;
   EXPECT_DOUBLE_EQ(activations(m, a).per_layer_bytes, T * per_token);
 }
 
@@ -480,6 +482,37 @@ TEST(Activations, TorchtitanOpSacKeepsEveryOtherMatmul) {
                InvalidInput);
   EXPECT_THROW(activations(*model_preset("deepseek-v3"), {.seq = 4096, .recompute = Recompute::op_sac}),
                InvalidInput);
+}
+
+}  // namespace
+}  // namespace tally::test_activations
+
+namespace tally::test_activations {
+namespace {
+
+// Megatron-Core's recompute modules (types.hpp RecomputeModules), DeepSeek-V3, b = 1, s = 4096,
+// bf16, t = 1. mla_up_proj drops the attention's q (a·d_qk = 128·192), k (128·192) and v
+// (128·128) from every layer's saved set: 2·4096·65536 bytes, by hand; the layer's backward
+// rebuilds them (its attention point grows). mlp drops a dense leading layer's SwiGLU hidden
+// (gate, up and the down input, 3·2·4096·18432 bytes) and keeps its input; MoE layers keep theirs.
+TEST(Activations, MegatronRecomputeModulesDropWhatTheyReplay) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  ActivationSetup a{.seq = 4096, .micro_batch = 1, .dropout = false};
+  const ActivationResult base = activations(m, a);
+  a.recompute_modules.mla_up_proj = true;
+  const ActivationResult up = activations(m, a);
+  EXPECT_DOUBLE_EQ(base.per_layer_bytes - up.per_layer_bytes, 2.0 * 4096 * 65536);
+  EXPECT_DOUBLE_EQ(base.dense_layer_bytes - up.dense_layer_bytes, 2.0 * 4096 * 65536);
+  EXPECT_GE(up.layer_backward_bytes, base.layer_backward_bytes);
+  a.recompute_modules = {.dense_mlp = true};
+  const ActivationResult mlp = activations(m, a);
+  EXPECT_DOUBLE_EQ(mlp.per_layer_bytes, base.per_layer_bytes);
+  EXPECT_DOUBLE_EQ(base.dense_layer_bytes - mlp.dense_layer_bytes, 3 * 2.0 * 4096 * 18432);
+  // Full recompute keeps only the layer input: the modules change nothing there.
+  a.recompute = Recompute::full;
+  const double full = activations(m, a).per_layer_bytes;
+  a.recompute_modules = {.mla_up_proj = true, .dense_mlp = true};
+  EXPECT_DOUBLE_EQ(activations(m, a).per_layer_bytes, full);
 }
 
 }  // namespace

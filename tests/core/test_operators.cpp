@@ -649,3 +649,44 @@ TEST(Operators, StreamingFamiliesRunNoFasterThanMeasured) {
 
 }  // namespace
 }  // namespace tally::test_operators
+
+namespace tally::test_operators {
+namespace {
+
+// Megatron-Core's recompute modules (types.hpp RecomputeModules), DeepSeek-V3, b = 1, s = 4096,
+// t = 1, no recompute otherwise. mla_up_proj replays q-up (T × a·d_qk from r_q) and kv-up (T ×
+// a·(d_n + d_v) from r_kv) and the rotary kernel: 2·T·(1536·128·192 + 512·128·256) recompute
+// FLOPs, by hand. mlp replays a dense layer's gate-up, SwiGLU and down: 2·T·3·h·f_d; a MoE layer
+// has no dense MLP to replay.
+TEST(Operators, MegatronRecomputeModulesReplayTheirKernels) {
+  const ModelSpec m = *model_preset("deepseek-v3");
+  OperatorSetup s{.seq = 4096, .micro_batch = 1, .dropout = false};
+  auto recomputed = [&](bool dense) {
+    s.dense_layer = dense;
+    double flops = 0, memory = 0;
+    for (const Op& op : layer_ops(m, s)) {
+      if (op.pass != Pass::recompute) continue;
+      flops += op.flops;
+      memory += op.kind == OpKind::memory ? 1 : 0;
+    }
+    return std::pair{flops, memory};
+  };
+  const double T = 4096, h = 7168;
+  EXPECT_EQ(recomputed(false).first, 0.0);
+  s.recompute_modules.mla_up_proj = true;
+  const auto [up_flops, up_kernels] = recomputed(false);
+  EXPECT_DOUBLE_EQ(up_flops, 2 * T * (1536.0 * 128 * 192 + 512.0 * 128 * 256));
+  EXPECT_EQ(up_kernels, 1);  // rotary
+  s.recompute_modules = {.dense_mlp = true};
+  EXPECT_EQ(recomputed(false).first, 0.0);
+  EXPECT_DOUBLE_EQ(recomputed(true).first, 2 * T * 3 * h * 18432);
+  // Under save-matmuls the memory kernels are replayed once, by the policy.
+  s.recompute = Recompute::save_matmuls;
+  s.recompute_modules = {.mla_up_proj = true};
+  int rotary = 0;
+  for (const Op& op : layer_ops(m, s)) rotary += op.pass == Pass::recompute && op.name == "rotary";
+  EXPECT_EQ(rotary, 1);
+}
+
+}  // namespace
+}  // namespace tally::test_operators

@@ -74,7 +74,7 @@ inline std::string bridge_skip_reason(const nlohmann::json& run) {
   const auto& rc = run["recipe"];
   for (const auto& m : rc.value("recompute", nlohmann::json::array())) {
     const std::string mod = m;
-    if (mod != "layernorm" && mod != "moe_act")
+    if (mod != "layernorm" && mod != "moe_act" && mod != "mla_up_proj" && mod != "mlp")
       return "recompute module " + mod + ": no tally recompute policy replays it alone";
   }
   return "";
@@ -83,10 +83,21 @@ inline std::string bridge_skip_reason(const nlohmann::json& run) {
 // Megatron-Core's recompute_modules ["layernorm", "moe_act"] replays the norms and the experts'
 // activation from saved GEMM outputs: tally's save_matmuls (norms, activation and rotary replayed;
 // Megatron's rotary is not, a memory-bound kernel counted once more: for GPT-OSS its unfused 12e
-// per element of q and k, Note [GPT-OSS kernels]). [] = none.
+// per element of q and k, Note [GPT-OSS kernels]). [] or neither of the two = none.
 inline Recompute bridge_recompute(const nlohmann::json& recipe) {
-  return recipe.value("recompute", nlohmann::json::array()).empty() ? Recompute::none
-                                                                     : Recompute::save_matmuls;
+  for (const auto& m : recipe.value("recompute", nlohmann::json::array()))
+    if (m == "layernorm" || m == "moe_act") return Recompute::save_matmuls;
+  return Recompute::none;
+}
+// "mla_up_proj" and "mlp" (DeepSeek-V3's recipes) are tally's RecomputeModules of the same names
+// (core/types.hpp), beside that policy.
+inline RecomputeModules bridge_recompute_modules(const nlohmann::json& recipe) {
+  RecomputeModules r;
+  for (const auto& m : recipe.value("recompute", nlohmann::json::array())) {
+    r.mla_up_proj = r.mla_up_proj || m == "mla_up_proj";
+    r.dense_mlp = r.dense_mlp || m == "mlp";
+  }
+  return r;
 }
 
 // Layers per pipeline stage as Megatron-Core splits them (an explicit list for tally, so that
@@ -99,6 +110,10 @@ inline Recompute bridge_recompute(const nlohmann::json& recipe) {
 inline std::vector<int> bridge_stage_layers(const nlohmann::json& run, std::int64_t layers) {
   const int pp = run["pp"], v = bridge_int(run["vp"], 1);
   if (pp == 1) return {};
+  // DeepSeek-V3's pipeline_model_parallel_layout, transcribed per virtual stage (the fixture's
+  // layout_layers; the MTP module and the loss on the last one, where tally puts them).
+  if (run["recipe"].contains("layout_layers"))
+    return run["recipe"]["layout_layers"].get<std::vector<int>>();
   const bool slots = run["recipe"]["pipeline_split"] == "embedding and loss each count as a layer";
   if (!slots && v > 1) return {};
   const std::int64_t total = layers + (slots ? 2 : 0), chunks = std::int64_t(pp) * v;
@@ -139,8 +154,9 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
   // disable_param_gather_overlap).
   q.overlap_param_gather = rc.value("overlap_param_gather", true);
   // DeepSeek-V3's recipes train its multi-token-prediction module (mtp_num_layers 1; Note
-  // [multi-token prediction] in core/src/model.cpp).
+  // [multi-token prediction] in core/src/model.cpp) and name recompute modules of their own.
   q.model.mtp_layers = rc.value("mtp_num_layers", 0);
+  q.recompute_modules = bridge_recompute_modules(rc);
   return q;
 }
 

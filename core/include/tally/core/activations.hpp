@@ -36,9 +36,11 @@
 //                    loss holds three fp32 tensors of the logits' size, 12sbV (eager_loss).
 //   MoE layer:       the MLP hidden of the E_act routed experts (× c_f, the capacity factor) and
 //                    the shared experts; the router's fp32 probabilities 4sb·E (the top-k and
-//                    softmax/sigmoid backward read them); the experts' outputs 2sb·E_act·c_f·h
-//                    (read by the combine's gradient with respect to the routing weights) —
-//                    replicated under TP (÷t with SP), like the MLP input; and the dispatched
+//                    softmax/sigmoid backward read them) — replicated under TP (÷t with SP),
+//                    like the MLP input; each routed copy's fp32 weight 4sb·E_act·c_f (the
+//                    experts' activation applies the weights: Megatron-Core's TEGroupedMLP, and
+//                    torchtitan scores the inputs first, so the combine keeps no expert
+//                    output; until 2026-12-07 tally kept them, 2sb·E_act·c_f·h); and the dispatched
 //                    tokens (the grouped GEMM's input, read by its weight gradient) as the
 //                    expert-TP group gathered them: 2sb·E_act·c_f·h ·g/t with SP (g/1
 //                    without), g = e_t when the ETP ranks hold different tokens (Note [expert
@@ -125,6 +127,7 @@ struct ActivationSetup {
   int interleave = 1;            // virtual chunks per stage (1 = plain 1F1B)
   int micro_batches = 1;         // m, micro-batches per step (gradient accumulation × pipeline)
   Recompute recompute = Recompute::none;
+  RecomputeModules recompute_modules;  // beside recompute (types.hpp)
   Attention attention = Attention::flash;
   bool dropout = true;           // Korthikanti keeps dropout masks; Llama-style training has none
   double act_bytes = 2.0;        // bytes per activation element (bf16/fp16 = 2, fp32 = 4)

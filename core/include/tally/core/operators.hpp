@@ -254,6 +254,7 @@ struct OperatorSetup {
   bool sequence_parallel = false;
   int cp = 1;                        // c
   Recompute recompute = Recompute::none;
+  RecomputeModules recompute_modules;  // beside recompute (types.hpp)
   Attention attention = Attention::flash;
   FlashKernel flash_kernel = FlashKernel::fa2;  // which kernel runs Attention::flash
   bool causal = true;                // decoder training: flash kernels skip the masked half

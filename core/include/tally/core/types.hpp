@@ -109,6 +109,21 @@ enum class Optimizer { adam, adamw, adam8bit, sgd, sgd_momentum };
 //                 ordinary attention (op_sac_applies: torchtitan's Llama), not MoE or MLA.
 enum class Recompute { none, selective, full, save_matmuls, op_sac };
 inline constexpr int kRecomputePolicies = 5;
+// Megatron-Core's recompute modules (TransformerConfig.recompute_modules, the selective
+// granularity's list) that a policy above does not name, on top of none, selective or
+// save_matmuls (full replays everything; op_sac is torchtitan's):
+//   mla_up_proj  MLA's q and kv up-projections and the rotary embedding replayed in backward from
+//                the latents the layer keeps anyway; their outputs — the attention's q, k, v —
+//                are discarded after use ("output-discarding checkpointing")
+//   dense_mlp    ("mlp") each dense MLP replayed from its input: a dense model's every layer, a MoE
+//                model's dense leading layers (MoE layers are "moe", not modelled)
+// A request's choice, as a recipe names them; the planner does not search them.
+struct RecomputeModules {
+  bool mla_up_proj = false;
+  bool dense_mlp = false;
+  bool any() const { return mla_up_proj || dense_mlp; }
+  bool operator==(const RecomputeModules&) const = default;
+};
 enum class Attention { materialized, flash };
 // How the memory-bound kernels between the GEMMs run (Note [eager kernels] in operators.hpp):
 //   fused  each norm, rotary, activation and residual is one kernel reading its inputs and writing
