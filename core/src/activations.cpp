@@ -165,7 +165,10 @@ static void layer_inventory(const ModelSpec& m, const ActivationSetup& a, bool d
     // bias_act_func with permuted_probs; torchtitan scores the routed inputs before the
     // experts), so the combine is an unweighted scatter that keeps nothing; the weighted
     // activation keeps each routed copy's fp32 weight.
-    add("routed copies' weights (fp32)", gathered == 1.0 ? "4sb·E_act·c_f" : "4sb·E_act·c_f ·g/t",
+    add("routed copies' weights (fp32)",
+        gathered == 1.0 ? "4sb·E_act·c_f"
+        : rep == 1.0    ? "4sb·E_act·c_f ·e_t"
+                        : "4sb·E_act·c_f ·e_t/t",
         4.0 * tokens * routed * gathered, kMlp);
   };
   // Note [activation inventory], LoRA adapters.

@@ -491,13 +491,13 @@ std::vector<Op> output_ops(const ModelSpec& m, const OperatorSetup& s) {
                    .pass = Pass::backward, .bytes = logits * (backward + d.e)});
   // Note [multi-token prediction] (model.cpp): each MTP module's kernels but its transformer
   // layer (which the planner times as one more layer on the last stage): the shifted tokens'
-  // embedding lookup, the norms of h and of that embedding, their concatenation (a copy of 2h
-  // per token, and its gradient split back), the 2h → h projection (column-parallel over TP),
-  // then the final norm, the shared head and the loss again.
+  // embedding lookup (the first stage's kernels again), the norms of h and of that embedding,
+  // their concatenation (a copy of 2h per token, and its gradient split back), the 2h → h
+  // projection (column-parallel over TP), then the final norm, the shared head and the loss again.
   const std::vector<Op> head(ops.begin(), ops.end());
   const double rows = double(d.T) * double(d.h);
   for (i64 k = 0; k < m.mtp_layers; ++k) {
-    b.memory("mtp-embedding", "mtp-embedding.backward", 2.0 * d.e * rows, (d.e + 8.0) * rows);
+    for (const Op& op : embedding_ops(m, s)) ops.push_back(op);
     b.memory("mtp-norms", "mtp-norms.backward", 2 * norm.forward * d.Tn * double(d.h),
              2 * norm.backward * d.Tn * double(d.h));
     b.memory("mtp-concat", "mtp-concat.backward", 4.0 * d.e * rows, 4.0 * d.e * rows);

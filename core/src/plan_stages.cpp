@@ -86,8 +86,9 @@ std::shared_ptr<const std::vector<int>> slot_split(const Prepared& P, int pp, in
 // The search ranks layouts by pipeline_makespan, a closed form over the stages' totals (Note
 // [uneven stages] in pipeline.cpp): exact for equal stages and equal virtual stages (Narayanan et
 // al. 2021 eq. 1 and its interleaved form), a lower bound for unequal stages at v = 1, and neither
-// for unequal virtual stages, where it takes every chunk as 1/v of its stage (tests/core/
-// test_priced_by_schedule.cpp: 15 % low to 11 % high on random splits). The layouts tally prints —
+// for unequal virtual stages, where it takes every chunk as 1/v of its stage (on random splits up
+// to 15 % low at v = 1, 37 % low to 11 % high interleaved; VirtualStages.ClosedFormIsExactOnly-
+// ForEqualStages in tests/core/test_virtual_stages.cpp checks both). The layouts tally prints —
 // the plan's best, the near misses, `compare`, the reasons' variants, evaluate_layout — are
 // priced by the schedule itself: the discrete-event simulation of 1F1B or Megatron-Core's
 // interleaved order, each virtual stage with its own layers and the embedding, LM head and loss

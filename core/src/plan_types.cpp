@@ -137,7 +137,7 @@ std::optional<ErrorBand> step_time_band(TimeModel t, const GpuSpec& gpu, LayoutF
                                       "on A100 80GB and 40GB (MosaicML llm-foundry's MPT tables, "
                                       "125M-70B; kept aside, nothing fitted)",
                             .runs = "llm-foundry FSDP runs on A100"};
-  const ErrorBand blackwell{.low = 0.64, .median = 1.12, .high = 1.80, .rank_spread = 1.552,
+  const ErrorBand blackwell{.low = 0.94, .median = 1.14, .high = 1.80, .rank_spread = 0.793,
                             .source = "measured / predicted step time of 28 published Megatron-"
                                       "Bridge runs on B200, B300, GB200 and GB300 (26.04.01 "
                                       "performance summary: Llama 3 70B and 3.1 405B, DeepSeek-V3, "

@@ -157,6 +157,13 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
   // [multi-token prediction] in core/src/model.cpp) and name recompute modules of their own.
   q.model.mtp_layers = rc.value("mtp_num_layers", 0);
   q.recompute_modules = bridge_recompute_modules(rc);
+  // DeepSeek-V3 routes each token to at most 4 nodes (its config's topk_group 4: Note
+  // [node-limited routing], core/src/comm_nccl.cpp), and the recipes' flex dispatcher (DeepEP,
+  // HybridEP) sends a token once per node: tally's --max-route-nodes 4. A no-op where the EP group
+  // stays inside one NVLink domain (the NVL72 rows, EP 8 on an HGX node).
+  if (run["model"] == "DeepSeekV3" && rc["dispatcher"].is_string() &&
+      rc["dispatcher"].get<std::string>().starts_with("flex"))
+    q.max_route_nodes = 4;
   return q;
 }
 
