@@ -22,6 +22,7 @@ struct MemoryOptions {
   ModelOptions model;
   OutputOptions out;
   std::string precision = "bf16", optimizer = "adam", recompute = "none", attention = "flash";
+  std::vector<std::string> recompute_modules;  // Megatron-Core's, beside --recompute
   int zero = 0, dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, interleave = 1;
   std::optional<int> etp;  // unset: --tp
   int amax_history = kTeAmaxHistory;  // fp8 delayed scaling
@@ -117,6 +118,7 @@ void run_memory(const MemoryOptions& o, const Answers& answers) {
                       .interleave = o.interleave,
                       .micro_batches = o.micro_batches.value_or(o.pp),
                       .recompute = recompute_from(o.recompute),
+                      .recompute_modules = recompute_modules_from(o.recompute_modules),
                       .attention = attention_from(o.attention),
                       .dropout = o.dropout || (!o.no_dropout && model.dropout),
                       .linear_input_bytes = saved_linear_input_bytes(precision),
@@ -389,6 +391,7 @@ void register_memory(CLI::App& app, const Answers& answers) {
                   "SAC: every other matmul's output saved)")
       ->check(one_of(allowed_recomputes()))
       ->capture_default_str();
+  add_recompute_modules_flag(cmd, o->recompute_modules);
   cmd->add_option("--attention", o->attention, "flash | materialized")
       ->check(one_of({"flash", "materialized", "materialised"}))
       ->capture_default_str();

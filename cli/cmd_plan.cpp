@@ -84,10 +84,7 @@ PlanRequest make_request(const PlanOptions& o) {
                 .restart_hours = o.restart_minutes / 60};
   if (o.no_dropout) r.dropout = false;
   if (o.dropout) r.dropout = true;
-  for (const std::string& m : o.recompute_modules) {
-    r.recompute_modules.mla_up_proj = r.recompute_modules.mla_up_proj || m == "mla_up_proj";
-    r.recompute_modules.dense_mlp = r.recompute_modules.dense_mlp || m == "mlp";
-  }
+  r.recompute_modules = recompute_modules_from(o.recompute_modules);
   if (o.failure_rate) r.cluster.failure_rate_per_hour = *o.failure_rate;
   if (o.write_bps) r.cluster.checkpoint_write_bps = *o.write_bps;
   if (o.utilisation) r.cluster.mfu = *o.utilisation;
@@ -218,13 +215,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--optimizer", o.optimizer, "adam | adamw | adam-8bit | sgd | sgd-momentum")
       ->check(one_of(allowed_optimizers()))
       ->capture_default_str();
-  cmd->add_option("--recompute-modules", o.recompute_modules,
-                  "Megatron-Core recompute modules beside each layout's --recompute policy "
-                  "(comma-separated): mla_up_proj (MLA's q/kv up-projections and RoPE replayed, "
-                  "their q, k, v not kept), mlp (each dense MLP replayed from its input); "
-                  "default none")
-      ->delimiter(',')
-      ->check(one_of({"mla_up_proj", "mlp"}));
+  add_recompute_modules_flag(cmd, o.recompute_modules);
   add_memory_budget_flags(cmd, o.memory);
   add_loss_flag(cmd, o.loss);
   cmd->add_option("--kernels", o.kernels,

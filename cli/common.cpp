@@ -158,6 +158,25 @@ void add_loss_flag(CLI::App* cmd, std::string& loss) {
       ->capture_default_str();
 }
 
+void add_recompute_modules_flag(CLI::App* cmd, std::vector<std::string>& modules) {
+  cmd->add_option("--recompute-modules", modules,
+                  "Megatron-Core recompute modules beside the --recompute policy "
+                  "(comma-separated): mla_up_proj (MLA's q/kv up-projections and RoPE replayed, "
+                  "their q, k, v not kept), mlp (each dense MLP replayed from its input); "
+                  "default none")
+      ->delimiter(',')
+      ->check(one_of({"mla_up_proj", "mlp"}));
+}
+
+RecomputeModules recompute_modules_from(const std::vector<std::string>& modules) {
+  RecomputeModules r;
+  for (const std::string& m : modules) {
+    r.mla_up_proj = r.mla_up_proj || m == "mla_up_proj";
+    r.dense_mlp = r.dense_mlp || m == "mlp";
+  }
+  return r;
+}
+
 void add_etp_flag(CLI::App* cmd, std::optional<int>& etp) {
   cmd->add_option("--etp", etp,
                   "expert tensor-parallel degree (MoE: each expert's FFN split over ETP ranks; "

@@ -73,6 +73,10 @@ void add_loss_flag(CLI::App* cmd, std::string& loss);
 // --etp N (`tally memory`, `comm`, `compare`): the expert TP of a MoE layout; unset = --tp
 // (Megatron-Core's --expert-tensor-parallel-size default).
 void add_etp_flag(CLI::App* cmd, std::optional<int>& etp);
+// --recompute-modules mla_up_proj,mlp (`plan`, `compare`, `memory`): Megatron-Core's recompute
+// modules beside the --recompute policy (core/types.hpp RecomputeModules).
+void add_recompute_modules_flag(CLI::App* cmd, std::vector<std::string>& modules);
+RecomputeModules recompute_modules_from(const std::vector<std::string>& modules);
 // --max-route-nodes M (`tally comm`, `plan`, `compare`): DeepSeek-V3's node-limited routing, a
 // token's copies sent to at most M nodes, once each (Note [node-limited routing]); 0 = no limit.
 void add_route_flag(CLI::App* cmd, int& max_route_nodes);

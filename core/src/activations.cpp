@@ -529,6 +529,8 @@ std::string ActivationResult::convention() const {
        " activations";
   c += " | attention " + std::string(to_string(a.attention));
   c += " | recompute " + std::string(to_string(a.recompute));
+  if (a.recompute_modules.mla_up_proj) c += " + Megatron-Core's mla_up_proj";
+  if (a.recompute_modules.dense_mlp) c += " + Megatron-Core's mlp";
   c += a.dropout ? " | dropout masks counted" : " | no dropout";
   c += " | TP " + std::to_string(a.tp) + (a.sequence_parallel ? " +SP" : "");
   c += " CP " + std::to_string(a.cp) + " PP " + std::to_string(a.pp);

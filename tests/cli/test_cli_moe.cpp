@@ -283,6 +283,14 @@ TEST(Cli, DeepSeekV3RecipeFlags) {
   EXPECT_GT(up["options"][0]["eval"]["step_seconds"].get<double>(),
             none["options"][0]["eval"]["step_seconds"].get<double>());
   expect_bad_input(base + " --recompute-modules moe", {"--recompute-modules"});
+  // `tally memory` takes them too, by the same inventory, and says so in its convention.
+  const auto mem_none = json_of(tally("memory --model deepseek-v3 --seq 4096 --json"));
+  const auto mem_up = json_of(
+      tally("memory --model deepseek-v3 --seq 4096 --recompute-modules mla_up_proj --json"));
+  EXPECT_LT(mem_up["activations"]["blocks_phase_gb"].get<double>(),
+            mem_none["activations"]["blocks_phase_gb"].get<double>());
+  EXPECT_NE(mem_up["activations"]["convention"].get<std::string>().find("mla_up_proj"),
+            std::string::npos);
   expect_bad_input("memory --params 7B --mtp-layers 1", {"--mtp-layers"});
   expect_bad_input("plan --model llama-3-8b --mtp-layers 33", {"--mtp-layers", "0..32"});
   expect_bad_input("memory --model llama-3-8b --method lora --mtp-layers 1", {"mtp-layers"});
