@@ -715,8 +715,13 @@ TEST(Planner, MultiTokenPredictionSitsOnTheLastStage) {
 // The split the planner picks for DeepSeek-V3 with its MTP module on 8 stages is the one NVIDIA's
 // Megatron-Bridge recipe runs on 256 B300s (tests/data/megatron_bridge_perf.json, the B300 row's
 // pipeline_model_parallel_layout "E + 8 | 8 x 6 | 5 + mtp + loss"): 8 layers beside the
-// embedding, 8 on each middle stage, 5 beside the MTP module and the loss. Without the module it
-// is 7, 8 × 6, 6.
+// embedding, 8 on each middle stage, 5 beside the MTP module and the loss. By hand, in units of
+// one layer's FLOPs (compute.hpp at s 4096: the head's 6·V·h is 1.21 layers, the module 2.32):
+// 61 layers on 8 stages put 8 on some stage whatever the split, and the split is the fastest
+// (first, last) of Note [planner stages]'s candidates, ties to the earlier one. Without the module
+// the last stage takes l + 1.21 ≤ 8, so 6 (7 would read 8.21), the first 7 and the middle 8 × 6 —
+// (7, 6) comes before (8, 5), which ties at 8. With it, l + 3.53: 5 reads 8.53 with the first and
+// middle stages at 8; 4 would leave 57 layers for 7 stages, one of them 9.
 TEST(Planner, DeepSeekV3SplitWithMtpIsTheBridgeRecipes) {
   PlanRequest r{.model = *model_preset("deepseek-v3"), .cluster = *cluster_preset("b300"),
                 .gpus = 256, .global_batch = 4096, .seq = 4096, .precision = Precision::mxfp8};
