@@ -104,7 +104,8 @@ void run_step(const CommOptions& o) {
       .kv_hidden = m.kv_heads * m.head_dim(), .ep = o.ep, .etp = etp,
       .expert_share = routed_expert_share(m), .moe_layers = m.moe_layers(),
       .experts_per_token = m.experts_per_token, .capacity_factor = o.capacity_factor,
-      .shared_experts = m.shared_experts > 0, .max_route_nodes = o.max_route_nodes};
+      .shared_experts = m.shared_experts > 0, .mtp_layers = int(m.mtp_layers),
+      .max_route_nodes = o.max_route_nodes};
   const StepTraffic t = step_traffic(setup);
   const SizeUnit u = o.out.size_unit();
   nlohmann::json items = nlohmann::json::array();

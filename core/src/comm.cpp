@@ -215,6 +215,10 @@ void StepTrafficSetup::validate() const {
                "capacity_factor", capacity_factor, "must be in [1, 64]");
   require_int((ep == 1 && expert_tp() == 1) || (hidden > 0 && seq_len > 0 && layers > 0), "ep", ep,
               "needs hidden, seq_len and layers");
+  require_int(mtp_layers >= 0 && (layers == 0 || mtp_layers <= layers), "mtp_layers", mtp_layers,
+              "must be in [0, layers]");
+  require_int(mtp_layers == 0 || busiest_stage_layers == 0, "mtp_layers", mtp_layers,
+              "needs busiest_stage_layers = 0 (a given busiest stage counts the modules itself)");
   require_int(max_route_nodes >= 0, "--max-route-nodes", max_route_nodes,
               "must be >= 0 (0 = no node limit)");
   require_int(max_route_nodes == 0 || (expert_share > 0 && moe_layers > 0), "--max-route-nodes",
@@ -339,9 +343,30 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
   const double b = double(st.micro_batch);
   const double h = double(st.hidden);
   const double s_local = double(st.seq_len) / st.cp;  // sequence a CP rank holds
-  const double layers_stage = st.busiest_stage_layers > 0
-                                  ? double(st.busiest_stage_layers)
-                                  : std::ceil(double(st.layers) / st.pp);  // busiest stage
+  double layers_stage = st.busiest_stage_layers > 0
+                            ? double(st.busiest_stage_layers)
+                            : std::ceil(double(st.layers) / st.pp);  // busiest stage
+  const double moe_share = double(st.moe_layers) / double(std::max<std::int64_t>(st.layers, 1));
+  double moe_stage = layers_stage * moe_share;  // the busiest stage's share of the MoE layers
+  // Note [MTP in the ledger]
+  // DeepSeek-V3's multi-token-prediction modules run on the last stage, each one layer of the
+  // model's last kind (a MoE layer in a model with any) with that layer's TP, CP, EP and expert-TP
+  // collectives (Note [multi-token prediction], model.cpp). Under the ledger's ⌈L/p⌉ stages the
+  // last one holds L − (p − 1)⌈L/p⌉ layers; with the D modules it is the busiest stage when it
+  // then holds more — always at p = 1, where the stage is the whole model: 4 all-to-alls per MoE
+  // layer and micro-batch over 58 + 1 layers for DeepSeek-V3, not 58. (The module's projection and
+  // its pass through the shared head add no collective at TP 1; under TP the head's edges are the
+  // planner's, as the model's own head's are.)
+  const bool mtp_busiest = [&] {
+    if (st.mtp_layers == 0) return false;
+    const double last = std::max(0.0, double(st.layers) - (st.pp - 1) * layers_stage);
+    if (last + st.mtp_layers <= layers_stage) return false;
+    moe_stage = last * moe_share + (st.moe_layers > 0 ? st.mtp_layers : 0);
+    layers_stage = last + st.mtp_layers;
+    return true;
+  }();
+  const std::string mtp_note =
+      mtp_busiest ? "; layers: the last stage's, with its MTP modules" : "";
   const bool full = st.recompute == Recompute::full;
 
   // DP / ZeRO, over the data-parallel group; with ep > 1 the routed experts apart, over the
@@ -419,8 +444,6 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
   t.kind = TrafficKind::tp;
   t.group = st.tp;
   t.stride = 1;
-  const double moe_stage =  // the busiest stage's share of the MoE layers
-      layers_stage * double(st.moe_layers) / double(std::max<std::int64_t>(st.layers, 1));
   if (st.tp > 1) {
     const double s_act = b * s_local * h * st.act_bytes;
     // Per layer 2 of the 4 (6) are the attention block's, 2 the MLP's; under SP a MoE layer
@@ -437,14 +460,15 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
       if (st.formulas)
         t.formula = std::string(full ? "6" : "4") +
                     " (all-gather + reduce-scatter) pairs x S(t-1)/t each per layer per "
-                    "micro-batch, S = b*(s/cp)*h*act_bytes";
+                    "micro-batch, S = b*(s/cp)*h*act_bytes" + mtp_note;
     } else {
       t.collective = Collective::all_reduce;
       t.calls = ar_calls;
       t.bytes_per_call = collective_bytes_per_rank(Collective::all_reduce, s_act, st.tp);
       if (st.formulas)
         t.formula = std::string(full ? "6" : "4") +
-                    " all-reduces x 2S(t-1)/t per layer per micro-batch, S = b*(s/cp)*h*act_bytes";
+                    " all-reduces x 2S(t-1)/t per layer per micro-batch, S = b*(s/cp)*h*act_bytes" +
+                    mtp_note;
     }
     // Note [SP re-gather]
     // Under SP a column-parallel linear (QKV; the MLP's first, gate and up fused) keeps only its
@@ -465,7 +489,7 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
       if (st.formulas)
         rg.formula = "2 all-gathers x S(t-1)/t per layer per micro-batch in backward (the column-"
                      "parallel inputs' shards, re-gathered for the weight gradients; overlapped), "
-                     "S = b*(s/cp)*h*act_bytes";
+                     "S = b*(s/cp)*h*act_bytes" + mtp_note;
     }
   }
   r.tp_regather.kind = TrafficKind::tp_regather;
@@ -551,7 +575,8 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
     if (st.formulas)
       c.formula = std::string(full ? "4" : "3") +
                   "(c-1) ring sends per layer per micro-batch (fwd K,V; bwd K,V + dK,dV" +
-                  (full ? "; recompute fwd" : "") + ") of 2*b*(s/c)*(kv_hidden/tp)*act_bytes";
+                  (full ? "; recompute fwd" : "") + ") of 2*b*(s/c)*(kv_hidden/tp)*act_bytes" +
+                  mtp_note;
   }
 
   // EP: dispatch and combine per MoE layer and micro-batch, forward and backward (full recompute
@@ -572,7 +597,7 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
       e.formula = std::string(full ? "6" : "4") +
                   " all-to-alls (dispatch, combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
                   ") per MoE layer per micro-batch x S(ep-1)/ep, S = b*(s/cp)" +
-                  (st.sequence_parallel ? "/tp" : "") + "*top_k*capacity*h*act_bytes";
+                  (st.sequence_parallel ? "/tp" : "") + "*top_k*capacity*h*act_bytes" + mtp_note;
   }
 
   // Expert TP: all-gather of the dispatched copies, reduce-scatter of the outputs (Note [expert
@@ -592,7 +617,7 @@ StepTraffic step_traffic_unchecked(const StepTrafficSetup& st) {
                   " (all-gather + reduce-scatter) pairs per MoE layer per micro-batch (dispatch, "
                   "combine; fwd and bwd" + (full ? "; recompute fwd" : "") +
                   ") x S(etp-1)/etp, S = etp*b*(s/cp)" + (st.sequence_parallel ? "/tp" : "") +
-                  "*top_k*capacity*h*act_bytes";
+                  "*top_k*capacity*h*act_bytes" + mtp_note;
   }
 
   for (TrafficItem* it : {&g, &z, &t, &r.tp_regather, &p, &pg, &pe, &c, &e, &x, &r.expert_grad,

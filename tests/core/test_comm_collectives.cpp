@@ -280,6 +280,45 @@ TEST(CommNccl, NodeLimitedRoutingSendsEachTokenOncePerNode) {
   EXPECT_THROW(step_traffic(s), InvalidInput);
 }
 
+// DeepSeek-V3's multi-token-prediction module in the ledger (Note [MTP in the ledger]): L = 61
+// layers, 58 of them MoE, one module of one MoE layer on the last stage, m = 16 micro-batches. By
+// hand: at p = 1 the stage is the whole model, 58 + 1 MoE layers: 4 · 59 · 16 = 3776 all-to-alls
+// (without the module 4 · 58 · 16 = 3712); TP 2 without SP, 2 all-reduces per attention block and
+// 2 per MLP, 4 · (61 + 1) · 16 = 3968. At p = 4 the ⌈61/4⌉ = 16-layer stages stay the busiest
+// (the last holds 61 − 3 · 16 = 13 + 1): 4 · 16 · 58/61 · 16 all-to-alls either way. At p = 2 with
+// two modules the last stage holds 61 − 31 = 30 + 2 = 32 > 31 layers: 4 · (30 · 58/61 + 2) · 16.
+TEST(StepTraffic, MultiTokenPredictionModulesOnTheLastStage) {
+  StepTrafficSetup s{.params = 671e9, .hidden = 7168, .layers = 61, .seq_len = 4096,
+                     .micro_batches = 16, .dp = 64, .ep = 64, .expert_share = 0.97,
+                     .moe_layers = 58, .experts_per_token = 8, .shared_experts = true,
+                     .mtp_layers = 1};
+  EXPECT_DOUBLE_EQ(step_traffic(s).ep.calls, 3776);
+  EXPECT_NE(step_traffic(s).ep.formula.find("with its MTP modules"), std::string::npos);
+  s.mtp_layers = 0;
+  EXPECT_DOUBLE_EQ(step_traffic(s).ep.calls, 3712);
+  EXPECT_EQ(step_traffic(s).ep.formula.find("MTP"), std::string::npos);
+  StepTrafficSetup t = s;
+  t.mtp_layers = 1;
+  t.dp = 32;
+  t.tp = 2;
+  t.ep = 32;
+  EXPECT_DOUBLE_EQ(step_traffic(t).tp.calls, 3968);
+  s.pp = 4;
+  const double busiest = 4 * 16 * 58.0 / 61 * 16;
+  EXPECT_DOUBLE_EQ(step_traffic(s).ep.calls, busiest);
+  s.mtp_layers = 1;
+  EXPECT_DOUBLE_EQ(step_traffic(s).ep.calls, busiest);
+  s.pp = 2;
+  s.mtp_layers = 2;
+  EXPECT_DOUBLE_EQ(step_traffic(s).ep.calls, 4 * (30 * 58.0 / 61 + 2) * 16);
+  // A caller that names the busiest stage counts the modules itself; a negative count is refused.
+  s.busiest_stage_layers = 31;
+  EXPECT_THROW(step_traffic(s), InvalidInput);
+  s.busiest_stage_layers = 0;
+  s.mtp_layers = -1;
+  EXPECT_THROW(step_traffic(s), InvalidInput);
+}
+
 // A group of 12 on 8-GPU hosts (stride 1): ranks 0–7 share one host, 8–11 the next. A rank of the
 // 4-member host sends 8 of its 11 peer messages over its NIC, more than any rank of the full host
 // (4): the collective waits for it. (Averaging the members over the hosts, 6 per host, would have

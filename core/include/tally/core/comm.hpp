@@ -130,6 +130,11 @@ struct StepTrafficSetup {
   // stay in the TP item under SP; without them a MoE layer's MLP-side TP pair is the expert-TP
   // item's).
   bool shared_experts = false;
+  // Multi-token-prediction modules on the last stage (ModelSpec::mtp_layers), each one layer of the
+  // model's last kind with that layer's collectives (Note [MTP in the ledger] in comm.cpp); only
+  // with busiest_stage_layers = 0 (a caller that gives the busiest stage counts the modules
+  // itself, as the planner does).
+  int mtp_layers = 0;
   // M: each token's routed copies reach at most this many NVLink domains, sent once to each
   // (DeepSeek-V3's node-limited routing and dispatch; Note [node-limited routing]); 0 = no limit.
   int max_route_nodes = 0;
