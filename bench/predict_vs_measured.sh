@@ -196,8 +196,8 @@ print("\nrun zero, every rank (round 1: min-max over the ranks' own medians, Not
       f"{os.cpu_count()} cores), ms")
 print("| k | stage | forward+backward | forward+backward + arrival wait | "
       "contention x (compute + grad passes) | CPU per step | "
-      "cores busy: sum of CPU / (cores x step) |")
-print("|---|---|---|---|---|---|---|")
+      "cores busy: sum of CPU / (cores x step) | main thread's run-queue wait, mean per step |")
+print("|---|---|---|---|---|---|---|---|")
 span = lambda v: f"{min(v)*1e3:.2f}-{max(v)*1e3:.2f}"
 for k, name, runs in zero_phases:
     ranks, t = runs[0]["ranks"], runs[0]["terms"]
@@ -205,9 +205,10 @@ for k, name, runs in zero_phases:
     wait = [x["phase_seconds_median"].get("arrival_wait", 0.0) for x in ranks]
     cpu = [x["cpu_seconds_median"] for x in ranks]
     busy = sum(cpu) / (os.cpu_count() * max(x["step_seconds_median"] for x in ranks))
+    queued = [x["runqueue_wait_seconds_mean"] for x in ranks if "runqueue_wait_seconds_mean" in x]
     print(f"| {k} | {name} | {span(fb)} | {span([a + b for a, b in zip(fb, wait)])} | "
           f"{t['contention']*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | {span(cpu)} | "
-          f"{busy:.2f} |")
+          f"{busy:.2f} | {span(queued) if queued else '-'} |")
 ratios = [q for *_, q, _ in rows]
 if three_d:
     print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "

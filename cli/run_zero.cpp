@@ -100,17 +100,20 @@ std::string calls_str(const engine::RankTraffic& t) {
 // Rank 0's phases of each step, in step order: the same four as zero_phases below (arrival_wait
 // only where measured) and the step's CPU time, unreduced, so a reader can see their spread.
 nlohmann::json per_step_phases_json(const engine::StageResult& st) {
-  nlohmann::json fb = nlohmann::json::array(), wait = fb, coll = fb, opt = fb, cpu = fb;
+  nlohmann::json fb = nlohmann::json::array(), wait = fb, coll = fb, opt = fb, cpu = fb,
+                 queued = fb;
   for (const engine::ZeroStepPhases& p : st.step_phases) {
     fb.push_back(p.forward_backward_s);
     wait.push_back(p.arrival_wait_s);
     coll.push_back(p.collectives_s - p.arrival_wait_s);
     opt.push_back(p.optimizer_s);
     cpu.push_back(p.cpu_s);
+    queued.push_back(p.runqueue_wait_s);
   }
   nlohmann::json out{{"forward_backward", fb}, {"collectives", coll}, {"optimizer", opt},
                      {"cpu", cpu}};
   if (st.arrival_measured) out["arrival_wait"] = wait;
+  if (st.runqueue_measured) out["runqueue_wait"] = queued;
   return out;
 }
 
@@ -144,11 +147,12 @@ std::string ranks_spread_line(const engine::StageResult& st) {
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     return fmt::format("{:.2f}-{:.2f}", *lo * 1e3, *hi * 1e3);
   };
-  std::vector<double> step, cpu;
+  std::vector<double> step, cpu, queued;
   std::vector<std::pair<std::string, std::vector<double>>> phases;  // per phase, by rank
   for (int q = 0; q < int(st.rank_medians.size()); ++q) {
     step.push_back(st.rank_medians[std::size_t(q)].step_s);
     cpu.push_back(st.rank_medians[std::size_t(q)].cpu_s);
+    queued.push_back(st.rank_medians[std::size_t(q)].runqueue_wait_mean_s);
     const StepPhases p = zero_phases(st, q);
     phases.resize(p.median_s.size());
     for (std::size_t i = 0; i < p.median_s.size(); ++i) {
@@ -158,7 +162,8 @@ std::string ranks_spread_line(const engine::StageResult& st) {
   }
   std::string parts;
   for (const auto& [name, v] : phases) parts += (parts.empty() ? "" : " + ") + name + " " + span(v);
-  return fmt::format("step {}; {}; CPU {}", span(step), parts, span(cpu));
+  return fmt::format("step {}; {}; CPU {}", span(step), parts, span(cpu)) +
+         (st.runqueue_measured ? "; run-queue wait (mean) " + span(queued) : "");
 }
 
 // Rank q's phase medians without the convention (the stage's phase_seconds_median states it).
@@ -336,6 +341,8 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
                        {"reduce_scatter", counter_json(t.reduce_scatter)},
                        {"all_gather", counter_json(t.all_gather)},
                        {"steady", t.steady}});
+      if (st.runqueue_measured)
+        ranks.back()["runqueue_wait_seconds_mean"] = st.rank_medians[q].runqueue_wait_mean_s;
     }
     nlohmann::json items = nlohmann::json::array();
     for (const auto& it : {st.predicted_traffic.dp_grad, st.predicted_traffic.zero_param_gather})
@@ -365,7 +372,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
         {"ranks_time_convention",
          "ranks[q]: step_seconds_median, phase_seconds_median (phase_seconds_median's phases on "
          "rank q) and cpu_seconds_median (the CPU time of rank q's process in a step, all its "
-         "threads), each rank's own medians over the steps, which need not sum"},
+         "threads), each rank's own medians over the steps, which need not sum; "
+         "runqueue_wait_seconds_mean (where the kernel exposes it): the mean over the steps of "
+         "the time rank q's main thread was runnable but off a CPU"},
         {"step_seconds", st.step_seconds},
         {"phase_seconds", per_step_phases_json(st)}};
     if (st.compared_to_dp) {

@@ -71,7 +71,13 @@
 // turn). So after each stage every rank's own medians over the steps — of the step and of each
 // phase — are gathered and reported by rank, with the CPU time each rank's process spent in the
 // step (all its threads, Gloo's included: CLOCK_PROCESS_CPUTIME_ID), which says how busy the
-// host's cores were: Σ_ranks cpu / (cores × step).
+// host's cores were: Σ_ranks cpu / (cores × step). And each step records how long the rank's main
+// thread — forward, backward, optimizer, the waits in its collectives — was runnable but off a
+// CPU (Note [run-queue wait], engine/bench/harness.hpp), reported as its mean over the steps: at
+// k = 2 on 2 cores a few steps in ten stall for a scheduling interval (2026-12-07: ZeRO-1's
+// forward + backward 9.8 ms against a 5.1 ms median while the process's CPU time grew 0.5 ms, and
+// the other rank waits at the next collective; docs/ledgers.md §5), which no term of the host
+// model carries.
 //
 // Note [zero tolerances]
 //   memory ±5 %        issue 4's criterion; the stated sources of difference are shard rounding
@@ -119,10 +125,17 @@ std::string stage_name(int stage) {
 }
 
 // One rank's figures for one stage, packed into doubles for the all-gather.
-constexpr std::size_t kPackedFixed = 24;
+constexpr std::size_t kPackedFixed = 25;
 
 // This rank's medians over the stage's steps (Note [every rank's phases]).
-ZeroRankMedians own_medians(const StageResult& st) {
+// The run-queue wait's mean, or −1 where this rank could not read it (Note [run-queue wait]).
+ZeroRankMedians own_medians(const StageResult& st, bool runqueue_read) {
+  double runqueue_mean = -1;
+  if (runqueue_read) {
+    runqueue_mean = 0;
+    for (const ZeroStepPhases& p : st.step_phases)
+      runqueue_mean += p.runqueue_wait_s / double(st.step_phases.size());
+  }
   const auto med = [&](const auto& field) {
     std::vector<double> v;
     for (const ZeroStepPhases& p : st.step_phases) v.push_back(field(p));
@@ -134,7 +147,8 @@ ZeroRankMedians own_medians(const StageResult& st) {
           .collectives_s =
               med([](const ZeroStepPhases& p) { return p.collectives_s - p.arrival_wait_s; }),
           .optimizer_s = med([](const ZeroStepPhases& p) { return p.optimizer_s; }),
-          .cpu_s = med([](const ZeroStepPhases& p) { return p.cpu_s; })};
+          .cpu_s = med([](const ZeroStepPhases& p) { return p.cpu_s; }),
+          .runqueue_wait_mean_s = runqueue_mean};
 }
 
 std::vector<double> pack(const RankMemory& m, const RankTraffic& t, const ZeroRankMedians& times,
@@ -162,7 +176,8 @@ std::vector<double> pack(const RankMemory& m, const RankTraffic& t, const ZeroRa
                            times.arrival_wait_s,
                            times.collectives_s,
                            times.optimizer_s,
-                           times.cpu_s};
+                           times.cpu_s,
+                           times.runqueue_wait_mean_s};
   v.insert(v.end(), losses.begin(), losses.end());
   return v;
 }
@@ -185,7 +200,8 @@ void unpack(const double* v, RankMemory& m, RankTraffic& t, ZeroRankMedians& tim
            .arrival_wait_s = v[20],
            .collectives_s = v[21],
            .optimizer_s = v[22],
-           .cpu_s = v[23]};
+           .cpu_s = v[23],
+           .runqueue_wait_mean_s = v[24]};
   losses.assign(v + kPackedFixed, v + kPackedFixed + steps);
 }
 
@@ -373,6 +389,7 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     RankTraffic first;
     bool steady = true;
     std::vector<std::vector<CallSpan>> step_spans;  // per step, this rank's collectives
+    bool runqueue_read = true;  // every step read its run-queue wait (Note [run-queue wait])
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < options.steps; ++i) {
       const CommCounters before = comm.counters();
@@ -382,11 +399,14 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       peak_to_update = -1;
       const auto s0 = std::chrono::steady_clock::now();
       const double cpu0 = clock_now_s(TimerClock::process_cpu);
+      const std::optional<double> queued0 = thread_runqueue_wait_s();
       comm.record_spans(arrival);
       losses.push_back(strategy->step(batch));
       const double step_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       const double cpu_s = clock_now_s(TimerClock::process_cpu) - cpu0;
+      const std::optional<double> queued1 = thread_runqueue_wait_s();
+      runqueue_read = runqueue_read && queued0 && queued1;
       comm.record_spans(false);
       step_spans.push_back(comm.take_spans());
       const std::int64_t rest = scope.counters().peak_allocated_bytes;
@@ -403,7 +423,10 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       st.step_phases.push_back({.forward_backward_s = step_s - collectives_s - optimizer_s,
                                 .collectives_s = collectives_s,
                                 .optimizer_s = optimizer_s,
-                                .cpu_s = cpu_s});
+                                .cpu_s = cpu_s,
+                                .runqueue_wait_s = queued0 && queued1
+                                                       ? std::max(0.0, *queued1 - *queued0)
+                                                       : 0.0});
       RankTraffic t = traffic_between(before, comm.counters());
       for (const auto& c : strategy->calls())
         t.wire_bytes += wire_bytes(c.collective, c.count, c.element_bytes, k, r);
@@ -434,7 +457,7 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
 
     // Every rank's figures, to every rank (so all agree on the checks).
     const std::vector<double> all =
-        gather_all(comm, pack(mine, first, own_medians(st), losses));
+        gather_all(comm, pack(mine, first, own_medians(st, runqueue_read), losses));
     const std::size_t stride = kPackedFixed + std::size_t(options.steps);
     st.memory.resize(std::size_t(k));
     st.traffic.resize(std::size_t(k));
@@ -450,6 +473,14 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       rank_losses.insert(rank_losses.end(), l.begin(), l.end());
     }
     all_rank_losses.push_back(std::move(rank_losses));
+    st.runqueue_measured = std::all_of(st.rank_medians.begin(), st.rank_medians.end(),
+                                       [](const ZeroRankMedians& m) {
+                                         return m.runqueue_wait_mean_s >= 0;
+                                       });
+    if (!st.runqueue_measured) {
+      for (ZeroRankMedians& m : st.rank_medians) m.runqueue_wait_mean_s = 0;
+      for (ZeroStepPhases& p : st.step_phases) p.runqueue_wait_s = 0;
+    }
 
     const double n = double(res.n_params);
     st.predicted_states = model_states(n, {.precision = options.precision,

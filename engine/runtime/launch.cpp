@@ -45,7 +45,10 @@ namespace {
 
 constexpr int kTick_ms = 20;          // poll timeout: bounds how late a timeout or exit is seen
 constexpr double kDrain_s = 1.0;      // output drain after the last rank is reaped
-constexpr std::size_t kMaxLine = 1 << 16;  // a longer line without '\n' is forwarded in pieces
+// A longer line without '\n' is forwarded in pieces (the buffer stays bounded). A rank's --json is
+// one line: `run zero --steps 100` over three stages wrote 66 KB, which the 64 KiB this was
+// until 2026-12-07 split in two; 1000 steps over all four stages are about 1 MB.
+constexpr std::size_t kMaxLine = std::size_t(1) << 24;
 constexpr double kLinger_s = 5;       // node 0 keeps the launchers' store up for the others' exit
 
 using Clock = std::chrono::steady_clock;

@@ -6,17 +6,22 @@
 // ratios); suite names start with "bench".
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "rank_harness.hpp"
+#include "tally/engine/bench/harness.hpp"
 #include "tally/engine/bench/kernels.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/io/calibration.hpp"
@@ -37,6 +42,39 @@ using tally::subprocess::Ran;
 using tally::subprocess::run_command;
 
 const BenchKernelTiming kQuick{.threads = 1, .warmup = 1, .samples = 3, .min_sample_s = 2e-4};
+
+// Note [run-queue wait] (engine/bench/harness.hpp): this thread and a second one, both pinned to
+// the same core and both spinning on the clock for 0.3 s. The scheduler shares the core between
+// them, so this thread spends about half of the 0.3 s runnable but off it (other load on the host
+// only adds to that); it must read at least a fifth of the 0.3 s, and no more than the wall time
+// that passed.
+TEST(BenchKernels, RunQueueWaitIsTheTimeAnotherThreadHeldTheCore) {
+  if (!thread_runqueue_wait_s()) GTEST_SKIP() << "no /proc/thread-self/schedstat";
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  int core = 0;
+  while (core < CPU_SETSIZE && !CPU_ISSET(core, &before)) ++core;
+  ASSERT_LT(core, CPU_SETSIZE);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(core, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // this thread, and threads it starts
+  const auto spin = [](double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  };
+  const double wait0 = *thread_runqueue_wait_s();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread other(spin, 0.3);
+  spin(0.3);
+  const double waited = *thread_runqueue_wait_s() - wait0;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  other.join();
+  ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+  EXPECT_GE(waited, 0.3 / 5) << "wall " << wall;
+  EXPECT_LE(waited, wall);
+}
 
 TEST(BenchKernels, GemmRowsAreTheirOwnArithmetic) {
   const BenchGemmOptions o{.m = {4, 8}, .n = {16, 32}, .k = {8, 64}, .timing = kQuick};

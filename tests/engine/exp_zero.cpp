@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -441,6 +442,22 @@ TEST(ZeroCli, JsonFieldsFromRankZero) {
   for (const json& q : z2["ranks"]) {
     EXPECT_GT(q["cpu_seconds_median"].get<double>(), 0.0);
     EXPECT_GT(q["phase_seconds_median"]["collectives"].get<double>(), 0.0);
+  }
+  // The main thread's run-queue wait (Note [run-queue wait], engine/bench/harness.hpp), where
+  // this kernel exposes it: per step for rank 0, never more than the step; its mean by rank.
+  if (std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r")) {
+    std::fclose(f);
+    const std::vector<double> queued = z2["phase_seconds"]["runqueue_wait"];
+    const std::vector<double> step_s = z2["step_seconds"];
+    ASSERT_EQ(queued.size(), 4u);
+    double mean = 0;
+    for (std::size_t i = 0; i < queued.size(); ++i) {
+      EXPECT_GE(queued[i], 0.0);
+      EXPECT_LE(queued[i], step_s[i]);
+      mean += queued[i] / 4;
+    }
+    EXPECT_NEAR(z2["ranks"][0]["runqueue_wait_seconds_mean"].get<double>(), mean, 1e-12);
+    EXPECT_GE(z2["ranks"][1]["runqueue_wait_seconds_mean"].get<double>(), 0.0);
   }
   EXPECT_LE(z2["max_rel_loss_diff_vs_dp"].get<double>(), 1e-5);
   EXPECT_NE(j["conclusion"].get<std::string>().find("ZeRO-2 1.000"), std::string::npos);

@@ -75,6 +75,15 @@ TEST(Launch, PartialLastLineIsForwardedToo) {
   EXPECT_EQ(r.out, "[rank 0] a\n[rank 0] b\n");
 }
 
+// A rank's --json is one line however long (`run zero --steps 100 --json` over three stages is
+// 66 KB): a 300,000-character line arrives whole, behind one prefix.
+TEST(Launch, LongLineArrivesWhole) {
+  const Ran r = run_command(tally({"launch", "--nproc", "1", "--", "/bin/sh", "-c",
+                                   "head -c 300000 /dev/zero | tr '\\0' x; echo"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] " + std::string(300000, 'x') + "\n");
+}
+
 TEST(Launch, FailingRankStopsTheOthersAndIsNamed) {
   const Ran r = run_command(tally({"launch", "--nproc", "3", "--", "/bin/sh", "-c",
                                    "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"}));

@@ -108,6 +108,10 @@ struct ZeroStepPhases {
   // Not a part of the step: the CPU time this rank's process spent in it, all its threads (Gloo's
   // too; CLOCK_PROCESS_CPUTIME_ID). Note [every rank's phases] in zero.cpp.
   double cpu_s = 0;
+  // Not a part of the step either: the time in it that this rank's main thread (forward,
+  // backward, optimizer, and the waits in its collectives) spent runnable but off a CPU (Note
+  // [run-queue wait], engine/bench/harness.hpp); 0 unless StageResult::runqueue_measured.
+  double runqueue_wait_s = 0;
 };
 
 // One rank's medians over a stage's steps (Note [every rank's phases] in zero.cpp), each of its
@@ -119,6 +123,9 @@ struct ZeroRankMedians {
   double collectives_s = 0;   // of each step's collectives_s − arrival_wait_s
   double optimizer_s = 0;
   double cpu_s = 0;
+  // The mean over the steps, not the median: a stall hits a few steps (Note [every rank's phases]
+  // in zero.cpp); 0 unless StageResult::runqueue_measured.
+  double runqueue_wait_mean_s = 0;
 };
 
 struct StageResult {
@@ -142,6 +149,8 @@ struct StageResult {
   // Every rank's collective spans were compared on one clock: all ranks ran on this host (the
   // rendezvous address is loopback), so step_phases' arrival_wait_s is measured.
   bool arrival_measured = false;
+  // Every rank read its main thread's run-queue wait (Note [run-queue wait]).
+  bool runqueue_measured = false;
 
   double predicted_bytes_per_step() const { return predicted_traffic.dp_total_bytes(); }
 };
