@@ -196,7 +196,8 @@ print("\nrun zero, every rank (round 1: min-max over the ranks' own medians, Not
       f"{os.cpu_count()} cores), ms")
 print("| k | stage | forward+backward | forward+backward + arrival wait | "
       "contention x (compute + grad passes) | CPU per step | "
-      "cores busy: sum of CPU / (cores x step) | main thread's run-queue wait, mean per step |")
+      "cores busy: sum of CPU / (cores x step) | "
+      "main thread's run-queue wait, mean per step (in collectives) |")
 print("|---|---|---|---|---|---|---|---|")
 span = lambda v: f"{min(v)*1e3:.2f}-{max(v)*1e3:.2f}"
 for k, name, runs in zero_phases:
@@ -206,9 +207,11 @@ for k, name, runs in zero_phases:
     cpu = [x["cpu_seconds_median"] for x in ranks]
     busy = sum(cpu) / (os.cpu_count() * max(x["step_seconds_median"] for x in ranks))
     queued = [x["runqueue_wait_seconds_mean"] for x in ranks if "runqueue_wait_seconds_mean" in x]
+    inside = [x.get("runqueue_wait_in_collectives_seconds_mean", 0.0) for x in ranks]
+    queued_cell = f"{span(queued)} ({span(inside)})" if queued else "-"
     print(f"| {k} | {name} | {span(fb)} | {span([a + b for a, b in zip(fb, wait)])} | "
           f"{t['contention']*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | {span(cpu)} | "
-          f"{busy:.2f} | {span(queued) if queued else '-'} |")
+          f"{busy:.2f} | {queued_cell} |")
 ratios = [q for *_, q, _ in rows]
 if three_d:
     print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "

@@ -101,7 +101,7 @@ std::string calls_str(const engine::RankTraffic& t) {
 // only where measured) and the step's CPU time, unreduced, so a reader can see their spread.
 nlohmann::json per_step_phases_json(const engine::StageResult& st) {
   nlohmann::json fb = nlohmann::json::array(), wait = fb, coll = fb, opt = fb, cpu = fb,
-                 queued = fb;
+                 queued = fb, queued_in_collectives = fb;
   for (const engine::ZeroStepPhases& p : st.step_phases) {
     fb.push_back(p.forward_backward_s);
     wait.push_back(p.arrival_wait_s);
@@ -109,11 +109,14 @@ nlohmann::json per_step_phases_json(const engine::StageResult& st) {
     opt.push_back(p.optimizer_s);
     cpu.push_back(p.cpu_s);
     queued.push_back(p.runqueue_wait_s);
+    queued_in_collectives.push_back(p.runqueue_in_collectives_s);
   }
   nlohmann::json out{{"forward_backward", fb}, {"collectives", coll}, {"optimizer", opt},
                      {"cpu", cpu}};
   if (st.arrival_measured) out["arrival_wait"] = wait;
   if (st.runqueue_measured) out["runqueue_wait"] = queued;
+  if (st.runqueue_measured && st.arrival_measured)
+    out["runqueue_wait_in_collectives"] = queued_in_collectives;
   return out;
 }
 
@@ -147,12 +150,13 @@ std::string ranks_spread_line(const engine::StageResult& st) {
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     return fmt::format("{:.2f}-{:.2f}", *lo * 1e3, *hi * 1e3);
   };
-  std::vector<double> step, cpu, queued;
+  std::vector<double> step, cpu, queued, queued_in_collectives;
   std::vector<std::pair<std::string, std::vector<double>>> phases;  // per phase, by rank
   for (int q = 0; q < int(st.rank_medians.size()); ++q) {
     step.push_back(st.rank_medians[std::size_t(q)].step_s);
     cpu.push_back(st.rank_medians[std::size_t(q)].cpu_s);
     queued.push_back(st.rank_medians[std::size_t(q)].runqueue_wait_mean_s);
+    queued_in_collectives.push_back(st.rank_medians[std::size_t(q)].runqueue_in_collectives_mean_s);
     const StepPhases p = zero_phases(st, q);
     phases.resize(p.median_s.size());
     for (std::size_t i = 0; i < p.median_s.size(); ++i) {
@@ -163,7 +167,10 @@ std::string ranks_spread_line(const engine::StageResult& st) {
   std::string parts;
   for (const auto& [name, v] : phases) parts += (parts.empty() ? "" : " + ") + name + " " + span(v);
   return fmt::format("step {}; {}; CPU {}", span(step), parts, span(cpu)) +
-         (st.runqueue_measured ? "; run-queue wait (mean) " + span(queued) : "");
+         (st.runqueue_measured ? "; run-queue wait (mean) " + span(queued) : "") +
+         (st.runqueue_measured && st.arrival_measured
+              ? ", in collectives " + span(queued_in_collectives)
+              : "");
 }
 
 // Rank q's phase medians without the convention (the stage's phase_seconds_median states it).
@@ -343,6 +350,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
                        {"steady", t.steady}});
       if (st.runqueue_measured)
         ranks.back()["runqueue_wait_seconds_mean"] = st.rank_medians[q].runqueue_wait_mean_s;
+      if (st.runqueue_measured && st.arrival_measured)
+        ranks.back()["runqueue_wait_in_collectives_seconds_mean"] =
+            st.rank_medians[q].runqueue_in_collectives_mean_s;
     }
     nlohmann::json items = nlohmann::json::array();
     for (const auto& it : {st.predicted_traffic.dp_grad, st.predicted_traffic.zero_param_gather})
@@ -374,7 +384,9 @@ nlohmann::json to_json(const engine::ZeroResult& r, const std::vector<engine::Ze
          "rank q) and cpu_seconds_median (the CPU time of rank q's process in a step, all its "
          "threads), each rank's own medians over the steps, which need not sum; "
          "runqueue_wait_seconds_mean (where the kernel exposes it): the mean over the steps of "
-         "the time rank q's main thread was runnable but off a CPU"},
+         "the time rank q's main thread was runnable but off a CPU, and "
+         "runqueue_wait_in_collectives_seconds_mean (ranks on one host) its part inside the "
+         "collectives"},
         {"step_seconds", st.step_seconds},
         {"phase_seconds", per_step_phases_json(st)}};
     if (st.compared_to_dp) {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -76,16 +75,6 @@ double clock_now_s(TimerClock clock) {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-std::optional<double> thread_runqueue_wait_s() {
-  std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
-  if (f == nullptr) return std::nullopt;
-  unsigned long long on_cpu_ns = 0, waiting_ns = 0;
-  const int read = std::fscanf(f, "%llu %llu", &on_cpu_ns, &waiting_ns);
-  std::fclose(f);
-  if (read != 2) return std::nullopt;
-  return double(waiting_ns) * 1e-9;
 }
 
 TimeStats time_calls(int warmup, int samples, double min_sample_s,

@@ -73,11 +73,12 @@
 // step (all its threads, Gloo's included: CLOCK_PROCESS_CPUTIME_ID), which says how busy the
 // host's cores were: Σ_ranks cpu / (cores × step). And each step records how long the rank's main
 // thread — forward, backward, optimizer, the waits in its collectives — was runnable but off a
-// CPU (Note [run-queue wait], engine/bench/harness.hpp), reported as its mean over the steps: at
-// k = 2 on 2 cores a few steps in ten stall for a scheduling interval (2026-12-07: ZeRO-1's
-// forward + backward 9.8 ms against a 5.1 ms median while the process's CPU time grew 0.5 ms, and
-// the other rank waits at the next collective; docs/ledgers.md §5), which no term of the host
-// model carries.
+// CPU (Note [run-queue wait] in tally/engine/comm.hpp), and how much of that fell inside the
+// collectives (their spans' share), each reported as its mean over the steps. At k = 2 on 2 cores
+// (2026-12-07, docs/ledgers.md §5) about 2 ms a step falls inside the collectives (woken, queued
+// for a core), and a few steps in ten also stall 4–5 ms in their compute — ZeRO-1's forward +
+// backward 9.9 ms against a 5.4 ms median — while the other rank waits at the next collective:
+// no term of the host model carries it.
 //
 // Note [zero tolerances]
 //   memory ±5 %        issue 4's criterion; the stated sources of difference are shard rounding
@@ -125,16 +126,18 @@ std::string stage_name(int stage) {
 }
 
 // One rank's figures for one stage, packed into doubles for the all-gather.
-constexpr std::size_t kPackedFixed = 25;
+constexpr std::size_t kPackedFixed = 26;
 
 // This rank's medians over the stage's steps (Note [every rank's phases]).
 // The run-queue wait's mean, or −1 where this rank could not read it (Note [run-queue wait]).
 ZeroRankMedians own_medians(const StageResult& st, bool runqueue_read) {
-  double runqueue_mean = -1;
+  double runqueue_mean = -1, in_collectives_mean = 0;
   if (runqueue_read) {
     runqueue_mean = 0;
-    for (const ZeroStepPhases& p : st.step_phases)
+    for (const ZeroStepPhases& p : st.step_phases) {
       runqueue_mean += p.runqueue_wait_s / double(st.step_phases.size());
+      in_collectives_mean += p.runqueue_in_collectives_s / double(st.step_phases.size());
+    }
   }
   const auto med = [&](const auto& field) {
     std::vector<double> v;
@@ -148,7 +151,8 @@ ZeroRankMedians own_medians(const StageResult& st, bool runqueue_read) {
               med([](const ZeroStepPhases& p) { return p.collectives_s - p.arrival_wait_s; }),
           .optimizer_s = med([](const ZeroStepPhases& p) { return p.optimizer_s; }),
           .cpu_s = med([](const ZeroStepPhases& p) { return p.cpu_s; }),
-          .runqueue_wait_mean_s = runqueue_mean};
+          .runqueue_wait_mean_s = runqueue_mean,
+          .runqueue_in_collectives_mean_s = in_collectives_mean};
 }
 
 std::vector<double> pack(const RankMemory& m, const RankTraffic& t, const ZeroRankMedians& times,
@@ -177,7 +181,8 @@ std::vector<double> pack(const RankMemory& m, const RankTraffic& t, const ZeroRa
                            times.collectives_s,
                            times.optimizer_s,
                            times.cpu_s,
-                           times.runqueue_wait_mean_s};
+                           times.runqueue_wait_mean_s,
+                           times.runqueue_in_collectives_mean_s};
   v.insert(v.end(), losses.begin(), losses.end());
   return v;
 }
@@ -201,7 +206,8 @@ void unpack(const double* v, RankMemory& m, RankTraffic& t, ZeroRankMedians& tim
            .collectives_s = v[21],
            .optimizer_s = v[22],
            .cpu_s = v[23],
-           .runqueue_wait_mean_s = v[24]};
+           .runqueue_wait_mean_s = v[24],
+           .runqueue_in_collectives_mean_s = v[25]};
   losses.assign(v + kPackedFixed, v + kPackedFixed + steps);
 }
 
@@ -409,6 +415,8 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       runqueue_read = runqueue_read && queued0 && queued1;
       comm.record_spans(false);
       step_spans.push_back(comm.take_spans());
+      double queued_in_collectives = 0;
+      for (const CallSpan& c : step_spans.back()) queued_in_collectives += c.runqueue_wait_s;
       const std::int64_t rest = scope.counters().peak_allocated_bytes;
       if (peak_to_update >= 0) {
         peak_forward_backward = std::max(peak_forward_backward, peak_to_update);
@@ -426,7 +434,8 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
                                 .cpu_s = cpu_s,
                                 .runqueue_wait_s = queued0 && queued1
                                                        ? std::max(0.0, *queued1 - *queued0)
-                                                       : 0.0});
+                                                       : 0.0,
+                                .runqueue_in_collectives_s = queued_in_collectives});
       RankTraffic t = traffic_between(before, comm.counters());
       for (const auto& c : strategy->calls())
         t.wire_bytes += wire_bytes(c.collective, c.count, c.element_bytes, k, r);
@@ -480,6 +489,10 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
     if (!st.runqueue_measured) {
       for (ZeroRankMedians& m : st.rank_medians) m.runqueue_wait_mean_s = 0;
       for (ZeroStepPhases& p : st.step_phases) p.runqueue_wait_s = 0;
+    }
+    if (!st.runqueue_measured || !st.arrival_measured) {
+      for (ZeroRankMedians& m : st.rank_medians) m.runqueue_in_collectives_mean_s = 0;
+      for (ZeroStepPhases& p : st.step_phases) p.runqueue_in_collectives_s = 0;
     }
 
     const double n = double(res.n_params);

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -446,6 +447,16 @@ std::vector<double> arrival_waits(Comm& comm, const std::vector<std::vector<Call
     waits.push_back(wait);
   }
   return waits;
+}
+
+std::optional<double> thread_runqueue_wait_s() {
+  std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (f == nullptr) return std::nullopt;
+  unsigned long long on_cpu_ns = 0, waiting_ns = 0;
+  const int read = std::fscanf(f, "%llu %llu", &on_cpu_ns, &waiting_ns);
+  std::fclose(f);
+  if (read != 2) return std::nullopt;
+  return double(waiting_ns) * 1e-9;
 }
 
 double steady_seconds() {

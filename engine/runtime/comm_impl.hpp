@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -59,6 +61,7 @@ class SpanScope {
   bool counted_ = false;  // opened while recording: counted in m_.span_depth
   bool outer_ = false;   // records the span
   double enter_s_ = 0;
+  std::optional<double> queued_s_;  // the thread's run-queue wait at entry (Note [run-queue wait])
 };
 
 }  // namespace detail
@@ -341,13 +344,22 @@ inline SpanScope::SpanScope(Comm::Impl& m) : m_(m) {
   if (!m_.recording_spans) return;
   counted_ = true;
   outer_ = m_.span_depth++ == 0;
-  if (outer_) enter_s_ = steady_seconds();
+  if (!outer_) return;
+  queued_s_ = thread_runqueue_wait_s();
+  enter_s_ = steady_seconds();
 }
 
 inline SpanScope::~SpanScope() {
   if (!counted_) return;
   --m_.span_depth;
-  if (outer_) m_.spans.push_back({.enter_s = enter_s_, .exit_s = steady_seconds()});
+  if (!outer_) return;
+  const double exit_s = steady_seconds();
+  const std::optional<double> queued = thread_runqueue_wait_s();
+  m_.spans.push_back({.enter_s = enter_s_,
+                      .exit_s = exit_s,
+                      .runqueue_wait_s = queued_s_ && queued
+                                             ? std::max(0.0, *queued - *queued_s_)
+                                             : 0.0});
 }
 
 }  // namespace detail

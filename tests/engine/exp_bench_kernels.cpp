@@ -43,7 +43,7 @@ using tally::subprocess::run_command;
 
 const BenchKernelTiming kQuick{.threads = 1, .warmup = 1, .samples = 3, .min_sample_s = 2e-4};
 
-// Note [run-queue wait] (engine/bench/harness.hpp): this thread and a second one, both pinned to
+// Note [run-queue wait] (tally/engine/comm.hpp): this thread and a second one, both pinned to
 // the same core and both spinning on the clock for 0.3 s. The scheduler shares the core between
 // them, so this thread spends about half of the 0.3 s runnable but off it (other load on the host
 // only adds to that); it must read at least a fifth of the 0.3 s, and no more than the wall time

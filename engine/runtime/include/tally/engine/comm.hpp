@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <stdexcept>
@@ -163,11 +164,22 @@ class PendingCollective {
 // One blocking collective on one rank (Note [arrival wait] in comm.cpp): when this rank entered
 // it and when it returned, steady_seconds() (CLOCK_MONOTONIC: one clock for every process of a
 // host, so the spans of ranks on one host compare; across hosts they do not).
+// The calling thread's time on a run queue during the span (Note [run-queue wait] below): in a
+// blocking collective, how long the thread, once woken, waited for a core; 0 where unreadable.
 struct CallSpan {
   double enter_s = 0;
   double exit_s = 0;
+  double runqueue_wait_s = 0;
 };
 double steady_seconds();  // std::chrono::steady_clock, seconds since its epoch
+// Note [run-queue wait]: the seconds the calling thread has spent runnable but not running — on a
+// run queue, waiting for a CPU the scheduler gave to another thread — since it started: the second
+// field of Linux's /proc/thread-self/schedstat (ns; the kernel's sched_info, always kept where
+// that file exists). Differences only have a meaning. Empty where the file cannot be read (another
+// OS, a kernel without CONFIG_SCHED_INFO). A compute thread that waited here was delayed by the
+// host's scheduler, not by its kernels: `run zero` records it per step (Note [every rank's
+// phases] in engine/experiments/zero.cpp), and each collective's span records its share (CallSpan).
+std::optional<double> thread_runqueue_wait_s();
 
 // A collective's span split on rank r, given every rank's span of the same call: wait_s =
 // max_q enter_q − enter_r, how long r waited for the last rank to arrive (0 for that rank);

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <functional>
-#include <optional>
 #include <vector>
 
 #include "tally/engine/comm.hpp"
@@ -56,15 +55,6 @@ TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop);
 enum class TimerClock { wall, process_cpu };
 // That clock's reading now, in seconds (differences only have a meaning).
 double clock_now_s(TimerClock clock);
-
-// Note [run-queue wait]: the seconds the calling thread has spent runnable but not running — on a
-// run queue, waiting for a CPU the scheduler gave to another thread — since it started: the second
-// field of Linux's /proc/thread-self/schedstat (ns; the kernel's sched_info, always kept where
-// that file exists). Differences only have a meaning. Empty where the file cannot be read (another
-// OS, a kernel without CONFIG_SCHED_INFO). A compute thread that waited here was delayed by the
-// host's scheduler, not by its kernels: `run zero` records it per step (Note [every rank's
-// phases] in engine/experiments/zero.cpp).
-std::optional<double> thread_runqueue_wait_s();
 
 // One process's kernel timing (`tally bench gemm|memory`): `call` runs W times untimed, then S
 // samples are timed, each repeating `call` r times, r = the smallest power of two for which one

@@ -110,8 +110,12 @@ struct ZeroStepPhases {
   double cpu_s = 0;
   // Not a part of the step either: the time in it that this rank's main thread (forward,
   // backward, optimizer, and the waits in its collectives) spent runnable but off a CPU (Note
-  // [run-queue wait], engine/bench/harness.hpp); 0 unless StageResult::runqueue_measured.
+  // [run-queue wait], tally/engine/comm.hpp); 0 unless StageResult::runqueue_measured.
   double runqueue_wait_s = 0;
+  // Of runqueue_wait_s, the part inside the step's collectives (their spans' CallSpan::
+  // runqueue_wait_s: woken from a wait, queued for a core); 0 unless StageResult::
+  // runqueue_measured and arrival_measured (the spans are recorded on one host).
+  double runqueue_in_collectives_s = 0;
 };
 
 // One rank's medians over a stage's steps (Note [every rank's phases] in zero.cpp), each of its
@@ -126,6 +130,7 @@ struct ZeroRankMedians {
   // The mean over the steps, not the median: a stall hits a few steps (Note [every rank's phases]
   // in zero.cpp); 0 unless StageResult::runqueue_measured.
   double runqueue_wait_mean_s = 0;
+  double runqueue_in_collectives_mean_s = 0;  // its part inside collectives, the same way
 };
 
 struct StageResult {
