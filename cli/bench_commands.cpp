@@ -8,6 +8,7 @@
 // PyTorch's DDP (bench/ddp_peer.py).
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -135,6 +137,34 @@ std::string check_line(const engine::BenchCheck& c) {
   return "";
 }
 
+// One line per table (Note [run-queue wait] in tally/engine/comm.hpp): the calling thread's
+// run-queue wait inside each call, its range over the table's sizes for each implementation; no
+// line where it was not read.
+template <class Row, class Name>
+void print_runqueue_line(const char* table, const std::vector<Row>& rows, Name name) {
+  std::vector<std::pair<std::string, std::pair<double, double>>> by_name;  // min, max
+  for (const Row& row : rows) {
+    if (!row.runqueue_wait_s) return;
+    const std::string n = name(row);
+    auto it = std::find_if(by_name.begin(), by_name.end(),
+                           [&](const auto& e) { return e.first == n; });
+    if (it == by_name.end()) {
+      by_name.push_back({n, {*row.runqueue_wait_s, *row.runqueue_wait_s}});
+      continue;
+    }
+    it->second.first = std::min(it->second.first, *row.runqueue_wait_s);
+    it->second.second = std::max(it->second.second, *row.runqueue_wait_s);
+  }
+  if (by_name.empty()) return;
+  std::string parts;
+  for (const auto& [n, range] : by_name)
+    parts += fmt::format("{}{} {:.1f}-{:.1f} us", parts.empty() ? "" : ", ", n,
+                         range.first * 1e6, range.second * 1e6);
+  fmt::print("# {} calls: the main thread's run-queue wait per call (time runnable with no core; "
+             "mean over calls and ranks), over the sizes: {}\n",
+             table, parts);
+}
+
 void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags& f, bool one_host) {
   const int k = r.world_size;
   fmt::print("# tally bench allreduce: k = {} ranks ({}), c10d Gloo, float32, sum; {} warm-up + {} "
@@ -159,6 +189,9 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
                us(row.time.mean_s), us(row.time.min_s), us(row.time.max_s), gbs(row.algbw_bps),
                gbs(row.busbw_bps), row.wrong);
   fmt::print("# #wrong total: {}\n", r.total_wrong());
+  print_runqueue_line("all-reduce", r.rows, [](const engine::BenchRow& row) {
+    return std::string(engine::to_string(row.algorithm));
+  });
   const auto ring = r.rows_of(engine::AllReduceAlgorithm::ring);
   if (!ring.empty()) {
     fmt::print("# ring bytes sent per rank per call == core collective_bytes_per_rank = 2S(k-1)/k "
@@ -200,6 +233,9 @@ void print_text(const engine::BenchAllReduceResult& r, const BenchAllReduceFlags
                  engine::sharded_implementation(row.collective), us(row.time.median_s),
                  us(row.time.mean_s), us(row.time.min_s), us(row.time.max_s), gbs(row.busbw_bps),
                  row.wrong);
+    print_runqueue_line("sharded", r.sharded, [](const engine::ShardedRow& row) {
+      return std::string(to_string(row.collective));
+    });
     for (Collective c : {Collective::reduce_scatter, Collective::all_gather}) {
       const AlphaBetaFit fit = r.fit_sharded(c);
       if (fit.ok)
@@ -262,6 +298,7 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
                         {"bytes_per_rank_counted", row.bytes_per_rank_counted},
                         {"bytes_exact", row.bytes_exact}};
     j.update(time_fields(row.time));
+    if (row.runqueue_wait_s) j["runqueue_wait_s_mean"] = *row.runqueue_wait_s;
     rows.push_back(std::move(j));
   }
   nlohmann::json fits = nlohmann::json::object();
@@ -291,6 +328,7 @@ nlohmann::json report_json(const engine::BenchAllReduceResult& r, const BenchAll
                         {"bytes_per_rank_core", row.bytes_per_rank_core},
                         {"wrong", row.wrong}};
     j.update(time_fields(row.time));
+    if (row.runqueue_wait_s) j["runqueue_wait_s_mean"] = *row.runqueue_wait_s;
     sharded.push_back(std::move(j));
   }
   nlohmann::json sharded_fits = nlohmann::json::object();

@@ -233,6 +233,7 @@ BenchRow bench_one(Comm& comm, AllReduceAlgorithm a, SizeData& d, const BenchAll
   row.wrong = std::int64_t(totals[0]);
   row.bytes_exact = totals[1] == 0;
   row.time = timed.time;
+  row.runqueue_wait_s = timed.runqueue_wait_s;
   row.algbw_bps = row.time.median_s > 0 ? row.size_bytes / row.time.median_s : 0.0;
   row.busbw_bps = bus_bandwidth(Collective::all_reduce, row.algbw_bps, k);
   return row;
@@ -296,6 +297,7 @@ ShardedRow bench_sharded(Comm& comm, Collective c, SizeData& d, const BenchAllRe
   comm.all_reduce(total);
   row.wrong = std::int64_t(total[0]);
   row.time = timed.time;
+  row.runqueue_wait_s = timed.runqueue_wait_s;
   row.busbw_bps =
       row.time.median_s > 0 ? bus_bandwidth(c, row.size_bytes / row.time.median_s, k) : 0.0;
   return row;

@@ -52,19 +52,30 @@ std::vector<double> slowest_rank_times(Comm& comm, const std::vector<double>& mi
 TimedLoopResult run_timed_loop(Comm& comm, const TimedLoop& loop) {
   TALLY_INVARIANT(loop.warmup_iters >= 0 && loop.iters >= 1 && loop.run);
   std::vector<double> mine(std::size_t(loop.iters));
+  double queued_s = 0;  // this rank's run-queue wait over the timed calls; < 0: unreadable
   for (int i = 0; i < loop.warmup_iters + loop.iters; ++i) {
     const bool timed = i >= loop.warmup_iters;
     if (loop.prepare) loop.prepare(i);
     comm.barrier();
+    const std::optional<double> q0 = thread_runqueue_wait_s();
     const auto t0 = std::chrono::steady_clock::now();
     loop.run(i);
     const auto t1 = std::chrono::steady_clock::now();
-    if (timed) mine[std::size_t(i - loop.warmup_iters)] = std::chrono::duration<double>(t1 - t0).count();
+    const std::optional<double> q1 = thread_runqueue_wait_s();
+    if (timed) {
+      mine[std::size_t(i - loop.warmup_iters)] = std::chrono::duration<double>(t1 - t0).count();
+      queued_s = q0 && q1 && queued_s >= 0 ? queued_s + std::max(0.0, *q1 - *q0) : -1.0;
+    }
     if (loop.check) loop.check(i, timed);
   }
   TimedLoopResult r;
   r.slowest_s = slowest_rank_times(comm, mine);
   r.time = time_stats(r.slowest_s);
+  const std::vector<double> one{queued_s < 0 ? -1.0 : queued_s / loop.iters};
+  std::vector<double> every(std::size_t(comm.world_size()));
+  comm.all_gather(one, every);
+  if (std::all_of(every.begin(), every.end(), [](double q) { return q >= 0; }))
+    r.runqueue_wait_s = std::accumulate(every.begin(), every.end(), 0.0) / double(every.size());
   return r;
 }
 

@@ -665,6 +665,12 @@ TEST(bench_allreduce_cli, ShardedReachesJsonTableAndFile) {
     EXPECT_EQ(row["wrong"], 0);
     EXPECT_EQ(row["bytes_per_rank_core"].get<double>(), row["size_bytes"].get<double>() / 2);
     EXPECT_GT(row["time_s_mean"].get<double>(), 0);
+    // The main thread's run-queue wait inside the calls (Note [run-queue wait]), where the kernel
+    // exposes it: the ranks' mean of their per-call means, within the slowest call.
+    if (tally::engine::thread_runqueue_wait_s()) {
+      EXPECT_GE(row["runqueue_wait_s_mean"].get<double>(), 0.0);
+      EXPECT_LE(row["runqueue_wait_s_mean"].get<double>(), row["time_s_max"].get<double>());
+    }
   }
   EXPECT_TRUE(j["sharded_fits"].contains("reduce-scatter"));
   EXPECT_TRUE(j["sharded_fits"].contains("all-gather"));
@@ -681,6 +687,11 @@ TEST(bench_allreduce_cli, ShardedReachesJsonTableAndFile) {
       << table;
   EXPECT_NE(table.find("reduce-scatter  ring"), std::string::npos) << table;
   EXPECT_NE(table.find("# fit all-gather: "), std::string::npos) << table;
+  if (tally::engine::thread_runqueue_wait_s()) {
+    EXPECT_NE(table.find("# sharded calls: the main thread's run-queue wait per call"),
+              std::string::npos)
+        << table;
+  }
 }
 
 // --busy-ms is said wherever the times are: the JSON's own field and its time convention (which

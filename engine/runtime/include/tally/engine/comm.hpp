@@ -178,7 +178,8 @@ double steady_seconds();  // std::chrono::steady_clock, seconds since its epoch
 // that file exists). Differences only have a meaning. Empty where the file cannot be read (another
 // OS, a kernel without CONFIG_SCHED_INFO). A compute thread that waited here was delayed by the
 // host's scheduler, not by its kernels: `run zero` records it per step (Note [every rank's
-// phases] in engine/experiments/zero.cpp), and each collective's span records its share (CallSpan).
+// phases] in engine/experiments/zero.cpp), each collective's span records its share (CallSpan),
+// and `bench allreduce` its timed calls' (TimedLoopResult, engine/bench/harness.hpp).
 std::optional<double> thread_runqueue_wait_s();
 
 // A collective's span split on rank r, given every rank's span of the same call: wait_s =

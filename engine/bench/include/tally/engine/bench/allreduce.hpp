@@ -85,6 +85,7 @@ struct BenchRow {
   // Every rank's counted bytes, every call == the core's: exactly for the ring (its real sends),
   // to 1e-12 relative for Gloo (its counter is the formula, summed in double).
   bool bytes_exact = true;
+  std::optional<double> runqueue_wait_s;  // TimedLoopResult::runqueue_wait_s of its calls
 };
 
 // The α–β fit (FitPoint, AlphaBetaFit, fit_alpha_beta) is core's: tally/core/comm_fit.hpp.
@@ -135,6 +136,7 @@ struct ShardedRow {
   double bytes_per_rank_core = 0;      // collective_bytes_per_rank(collective, S, k) = S(k−1)/k
   double busbw_bps = 0;                // bus_bandwidth(collective, S / median, k)
   std::int64_t wrong = 0;              // elements of the result that differ, over ranks and calls
+  std::optional<double> runqueue_wait_s;  // TimedLoopResult::runqueue_wait_s of its calls
 };
 // Which implementation times each: "ring" (Comm::reduce_scatter_in_place, tally's ring) for the
 // reduce-scatter, "gloo" (Comm::all_gather) for the all-gather — the ones `run zero` calls.

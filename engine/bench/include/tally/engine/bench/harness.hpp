@@ -14,6 +14,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "tally/engine/comm.hpp"
@@ -44,6 +45,10 @@ struct TimedLoop {
 struct TimedLoopResult {
   std::vector<double> slowest_s;  // per timed iteration, the max over ranks
   TimeStats time;                 // over slowest_s
+  // The calling thread's run-queue wait inside the timed calls (Note [run-queue wait] in
+  // tally/engine/comm.hpp), per call: each rank's mean, averaged over the ranks; empty unless
+  // every rank could read it.
+  std::optional<double> runqueue_wait_s;
 };
 
 // Every rank of `comm` calls it with the same W and S.
