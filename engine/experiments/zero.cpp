@@ -408,10 +408,11 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       const std::optional<double> queued0 = thread_runqueue_wait_s();
       comm.record_spans(arrival);
       losses.push_back(strategy->step(batch));
+      // Read before the step's end: the queued time's window lies inside the step's.
+      const std::optional<double> queued1 = thread_runqueue_wait_s();
       const double step_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       const double cpu_s = clock_now_s(TimerClock::process_cpu) - cpu0;
-      const std::optional<double> queued1 = thread_runqueue_wait_s();
       runqueue_read = runqueue_read && queued0 && queued1;
       comm.record_spans(false);
       step_spans.push_back(comm.take_spans());

@@ -665,11 +665,13 @@ TEST(bench_allreduce_cli, ShardedReachesJsonTableAndFile) {
     EXPECT_EQ(row["wrong"], 0);
     EXPECT_EQ(row["bytes_per_rank_core"].get<double>(), row["size_bytes"].get<double>() / 2);
     EXPECT_GT(row["time_s_mean"].get<double>(), 0);
-    // The main thread's run-queue wait inside the calls (Note [run-queue wait]), where the kernel
-    // exposes it: the ranks' mean of their per-call means, within the slowest call.
+    // The main thread's run-queue wait around the calls (Note [run-queue wait]), where the kernel
+    // exposes it, in seconds: the ranks' mean of their per-call means. Read outside the timed
+    // window (the reads cost about 10 µs), so a preemption next to a call may count: bounded by a
+    // second, not by the call (a reading left in ns would be ~1e6).
     if (tally::engine::thread_runqueue_wait_s()) {
       EXPECT_GE(row["runqueue_wait_s_mean"].get<double>(), 0.0);
-      EXPECT_LE(row["runqueue_wait_s_mean"].get<double>(), row["time_s_max"].get<double>());
+      EXPECT_LT(row["runqueue_wait_s_mean"].get<double>(), 1.0);
     }
   }
   EXPECT_TRUE(j["sharded_fits"].contains("reduce-scatter"));

@@ -45,9 +45,10 @@ struct TimedLoop {
 struct TimedLoopResult {
   std::vector<double> slowest_s;  // per timed iteration, the max over ranks
   TimeStats time;                 // over slowest_s
-  // The calling thread's run-queue wait inside the timed calls (Note [run-queue wait] in
-  // tally/engine/comm.hpp), per call: each rank's mean, averaged over the ranks; empty unless
-  // every rank could read it.
+  // The calling thread's run-queue wait around the timed calls (Note [run-queue wait] in
+  // tally/engine/comm.hpp; read just outside each timed window, so the reads cost the timing
+  // nothing), per call: each rank's mean, averaged over the ranks; empty unless every rank could
+  // read it.
   std::optional<double> runqueue_wait_s;
 };
 
