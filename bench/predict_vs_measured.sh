@@ -163,7 +163,8 @@ for k in ks:
     for name, runs in zero.items():
         row(f"run zero {name}", k, runs)
         zero_phases.append((k, name, runs))
-print("| run | k | measured ms | predicted ms | measured/predicted | compute | grad passes | optimizer | comm exposed (all) | contention |")
+print("| run | k | measured ms | predicted ms | measured/predicted | compute | grad passes | "
+      "optimizer | comm exposed (all) | contention |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name, k, m, p, q, t in rows:
     print(f"| {name} | {k} | {m*1e3:.2f} | {p*1e3:.2f} | {q:.3f} | {t['compute_s']*1e3:.2f} | "
@@ -218,8 +219,18 @@ if three_d:
           "with the largest prediction), ms: measured / predicted")
     print("| layout | k | measured ms | predicted ms | measured/predicted | compute | TP comm | "
           "CP comm | PP sends | DP comm | optimizer | compute measured (ranks' min-max) | "
-          "TP comm measured (arrival wait) | DP comm measured (arrival wait) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "TP comm measured (arrival wait) | DP comm measured (arrival wait) | "
+          "main thread's run-queue wait per step, ranks' min-max (in TP and DP collectives) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+def queued_3d(ranks):  # Note [run-queue wait]: null where a rank could not read it
+    q = [x.get("runqueue_wait_s") for x in ranks]
+    inside = [x.get("runqueue_wait_in_collectives_s") for x in ranks]
+    if any(v is None for v in q):
+        return "-"
+    cell = f"{min(q)*1e3:.1f}-{max(q)*1e3:.1f}"
+    if all(v is not None for v in inside):
+        cell += f" ({min(inside)*1e3:.1f}-{max(inside)*1e3:.1f})"
+    return cell
 for name, k in three_d:
     runs = []
     for r in range(1, rounds + 1):
@@ -243,7 +254,7 @@ for name, k in three_d:
           (f"{t['tp_comm_s']['measured']*1e3:.1f} ({t['tp_arrival_wait_s']*1e3:.1f})"
            if t.get("tp_arrival_wait_s") is not None else "-") + " | " +
           (f"{t['dp_comm_s']['measured']*1e3:.1f} ({t['dp_arrival_wait_s']*1e3:.1f})"
-           if t.get("dp_arrival_wait_s") is not None else "-") + " |")
+           if t.get("dp_arrival_wait_s") is not None else "-") + " | " + queued_3d(ranks) + " |")
 # How far this VM's kernels moved between the rounds' calibrations (each round calibrates afresh,
 # just before its runs): a report whose rounds disagree by more than its goal's ±15 % says more
 # about the VM than about the model.

@@ -225,6 +225,13 @@ nlohmann::json to_json(const engine::ThreeDResult& r, const std::vector<engine::
          // on one host.
          {"dp_arrival_wait_s", x.dp_arrival_wait_s < 0 ? nlohmann::json(nullptr)
                                                        : nlohmann::json(x.dp_arrival_wait_s)},
+         // The main thread's run-queue wait per step (Note [run-queue wait]), median over the
+         // timed steps, and its part inside the TP and gradient collectives; null where unread.
+         {"runqueue_wait_s", x.runqueue_wait_s < 0 ? nlohmann::json(nullptr)
+                                                   : nlohmann::json(x.runqueue_wait_s)},
+         {"runqueue_wait_in_collectives_s",
+          x.runqueue_wait_in_collectives_s < 0 ? nlohmann::json(nullptr)
+                                               : nlohmann::json(x.runqueue_wait_in_collectives_s)},
          {"optimizer_s", x.optimizer_s},
          {"step_time_s", vs_time(x.step_s, x.predicted_step_s)},
          {"optimizer_time_s", vs_time(x.optimizer_s, x.predicted_optimizer_s)},
@@ -365,6 +372,18 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
                ms_cell(x.dp_comm_s, x.predicted_dp_comm_s),
                ms_cell(x.optimizer_s, x.predicted_optimizer_s),
                cp ? fmt::format(" {:>22}", ms_cell(x.cp_comm_s, x.predicted_cp_comm_s)) : "");
+  if (std::all_of(r.ranks.begin(), r.ranks.end(),
+                  [](const auto& x) { return x.runqueue_wait_s >= 0; })) {
+    fmt::print("run-queue wait of each rank's main thread (runnable, no core; Note [run-queue "
+               "wait]), ms per step, {} (in the TP and DP collectives):",
+               o.steps > 1 ? "median" : "one step");
+    for (const auto& x : r.ranks)
+      fmt::print(" {} {:.2f} ({})", x.rank, x.runqueue_wait_s * 1e3,
+                 x.runqueue_wait_in_collectives_s < 0
+                     ? std::string("-")
+                     : fmt::format("{:.2f}", x.runqueue_wait_in_collectives_s * 1e3));
+    fmt::print("\n");
+  }
   print_policy_table(r);
   int failed = 0;
   for (const auto& c : checks) failed += c.ok ? 0 : 1;

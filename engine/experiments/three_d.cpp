@@ -346,9 +346,13 @@ void measure_policies(const ThreeDOptions& o, ProcessGroups& g, const std::vecto
 // prediction has no warm-up term, and one descheduled step of a few moves no median. With one step
 // its figures are that step's. The arrival waits (Note [arrival wait] in comm.cpp) are split per
 // step the same way: TP's and, where DP × CP > 1, the gradient group's (its ZeRO gathers included).
+// So is the rank's main thread's run-queue wait (Note [run-queue wait] in comm.hpp), read at the
+// step's start and just before its end, and its part inside the TP and gradient collectives (their
+// spans' shares): the rest fell in the compute, the PP waits and the optimizer.
 struct StepTimes {
   double step_s = 0, compute_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_wait_s = 0, dp_comm_s = 0;
   double optimizer_s = 0, forward_s = 0, backward_s = 0, tp_wait_s = 0, dp_wait_s = 0;
+  double runqueue_s = 0, runqueue_in_collectives_s = 0;
 };
 
 // Each field's median over the timed steps (Note [3-D step times]).
@@ -364,7 +368,7 @@ StepTimes median_times(const std::vector<StepTimes>& all) {
        {&StepTimes::step_s, &StepTimes::compute_s, &StepTimes::tp_comm_s, &StepTimes::cp_comm_s,
         &StepTimes::pp_wait_s, &StepTimes::dp_comm_s, &StepTimes::optimizer_s,
         &StepTimes::forward_s, &StepTimes::backward_s, &StepTimes::tp_wait_s,
-        &StepTimes::dp_wait_s})
+        &StepTimes::dp_wait_s, &StepTimes::runqueue_s, &StepTimes::runqueue_in_collectives_s})
     med(f);
   return out;
 }
@@ -390,6 +394,10 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   const bool tp_arrival = o.tp > 1 && g.tp().on_one_host();
   const bool dp_arrival = grad.world_size() > 1 && grad.on_one_host();
   std::vector<std::vector<CallSpan>> tp_spans, dp_spans;  // per step
+  // Every collective of a group of 2 or more records its span, so their run-queue shares add up
+  // to the part inside the collectives.
+  const bool spans_cover = (o.tp == 1 || tp_arrival) && (grad.world_size() == 1 || dp_arrival);
+  bool runqueue_read = true;  // every step read its run-queue wait
   std::vector<StepTimes> times;
   for (int s = 1; s <= o.steps; ++s) {
     step = s;
@@ -400,6 +408,7 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     const double dpc0 = all_calls(grad), cpc0 = all_calls(g.cp());
     const double tps0 = comm_seconds(g.tp()), dps0 = comm_seconds(grad);
     const auto start = Clock::now();
+    const std::optional<double> queued0 = thread_runqueue_wait_s();
     g.tp().record_spans(tp_arrival);
     grad.record_spans(dp_arrival);
     const StepRecord step = rm.backward_step(ops, d, g.coords().dp, M, s == 1 ? &memory : nullptr);
@@ -409,11 +418,16 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     rm.opt->update(step.reduced);
     const double opt_s = seconds_since(t);
     rm.opt->gather();
+    const std::optional<double> queued1 = thread_runqueue_wait_s();  // inside the step's window
     const double step_s = seconds_since(start);
+    runqueue_read = runqueue_read && queued0 && queued1;
     g.tp().record_spans(false);
     grad.record_spans(false);
     tp_spans.push_back(g.tp().take_spans());
     dp_spans.push_back(grad.take_spans());
+    double queued_in_collectives = 0;
+    for (const auto* spans : {&tp_spans.back(), &dp_spans.back()})
+      for (const CallSpan& c : *spans) queued_in_collectives += c.runqueue_wait_s;
     const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
     std::vector<double> all_loss(std::size_t(g.world().world_size()));
     g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));
@@ -427,7 +441,9 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
                      .dp_comm_s = comm_seconds(grad) - dps0,
                      .optimizer_s = opt_s,
                      .forward_s = rec.forward_s / M,
-                     .backward_s = rec.backward_s / M});
+                     .backward_s = rec.backward_s / M,
+                     .runqueue_s = queued0 && queued1 ? *queued1 - *queued0 : 0.0,
+                     .runqueue_in_collectives_s = queued_in_collectives});
     if (s == 1) {
       // A TP group of one issues identity calls that move nothing: no collectives (core's 0).
       for (int l : rm.stage.own_layers())
@@ -486,6 +502,10 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
   me.optimizer_s = med.optimizer_s, me.forward_s = med.forward_s, me.backward_s = med.backward_s;
   if (tp_arrival) me.tp_arrival_wait_s = med.tp_wait_s;
   if (dp_arrival) me.dp_arrival_wait_s = med.dp_wait_s;
+  if (runqueue_read) {
+    me.runqueue_wait_s = med.runqueue_s;
+    if (spans_cover) me.runqueue_wait_in_collectives_s = med.runqueue_in_collectives_s;
+  }
 
   // core, for this rank and for the layout
   const double t = o.tp, p = o.pp;
@@ -605,6 +625,7 @@ void fields(ThreeDRank& m, F&& f) {
   f(m.layer_norm_stat_bytes);
   f(m.step_s), f(m.compute_s), f(m.tp_comm_s), f(m.pp_wait_s), f(m.dp_comm_s), f(m.optimizer_s);
   f(m.tp_arrival_wait_s), f(m.dp_arrival_wait_s);
+  f(m.runqueue_wait_s), f(m.runqueue_wait_in_collectives_s);
   f(m.forward_s), f(m.backward_s), f(m.predicted_pp_wait_s), f(m.predicted_compute_s);
   f(m.predicted_tp_comm_s), f(m.predicted_dp_comm_s), f(m.predicted_optimizer_s);
   f(m.predicted_pp_send_s), f(m.predicted_step_s), f(m.predicted_forward_s);

@@ -518,6 +518,21 @@ TEST(ThreeDCli, PlanObjectRunsWithJson) {
     EXPECT_TRUE(x["dp_arrival_wait_s"].is_null()) << "DP 1";
     ASSERT_EQ(x["step_seconds"].size(), 1u);  // one step: its own time
     EXPECT_DOUBLE_EQ(x["step_s"].get<double>(), x["step_seconds"][0].get<double>());
+    // Note [run-queue wait]: the main thread's time queued for a core, read inside the step's
+    // window, so within the step; the part inside the TP collectives (their spans, disjoint
+    // pieces of the step) within the whole. A value left in ns or read around the wrong window
+    // would break a bound.
+    if (std::filesystem::exists("/proc/thread-self/schedstat")) {
+      ASSERT_TRUE(x["runqueue_wait_s"].is_number()) << x.dump();
+      ASSERT_TRUE(x["runqueue_wait_in_collectives_s"].is_number()) << x.dump();
+      const double queued = x["runqueue_wait_s"].get<double>();
+      const double inside = x["runqueue_wait_in_collectives_s"].get<double>();
+      EXPECT_GE(inside, 0.0);
+      EXPECT_LE(inside, queued);
+      EXPECT_LE(queued, x["step_s"].get<double>());
+    } else {
+      EXPECT_TRUE(x["runqueue_wait_s"].is_null());
+    }
   }
   EXPECT_TRUE(j["predicted_step_seconds"].is_null());
   EXPECT_TRUE(j["measured_over_predicted"].is_null());

@@ -178,7 +178,8 @@ double steady_seconds();  // std::chrono::steady_clock, seconds since its epoch
 // that file exists). Differences only have a meaning. Empty where the file cannot be read (another
 // OS, a kernel without CONFIG_SCHED_INFO). A compute thread that waited here was delayed by the
 // host's scheduler, not by its kernels: `run zero` records it per step (Note [every rank's
-// phases] in engine/experiments/zero.cpp), each collective's span records its share (CallSpan),
+// phases] in engine/experiments/zero.cpp) and so does `run 3d` (Note [3-D step times] in
+// engine/experiments/three_d.cpp), each collective's span records its share (CallSpan),
 // and `bench allreduce` its timed calls' (TimedLoopResult, engine/bench/harness.hpp). A reading
 // opens, reads and closes the file: about 10 µs on this VM (2026-12-07, under load), read outside
 // every timed call but inside `run zero`'s step — two a step and two a collective, 20 (0.2 ms of

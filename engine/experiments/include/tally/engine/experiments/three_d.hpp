@@ -166,6 +166,12 @@ struct ThreeDRank {
   // Of dp_comm_s, the same for the gradient group (DP × CP: its reduction and ZeRO gathers), when
   // DP × CP > 1 and the group is on one host, else -1. Times: Note [3-D step times] in three_d.cpp.
   double dp_arrival_wait_s = -1;
+  // This rank's main thread's run-queue wait (Note [run-queue wait] in tally/engine/comm.hpp): the
+  // time it was runnable with no core, median over the timed steps, and of it the part inside the
+  // TP and gradient collectives (woken, then queued); -1 where /proc/thread-self/schedstat cannot
+  // be read, the part also where a group's spans are not recorded (ranks on several hosts).
+  double runqueue_wait_s = -1;
+  double runqueue_wait_in_collectives_s = -1;
   std::vector<double> step_seconds;       // every fp32 step's time, the warm-up step first
   double forward_s = 0, backward_s = 0;  // per micro-batch (all chunks), compute incl. TP comm
   double predicted_pp_wait_s = 0;         // core's bubble on the measured t_f, t_b
