@@ -377,11 +377,13 @@ void print_text(const engine::ThreeDResult& r, const std::vector<engine::ThreeDC
     fmt::print("run-queue wait of each rank's main thread (runnable, no core; Note [run-queue "
                "wait]), ms per step, {} (in the TP and DP collectives):",
                o.steps > 1 ? "median" : "one step");
-    for (const auto& x : r.ranks)
-      fmt::print(" {} {:.2f} ({})", x.rank, x.runqueue_wait_s * 1e3,
+    for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+      const auto& x = r.ranks[i];
+      fmt::print("{} rank {} {:.2f} ({})", i == 0 ? "" : ",", x.rank, x.runqueue_wait_s * 1e3,
                  x.runqueue_wait_in_collectives_s < 0
                      ? std::string("-")
                      : fmt::format("{:.2f}", x.runqueue_wait_in_collectives_s * 1e3));
+    }
     fmt::print("\n");
   }
   print_policy_table(r);
