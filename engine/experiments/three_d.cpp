@@ -425,9 +425,8 @@ void train_f32(const ThreeDOptions& o, ProcessGroups& g, Comm& grad, const std::
     grad.record_spans(false);
     tp_spans.push_back(g.tp().take_spans());
     dp_spans.push_back(grad.take_spans());
-    double queued_in_collectives = 0;
-    for (const auto* spans : {&tp_spans.back(), &dp_spans.back()})
-      for (const CallSpan& c : *spans) queued_in_collectives += c.runqueue_wait_s;
+    const double queued_in_collectives =
+        runqueue_wait_in(tp_spans.back()) + runqueue_wait_in(dp_spans.back());
     const std::vector<double> loss{rm.stage.last() && g.coords().tp == 0 ? rec.loss : 0};
     std::vector<double> all_loss(std::size_t(g.world().world_size()));
     g.world().all_gather(ConstBuffer(loss), Buffer(all_loss));

@@ -416,8 +416,7 @@ ZeroResult run_zero(const DistEnv& env, const ZeroOptions& options) {
       runqueue_read = runqueue_read && queued0 && queued1;
       comm.record_spans(false);
       step_spans.push_back(comm.take_spans());
-      double queued_in_collectives = 0;
-      for (const CallSpan& c : step_spans.back()) queued_in_collectives += c.runqueue_wait_s;
+      const double queued_in_collectives = runqueue_wait_in(step_spans.back());
       const std::int64_t rest = scope.counters().peak_allocated_bytes;
       if (peak_to_update >= 0) {
         peak_forward_backward = std::max(peak_forward_backward, peak_to_update);

@@ -459,6 +459,12 @@ std::optional<double> thread_runqueue_wait_s() {
   return double(waiting_ns) * 1e-9;
 }
 
+double runqueue_wait_in(std::span<const CallSpan> spans) {
+  double s = 0;
+  for (const CallSpan& c : spans) s += c.runqueue_wait_s;
+  return s;
+}
+
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

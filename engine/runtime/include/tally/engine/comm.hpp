@@ -182,9 +182,13 @@ double steady_seconds();  // std::chrono::steady_clock, seconds since its epoch
 // engine/experiments/three_d.cpp), each collective's span records its share (CallSpan),
 // and `bench allreduce` its timed calls' (TimedLoopResult, engine/bench/harness.hpp). A reading
 // opens, reads and closes the file: about 10 µs on this VM (2026-12-07, under load), read outside
-// every timed call but inside `run zero`'s step — two a step and two a collective, 20 (0.2 ms of
-// 28) for ZeRO-3 at k = 2, 6 (0.06 of 16) for ZeRO-1.
+// every timed call but inside the steps of `run zero` and `run 3d` — two a step and two a
+// collective: 20 (0.2 ms of 28) for ZeRO-3 at k = 2, 6 (0.06 of 16) for ZeRO-1, 66 (0.7 ms of
+// about 250) for `run 3d`'s TP 2 on the report's GPT.
 std::optional<double> thread_runqueue_wait_s();
+// The run-queue wait inside `spans` (each CallSpan's share, Note [run-queue wait]): the part of a
+// step's wait that fell in its collectives.
+double runqueue_wait_in(std::span<const CallSpan> spans);
 
 // A collective's span split on rank r, given every rank's span of the same call: wait_s =
 // max_q enter_q − enter_r, how long r waited for the last rank to arrive (0 for that rank);
