@@ -46,11 +46,15 @@
 #    file's link, Gloo's fit (its TP and DP all-reduces and all-gathers are Gloo's; none of
 #    THREE_D runs ZeRO's ring).
 # 3. A markdown table: run, k, measured median step (ms), predicted (ms), measured/predicted, and
-#    the prediction's terms. Rounds pool by taking the median ratio over rounds. Then each run's
-#    phases (rank 0's medians: bench ddp forward+backward / sync wait / optimizer, run zero
-#    forward+backward / collectives / optimizer) beside the model's matching terms. With -r ≥ 2,
-#    how far the VM's kernels moved between the rounds' calibrations (GEMM time over the grid,
-#    DRAM bandwidth, round r / round 1).
+#    the prediction's terms. Rounds pool by taking the median ratio over rounds, printed beside
+#    the rounds' own min-max. Then each run's phases (rank 0's medians: bench ddp
+#    forward+backward / sync wait / optimizer, run zero forward+backward / collectives /
+#    optimizer) beside the model's matching terms. With -r ≥ 2, how far the VM's kernels moved
+#    between the rounds' calibrations (GEMM time over the grid, DRAM bandwidth, round r / round
+#    1), and the rounds' spread: each run outside ±15 % with its rounds' ratios and how many of
+#    those have a round inside, and how far each run's rounds lay apart (max/min − 1, median
+#    and largest) — the same run calibrated afresh minutes apart, this VM's noise floor, against
+#    which a pooled ratio a point or two past the band says little.
 # OPENBLAS_NUM_THREADS=1 and one torch thread per rank throughout (the runs' default).
 set -euo pipefail
 
@@ -139,12 +143,15 @@ import json, os, statistics, sys
 out, ks, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 three_d = [x.split(":") for x in sys.argv[4].split()]
 rows, phases, zero_phases = [], [], []
+spreads = []  # (run, k, pooled ratio, each round's ratio)
+lohi = lambda v: f"{min(v):.2f}-{max(v):.2f}"
 def row(name, k, runs):
     m = statistics.median(x["measured"] for x in runs)
     p = statistics.median(x["predicted"] for x in runs)
     q = statistics.median(x["ratio"] for x in runs)
     t = runs[0]["terms"]
     rows.append((name, k, m, p, q, t))
+    spreads.append((name, k, q, [x["ratio"] for x in runs]))
 for k in ks:
     ddp, zero = [], {}
     for r in range(1, rounds + 1):
@@ -163,11 +170,12 @@ for k in ks:
     for name, runs in zero.items():
         row(f"run zero {name}", k, runs)
         zero_phases.append((k, name, runs))
-print("| run | k | measured ms | predicted ms | measured/predicted | compute | grad passes | "
-      "optimizer | comm exposed (all) | contention |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-for name, k, m, p, q, t in rows:
-    print(f"| {name} | {k} | {m*1e3:.2f} | {p*1e3:.2f} | {q:.3f} | {t['compute_s']*1e3:.2f} | "
+print("| run | k | measured ms | predicted ms | measured/predicted | rounds' min-max | compute | "
+      "grad passes | optimizer | comm exposed (all) | contention |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for (name, k, m, p, q, t), (*_, each) in zip(rows, spreads):
+    print(f"| {name} | {k} | {m*1e3:.2f} | {p*1e3:.2f} | {q:.3f} | {lohi(each)} | "
+          f"{t['compute_s']*1e3:.2f} | "
           f"{t['gradient_passes_s']*1e3:.2f} | {t['optimizer_s']*1e3:.2f} | "
           f"{t['comm_exposed_s']*1e3:.2f} ({t['comm_s']*1e3:.2f}) | {t['contention']:g} |")
 print("\nbench ddp by phase (rank 0's own medians; pooled over rounds by the median), ms: measured / predicted")
@@ -217,11 +225,12 @@ ratios = [q for *_, q, _ in rows]
 if three_d:
     print("\nrun 3d (the engine's GPT; per run the slowest rank's step; core's parts on the rank "
           "with the largest prediction), ms: measured / predicted")
-    print("| layout | k | measured ms | predicted ms | measured/predicted | compute | TP comm | "
+    print("| layout | k | measured ms | predicted ms | measured/predicted | rounds' min-max | "
+          "compute | TP comm | "
           "CP comm | PP sends | DP comm | optimizer | compute measured (ranks' min-max) | "
           "TP comm measured (arrival wait) | DP comm measured (arrival wait) | "
           "main thread's run-queue wait per step, ranks' min-max (in TP and DP collectives) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 def queued_3d(ranks):  # Note [run-queue wait]: null where a rank could not read it
     q = [x.get("runqueue_wait_s") for x in ranks]
     inside = [x.get("runqueue_wait_in_collectives_s") for x in ranks]
@@ -245,7 +254,8 @@ for name, k in three_d:
     q = statistics.median(x[2] for x in runs)
     t, ranks = runs[0][3], runs[0][4]  # the parts: round 1's
     ratios.append(q)
-    print(f"| {name} | {k} | {m*1e3:.1f} | {p*1e3:.1f} | {q:.3f} | "
+    spreads.append((f"run 3d {name}", k, q, [x[2] for x in runs]))
+    print(f"| {name} | {k} | {m*1e3:.1f} | {p*1e3:.1f} | {q:.3f} | {lohi([x[2] for x in runs])} | "
           f"{t['compute_s']['predicted']*1e3:.1f} | {t['tp_comm_s']['predicted']*1e3:.1f} | "
           f"{t['cp_comm_s']['predicted']*1e3:.1f} | {t['pp_send_predicted_s']*1e3:.1f} | {t['dp_comm_s']['predicted']*1e3:.1f} | "
           f"{t['optimizer_time_s']['predicted']*1e3:.1f} | "
@@ -272,4 +282,16 @@ if rounds > 1:
           + " / ".join(f"{x:.2f}" for x in dram))
 print(f"\nmedian |measured/predicted - 1| = {statistics.median(abs(q - 1) for q in ratios):.3f}; "
       f"within ±15 %: {sum(abs(q - 1) <= 0.15 for q in ratios)} of {len(ratios)}")
+# A pooled ratio outside the band says little where the run's own rounds straddle it: the same
+# run, calibrated afresh minutes apart, read on both sides (step 3 in the header).
+outside = [(n, k, q, e) for n, k, q, e in spreads if abs(q - 1) > 0.15]
+if outside and rounds > 1:
+    inside = sum(any(abs(x - 1) <= 0.15 for x in e) for *_, e in outside)
+    print("outside: " + "; ".join(f"{n} k={k} {q:.3f} (rounds {lohi(e)})"
+                                  for n, k, q, e in outside)
+          + f" — {inside} of {len(outside)} with a round within ±15 %")
+if rounds > 1:
+    spread = [max(e) / min(e) - 1 for *_, e in spreads]
+    print(f"each run's rounds apart (max/min - 1): median {statistics.median(spread):.3f}, "
+          f"largest {max(spread):.3f}")
 EOF
