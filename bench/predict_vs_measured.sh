@@ -178,24 +178,33 @@ for (name, k, m, p, q, t), (*_, each) in zip(rows, spreads):
           f"{t['compute_s']*1e3:.2f} | "
           f"{t['gradient_passes_s']*1e3:.2f} | {t['optimizer_s']*1e3:.2f} | "
           f"{t['comm_exposed_s']*1e3:.2f} ({t['comm_s']*1e3:.2f}) | {t['contention']:g} |")
-print("\nbench ddp by phase (rank 0's own medians; pooled over rounds by the median), ms: measured / predicted")
+print("\nbench ddp by phase (rank 0's own medians; both sides pooled over rounds by the median), ms: "
+      "measured / predicted")
 print("| k | forward+backward / contention x (compute + grad passes) | sync wait / exposed comm (all) | optimizer / contention x optimizer |")
 print("|---|---|---|---|")
+# The predicted side of the phase tables pools each term over the rounds by the median, as the
+# measured side does (one round's calibration can drift: a round's DRAM figure 24 % low priced
+# its optimizer 0.7× what ran).
+def pooled_terms(runs):
+    keys = ("compute_s", "gradient_passes_s", "optimizer_s", "comm_s", "comm_exposed_s",
+            "contention")
+    return {key: statistics.median(x["terms"][key] for x in runs) for key in keys}
 for k, runs in phases:
     med = lambda key: statistics.median(x["phases"][key] for x in runs) * 1e3
-    t = runs[0]["terms"]
+    t = pooled_terms(runs)
     c = t["contention"]
     print(f"| {k} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
           f"{med('sync_wait'):.2f} / {t['comm_exposed_s']*1e3:.2f} ({t['comm_s']*1e3:.2f}) | "
           f"{med('optimizer'):.2f} / {c*t['optimizer_s']*1e3:.2f} |")
-print("\nrun zero by phase (rank 0's own medians over the steps; pooled over rounds by the median), ms: measured / predicted")
+print("\nrun zero by phase (rank 0's own medians over the steps; both sides pooled over rounds by the "
+      "median), ms: measured / predicted")
 print("(arrival wait: time in collectives before the last rank entered, not modelled; collectives: "
       "the rest of their time)")
 print("| k | stage | forward+backward / contention x (compute + grad passes) | arrival wait | collectives / comm | optimizer / contention x optimizer |")
 print("|---|---|---|---|---|---|")
 for k, name, runs in zero_phases:
     med = lambda key: statistics.median(x["phases"].get(key, 0.0) for x in runs) * 1e3
-    t = runs[0]["terms"]
+    t = pooled_terms(runs)
     c = t["contention"]
     print(f"| {k} | {name} | {med('forward_backward'):.2f} / {c*(t['compute_s']+t['gradient_passes_s'])*1e3:.2f} | "
           f"{med('arrival_wait'):.2f} | {med('collectives'):.2f} / {t['comm_s']*1e3:.2f} | "
