@@ -265,7 +265,9 @@ KernelPerf hopper_fp8_kernels() {
 //    (tests/data/h200_cap_probe.json, bench/gpu/cap_probe.py: torch._scaled_mm 8192³ e4m3,
 //    per-tensor scales, 1465 TFLOP/s in bursts, 1236 back to back, 0.844, beside bf16's 0.835
 //    in the same run), so the H200's fp8 constants take the same factor. H100 (same die, same
-//    700 W, less HBM power) is not measured here and keeps 1.
+//    700 W, less HBM power) is not measured here and keeps 1: Ujeniya et al. 2026 (arXiv
+//    2604.11391) found an H100 slightly ahead of an H200 on compute-bound DGEMM across power
+//    caps from 200 to 700 W, which puts its factor between the H200's and 1, not at a number.
 //  - Attention: SDPA's FlashAttention-2 backend (torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 //    on five causal shapes (head dims 64 and 128, sequence 2048–8192, grouped-query included),
 //    median executed-FLOP fraction of the peak 0.2648 forward and 0.2543 backward, under Dao's
