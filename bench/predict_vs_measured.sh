@@ -184,7 +184,7 @@ print("| k | forward+backward / contention x (compute + grad passes) | sync wait
 print("|---|---|---|---|")
 # The predicted side of the phase tables pools each term over the rounds by the median, as the
 # measured side does (one round's calibration can drift: a round's DRAM figure 24 % low priced
-# its optimizer 0.7× what ran).
+# the optimizer at 1.3-1.5× what ran, 2026-12-07 11:30).
 def pooled_terms(runs):
     keys = ("compute_s", "gradient_passes_s", "optimizer_s", "comm_s", "comm_exposed_s",
             "contention")
