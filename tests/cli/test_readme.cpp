@@ -5,7 +5,8 @@
 // the run: a trailing `# comment`, what follows a pipe or a redirection (`| jq …`, `> plan.json`);
 // `--html FILE` writes into a temporary directory instead; a line with `--calibration` is not run
 // (its file is one README has a reader make with `tally bench … --calibration-out` first). The
-// engine's commands (`run`, `launch`, `bench`) need ranks and libtorch: the engine's tests run them.
+// engine's commands (`run`, `launch`, `bench`) need ranks and libtorch: the engine's tests run
+// them.
 #include <gtest/gtest.h>
 
 #include <fstream>
