@@ -54,13 +54,16 @@ int exec_engine(char** argv) {
   return tally::cli::kRunFailed;
 }
 
-// The engine's commands, listed in `tally --help`; tally-engine parses them.
+// The engine's commands, listed in `tally --help`; tally-engine parses them. The experiments and
+// benchmarks named here are the ones tally-engine registers (cli/run_*.cpp, bench_commands.cpp):
+// tests/cli's Cli.HelpNamesEveryEngineCommand compares the two lists where the engine is built.
 void register_engine_stubs(CLI::App& app) {
   app.add_subcommand("launch", "start N local ranks of a program under torchrun's environment "
                                "(runs tally-engine)");
   app.add_subcommand("run", "run an experiment with the libtorch + Gloo engine: ddp-check, "
-                            "grad-accum, memory-profile, zero, checkpoint, fault-drill, health-check, "
-                            "gloo-smoke (runs tally-engine)");
+                            "grad-accum, zero, checkpoint, fault-drill, health-check, "
+                            "memory-profile, tp, pp, cp, 3d, moe, fp8, qlora, gloo-smoke (runs "
+                            "tally-engine)");
   app.add_subcommand("bench", "benchmarks: allreduce, ddp, gemm, memory (runs tally-engine)");
 }
 
