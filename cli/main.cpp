@@ -6,6 +6,7 @@
 #include "commands.hpp"
 #include "dispatch.hpp"
 #include "flags.hpp"
+#include "version.hpp"
 #ifdef TALLY_ENGINE_BINARY
 #include "engine_commands.hpp"
 #else
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
   app.name("tally");
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every command");
+  app.set_version_flag("--version", version_line(),
+                       "print the commit tally was built from and exit");
   register_memory(app);
   register_comm(app);
   register_bubble(app);

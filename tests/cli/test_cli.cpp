@@ -390,6 +390,20 @@ TEST(Cli, HelpOnEveryCommand) {
   }
 }
 
+// Note [version] (cli/version.cpp): one line naming the commit; where the source is a git checkout,
+// the commit git itself names as HEAD (the test runs on the tree it was built from).
+TEST(Cli, VersionNamesTheCommit) {
+  const auto r = tally("--version");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  std::smatch m;
+  const std::regex line(R"(tally, commit ([0-9a-f]{7,40}|unknown)(-dirty)?\n)");
+  ASSERT_TRUE(std::regex_match(r.out, m, line)) << r.out;
+  const auto head = tally::subprocess::run_command(
+      {"/bin/sh", "-c", std::string("git -C '") + TALLY_SOURCE_DIR + "' rev-parse HEAD"}, 20);
+  if (head.exit_code != 0) GTEST_SKIP() << "no git checkout to compare with: " << r.out;
+  EXPECT_EQ(head.out.rfind(m[1].str(), 0), 0u) << r.out << " vs HEAD " << head.out;
+}
+
 // The engine's commands' subcommands as `tally <group> --help` lists them (tally-engine's own
 // registry), in its order.
 std::vector<std::string> listed_subcommands(const std::string& group) {
