@@ -209,7 +209,7 @@ SubRun Driver::gather(SubRun mine, int subrun, const Topology& where) const {
 std::vector<SubRun> run_hosts(Driver& driver, int subrun, const std::string& what,
                               const fs::path& dir, const std::vector<std::string>& extra,
                               Topology base, const std::vector<int>& hosts) {
-  base.master_port = base.master_port > 0 ? base.master_port + 2 * subrun : find_free_port();
+  base.master_port = base.master_port > 0 ? base.master_port + 2 * subrun : find_free_port(2);
   std::vector<SubRun> runs(hosts.size());
   std::vector<std::exception_ptr> errors(hosts.size());
   const auto one = [&](std::size_t h) {

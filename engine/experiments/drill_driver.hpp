@@ -91,7 +91,8 @@ class Driver {
 
 // Sub-run `subrun` of a drill over `base.nnodes` hosts: this process's `hosts` among them, each
 // launcher on its own thread (engine::launch's signal handlers put back afterwards), returned in
-// the order of `hosts`; the port is base.master_port + 2·subrun, or a free one when it is 0.
+// the order of `hosts`; the port is base.master_port + 2·subrun or, when that is 0, the first of
+// two free ones (the ranks' store, the launchers' at port + 1: Note [free ports] in dist_env.cpp).
 std::vector<SubRun> run_hosts(Driver& driver, int subrun, const std::string& what,
                               const std::filesystem::path& dir,
                               const std::vector<std::string>& extra, Topology base,

@@ -9,7 +9,11 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "tally/core/types.hpp"
 
@@ -71,22 +75,100 @@ bool is_loopback_address(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-int find_free_port() {
+// Note [free ports]. A port that bind(0) returns is free only until something else takes it, and
+// on Linux bind(0) and connect() draw from the same ephemeral range (ip_local_port_range,
+// 32768–60999 by default): bind(0) hands out odd ports, connect() prefers even ones for the
+// client side of every outgoing connection. So port + 1 of a bind(0) port is exactly where
+// another process's next Gloo or store connection lands, and a listener cannot bind a port an
+// established connection holds (EADDRINUSE, SO_REUSEADDR or not). That is what made a drill of
+// two launchers on this host wait its whole join timeout (64 s in a `ctest -j 2` run): node 0
+// could not serve the launchers' store at port + 1, node 1 retried the connection until the
+// timeout, and the job, its ranks already done, still passed. So the ports are drawn outside the
+// ephemeral range, where neither connect() nor another bind(0) can take them, and each of the
+// `count` ports is bound (SO_REUSEADDR, as c10d's and Gloo's servers bind) before it is returned.
+namespace {
+
+constexpr int kFirstCandidatePort = 10000;  // below: well-known and registered services
+
+// The kernel's ephemeral range, [32768, 60999] where /proc does not say.
+std::pair<int, int> ephemeral_range() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  if (f >> lo >> hi && lo >= 1 && lo <= hi && hi <= 65535) return {lo, hi};
+  return {32768, 60999};
+}
+
+// A socket bound to 127.0.0.1:port, or -1; port 0 lets the kernel choose.
+int bound_socket(int port, bool reuse) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error(std::string("find_free_port: socket: ") + strerror(errno));
+  const int one = 1;
+  if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int err = errno;
+  addr.sin_port = htons(std::uint16_t(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     close(fd);
-    throw std::runtime_error(std::string("find_free_port: bind 127.0.0.1:0: ") + strerror(err));
+    return -1;
   }
-  close(fd);
-  return ntohs(addr.sin_port);
+  return fd;
+}
+
+// True when port … port + count − 1 all bind at once.
+bool all_bind(int first, int count) {
+  std::vector<int> fds;
+  for (int p = first; p < first + count; ++p) {
+    const int fd = bound_socket(p, true);
+    if (fd < 0) break;
+    fds.push_back(fd);
+  }
+  const bool ok = int(fds.size()) == count;
+  for (int fd : fds) close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::pair<int, int> ephemeral_port_range() { return ephemeral_range(); }
+
+int find_free_port(int count) {
+  if (count < 1 || count > kMaxFreePorts)
+    throw std::invalid_argument("find_free_port: count = " + std::to_string(count) +
+                                ": must be in [1, " + std::to_string(kMaxFreePorts) + "]");
+  const auto [lo, hi] = ephemeral_range();
+  // First ports whose block lies below the range (from kFirstCandidatePort) or above it.
+  std::vector<std::pair<int, int>> spans;
+  if (lo - count >= kFirstCandidatePort) spans.push_back({kFirstCandidatePort, lo - count});
+  if (hi + 1 <= 65536 - count) spans.push_back({hi + 1, 65536 - count});
+  int candidates = 0;
+  for (const auto& [a, b] : spans) candidates += b - a + 1;
+  std::mt19937 gen(std::random_device{}());
+  for (int attempt = 0; attempt < 200 && candidates > 0; ++attempt) {
+    int pick = std::uniform_int_distribution<int>(0, candidates - 1)(gen);
+    for (const auto& [a, b] : spans) {
+      if (pick <= b - a) {
+        if (all_bind(a + pick, count)) return a + pick;
+        break;
+      }
+      pick -= b - a + 1;
+    }
+  }
+  // No room outside the range (an unusual ip_local_port_range): the kernel's choice, its
+  // neighbours checked.
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int fd = bound_socket(0, false);
+    if (fd < 0) break;
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    const int got = getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0
+                        ? ntohs(addr.sin_port)
+                        : -1;
+    close(fd);
+    if (got > 0 && got + count - 1 <= 65535 && all_bind(got, count)) return got;
+  }
+  throw std::runtime_error("find_free_port: found no " + std::to_string(count) +
+                           " consecutive free port(s) on 127.0.0.1");
 }
 
 }  // namespace tally::engine

@@ -460,6 +460,13 @@ LaunchResult launch(const LaunchOptions& options, int out_fd, int err_fd) {
     if (result.outcome == LaunchOutcome::rank_failed && !s.missing_nodes.empty())
       result.missing_nodes = s.missing_nodes;
     if (s.store_lost && result.outcome != LaunchOutcome::ok) group_note = "; " + s.store_error;
+    // Ranks done, the group never heard: say so, as node 0 does when it cannot serve.
+    if (s.store_lost && result.outcome == LaunchOutcome::ok && !warned) {
+      const std::string line = "tally launch: warning: " + s.store_error +
+                               "; this host's ranks finished, the other hosts' outcomes are not "
+                               "known here\n";
+      write_all(err_fd, line.data(), line.size());
+    }
     group->leave(kLinger_s);
     group.reset();
   }

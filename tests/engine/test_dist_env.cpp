@@ -1,9 +1,16 @@
 // DistEnv (torchrun's environment contract), CommOptions and chunk_range: pure checks, no ranks.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <numeric>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
@@ -102,6 +109,58 @@ TEST(Buffer, ConvertsFromVectorsAndSpans) {
   EXPECT_EQ(bd.dtype, DType::f64);
   EXPECT_DOUBLE_EQ(bd.size_bytes(), 40.0);
   EXPECT_EQ(cf.data, f.data());
+}
+
+// The range read here on its own (the kernel's default where /proc does not say).
+std::pair<int, int> ephemeral_range_read_here() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  if (f >> lo >> hi) return {lo, hi};
+  return {32768, 60999};
+}
+
+// A socket listening on 127.0.0.1:port (SO_REUSEADDR, as c10d's server), or -1.
+int listening_on(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(std::uint16_t(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 4) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Note [free ports]: the ports a launch of two launchers needs (its ranks' store and the
+// launchers' at port + 1) lie outside the range connect() and bind(0) draw from, and both take a
+// listener. (bind(0) returned odd ports there and connect() even ones, so port + 1 of a bind(0)
+// port was where the next outgoing connection landed.)
+TEST(FreePort, ConsecutivePortsOutsideTheEphemeralRangeEachTakeAListener) {
+  const auto [lo, hi] = ephemeral_range_read_here();
+  EXPECT_EQ(ephemeral_port_range(), std::make_pair(lo, hi));
+  for (int i = 0; i < 20; ++i) {
+    const int p = find_free_port(2);
+    SCOPED_TRACE(p);
+    EXPECT_GE(p, 1024);
+    EXPECT_LE(p + 1, 65535);
+    for (int q : {p, p + 1}) EXPECT_TRUE(q < lo || q > hi) << lo << "–" << hi;
+    const int a = listening_on(p), b = listening_on(p + 1);
+    EXPECT_GE(a, 0);
+    EXPECT_GE(b, 0);
+    for (int fd : {a, b})
+      if (fd >= 0) close(fd);
+  }
+  const int six = find_free_port(6);  // a drill's base port and its sub-runs' (port + 5)
+  EXPECT_TRUE(six + 5 < lo || six > hi);
+}
+
+TEST(FreePort, CountOutsideItsRangeIsRefused) {
+  EXPECT_THROW(find_free_port(0), std::invalid_argument);
+  EXPECT_THROW(find_free_port(kMaxFreePorts + 1), std::invalid_argument);
 }
 
 TEST(FreePort, IsAUsableTcpPort) {

@@ -9,7 +9,11 @@
 // bound and both launchers name it; a launcher that never arrives is named by the other at the
 // join timeout. Plus two launchers on this host's loopback, which needs no namespaces. No torch
 // here: the ranks are processes.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <nlohmann/json.hpp>
@@ -334,7 +338,7 @@ TEST_F(TwoHosts, MissingNodeZeroLauncherIsNamedAtTheJoinTimeout) {
 // Two launchers on one host (the loopback): the multi-host contract without namespaces.
 TEST(TwoNodesOnLoopback, GlooSmokeSumsOverBothLaunchers) {
   unsetenv("GLOO_SOCKET_IFNAME");
-  const int port = tally::engine::find_free_port();
+  const int port = tally::engine::find_free_port(2);  // port + 1: the launchers' store
   const std::vector<std::string> smoke = {"run", "gloo-smoke", "--timeout", "40"};
   const std::array<Ran, 2> ran = run_together(
       {launch_node(0, 1, "127.0.0.1", port, smoke), launch_node(1, 1, "127.0.0.1", port, smoke)});
@@ -351,7 +355,7 @@ TEST(TwoNodesOnLoopback, GlooSmokeSumsOverBothLaunchers) {
 
 // The launchers' store on the loopback: rank 0 (node 0) fails, node 1's launcher stops rank 1.
 TEST(TwoNodesOnLoopback, RankFailingUnderOneLauncherStopsTheOther) {
-  const int port = tally::engine::find_free_port();
+  const int port = tally::engine::find_free_port(2);  // port + 1: the launchers' store
   const std::array<Ran, 2> ran = run_together(
       {launch_program(0, 1, "127.0.0.1", port, {}, one_rank_fails(0)),
        launch_program(1, 1, "127.0.0.1", port, {}, one_rank_fails(0))});
@@ -364,6 +368,48 @@ TEST(TwoNodesOnLoopback, RankFailingUnderOneLauncherStopsTheOther) {
   EXPECT_NE(ran[1].err.find("failed (exited with status 3); stopped 1 running rank on node 1"),
             std::string::npos)
       << ran[1].err;
+}
+
+// Port + 1 held by an established connection (a client bound there, as connect() binds its local
+// port): node 0 cannot serve the launchers' store and node 1 cannot reach it. The ranks finish;
+// node 1 waits for the store only until --join-timeout and then says, as node 0 does, that
+// nothing watched the other host (before, it exited 0 silently at the timeout: Note [free
+// ports]).
+TEST(TwoNodesOnLoopback, LaunchersStoreUnreachableIsAWarningNotASilentWait) {
+  const int port = tally::engine::find_free_port(2);
+  const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(server, 4), 0);
+  ASSERT_EQ(getsockname(server, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  sockaddr_in b = a;
+  b.sin_port = htons(std::uint16_t(port + 1));
+  ASSERT_EQ(bind(client, reinterpret_cast<sockaddr*>(&b), sizeof b), 0);
+  ASSERT_EQ(connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::vector<std::string> flags = {"--join-timeout", "3"};
+  const std::array<Ran, 2> ran =
+      run_together({launch_program(0, 1, "127.0.0.1", port, flags, {"/bin/true"}),
+                    launch_program(1, 1, "127.0.0.1", port, flags, {"/bin/true"})});
+  close(client);
+  close(server);
+  const std::string store = "launchers' store at 127.0.0.1:" + std::to_string(port + 1);
+  ASSERT_EQ(ran[0].exit_code, 0) << ran[0].err;
+  EXPECT_NE(ran[0].err.find("tally launch: warning: serving the " + store + " failed"),
+            std::string::npos)
+      << ran[0].err;
+  ASSERT_EQ(ran[1].exit_code, 0) << ran[1].err;
+  EXPECT_NE(ran[1].err.find("tally launch: warning: reaching node 0's " + store + " failed"),
+            std::string::npos)
+      << ran[1].err;
+  EXPECT_NE(ran[1].err.find("; this host's ranks finished, the other hosts' outcomes are not "
+                            "known here\n"),
+            std::string::npos)
+      << ran[1].err;
+  EXPECT_LT(ran[1].elapsed_s, 3 + kStopBound_s) << ran[1].err;
 }
 
 }  // namespace

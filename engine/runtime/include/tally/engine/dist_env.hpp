@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace tally::engine {
 
@@ -34,9 +35,16 @@ struct DistEnv {
 // True for 127.0.0.0/8, "localhost" and "::1": the whole job then runs on this host's loopback.
 bool is_loopback_address(const std::string& host);
 
-// A TCP port on 127.0.0.1 that was free a moment ago: bind port 0, read the kernel's choice, close.
-// Racy by nature (as torchrun's own choice of a free port); callers that can should let the
-// server bind port 0 itself.
-int find_free_port();
+// The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago, drawn at
+// random outside the kernel's ephemeral range, so that no outgoing connection's local port and no
+// other bind(0) can take them before their servers bind (Note [free ports] in dist_env.cpp).
+// Still racy against a process that binds fixed ports, as torchrun's own choice of a free port;
+// callers that can should let the server bind port 0 itself. `count` in [1, kMaxFreePorts].
+inline constexpr int kMaxFreePorts = 16;
+int find_free_port(int count = 1);
+
+// The kernel's ephemeral port range [lo, hi] (/proc/sys/net/ipv4/ip_local_port_range), the one
+// find_free_port avoids.
+std::pair<int, int> ephemeral_port_range();
 
 }  // namespace tally::engine
