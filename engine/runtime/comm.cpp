@@ -348,6 +348,7 @@ Comm::Comm(const DistEnv& env, const CommOptions& options) : impl_(std::make_uni
     store_opts.numWorkers = std::size_t(env.world_size);
     store_opts.waitWorkers = false;  // the process group's rendezvous below waits for everyone
     store_opts.timeout = m.timeout;
+    if (env.rank != 0) await_listener(env.master_addr, env.master_port, options.timeout_s);
     m.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_opts);
   } catch (...) {
     const std::string what = env.rank == 0 ? "serving the TCPStore on " + where

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tally/engine/dist_env.hpp"
 #include "tally/engine/local_route.hpp"
 
 namespace tally::engine {
@@ -87,6 +88,7 @@ void LauncherGroup::Impl::run() {
     so.isServer = o.node_rank == 0;
     so.waitWorkers = false;
     so.timeout = std::chrono::milliseconds(std::int64_t(o.join_timeout_s * 1000));
+    if (!so.isServer) await_listener(o.master_addr, o.port, o.join_timeout_s);
     store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     store->set("node/" + std::to_string(o.node_rank), bytes(self));
   } catch (...) {

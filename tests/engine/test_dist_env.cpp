@@ -6,10 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "tally/core/types.hpp"
@@ -156,6 +158,49 @@ TEST(FreePort, ConsecutivePortsOutsideTheEphemeralRangeEachTakeAListener) {
   }
   const int six = find_free_port(6);  // a drill's base port and its sub-runs' (port + 5)
   EXPECT_TRUE(six + 5 < lo || six > hi);
+}
+
+// Note [prompt connect]: a listener that appears 0.3 s in is found within c10d's one-second
+// retry, not at it; nothing listening is a timeout naming the address; a name that does not
+// resolve returns at once for the store's connect to explain.
+TEST(AwaitListener, ReturnsOnceSomethingListensWellWithinASecond) {
+  using Clock = std::chrono::steady_clock;
+  const int port = find_free_port();
+  Clock::time_point listening;
+  int fd = -1;
+  std::thread server([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    fd = listening_on(port);
+    listening = Clock::now();
+  });
+  const auto start = Clock::now();
+  await_listener("127.0.0.1", port, 20);
+  const auto done = Clock::now();
+  server.join();
+  ASSERT_GE(fd, 0);
+  close(fd);
+  EXPECT_GE(done, listening);
+  EXPECT_LT(std::chrono::duration<double>(done - listening).count(), 0.9);
+  EXPECT_GE(std::chrono::duration<double>(done - start).count(), 0.29);
+}
+
+TEST(AwaitListener, NothingListeningTimesOutNamingTheAddress) {
+  const int port = find_free_port();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    await_listener("127.0.0.1", port, 0.3);
+    ADD_FAILURE() << "returned with nothing listening";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "timed out after 0.3 s while trying to connect to "
+                                     "(127.0.0.1, " + std::to_string(port) + ")");
+  }
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.3);
+}
+
+TEST(AwaitListener, UnresolvableNameReturnsAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(await_listener("no-such-host.invalid", 29500, 20));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 19);
 }
 
 TEST(FreePort, CountOutsideItsRangeIsRefused) {
