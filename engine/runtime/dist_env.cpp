@@ -218,9 +218,9 @@ void await_listener(const std::string& host, int port, double timeout_s) {
     for (const addrinfo* a = list.get(); a != nullptr; a = a->ai_next)
       if (listening(*a)) return;
     if (Clock::now() >= deadline)
-      throw std::runtime_error("timed out after " + format_number(timeout_s) +
-                               " s while trying to connect to (" + host + ", " +
-                               std::to_string(port) + ")");
+      throw std::runtime_error("nothing accepted a connection at " + host + ":" +
+                               std::to_string(port) + " within the timeout of " +
+                               format_number(timeout_s) + " s");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

@@ -191,8 +191,8 @@ TEST(AwaitListener, NothingListeningTimesOutNamingTheAddress) {
     await_listener("127.0.0.1", port, 0.3);
     ADD_FAILURE() << "returned with nothing listening";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), "timed out after 0.3 s while trying to connect to "
-                                     "(127.0.0.1, " + std::to_string(port) + ")");
+    EXPECT_EQ(std::string(e.what()), "nothing accepted a connection at 127.0.0.1:" +
+                                         std::to_string(port) + " within the timeout of 0.3 s");
   }
   EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.3);
 }

@@ -48,9 +48,10 @@ int find_free_port(int count = 1);
 std::pair<int, int> ephemeral_port_range();
 
 // Returns once something accepts a TCP connection at host:port (any of its addresses), dialling
-// every 10 ms; throws std::runtime_error ("timed out after …") after timeout_s. Call it before a
-// c10d TCPStore client, whose own retries wait a second each (Note [prompt connect] in
-// dist_env.cpp). An unresolvable host returns at once: the store's connect then says why.
+// every 10 ms; throws std::runtime_error ("nothing accepted a connection at host:port within the
+// timeout of … s") after timeout_s. Call it before a c10d TCPStore client, whose own retries wait a
+// second each (Note [prompt connect] in dist_env.cpp). An unresolvable host returns at once: the
+// store's connect then says why.
 void await_listener(const std::string& host, int port, double timeout_s);
 
 }  // namespace tally::engine
