@@ -191,9 +191,24 @@ void start_rank(Rank& r, const LaunchOptions& o, int port, const std::filesystem
   for (auto& s : command) argv.push_back(s.data());
   argv.push_back(nullptr);
   const pid_t launcher = getpid();
+  // Note [signals across fork]: until the child resets them (exec_rank), it runs the launcher's
+  // handlers; a SIGTERM that reached it there — the launcher stopping the ranks because another
+  // failed while this one was not yet exec'd, which a loaded machine makes likely — ran the
+  // launcher's handler in the child and was lost, and the rank lived on to the SIGKILL of the
+  // kill grace (`Launch.FailingRankStopsTheOthersAndIsNamed`: 8 of 60 runs took 3–4.6 s instead
+  // of 1–1.5 with three busy loops beside it). So the stopping signals are blocked across fork:
+  // the child resets their handlers, then unblocks them, and one that arrived meanwhile takes its
+  // default action there.
+  sigset_t stopping, previous;
+  sigemptyset(&stopping);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stopping, sig);
+  pthread_sigmask(SIG_BLOCK, &stopping, &previous);
   const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error(std::string("tally launch: fork failed: ") + strerror(errno));
   if (pid == 0) exec_rank(argv, envp, out_pipe[1], err_pipe[1], launcher);
+  const int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (pid < 0)
+    throw std::runtime_error(std::string("tally launch: fork failed: ") + strerror(fork_errno));
   setpgid(pid, pid);  // also in the child; whichever runs first wins, both agree
   close(out_pipe[1]);
   close(err_pipe[1]);
