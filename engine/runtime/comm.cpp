@@ -33,6 +33,7 @@
 #include <thread>
 #include <utility>
 
+#include "c10_logging.hpp"
 #include "comm_impl.hpp"
 #include "comm_p2p.hpp"
 #include "ring.hpp"
@@ -331,6 +332,7 @@ Comm::Comm(const DistEnv& env, const CommOptions& options) : impl_(std::make_uni
   struct sigaction current{};
   if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
     signal(SIGPIPE, SIG_IGN);
+  quiet_c10_logging();  // Note [c10's log lines]
 
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   GlooDeviceChoice device;

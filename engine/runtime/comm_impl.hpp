@@ -86,6 +86,8 @@ struct Comm::Impl {
     // (`detail::` below names the namespace: a nested-name-specifier ignores the parameter.)
     std::string reason = detail::mentions_timeout(detail)
                              ? "timed out after " + detail::seconds_str(options.timeout_s)
+                         : detail.find("Address already in use") != std::string::npos
+                             ? "the port is already in use"
                              : "peer failure or broken connection";
     std::string message = "rank " + std::to_string(env.rank) + ": " + what_failed + " failed: " +
                           reason + " (" + detail + ")" + (hint.empty() ? "" : "; " + hint);

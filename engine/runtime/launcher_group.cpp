@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "c10_logging.hpp"
 #include "tally/engine/dist_env.hpp"
 #include "tally/engine/local_route.hpp"
 
@@ -159,6 +160,7 @@ LauncherGroup::LauncherGroup(const LauncherGroupOptions& options)
   Impl& m = *impl_;
   m.o = options;
   m.self = describe_self(options);
+  quiet_c10_logging();  // Note [c10's log lines]
   for (auto* v : {&m.arrived, &m.finished, &m.left}) v->assign(std::size_t(options.nnodes), false);
   for (int n = 0; n < options.nnodes; ++n) {
     if (n != options.node_rank) m.st.missing_nodes.push_back(n);

@@ -1,9 +1,6 @@
 // DistEnv (torchrun's environment contract), CommOptions and chunk_range: pure checks, no ranks.
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "../support/loopback_socket.hpp"
 #include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/dist_env.hpp"
@@ -121,22 +119,6 @@ std::pair<int, int> ephemeral_range_read_here() {
   return {32768, 60999};
 }
 
-// A socket listening on 127.0.0.1:port (SO_REUSEADDR, as c10d's server), or -1.
-int listening_on(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(std::uint16_t(port));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 4) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Note [free ports]: the ports a launch of two launchers needs (its ranks' store and the
 // launchers' at port + 1) lie outside the range connect() and bind(0) draw from, and both take a
 // listener. (bind(0) returned odd ports there and connect() even ones, so port + 1 of a bind(0)
@@ -150,7 +132,7 @@ TEST(FreePort, ConsecutivePortsOutsideTheEphemeralRangeEachTakeAListener) {
     EXPECT_GE(p, 1024);
     EXPECT_LE(p + 1, 65535);
     for (int q : {p, p + 1}) EXPECT_TRUE(q < lo || q > hi) << lo << "–" << hi;
-    const int a = listening_on(p), b = listening_on(p + 1);
+    const int a = tally::test::loopback_listener(p), b = tally::test::loopback_listener(p + 1);
     EXPECT_GE(a, 0);
     EXPECT_GE(b, 0);
     for (int fd : {a, b})
@@ -170,7 +152,7 @@ TEST(AwaitListener, ReturnsOnceSomethingListensWellWithinASecond) {
   int fd = -1;
   std::thread server([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    fd = listening_on(port);
+    fd = tally::test::loopback_listener(port);
     listening = Clock::now();
   });
   const auto start = Clock::now();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/loopback_socket.hpp"
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 
@@ -92,6 +93,31 @@ TEST(Launch, FailingRankStopsTheOthersAndIsNamed) {
             std::string::npos)
       << r.err;
   EXPECT_LT(r.elapsed_s, 10) << "the sleeping ranks were not stopped promptly";
+}
+
+// --master-port on a port something already listens on: rank 0 cannot serve the ranks' store and
+// says so in one line — the reason in words, c10d's own words in parentheses — and nothing else
+// reaches stderr but the launcher's line (c10d's glog lines are kept to FATAL: Note [c10's log
+// lines] in engine/runtime/c10_logging.cpp; they had printed four lines above tally's).
+TEST(Launch, MasterPortInUseIsOneLineNamingIt) {
+  const int listener = tally::test::loopback_listener();
+  ASSERT_GE(listener, 0);
+  const std::string port = std::to_string(tally::test::bound_port(listener));
+  const Ran r = run_command(tally({"launch", "--nproc", "2", "--master-port", port, "--",
+                                   TALLY_BINARY, "run", "gloo-smoke", "--timeout", "10"}));
+  close(listener);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("[rank 0] tally: error: rank 0: serving the TCPStore on 127.0.0.1:" + port +
+                            " failed: the port is already in use (",
+                        0),
+            0u)
+      << r.err;
+  EXPECT_NE(r.err.find("Address already in use"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\ntally launch: rank 0 failed (exited with status 1); stopped 1 running "
+                       "rank\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "\n"), 2) << r.err;
 }
 
 // Note [launch scratch] (temp_directory.hpp): each rank sees TALLY_LAUNCH_SCRATCH, one directory

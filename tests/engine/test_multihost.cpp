@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/loopback_socket.hpp"
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "drill_checks.hpp"
@@ -377,15 +378,13 @@ TEST(TwoNodesOnLoopback, RankFailingUnderOneLauncherStopsTheOther) {
 // ports]).
 TEST(TwoNodesOnLoopback, LaunchersStoreUnreachableIsAWarningNotASilentWait) {
   const int port = tally::engine::find_free_port(2);
-  const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int server = tally::test::loopback_listener();
+  ASSERT_GE(server, 0);
+  const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // no SO_REUSEADDR
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(listen(server, 4), 0);
-  ASSERT_EQ(getsockname(server, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  a.sin_port = htons(std::uint16_t(tally::test::bound_port(server)));
   sockaddr_in b = a;
   b.sin_port = htons(std::uint16_t(port + 1));
   ASSERT_EQ(bind(client, reinterpret_cast<sockaddr*>(&b), sizeof b), 0);
@@ -410,6 +409,8 @@ TEST(TwoNodesOnLoopback, LaunchersStoreUnreachableIsAWarningNotASilentWait) {
             std::string::npos)
       << ran[1].err;
   EXPECT_LT(ran[1].elapsed_s, 3 + kStopBound_s) << ran[1].err;
+  // Only tally's lines: c10d's own glog lines are kept to FATAL (Note [c10's log lines]).
+  for (const Ran& r : ran) EXPECT_EQ(r.err.find("socket.cpp"), std::string::npos) << r.err;
 }
 
 }  // namespace
