@@ -3,9 +3,9 @@
 // "W… socket.cpp:426] [c10d] The server socket has failed to bind to [::]:40599 (errno: 98 -
 // Address already in use)." and two more), before the one line tally writes for the same failure,
 // which carries c10d's words (`--master-port` on a taken port printed four such lines above tally's
-// error). Every failure tally reports is one line (README, "How to work"), so the engine's
-// processes keep glog to FATAL — c10d's fatal errors still abort with theirs — unless the user
-// set GLOG_minloglevel, which glog reads when it loads.
+// error). Every failure tally reports is one line of its own, so the engine's processes keep glog
+// to FATAL — c10d's fatal errors still abort with theirs — unless the user set GLOG_minloglevel,
+// which glog reads when it loads.
 #include "c10_logging.hpp"
 
 #include <c10/util/Logging.h>

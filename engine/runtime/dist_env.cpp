@@ -104,7 +104,8 @@ std::pair<int, int> ephemeral_range() {
   return {32768, 60999};
 }
 
-// A socket bound to 127.0.0.1:port, or -1; port 0 lets the kernel choose.
+// A socket bound to port on every IPv4 address, as the stores' servers bind (so a listener on any
+// address of this host counts), or -1; port 0 lets the kernel choose.
 int bound_socket(int port, bool reuse) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error(std::string("find_free_port: socket: ") + strerror(errno));
@@ -112,7 +113,7 @@ int bound_socket(int port, bool reuse) {
   if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(std::uint16_t(port));
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     close(fd);
@@ -174,7 +175,7 @@ int find_free_port(int count) {
     if (got > 0 && got + count - 1 <= 65535 && all_bind(got, count)) return got;
   }
   throw std::runtime_error("find_free_port: found no " + std::to_string(count) +
-                           " consecutive free port(s) on 127.0.0.1");
+                           " consecutive free port(s) on this host");
 }
 
 // Note [prompt connect]. c10d 1.13's TCPStore client retries a refused connection once a second,

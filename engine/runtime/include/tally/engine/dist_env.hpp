@@ -35,7 +35,7 @@ struct DistEnv {
 // True for 127.0.0.0/8, "localhost" and "::1": the whole job then runs on this host's loopback.
 bool is_loopback_address(const std::string& host);
 
-// The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago, drawn at
+// The first of `count` consecutive TCP ports of this host that were free a moment ago, drawn at
 // random outside the kernel's ephemeral range, so that no outgoing connection's local port and no
 // other bind(0) can take them before their servers bind (Note [free ports] in dist_env.cpp).
 // Still racy against a process that binds fixed ports, as torchrun's own choice of a free port;
