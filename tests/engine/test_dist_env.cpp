@@ -152,8 +152,8 @@ TEST(AwaitListener, ReturnsOnceSomethingListensWellWithinASecond) {
   int fd = -1;
   std::thread server([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    listening = Clock::now();  // before listen(): no connect can succeed earlier
     fd = tally::test::loopback_listener(port);
-    listening = Clock::now();
   });
   const auto start = Clock::now();
   await_listener("127.0.0.1", port, 20);
