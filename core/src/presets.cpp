@@ -171,9 +171,8 @@ const std::vector<ModelSpec>& models() {
 //    Before, the H100 preset (A100's assumed k½ and tile cost) ran these GEMMs a median 1.7× faster
 //    than measured; small and thin GEMMs are where the assumptions were wrong.
 //  - Flash attention: FlashAttention-2 (Dao 2023, §4.1) reaches 50–73 % of A100 peak forward and
-//    lower backward; tally takes 0.6 forward and 0.45 backward of peak on A100 and, for Hopper with
-//    FlashAttention-2 kernels (no FA3), 0.35 / 0.3 (Dao 2023 Fig. 7: ≈335 of 989 TFLOP/s forward);
-//    the H200 takes its own measurement (Note [power cap]).
+//    lower backward; tally takes 0.6 forward and 0.45 backward of peak on A100; Hopper (H100 and
+//    H200) takes FlashAttention-2 as one H200 ran it (Note [Hopper attention]).
 //  - Streaming kernels: 0.85 of HBM bandwidth (an A100 memcopy reaches 1355 of 1555 GB/s, 87 %,
 //    PTsolvers/gpu-workshop-JuliaCon23#7).
 // Links: NVLink 3 600 GB/s, NVLink 4 900 GB/s and NVLink 5 1.8 TB/s bidirectional → 300 / 450 /
@@ -225,9 +224,22 @@ KernelPerf measured(KernelPerf k, double fraction, double half_k, double tile, d
   return k;
 }
 
+// Note [Hopper attention]: FlashAttention-2 as one Hopper ran it. SDPA's FlashAttention-2 backend
+// on one H200 (tests/data/h200_probe_ops.json, Note [power cap] below; bf16, causal, each call
+// timed alone) reached 0.20–0.28 of the peak forward and 0.18–0.29 backward on executed FLOPs
+// over five shapes (head dims 64 and 128, sequences 2048–8192, grouped-query included), medians
+// 0.2648 and 0.2543. FlashAttention-2 is compute-bound, and the H100 SXM has the H200's die — the
+// same 132 SMs, boost clock and tensor cores; the HBM alone differs — so both Hopper presets take
+// those medians. The H100 preset had taken Dao 2023's best H100 figure (§4.1, Fig. 7: up to ≈335
+// TFLOP/s, as 0.35 forward and 0.3 backward of the peak), above every causal shape measured here.
+// The five shapes as a per-shape table (Note [attention table], core/roofline.hpp) were tried and
+// not kept: they predicted the H200's own steps worse (median |error| 2.7 → 5.8 %; the
+// FlashAttention-2 step at sequence 8192 1.067 → 1.090, its shape's point above the median),
+// so the presets keep one figure each and a calibration carries the table.
+
 KernelPerf hopper_kernels() {
-  return measured(KernelPerf{.sm_count = 132, .attention_forward_fraction = 0.35,
-                             .attention_backward_fraction = 0.3, .memory_fraction = 0.85},
+  return measured(KernelPerf{.sm_count = 132, .attention_forward_fraction = 0.2648,
+                             .attention_backward_fraction = 0.2543, .memory_fraction = 0.85},
                   0.9589, 512, 0.70, 2e-6, 804.715405124361e12, 989.4e12);
 }
 
@@ -271,16 +283,14 @@ KernelPerf hopper_fp8_kernels() {
 //  - Attention: SDPA's FlashAttention-2 backend (torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 //    on five causal shapes (head dims 64 and 128, sequence 2048–8192, grouped-query included),
 //    median executed-FLOP fraction of the peak 0.2648 forward and 0.2543 backward, under Dao's
-//    H100 figure of 0.35 forward (≈ 335 of 989 TFLOP/s, which the H100 keeps). Recent PyTorch's
-//    default backend on this GPU is cuDNN's (0.27–0.58 forward, rising with head dim and
-//    sequence); `--calibration` of the probe's output takes those.
+//    H100 figure of 0.35 forward; both Hopper presets take them (Note [Hopper attention]).
+//    Recent PyTorch's default backend on this GPU is cuDNN's (0.27–0.58 forward, rising with head
+//    dim and sequence); `--calibration` of the probe's output takes those.
 //  - Streaming: the probe's 1 GiB copy moved 4.197 TB/s, 0.874 of the 4.8 TB/s datasheet figure:
 //    the 0.85 above stands (3 % apart).
 KernelPerf h200_kernels() {
   KernelPerf k = hopper_kernels();
   k.sustained_gemm = 1 / 1.128136;
-  k.attention_forward_fraction = 0.2648;
-  k.attention_backward_fraction = 0.2543;
   return k;
 }
 
@@ -301,8 +311,9 @@ GpuSpec h200() {
 // B200 (HGX/DGX, 1000 W): peaks without sparsity bf16 2.25, fp8 4.5 PFLOP/s (NVIDIA's B200
 // figures as pytorch/ao's roofline utilities carry them), tf32 1.1, fp32 0.08 PFLOP/s (NVIDIA
 // Blackwell architecture technical brief, HGX B200 at 1000 W); 148 SMs, 178.35 GiB and
-// 7680-bit × 3996 MHz × 2 = 7.672 TB/s HBM3e from a device query (pytorch/ao#4002). Attention and
-// streaming fractions: Hopper's (assumed; no published Blackwell figure used yet).
+// 7680-bit × 3996 MHz × 2 = 7.672 TB/s HBM3e from a device query (pytorch/ao#4002). Attention:
+// Dao 2023's best H100 FlashAttention-2 figure, 0.35 forward and 0.3 backward of the peak, and
+// streaming at Hopper's 0.85 (assumed; no published Blackwell figure used yet).
 
 // Blackwell's GEMM constants: B200's fit to XLA's measured table, the ceiling the same fraction of
 // each part's peak (B300 and the 1200/1400 W GB parts: no measured table yet — an assumption).
