@@ -276,10 +276,15 @@ KernelPerf hopper_fp8_kernels() {
 //    moves, as Hopper's fp8 constants do. fp8 GEMMs lose the same to the cap
 //    (tests/data/h200_cap_probe.json, bench/gpu/cap_probe.py: torch._scaled_mm 8192³ e4m3,
 //    per-tensor scales, 1465 TFLOP/s in bursts, 1236 back to back, 0.844, beside bf16's 0.835
-//    in the same run), so the H200's fp8 constants take the same factor. H100 (same die, same
-//    700 W, less HBM power) is not measured here and keeps 1: Ujeniya et al. 2026 (arXiv
-//    2604.11391) found an H100 slightly ahead of an H200 on compute-bound DGEMM across power
-//    caps from 200 to 700 W, which puts its factor between the H200's and 1, not at a number.
+//    in the same run), so the H200's fp8 constants take the same factor. The H100 SXM (the same
+//    die and the same 700 W limit; its HBM3 draws less than the H200's HBM3e) is not measured
+//    here and takes the same factor since 2026-12-07, for bf16 and fp8. Its GEMMs meet the same
+//    cap (He 2024, thonking.ai: on the H100 large matmuls are power-limited), and Ujeniya et al.
+//    2026 (arXiv 2604.11391) found an H100 slightly ahead of an H200 on compute-bound DGEMM
+//    across power caps from 200 to 700 W: its own factor lies between the H200's and 1, nearer
+//    the H200's. The burst figure 1, which it had kept, is the one value the mechanism rules
+//    out; the measured neighbour prices the H100's GEMMs slightly slow, by what its smaller HBM
+//    power leaves the SMs (not measured).
 //  - Attention: SDPA's FlashAttention-2 backend (torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 //    on five causal shapes (head dims 64 and 128, sequence 2048–8192, grouped-query included),
 //    median executed-FLOP fraction of the peak 0.2648 forward and 0.2543 backward, under Dao's
@@ -288,25 +293,20 @@ KernelPerf hopper_fp8_kernels() {
 //    dim and sequence); `--calibration` of the probe's output takes those.
 //  - Streaming: the probe's 1 GiB copy moved 4.197 TB/s, 0.874 of the 4.8 TB/s datasheet figure:
 //    the 0.85 above stands (3 % apart).
-KernelPerf h200_kernels() {
-  KernelPerf k = hopper_kernels();
-  k.sustained_gemm = 1 / 1.128136;
-  return k;
-}
+constexpr double kHopperSustainedGemm = 1 / 1.128136;
 
+// H100 and H200 differ in memory alone: every kernel constant is the same die's.
 GpuSpec hopper(std::string name, double mib, double hbm_bps) {
-  return GpuSpec{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 67e12,
-                 .peak_tf32_flops = 494.7e12, .peak_bf16_flops = 989.4e12,
-                 .peak_fp8_flops = 1978.9e12, .memory_bps = hbm_bps, .compute_capability = 90,
-                 .kernels = hopper_kernels(), .fp8_gemm = hopper_fp8_kernels()};
-}
-
-GpuSpec h200() {
-  GpuSpec g = hopper("h200", 143771, 4.8e12);
-  g.kernels = h200_kernels();
-  g.fp8_gemm->sustained_gemm = g.kernels.sustained_gemm;
+  GpuSpec g{.name = std::move(name), .memory_bytes = mib * kMiB, .peak_fp32_flops = 67e12,
+            .peak_tf32_flops = 494.7e12, .peak_bf16_flops = 989.4e12,
+            .peak_fp8_flops = 1978.9e12, .memory_bps = hbm_bps, .compute_capability = 90,
+            .kernels = hopper_kernels(), .fp8_gemm = hopper_fp8_kernels()};
+  g.kernels.sustained_gemm = kHopperSustainedGemm;  // Note [power cap]
+  g.fp8_gemm->sustained_gemm = kHopperSustainedGemm;
   return g;
 }
+
+GpuSpec h200() { return hopper("h200", 143771, 4.8e12); }
 
 // B200 (HGX/DGX, 1000 W): peaks without sparsity bf16 2.25, fp8 4.5 PFLOP/s (NVIDIA's B200
 // figures as pytorch/ao's roofline utilities carry them), tf32 1.1, fp32 0.08 PFLOP/s (NVIDIA

@@ -471,7 +471,8 @@ TEST(Operators, LowPrecisionRunsOnlyTheLinearGemmsInTheFormat) {
         EXPECT_LT(fp8, bf16 / 1.5) << op.name;
         EXPECT_NEAR(fp8,
                     op.flops / (gpu.peak_fp8_flops *
-                                gemm_efficiency(*gpu.fp8_gemm, op.m, op.n, op.k, op.batch)) +
+                                gemm_efficiency(*gpu.fp8_gemm, op.m, op.n, op.k, op.batch) *
+                                gpu.fp8_gemm->sustained_gemm) +
                         gpu.fp8_gemm->kernel_overhead_s,
                     1e-9 * bf16)
             << op.name;
