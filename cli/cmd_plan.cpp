@@ -235,10 +235,12 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
       ->check(one_of(allowed_grad_accumulations()))
       ->capture_default_str();
   cmd->add_option("--flash-kernel", o.flash_kernel,
-                  "fa2 (FlashAttention-2 and kernels of its speed: cuDNN's, PyTorch SDPA's) | fa1 "
-                  "(FlashAttention 1 and the 2022-23 Triton kernels no faster, e.g. llm-foundry's "
-                  "MPT attn_impl triton: 2/3 of fa2's speed, Dao 2023); flash attention's kernel, "
-                  "the time model only")
+                  "fa2 (FlashAttention-2, PyTorch SDPA's flash backend) | cudnn (cuDNN's fused "
+                  "attention, Transformer Engine's on Hopper and later: measured on one H200, "
+                  "1.5-2x fa2's speed; Hopper presets or a --calibration only) | "
+                  "fa1 (FlashAttention 1 and the 2022-23 Triton kernels no faster, e.g. "
+                  "llm-foundry's MPT attn_impl triton: 2/3 of fa2's speed, Dao 2023); flash "
+                  "attention's kernel, the time model only")
       ->check(one_of(allowed_flash_kernels()))
       ->capture_default_str();
   cmd->add_option("--capacity-factor", o.capacity_factor,

@@ -229,6 +229,13 @@ void PlanRequest::validate() const {
               model.name + " is not a mixture-of-experts model");
   if (fsdp_float8_all_gather) require_float8_all_gather(precision);
   if (fp8_param_gather) require_fp8_param_gather(precision);
+  if (time_model == TimeModel::operators && flash_kernel == FlashKernel::cudnn &&
+      cluster.gpu.kernels.cudnn_attention_table.empty() &&
+      cluster.gpu.kernels.attention_table.empty())
+    throw InvalidInput("--flash-kernel cudnn: no measured cuDNN attention for " +
+                       cluster.gpu.name +
+                       " (the Hopper presets h100-80g and h200 carry one H200's): give a "
+                       "--calibration with the attention your probe timed, or fa2");
   if (kernels == Kernels::local && is_low_precision(precision))
     throw InvalidInput("--kernels local: --precision " + std::string(to_string(precision)) +
                        " needs Transformer Engine's modules (Megatron-LM's local ones run no "
@@ -274,6 +281,7 @@ std::string plan_convention(const PlanRequest& r) {
                     (r.flash_kernel == FlashKernel::fa1
                          ? ", FlashAttention-1-class attention kernels"
                          : "") +
+                    (r.flash_kernel == FlashKernel::cudnn ? ", cuDNN's fused attention" : "") +
                     ")"
               : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
          ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"

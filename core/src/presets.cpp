@@ -237,10 +237,30 @@ KernelPerf measured(KernelPerf k, double fraction, double half_k, double tile, d
 // FlashAttention-2 step at sequence 8192 1.067 → 1.090, its shape's point above the median),
 // so the presets keep one figure each and a calibration carries the table.
 
+// Note [cuDNN attention]: the fused attention Transformer Engine runs on Hopper and later (NVIDIA
+// NeMo's docs: with both applicable, TE prefers cuDNN's flash attention on Hopper+ and Tri Dao's
+// on Ampere), FlashKernel::cudnn. The same probe timed SDPA's CUDNN_ATTENTION backend on the same
+// five shapes: 0.30–0.58 of the peak forward and 0.26–0.52 backward, 1.5–2× FlashAttention-2 —
+// most at head dim 128, least at 64 — so one figure cannot carry it and the Hopper presets keep
+// the five points as a table (Note [attention table], core/roofline.hpp: the nearest head dim,
+// linear in log sequence, the end points beyond). Only Hopper was measured: the other presets
+// carry none and `--flash-kernel cudnn` is refused on them, unless a calibration's measured
+// attention (the kernel its probe ran) prices it.
+std::vector<KernelPerf::AttentionFraction> hopper_cudnn_attention() {
+  return {{.head_dim = 128, .seq = 2048, .forward = 0.4527, .backward = 0.4094},
+          {.head_dim = 128, .seq = 4096, .forward = 0.5186, .backward = 0.4456},
+          {.head_dim = 128, .seq = 8192, .forward = 0.5353, .backward = 0.4760},
+          {.head_dim = 64, .seq = 2048, .forward = 0.3002, .backward = 0.2608},
+          {.head_dim = 128, .seq = 8192, .forward = 0.5768, .backward = 0.5171}};
+}
+
 KernelPerf hopper_kernels() {
-  return measured(KernelPerf{.sm_count = 132, .attention_forward_fraction = 0.2648,
-                             .attention_backward_fraction = 0.2543, .memory_fraction = 0.85},
-                  0.9589, 512, 0.70, 2e-6, 804.715405124361e12, 989.4e12);
+  KernelPerf k = measured(KernelPerf{.sm_count = 132, .attention_forward_fraction = 0.2648,
+                                     .attention_backward_fraction = 0.2543,
+                                     .memory_fraction = 0.85},
+                          0.9589, 512, 0.70, 2e-6, 804.715405124361e12, 989.4e12);
+  k.cudnn_attention_table = hopper_cudnn_attention();
+  return k;
 }
 
 // Hopper's fp8 GEMM constants (GpuSpec::fp8_gemm). XLA's sm_90 fp8 columns run 4096³ at

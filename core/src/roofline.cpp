@@ -23,12 +23,18 @@ double attention_fraction(const KernelPerf& kp, bool backward, std::int64_t head
                           std::int64_t seq) {
   if (kp.attention_table.empty())
     return backward ? kp.attention_backward_fraction : kp.attention_forward_fraction;
+  return attention_table_fraction(kp.attention_table, backward, head_dim, seq);
+}
+
+double attention_table_fraction(const std::vector<KernelPerf::AttentionFraction>& table,
+                                bool backward, std::int64_t head_dim, std::int64_t seq) {
+  TALLY_INVARIANT(!table.empty());
   const auto log2_of = [](std::int64_t v) {
     return std::log2(double(std::max<std::int64_t>(v, 1)));
   };
   // The nearest head dimension (a tie: the larger).
-  std::int64_t d = kp.attention_table.front().head_dim;
-  for (const auto& p : kp.attention_table) {
+  std::int64_t d = table.front().head_dim;
+  for (const auto& p : table) {
     const double now = std::fabs(log2_of(p.head_dim) - log2_of(head_dim));
     const double best = std::fabs(log2_of(d) - log2_of(head_dim));
     if (now < best || (now == best && p.head_dim > d)) d = p.head_dim;
@@ -36,7 +42,7 @@ double attention_fraction(const KernelPerf& kp, bool backward, std::int64_t head
   // Its points by sequence, one fraction per sequence (the mean of equal shapes).
   std::vector<std::pair<double, double>> curve;  // (log seq, fraction), ascending
   std::vector<int> count;
-  for (const auto& p : kp.attention_table) {
+  for (const auto& p : table) {
     if (p.head_dim != d) continue;
     const double f = backward ? p.backward : p.forward;
     const double x = log2_of(p.seq);

@@ -43,8 +43,8 @@ constexpr NameTable<Loss, 3> kLosses{
     {{Loss::fused, "fused"}, {Loss::vocab_parallel, "vocab-parallel"}, {Loss::eager, "eager"}}};
 constexpr NameTable<GradAccumulation, 2> kGradAccumulations{
     {{GradAccumulation::fused, "fused"}, {GradAccumulation::autograd, "autograd"}}};
-constexpr NameTable<FlashKernel, 2> kFlashKernels{
-    {{FlashKernel::fa2, "fa2"}, {FlashKernel::fa1, "fa1"}}};
+constexpr NameTable<FlashKernel, 3> kFlashKernels{
+    {{FlashKernel::fa2, "fa2"}, {FlashKernel::fa1, "fa1"}, {FlashKernel::cudnn, "cudnn"}}};
 
 template <class E, std::size_t N>
 std::string_view name_of(const NameTable<E, N>& t, E e) {

@@ -393,6 +393,8 @@ void apply_kernels(GpuSpec& gpu, const KernelCalibration& k) {
   if (!k.attention.empty()) {
     std::vector<double> fwd, bwd;
     kp.attention_table.clear();
+    kp.cudnn_attention_table.clear();  // the probe's kernel prices every choice (Note [cuDNN
+                                       // attention], presets.cpp)
     for (const auto& a : k.attention) {
       const double flops = 4.0 * a.batch * a.heads * double(a.seq) * double(a.seq) *
                            double(a.head_dim) * (a.causal ? 0.5 : 1.0);

@@ -330,7 +330,9 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("plan --global-batch 0", "--global-batch");                    // impossible batch
   expect_bad("plan --global-batch 3 --gpus 16 --max-pp 1 --max-cp 1", "--global-batch");
   expect_bad("plan --overlap-slowdown 1.5", "--overlap-slowdown");          // outside [0, 1]
-  expect_bad("plan --flash-kernel fa3", "--flash-kernel");                  // fa2 | fa1
+  expect_bad("plan --flash-kernel fa3", "--flash-kernel");                  // fa2 | fa1 | cudnn
+  // cuDNN's attention is measured on Hopper only (Note [cuDNN attention]): refused on the A100.
+  expect_bad("plan --flash-kernel cudnn", "--flash-kernel cudnn");
 }
 
 // Note [flash kernel generations] on the command line: `--flash-kernel fa1` is echoed in the
@@ -351,6 +353,15 @@ TEST(Cli, PlanFlashKernelIsAnInput) {
   EXPECT_NE(plan["convention"].get<std::string>().find("FlashAttention-1-class"),
             std::string::npos);
   EXPECT_EQ(json_of(tally("plan --json"))["request"]["flash_kernel"], "fa2");
+  // cuDNN's fused attention on Hopper (Note [cuDNN attention]): echoed, named, and faster than
+  // FlashAttention-2 there.
+  const std::string h100 = base + " --gpu h100-80g";
+  const double sc = json_of(tally(h100 + " --flash-kernel cudnn"))["options"][0]["eval"]
+                                                                    ["step_seconds"];
+  EXPECT_LT(sc, json_of(tally(h100))["options"][0]["eval"]["step_seconds"].get<double>());
+  const auto cudnn = json_of(tally("plan --gpu h100-80g --flash-kernel cudnn --json"));
+  EXPECT_EQ(cudnn["request"]["flash_kernel"], "cudnn");
+  EXPECT_NE(cudnn["convention"].get<std::string>().find("cuDNN"), std::string::npos);
 }
 
 // Note [overlap contention]: the plan says how much slower the kernels beside a hidden collective

@@ -188,6 +188,48 @@ TEST(Operators, FlashAttentionOneRunsAtItsPublishedFractions) {
   EXPECT_EQ(attention, 3);
 }
 
+// Note [cuDNN attention] (presets.cpp): FlashKernel::cudnn runs a compute-bound flash kernel on
+// an H100 at the preset's measured cuDNN point for its head dim and query rows — at head dim 128
+// and 8192 rows the mean of the two points measured there (32 and 8 KV heads: forward 0.5353 and
+// 0.5768, backward 0.4760 and 0.5171), at head dim 64 and 4096 rows the one head-dim-64 point
+// (sequence 2048: 0.3002 and 0.2608; beyond the last point, its figure) — of the 989.4 bf16
+// TFLOP/s, where fa2 keeps the Hopper FlashAttention-2 medians (0.2648, 0.2543); every other
+// kernel costs the same.
+TEST(Operators, CudnnAttentionRunsAtItsMeasuredPoints) {
+  const GpuSpec h100 = cluster_preset("h100-80g")->gpu;
+  struct Case {
+    std::int64_t hidden, seq;
+    double forward, backward;
+  };
+  for (const Case& c : {Case{4096, 8192, (0.5353 + 0.5768) / 2, (0.4760 + 0.5171) / 2},
+                        Case{2048, 4096, 0.3002, 0.2608}}) {
+    const ModelSpec m = gpt(c.hidden, 32, 32);
+    const OperatorSetup fa2{.seq = c.seq, .micro_batch = 1};
+    OperatorSetup cudnn = fa2;
+    cudnn.flash_kernel = FlashKernel::cudnn;
+    const std::vector<Op> a = layer_ops(m, fa2), b = layer_ops(m, cudnn);
+    ASSERT_EQ(a.size(), b.size());
+    int attention = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const double t2 = op_seconds(a[i], h100, Precision::bf16);
+      const double tc = op_seconds(b[i], h100, Precision::bf16);
+      if (a[i].kind != OpKind::attention) {
+        EXPECT_EQ(tc, t2) << a[i].name;
+        continue;
+      }
+      ++attention;
+      const bool backward = a[i].pass == Pass::backward;
+      // + the Hopper fit's 2 µs per kernel (presets.cpp)
+      EXPECT_NEAR(tc, a[i].flops / (989.4e12 * (backward ? c.backward : c.forward)) + 2e-6,
+                  1e-6 * tc)
+          << a[i].name << " h " << c.hidden;
+      EXPECT_NEAR(t2, a[i].flops / (989.4e12 * (backward ? 0.2543 : 0.2648)) + 2e-6, 1e-6 * t2)
+          << a[i].name << " h " << c.hidden;
+    }
+    EXPECT_EQ(attention, 2);
+  }
+}
+
 // Sequence parallelism splits the norm, dropout and residual kernels over t (Korthikanti §4.2.2);
 // without it every rank runs them whole.
 TEST(Operators, SequenceParallelSplitsTheReplicatedKernels) {

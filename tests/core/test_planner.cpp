@@ -557,6 +557,35 @@ TEST(Planner, FlashKernelGenerationMovesOnlyFlashLayouts) {
   EXPECT_EQ(plan(r, SearchSpace{.top = 1}).convention.find("FlashAttention-1"), std::string::npos);
 }
 
+// Note [cuDNN attention]: cuDNN's fused attention was measured on Hopper only. On an H100 it makes
+// a flash layout faster than FlashAttention-2 and says so in the convention; on an A100 (no cuDNN
+// table) it is refused, naming the flag and the GPU — unless a calibration's measured attention
+// (the kernel its probe ran) prices it.
+TEST(Planner, CudnnAttentionOnlyWhereMeasured) {
+  const PlanRequest r{.model = *model_preset("llama-2-7b"), .cluster = *cluster_preset("h100-80g"),
+                      .gpus = 8, .global_batch = 64, .seq = 4096};
+  PlanRequest c = r;
+  c.flash_kernel = FlashKernel::cudnn;
+  const Layout L{.dp = 8, .zero = 1, .micro_batch = 1, .grad_accum = 8};
+  EXPECT_LT(evaluate_layout(c, L).step_s, evaluate_layout(r, L).step_s);
+  EXPECT_NE(plan(c, SearchSpace{.top = 1}).convention.find("cuDNN"), std::string::npos);
+  PlanRequest a100 = c;
+  a100.cluster = *cluster_preset("a100-80g");
+  try {
+    a100.validate();
+    ADD_FAILURE() << "cudnn on an A100 was accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("--flash-kernel cudnn"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a100-80g"), std::string::npos) << e.what();
+  }
+  a100.cluster.gpu.kernels.attention_table = {
+      {.head_dim = 128, .seq = 4096, .forward = 0.5, .backward = 0.4}};
+  EXPECT_NO_THROW(a100.validate());
+  PlanRequest fa2 = a100;
+  fa2.flash_kernel = FlashKernel::fa2;
+  EXPECT_EQ(evaluate_layout(a100, L).step_s, evaluate_layout(fa2, L).step_s);
+}
+
 // Any split (issue 10: BLOOM's 70 layers on 12 stages, `--pp-layers 5,6,6,…`): a list that
 // spells tally's own (first, last) split costs the same; one that moves layers onto a middle stage
 // holds more activations and parameters there; a list that is not a split is refused; flipping the

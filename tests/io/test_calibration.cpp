@@ -221,6 +221,11 @@ TEST(Calibration, KernelsRoundTripAndApply) {
   EXPECT_EQ(a.gpu.kernels.attention_table[0].seq, 4096);
   EXPECT_NEAR(a.gpu.kernels.attention_table[0].forward, 0.5, 1e-9);
   EXPECT_NEAR(a.gpu.kernels.attention_table[0].backward, 0.4, 1e-9);
+  // Note [cuDNN attention]: the measured attention is the kernel the probe ran, and it prices
+  // `--flash-kernel cudnn` too: a Hopper preset's cuDNN table gives way to it.
+  ASSERT_FALSE(cluster_preset("h100-80g")->gpu.kernels.cudnn_attention_table.empty());
+  EXPECT_TRUE(apply_calibration(*cluster_preset("h100-80g"), back)
+                  .gpu.kernels.cudnn_attention_table.empty());
   // No gemm_sustained: the preset's power cap stays (A100: He's 257 of the burst 271.2 TFLOP/s).
   EXPECT_NEAR(a.gpu.kernels.sustained_gemm, 257 / 271.2, 1e-6);
   // Hostile: an unknown precision is a one-line error naming the field.

@@ -153,6 +153,9 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
   // Recorded where a recipe turns it off (Llama 3.1 405B GB200 NVFP4:
   // disable_param_gather_overlap).
   q.overlap_param_gather = rc.value("overlap_param_gather", true);
+  // TE runs cuDNN's fused attention on Hopper and later (Note [cuDNN attention] in presets.cpp),
+  // measured on Hopper only: the other systems keep their FlashAttention-2 figures.
+  if (!q.cluster.gpu.kernels.cudnn_attention_table.empty()) q.flash_kernel = FlashKernel::cudnn;
   // DeepSeek-V3's recipes train its multi-token-prediction module (mtp_num_layers 1; Note
   // [multi-token prediction] in core/src/model.cpp) and name recompute modules of their own.
   q.model.mtp_layers = rc.value("mtp_num_layers", 0);
@@ -170,7 +173,7 @@ inline PlanRequest bridge_request(const nlohmann::json& run) {
 // The layout: the row's TP, PP, CP, VP and EP; DP the rest; SP with TP (the perf configs'
 // sequence_parallel = TP > 1); ETP as the recipe sets it (1 for every MoE model here); FSDP > 0
 // (Megatron FSDP, optim_grads_params) = ZeRO-3 over dp, otherwise Megatron's distributed optimizer
-// = ZeRO-1; GA = GBS / (MBS · DP); flash attention (TE / cuDNN fused attention).
+// = ZeRO-1; GA = GBS / (MBS · DP); flash attention (TE's cuDNN fused attention: the request).
 inline Layout bridge_layout(const nlohmann::json& run, const ModelSpec& m) {
   const auto& rc = run["recipe"];
   const int dp = bridge_dp(run);

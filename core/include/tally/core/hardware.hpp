@@ -78,6 +78,10 @@ struct KernelPerf {
     double forward = 0, backward = 0;
   };
   std::vector<AttentionFraction> attention_table;
+  // cuDNN's fused attention measured per shape (FlashKernel::cudnn, Note [cuDNN attention] in
+  // core/src/presets.cpp): the Hopper presets carry one H200's; empty where it was not measured.
+  // A calibration's measured attention replaces it (the kernel that probe ran).
+  std::vector<AttentionFraction> cudnn_attention_table;
   // Streaming (elementwise, norm, softmax) kernels: achieved fraction of memory_bps.
   double memory_fraction = 0.85;
   // Streaming kernels of one family measured apart (Note [streaming kernel families],

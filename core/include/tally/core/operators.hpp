@@ -337,8 +337,8 @@ double optimizer_update_bytes(Precision p, Optimizer o);
 // 2×" faster (its best shapes). On another GPU the same ratio is assumed (no FlashAttention-1
 // figures on Hopper were found); a kernel "slightly slower" than FlashAttention keeps a small fast
 // bias. A calibration's measured attention (`--calibration`, a probe's kernels.attention) is
-// already the kernel that probe ran: fa1 scales it too, so keep fa2 with a calibration of the
-// kernel you run.
+// already the kernel that probe ran: fa1 scales it too, fa2 and cudnn take it as is, so keep fa2
+// or cudnn with a calibration of the kernel you run.
 inline constexpr double kFa1AttentionSpeed = 2.0 / 3.0;
 
 // One GEMM kernel: C (m × n) = A (m × k) · B (k × n), `batch` of them in one call, e bytes per

@@ -168,8 +168,9 @@ struct PlanRequest {
   // kernel (DDP under no_sync, FSDP, Megatron-LM 2021). The time model only.
   GradAccumulation grad_accumulation = GradAccumulation::fused;
   // Which kernel runs flash attention (Note [flash kernel generations] in operators.hpp):
-  // FlashAttention-2's class, or FlashAttention (v1) and the 2022–23 Triton kernels no faster
-  // (llm-foundry's MPT). The time model only.
+  // FlashAttention-2's class, FlashAttention (v1) and the 2022–23 Triton kernels no faster
+  // (llm-foundry's MPT), or cuDNN's fused attention (Transformer Engine's on Hopper and later;
+  // measured on Hopper only, Note [cuDNN attention] in presets.cpp). The time model only.
   FlashKernel flash_kernel = FlashKernel::fa2;
   // Reliability inputs (the report's reliability section).
   double restart_hours = 8.0 / 60;       // R: detect + restart + reload (seed: 5 + 3 min)

@@ -81,6 +81,9 @@ double roofline_seconds(const GpuSpec& gpu, double flops, double flops_per_s, do
 // backward: the backward kernel's figure (a recompute replays the forward).
 double attention_fraction(const KernelPerf& kp, bool backward, std::int64_t head_dim,
                           std::int64_t seq);
+// The same lookup in one table of measured points (not empty).
+double attention_table_fraction(const std::vector<KernelPerf::AttentionFraction>& table,
+                                bool backward, std::int64_t head_dim, std::int64_t seq);
 
 // One measured GEMM (`tally bench gemm`, bench/gpu/probe.py): B-batched (m × k)·(k × n).
 struct GemmSample {

@@ -156,12 +156,17 @@ enum class Loss { fused, vocab_parallel, eager };
 enum class GradAccumulation { fused, autograd };
 // Which fused-attention kernel runs Attention::flash (Note [flash kernel generations] in
 // operators.hpp):
-//   fa2  FlashAttention-2 and kernels of its speed (cuDNN's, PyTorch SDPA's flash backend): the
-//        GPU's attention fractions (KernelPerf)
+//   fa2  FlashAttention-2 and PyTorch SDPA's flash backend: the GPU's attention fractions
+//        (KernelPerf)
 //   fa1  FlashAttention (v1) and kernels no faster: Tri Dao's 2022 Triton kernel that MPT /
 //        llm-foundry run (attn_impl triton), whose docstring puts it slightly below FlashAttention
 //        forward + backward; the fractions × kFa1AttentionSpeed
-enum class FlashKernel { fa2, fa1 };
+//   cudnn  cuDNN's fused attention, Transformer Engine's choice on Hopper and later (NVIDIA NeMo's
+//        docs: TE prefers cuDNN's flash attention on Hopper+, Tri Dao's on Ampere) and the default
+//        SDPA backend of the PyTorch the H200 probe ran: the GPU's measured cuDNN table
+//        (KernelPerf::cudnn_attention_table, Note [cuDNN attention] in presets.cpp), or a
+//        calibration's measured attention; a GPU with neither is refused
+enum class FlashKernel { fa2, fa1, cudnn };
 
 std::string_view to_string(Precision p);
 std::string_view to_string(Optimizer o);
