@@ -551,13 +551,16 @@ double op_seconds(const Op& op, const GpuSpec& gpu, Precision p) {
       const bool backward = op.pass == Pass::backward;
       // Note [cuDNN attention] (presets.cpp): cuDNN's measured table where the GPU has one; else
       // the GPU's attention figures, which a calibration has made the kernel its probe ran
-      // (PlanRequest::validate refuses cudnn on a GPU with neither).
+      // (PlanRequest::validate refuses cudnn on a GPU with neither). Note [power cap]: at the
+      // clock the GEMMs beside it run at.
       const double eta =
           op.flash_kernel == FlashKernel::cudnn && !k.cudnn_attention_table.empty()
               ? attention_table_fraction(k.cudnn_attention_table, backward, op.k, op.m)
               : attention_fraction(k, backward, op.k, op.m) *
                     (op.flash_kernel == FlashKernel::fa1 ? kFa1AttentionSpeed : 1.0);
-      return roofline_seconds(gpu, op.flops, gpu.peak_flops(compute_precision(p)) * eta, op.bytes);
+      return roofline_seconds(gpu, op.flops,
+                              gpu.peak_flops(compute_precision(p)) * eta * k.sustained_gemm,
+                              op.bytes);
     }
     case OpKind::memory:
       // Note [memory kernel overhead]

@@ -305,6 +305,13 @@ KernelPerf hopper_fp8_kernels() {
 //    the H200's. The burst figure 1, which it had kept, is the one value the mechanism rules
 //    out; the measured neighbour prices the H100's GEMMs slightly slow, by what its smaller HBM
 //    power leaves the SMs (not measured).
+//  - Attention at the cap (since 2026-12-07). Flash attention runs on the same tensor cores at
+//    the same SM clock, and its fractions — the probe's, Dao's for the A100 and the presets'
+//    others — were timed one call at a time, as the probe's GEMM grid that matched the burst
+//    table, not back to back at the cap: every preset's attention takes its GEMMs' factor
+//    (KernelPerf::sustained_gemm, operators.cpp). Attention's own power draw at the cap, a
+//    softmax's exponentials beside the MMAs, was not measured: an assumption that it throttles as
+//    a GEMM does.
 //  - Attention: SDPA's FlashAttention-2 backend (torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 //    on five causal shapes (head dims 64 and 128, sequence 2048–8192, grouped-query included),
 //    median executed-FLOP fraction of the peak 0.2648 forward and 0.2543 backward, under Dao's

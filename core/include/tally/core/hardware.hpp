@@ -108,7 +108,8 @@ struct KernelPerf {
   // Note [power cap] (core/src/presets.cpp): a training step's GEMMs run back to back at the
   // board's power limit, where the SM clock falls below the boost clock a short benchmark sees;
   // the GEMM terms above describe short benchmarks, and a GEMM's time in the step is divided by
-  // this (1 = not measured, or no cap reached).
+  // this (1 = not measured, or no cap reached). Flash attention's too: the same tensor cores at
+  // the same clock, its fractions (presets, probes) timed one call at a time as well.
   double sustained_gemm = 1.0;
 };
 
