@@ -186,6 +186,7 @@ FineTunePlan plan_finetune(const PlanRequest& r, const LoraSetup& s, int top) {
   plan.convention = ledger.convention + " | data parallel over " + std::to_string(r.gpus) +
                     " GPU(s), each with the whole backbone | time: operator model on the " +
                     r.cluster.gpu.name + " roofline, frozen weights without weight gradients" +
+                    std::string(convention_words(r.flash_kernel)) +
                     (s.method == FineTune::qlora ? ", a dequantization pass per weight per use"
                                                  : "") +
                     " | memory held: allocated × " + format_number(1 + r.allocator_allowance) +

@@ -278,10 +278,7 @@ std::string plan_convention(const PlanRequest& r) {
                     (r.grad_accumulation == GradAccumulation::autograd
                          ? ", micro-batch gradients added by AccumulateGrad"
                          : "") +
-                    (r.flash_kernel == FlashKernel::fa1
-                         ? ", FlashAttention-1-class attention kernels"
-                         : "") +
-                    (r.flash_kernel == FlashKernel::cudnn ? ", cuDNN's fused attention" : "") +
+                    std::string(convention_words(r.flash_kernel)) +
                     ")"
               : "hardware FLOPs at u = " + format_number(r.cluster.mfu) + " of peak") +
          ", comm " + (r.cluster.comm_model == CommModel::nccl ? "NCCL rings on all rails"

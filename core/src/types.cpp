@@ -78,6 +78,14 @@ std::string_view to_string(Kernels k) { return name_of(kKernels, k); }
 std::string_view to_string(Loss l) { return name_of(kLosses, l); }
 std::string_view to_string(GradAccumulation g) { return name_of(kGradAccumulations, g); }
 std::string_view to_string(FlashKernel f) { return name_of(kFlashKernels, f); }
+std::string_view convention_words(FlashKernel f) {
+  switch (f) {
+    case FlashKernel::fa2: return "";
+    case FlashKernel::fa1: return ", FlashAttention-1-class attention kernels";
+    case FlashKernel::cudnn: return ", cuDNN's fused attention";
+  }
+  return "";
+}
 
 std::optional<Precision> parse_precision(std::string_view s) {
   if (s == "mixed") return Precision::bf16;  // the seed's precision="mixed"

@@ -81,6 +81,24 @@ TEST(FineTunePlan, StepAndMemoryOfOneConfiguration) {
 // The plan: fitting configurations fastest first; the longest sequence that fits is the edge —
 // it fits and 64 more tokens do not. Llama-2-70B: LoRA's bf16 backbone (138 GB) fits no H100,
 // QLoRA's does.
+// The attention kernel a fine-tune is timed with is named in its convention, as a plan's is: not
+// the default fa2, FlashAttention 1's class or cuDNN's (Hopper), and the cuDNN one is faster there.
+TEST(FineTunePlan, ConventionNamesTheAttentionKernel) {
+  const LoraSetup lora{.method = FineTune::lora};
+  PlanRequest r = request("llama-2-7b", "h100-80g", 1, 16, 4096);
+  const FineTunePlan v2 = plan_finetune(r, lora, 1);
+  EXPECT_EQ(v2.convention.find("attention kernels"), std::string::npos) << v2.convention;
+  EXPECT_EQ(v2.convention.find("cuDNN"), std::string::npos) << v2.convention;
+  r.flash_kernel = FlashKernel::fa1;
+  EXPECT_NE(plan_finetune(r, lora, 1).convention.find("FlashAttention-1-class"),
+            std::string::npos);
+  r.flash_kernel = FlashKernel::cudnn;
+  const FineTunePlan c = plan_finetune(r, lora, 1);
+  EXPECT_NE(c.convention.find("cuDNN's fused attention"), std::string::npos) << c.convention;
+  ASSERT_TRUE(v2.feasible() && c.feasible());
+  EXPECT_LT(c.best[0].step_s, v2.best[0].step_s);
+}
+
 TEST(FineTunePlan, SearchAndLongestSequence) {
   const PlanRequest r = request("llama-2-7b", "a100-40g", 1, 16, 2048);
   const LoraSetup qlora{.method = FineTune::qlora};

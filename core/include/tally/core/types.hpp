@@ -176,6 +176,8 @@ std::string_view to_string(Kernels k);
 std::string_view to_string(Loss l);
 std::string_view to_string(GradAccumulation g);
 std::string_view to_string(FlashKernel f);
+// A plan convention's words for the attention kernel: "" for the default fa2, else ", <what>".
+std::string_view convention_words(FlashKernel f);
 
 // Parsers for the boundary (CLI, files). Return nullopt on unknown names; allowed_*() lists the names.
 std::optional<Precision> parse_precision(std::string_view s);
