@@ -44,7 +44,8 @@ Prepared prepare(const PlanRequest& r) {
     const KernelPerf& k = r.cluster.gpu.kernels;
     double ceiling = std::max({k.gemm_fraction, k.attention_forward_fraction,
                                k.attention_backward_fraction});
-    for (const auto& a : k.attention_table) ceiling = std::max({ceiling, a.forward, a.backward});
+    for (const auto* table : {&k.attention_table, &k.cudnn_attention_table})
+      for (const auto& a : *table) ceiling = std::max({ceiling, a.forward, a.backward});
     double per_sequence = 1e300;
     // A MoE model's expert GEMMs pad the fewest rows when each rank holds one expert (ep = E).
     for (Attention att : {Attention::flash, Attention::materialized}) {
