@@ -313,8 +313,11 @@ TEST(bench_allreduce, BusyBeforeEachCallIsSpentAndRecorded) {
 // the size), every time positive; to_calibration carries the rows as the file's overlap points at
 // k ranks, from which io::overlap_slowdown gives a σ. Without it, no rows.
 TEST(bench_allreduce, OverlapProbeRowsReachTheCalibration) {
-  // Sizes 16× apart, so that to_calibration's α–β fit sees the time grow.
-  BenchAllReduceOptions options{.sizes_bytes = {256e3, 4e6}, .warmup_iters = 1, .iters = 3,
+  // Sizes 64× apart, so that to_calibration's α–β fit sees the time grow even under load: at 16×
+  // (256 KB, 4 MB) one slow call among three made the small size's mean the larger in 4 of 68
+  // repetitions beside three spinning processes and one streaming memory, and the fit refused the
+  // rows; at 64× none of 150 under the same load (2026-12-07).
+  BenchAllReduceOptions options{.sizes_bytes = {256e3, 16e6}, .warmup_iters = 1, .iters = 3,
                                 .timeout_s = 20, .overlap_probe = true};
   const auto run = harness::run_ranks(2, 60, [&](const DistEnv& env) {
     const BenchAllReduceResult r = run_bench_allreduce(env, options);
@@ -612,8 +615,9 @@ TEST(bench_allreduce_cli, SingleRankChecksSayWhyNotApplicable) {
 TEST(bench_allreduce_cli, OverlapProbeReachesJsonTableAndFile) {
   const tally::test::TempDir dir("bench_overlap");  // removed however the test ends
   const std::string cal = (dir / "cal.json").string();
-  const std::vector<std::string> flags = {"--sizes-mb", "1,16", "--warmup", "1", "--iters", "5",
-                                          "--algo", "gloo", "--overlap-probe"};
+  // 64× apart, as below: the file needs the all-reduce fit, which a slow call can refuse.
+  const std::vector<std::string> flags = {"--sizes-mb", "0.25,16", "--warmup", "1", "--iters",
+                                          "5", "--algo", "gloo", "--overlap-probe"};
   std::vector<std::string> json_flags = flags;
   for (const char* f : {"--json", "--calibration-out"}) json_flags.push_back(f);
   json_flags.push_back(cal);

@@ -51,12 +51,25 @@ struct RunResult {
   }
 };
 
+// The current test's failed assertions so far (0 outside a test).
+inline int failed_parts() {
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (info == nullptr) return 0;
+  const ::testing::TestResult* r = info->result();
+  int n = 0;
+  for (int i = 0; i < r->total_part_count(); ++i) n += r->GetTestPartResult(i).failed();
+  return n;
+}
+
 inline RunResult run_ranks(int world_size, double limit_s,
                            const std::function<void(const DistEnv&)>& body) {
   const DistEnv base{.rank = 0, .world_size = world_size, .local_rank = 0,
                      .master_addr = "127.0.0.1", .master_port = find_free_port()};
   const auto start = std::chrono::steady_clock::now();
   std::fflush(nullptr);  // or the children would print the parent's buffered output again
+  // A child judges itself by its own failures: it inherits the parent's record of the test so
+  // far, so HasFailure() alone would fail every run after the test's first failure.
+  const int failed_before = failed_parts();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world_size; ++rank) {
     const pid_t pid = fork();
@@ -74,7 +87,7 @@ inline RunResult run_ranks(int world_size, double limit_s,
         ADD_FAILURE() << "rank " << rank << " threw: " << e.what();
       }
       std::fflush(nullptr);
-      _exit(::testing::Test::HasFailure() ? 1 : 0);
+      _exit(failed_parts() > failed_before ? 1 : 0);
     }
     pids.push_back(pid);
   }
