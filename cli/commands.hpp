@@ -28,6 +28,7 @@ void register_memory(CLI::App& app, const Answers& answers = Answers::printed())
 void register_comm(CLI::App& app);
 void register_bubble(CLI::App& app);
 void register_reliability(CLI::App& app);
+void register_explain(CLI::App& app);  // cmd_explain.cpp: the ledgers' index and the seed's errata
 void register_plan(CLI::App& app, const Answers& answers = Answers::printed());
 void register_compare(CLI::App& app, const Answers& answers = Answers::printed());
 void register_serve(CLI::App& app);  // cmd_serve.cpp: linked into `tally` only (cpp-httplib)

@@ -8,8 +8,8 @@
 namespace tally::cli {
 
 // Note [no inf or nan in output]
-// Every figure a ledger command (memory, comm, bubble, reliability, plan, compare) prints is
-// finite. A figure that is undefined for a legitimate input (the MTBF when no failure is
+// Every figure a ledger command (memory, comm, bubble, reliability, plan, compare, explain)
+// prints is finite. A figure that is undefined for a legitimate input (the MTBF when no failure is
 // expected, Note [zero failure rate]) is reported in words and, in JSON, as null beside a flag
 // saying why. Any other non-finite figure means the inputs, each inside its interval, combine
 // into one that cannot be computed: require_finite throws InvalidInput naming the field

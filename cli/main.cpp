@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   register_reliability(app);
   register_plan(app);
   register_compare(app);
+  register_explain(app);
 #ifdef TALLY_ENGINE_BINARY
   register_engine_commands(app);
 #else

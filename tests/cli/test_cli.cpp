@@ -395,7 +395,7 @@ TEST(Cli, MalformedConfigJsonExitsTwo) {
 }
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (const char* c : {"memory", "comm", "bubble", "reliability", "plan", "compare"}) {
+  for (const char* c : {"memory", "comm", "bubble", "reliability", "plan", "compare", "explain"}) {
     const auto r = tally(std::string(c) + " --help");
     EXPECT_EQ(r.rc, 0) << c;
     EXPECT_NE(r.out.find("--json"), std::string::npos) << c;
