@@ -45,12 +45,12 @@ struct Erratum {
 constexpr const char* kErrataConvention =
     "each figure at the seed's inputs (Note [seed erratum inputs]); GB = 1e9 B, MB = 1e6 B";
 constexpr double kSeedLambda = 3e-6;
-constexpr double kSeedSaveHours = 112e9 / 2e9 / 3600;
 constexpr double kSeedRestartHours = 8.0 / 60;
 
 Erratum checkpoint_interval() {
+  const double save_hours = save_seconds(112e9, 2e9) / 3600;  // core's C, in hours
   const double mtbf = mtbf_hours(8192, kSeedLambda);
-  const double daly = daly_interval_hours(kSeedSaveHours, mtbf);
+  const double daly = daly_interval_hours(save_hours, mtbf);
   // The seed's own optimum of E(T) = 4fT + 55.8/T is √(55.8 / 4f); at 8192 GPUs it rounds f to
   // 1/41 = 0.024 per hour.
   const auto seed_optimum = [](double f) { return std::sqrt(55.8 / (4 * f)); };
@@ -63,17 +63,17 @@ Erratum checkpoint_interval() {
                  "√(2·C·MTBF) (Daly 2006 eq. 37 refines it)",
       .inputs = "C = 56 s (112 GB at 2 GB/s), R = 8 min, λ = 3e-6 per GPU-hour (the seed's)",
       .figures = {{"MTBF 2 h (f = 0.5/h): Young's interval",
-                   60 * young_interval_hours(kSeedSaveHours, 2), "min",
+                   60 * young_interval_hours(save_hours, 2), "min",
                    fmt::format("{:.2f} h", seed_optimum(0.5))},
                   {"8192 GPUs: MTBF", mtbf, "h", "≈41 h"},
-                  {"8192 GPUs: Young's interval", young_interval_hours(kSeedSaveHours, mtbf), "h",
+                  {"8192 GPUs: Young's interval", young_interval_hours(save_hours, mtbf), "h",
                    fmt::format("{:.1f} h", seed_optimum(0.024))},
                   {"8192 GPUs: Daly's interval", daly, "h", ""},
                   {"8192 GPUs: time lost at Daly's interval",
-                   100 * overhead_fraction(daly, kSeedSaveHours, kSeedRestartHours, mtbf), "%",
+                   100 * overhead_fraction(daly, save_hours, kSeedRestartHours, mtbf), "%",
                    ""},
                   {"8192 GPUs: time lost at the seed's 24 h",
-                   100 * overhead_fraction(24, kSeedSaveHours, kSeedRestartHours, mtbf), "%",
+                   100 * overhead_fraction(24, save_hours, kSeedRestartHours, mtbf), "%",
                    "≈7.7 %"}},
       .pinned_by = {"Reliability.Erratum1_SeedFormulaVersusYoungAtMtbfTwoHours",
                     "Reliability.Erratum1_EightThousandGpus"}};
