@@ -204,7 +204,7 @@ void add_request_flags(CLI::App* cmd, PlanOptions& o) {
   add_cluster_flags(cmd, o.cluster);
   cmd->add_option("--gpus", o.gpus, "GPUs G")->check(CLI::Range(1, 1 << 24))->capture_default_str();
   cmd->add_option("--global-batch", o.global_batch, "sequences per optimizer step B")
-      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40))
+      ->check(CLI::Range(std::int64_t(1), kMaxGlobalBatch))
       ->capture_default_str();
   cmd->add_option("--seq", o.seq, "sequence length T")
       ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 24))

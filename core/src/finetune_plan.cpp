@@ -149,8 +149,7 @@ FineTunePlan plan_finetune(const PlanRequest& r, const LoraSetup& s, int top) {
   FineTunePlan plan{.request = r, .lora = s};
   std::vector<FineTuneEval> fits, misses;
   const std::int64_t per_gpu = r.global_batch / r.gpus;
-  for (std::int64_t b = 1; b <= per_gpu; ++b) {
-    if (per_gpu % b != 0) continue;
+  for (const std::int64_t b : divisors(per_gpu)) {
     for (Recompute rc : {Recompute::none, Recompute::full}) {
       FineTuneEval ev = evaluate_finetune(r, s, b, rc);
       (ev.fit.fits ? fits : misses).push_back(std::move(ev));

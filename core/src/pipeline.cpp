@@ -1,6 +1,7 @@
 #include "tally/core/pipeline.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -120,10 +121,9 @@ PipelineOp interleaved_op(PipelineOpKind kind, int k, int P, int v) {
           .chunk = kind == PipelineOpKind::forward ? chunk : v - 1 - chunk};
 }
 
-}  // namespace
-
-std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule, int P, int M,
-                                                       int v) {
+// The shape rules of pipeline_schedule, checked before a long schedule is extrapolated from
+// shorter ones (Note [long pipelines]).
+void require_schedule(PipelineSchedule schedule, int P, int M, int v) {
   require_int(P >= 1, "stages", P, "must be >= 1");
   require_int(M >= 1, "micro_batches", M, "must be >= 1");
   require_int(v >= 1, "interleave", v, "must be >= 1");
@@ -135,6 +135,13 @@ std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule
     require_int(M % P == 0, "micro_batches", M,
                 "must be a multiple of stages = " + std::to_string(P) +
                     " for the interleaved schedule");
+}
+
+}  // namespace
+
+std::vector<std::vector<PipelineOp>> pipeline_schedule(PipelineSchedule schedule, int P, int M,
+                                                       int v) {
+  require_schedule(schedule, P, M, v);
   using K = PipelineOpKind;
   std::vector<std::vector<PipelineOp>> out(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) {
@@ -221,9 +228,10 @@ int peak_in_flight(const std::vector<PipelineOp>& stage_ops) {
 // deadlock-free; tests/core/test_pipeline.cpp checks it for many P, M, v).
 namespace {
 
-// Virtual stage j = chunk j div P of stage j mod P takes forward_s[j] / backward_s[j].
-double simulate_chunk_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
-                               const std::vector<double>& backward_s, int P, int M) {
+// Virtual stage j = chunk j div P of stage j mod P takes forward_s[j] / backward_s[j]. Every
+// operation simulated: O(P·v·M) time and memory.
+double simulate_every_op(PipelineSchedule schedule, const std::vector<double>& forward_s,
+                         const std::vector<double>& backward_s, int P, int M) {
   require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
               std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
   for (std::size_t j = 0; j < forward_s.size(); ++j) {
@@ -267,10 +275,48 @@ double simulate_chunk_makespan(PipelineSchedule schedule, const std::vector<doub
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
+// Note [long pipelines]: a step of 2²⁴ micro-batches (tally's largest --global-batch) would take
+// minutes and gigabytes to simulate op by op. It need not: the steady state's finish times obey a
+// max-plus linear recurrence (each op ends at the max of its predecessors' ends plus its own time),
+// and the warm-up and drain are fixed max-plus maps before and after it, so T(M) is, after a
+// transient, periodic: T(M + c·P) = T(M) + c·λ·P for some cyclicity c (the cyclicity theorem of
+// max-plus algebra: Baccelli, Cohen, Olsder and Quadrat 1992, "Synchronization and Linearity"; for
+// reducible systems De Schutter 2000, Linear Algebra Appl. 307:103–117). So beyond
+// max(simulate_up_to, 64·P) micro-batches, tally simulates the 13 counts M₁, M₁ − P, …, M₁ − 12P
+// just below the limit (M₁ ≡ M mod 12P), takes the smallest c in {1, 2, 3, 4, 6, 12} whose
+// differences T(M₁ − jP) − T(M₁ − (j + c)P) repeat across the window, and adds that difference
+// (M − M₁)/(c·P) times. c = 12 always matches (one difference): the window's mean slope. Random
+// uneven stages show c = 1 or 2 after transients of at most 58·P; the test
+// Pipeline.LongPipelinesExtrapolateTheSimulation compares the result with the full simulation.
+double simulate_chunk_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
+                               const std::vector<double>& backward_s, int P, int M,
+                               int simulate_up_to) {
+  const std::int64_t limit = std::max<std::int64_t>(simulate_up_to, std::int64_t(64) * P);
+  if (M <= limit) return simulate_every_op(schedule, forward_s, backward_s, P, M);
+  require_schedule(schedule, P, M, int(forward_s.size()) / P);
+  constexpr int kWindow = 12;
+  const std::int64_t window = std::int64_t(kWindow) * P;
+  const std::int64_t m1 = M - window * ((M - limit + window - 1) / window);
+  std::array<double, kWindow + 1> t{};
+  for (int j = 0; j <= kWindow; ++j)
+    t[std::size_t(j)] =
+        simulate_every_op(schedule, forward_s, backward_s, P, int(m1 - std::int64_t(j) * P));
+  for (const int c : {1, 2, 3, 4, 6, kWindow}) {
+    const double d = t[0] - t[std::size_t(c)];
+    bool repeats = true;
+    for (int j = 1; j + c <= kWindow; ++j)
+      repeats = repeats && std::fabs(t[std::size_t(j)] - t[std::size_t(j + c)] - d) <= 1e-9 * t[0];
+    if (repeats) return t[0] + double((M - m1) / (std::int64_t(c) * P)) * d;
+  }
+  TALLY_INVARIANT(false);  // c = 12 has one difference, which always repeats
+  return 0;
+}
+
 }  // namespace
 
 double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
-                                  const std::vector<double>& backward_s, int M, int v) {
+                                  const std::vector<double>& backward_s, int M, int v,
+                                  int simulate_up_to) {
   require_int(!forward_s.empty() && forward_s.size() == backward_s.size(), "stages",
               std::int64_t(forward_s.size()), "must be >= 1, one forward and backward time each");
   require_int(v >= 1, "interleave", v, "must be >= 1");
@@ -281,11 +327,12 @@ double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<d
     f[j] = forward_s[j % P] / v;
     b[j] = backward_s[j % P] / v;
   }
-  return simulate_chunk_makespan(schedule, f, b, int(P), M);
+  return simulate_chunk_makespan(schedule, f, b, int(P), M, simulate_up_to);
 }
 
 double simulate_virtual_stage_makespan(const std::vector<double>& forward_s,
-                                       const std::vector<double>& backward_s, int stages, int M) {
+                                       const std::vector<double>& backward_s, int stages, int M,
+                                       int simulate_up_to) {
   require_int(stages >= 1, "stages", stages, "must be >= 1");
   require_int(!forward_s.empty() && forward_s.size() % std::size_t(stages) == 0, "virtual stages",
               std::int64_t(forward_s.size()),
@@ -293,7 +340,7 @@ double simulate_virtual_stage_makespan(const std::vector<double>& forward_s,
   return simulate_chunk_makespan(forward_s.size() == std::size_t(stages)
                                      ? PipelineSchedule::one_f_one_b
                                      : PipelineSchedule::interleaved,
-                                 forward_s, backward_s, stages, M);
+                                 forward_s, backward_s, stages, M, simulate_up_to);
 }
 
 double simulate_1f1b_makespan(const std::vector<double>& forward_s,

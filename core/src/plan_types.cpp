@@ -186,8 +186,9 @@ void PlanRequest::validate() const {
   cluster.validate();
   if (gpus < 1 || gpus > (1 << 24))
     throw InvalidInput("--gpus = " + std::to_string(gpus) + ": must be in [1, 16777216]");
-  if (global_batch < 1)
-    throw InvalidInput("--global-batch = " + std::to_string(global_batch) + ": must be >= 1");
+  if (global_batch < 1 || global_batch > kMaxGlobalBatch)
+    throw InvalidInput("--global-batch = " + std::to_string(global_batch) + ": must be in [1, " +
+                       std::to_string(kMaxGlobalBatch) + "] sequences");
   if (seq < 1) throw InvalidInput("--seq = " + std::to_string(seq) + ": must be >= 1");
   if (!(headroom >= 0 && headroom < 1))
     throw InvalidInput("--headroom = " + std::to_string(headroom) + ": must be in [0, 1)");

@@ -176,17 +176,6 @@ using detail::prepare;
 using detail::slot_split;
 using detail::scheduled_makespan;
 
-std::vector<std::int64_t> divisors(std::int64_t n) {
-  std::vector<std::int64_t> lo, hi;
-  for (std::int64_t d = 1; d * d <= n; ++d)
-    if (n % d == 0) {
-      lo.push_back(d);
-      if (d != n / d) hi.push_back(n / d);
-    }
-  lo.insert(lo.end(), hi.rbegin(), hi.rend());
-  return lo;
-}
-
 
 // Parameters on the GPU of the heaviest stage: N/(t·p) for an even split (the seed's ledger);
 // with uneven stages or MTP modules, each stage's layers plus the embedding (first) or the head
@@ -603,6 +592,17 @@ bool tp_divides(const ModelSpec& m, int tp) {
 }
 
 }  // namespace
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> lo, hi;
+  for (std::int64_t d = 1; d * d <= n; ++d)
+    if (n % d == 0) {
+      lo.push_back(d);
+      if (d != n / d) hi.push_back(n / d);
+    }
+  lo.insert(lo.end(), hi.rbegin(), hi.rend());
+  return lo;
+}
 
 PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
   r.validate();

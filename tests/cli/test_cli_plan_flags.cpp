@@ -280,3 +280,36 @@ TEST(Cli, PlanFineTune) {
 }
 
 }  // namespace
+
+namespace tally::cli_test {
+namespace {
+
+// The largest --global-batch, 2^24 sequences, is planned and compared in well under the test's
+// deadline (the pipeline's makespan extrapolated past 4096 micro-batches, Note [long pipelines]:
+// a step of 524,288 micro-batches took minutes and 16 GB to simulate op by op, and above 2^31 the
+// count wrapped to "--micro-batches = 0"). One more is refused in one line.
+TEST(Cli, LargestGlobalBatchIsCostedNotHung) {
+  expect_bad_input("plan --global-batch 16777217", {"--global-batch", "16777217", "16777216"});
+  expect_bad_input("plan --method qlora --global-batch 16777217", {"--global-batch"});
+  const auto base = [](std::int64_t global_batch) {
+    const auto j = json_of(tally("compare --model llama-2-70b --gpus 64 --dp 8 --tp 1 --pp 8 "
+                                 "--micro-batch 4 --global-batch " +
+                                 std::to_string(global_batch) + " --json"));
+    return j["options"][0]["eval"];
+  };
+  const auto largest = base(std::int64_t(1) << 24);
+  EXPECT_EQ(largest["grad_accum"], (std::int64_t(1) << 24) / (8 * 4));
+  // Past the fill and drain, each micro-batch adds the same time, so the bubble (makespan −
+  // M × the slowest stage's time) of 524,288 micro-batches is that of 4096, simulated op by op.
+  const auto simulated = base(std::int64_t(8) * 4 * 4096);
+  EXPECT_EQ(simulated["grad_accum"], 4096);
+  EXPECT_GT(simulated["bubble_seconds"].get<double>(), 0);
+  EXPECT_NEAR(largest["bubble_seconds"].get<double>(), simulated["bubble_seconds"].get<double>(),
+              1e-6 * simulated["bubble_seconds"].get<double>());
+  const auto plan =
+      tally("plan --method qlora --model llama-2-7b --gpus 8 --global-batch 16777216");
+  EXPECT_EQ(plan.rc, 0) << plan.err;
+}
+
+}  // namespace
+}  // namespace tally::cli_test

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -359,6 +360,54 @@ TEST(PipelineSchedule, PropertiesOverManyShapes) {
           EXPECT_NEAR(makespan, 3.0 * (v * M + P - 1) / v, 1e-9);
         }
   EXPECT_EQ(peak_in_flight(pipeline_schedule(PipelineSchedule::one_f_one_b, 8, 16)[0]), 8);
+}
+
+// Note [long pipelines]: beyond kSimulatedMicroBatches the makespan is extrapolated from shorter
+// simulations. The reference is the full simulation, forced by simulate_up_to; the stages are
+// random and uneven, with chunks of no work, for 1F1B (M any count) and interleaved (M a multiple
+// of P). Equal stages are checked against Narayanan et al. 2021 eq. 1 / §2.2.2 too.
+TEST(Pipeline, LongPipelinesExtrapolateTheSimulation) {
+  std::mt19937 rng(20261207);
+  std::uniform_real_distribution<double> time(0.1, 2.0);
+  constexpr int kEveryOp = 1 << 30;
+  for (int trial = 0; trial < 24; ++trial) {
+    const int P = 2 + trial % 7, v = 1 + trial % 3;
+    std::vector<double> f(std::size_t(P * v)), b(std::size_t(P * v));
+    for (std::size_t j = 0; j < f.size(); ++j) {
+      f[j] = time(rng);
+      b[j] = rng() % 5 == 0 ? 0.0 : 2 * time(rng);
+    }
+    int M = kSimulatedMicroBatches + 1 + int(rng() % 3000);
+    M -= v > 1 ? M % P : 0;
+    const double full = simulate_virtual_stage_makespan(f, b, P, M, kEveryOp);
+    EXPECT_NEAR(simulate_virtual_stage_makespan(f, b, P, M), full, 1e-9 * full)
+        << "P " << P << " v " << v << " M " << M;
+  }
+  // A schedule of cyclicity 2: from M = 30·P on, each P more micro-batches add 171 and 173 s in
+  // turn (found by simulating M = 30P … 44P in full); a slope taken over one period of P would
+  // drift by 1 s every 2P micro-batches.
+  const std::vector<double> f{4, 6, 6, 8, 8, 9, 2, 1, 3}, b{15, 10, 12, 0, 14, 13, 16, 14, 14};
+  for (const int M : {3 * 1801, 3 * 2500}) {  // beyond kSimulatedMicroBatches
+    const double full = simulate_virtual_stage_makespan(f, b, 3, M, kEveryOp);
+    EXPECT_NEAR(simulate_virtual_stage_makespan(f, b, 3, M), full, 1e-9 * full) << "M " << M;
+  }
+  // 2^24 micro-batches of equal stages (t_f 1, t_b 2): (M + P − 1)·3 for 1F1B, M·3 + (P − 1)·3/v
+  // interleaved; without the extrapolation this would be 2^24 · 2 · P·v simulated operations.
+  const int M = 1 << 24;
+  EXPECT_NEAR(simulate_pipeline_makespan(PipelineSchedule::one_f_one_b, {1, 1, 1, 1}, {2, 2, 2, 2},
+                                         M),
+              (M + 3) * 3.0, 1e-12 * M);
+  EXPECT_NEAR(simulate_pipeline_makespan(PipelineSchedule::interleaved, {1, 1, 1, 1}, {2, 2, 2, 2},
+                                         M, 2),
+              M * 3.0 + 3 * 3.0 / 2, 1e-12 * M);
+  // The shape rules still name the caller's count.
+  try {
+    simulate_pipeline_makespan(PipelineSchedule::interleaved, {1, 1, 1, 1}, {2, 2, 2, 2}, M + 2,
+                               2);
+    ADD_FAILURE();
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(M + 2)), std::string::npos) << e.what();
+  }
 }
 
 TEST(PipelineSchedule, RejectsBadShapes) {

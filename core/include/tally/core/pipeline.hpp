@@ -101,16 +101,20 @@ int peak_in_flight(const std::vector<PipelineOp>& stage_ops);
 
 // Discrete-event makespan of a schedule (Note [1F1B simulation]): forward_s[s] / backward_s[s]
 // are one micro-batch's forward / backward over all of stage s's layers; a chunk operation takes
-// 1/v of it. Communication is free.
+// 1/v of it. Communication is free. Beyond max(simulate_up_to, 64·P) micro-batches the makespan
+// is extrapolated from the simulation of fewer (Note [long pipelines] in pipeline.cpp).
+inline constexpr int kSimulatedMicroBatches = 4096;
 double simulate_pipeline_makespan(PipelineSchedule schedule, const std::vector<double>& forward_s,
                                   const std::vector<double>& backward_s, int micro_batches,
-                                  int interleave = 1);
+                                  int interleave = 1,
+                                  int simulate_up_to = kSimulatedMicroBatches);
 // The same with each virtual stage's own times (Note [uneven virtual stages]): stages·v entries
 // in model order, virtual stage j (chunk j div P of stage j mod P) taking forward_s[j] and
 // backward_s[j]; interleaved for v > 1, 1F1B for v = 1.
 double simulate_virtual_stage_makespan(const std::vector<double>& forward_s,
                                        const std::vector<double>& backward_s, int stages,
-                                       int micro_batches);
+                                       int micro_batches,
+                                       int simulate_up_to = kSimulatedMicroBatches);
 
 // Makespan of M micro-batches through stages of per-micro-batch time t_s (forward + backward):
 // a lower bound that holds each stage to its fill, drain and round-trip waits (Note [uneven stages]

@@ -85,11 +85,15 @@ double overlap_exposed_s(double comm_s, double window_s, double slowdown);
 double gradient_reduction_exposed_s(double grad_s, double last_bucket_s, double window_s,
                                     double slowdown);
 
+// The largest --global-batch: 2²⁴ sequences (--gpus' and --seq's bound too), so that a step's
+// micro-batch count, even times the interleave (at most 64), stays within an int.
+inline constexpr std::int64_t kMaxGlobalBatch = std::int64_t(1) << 24;
+
 struct PlanRequest {
   ModelSpec model;
   ClusterSpec cluster;
   int gpus = 8;                          // G
-  std::int64_t global_batch = 256;       // B, sequences per optimizer step
+  std::int64_t global_batch = 256;       // B, sequences per optimizer step, in [1, kMaxGlobalBatch]
   std::int64_t seq = 2048;               // s
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
@@ -401,6 +405,9 @@ struct PlanResult {
   std::size_t indistinguishable = 0;
   bool feasible() const { return !best.empty(); }
 };
+
+// The divisors of n >= 1 in increasing order, found in O(√n).
+std::vector<std::int64_t> divisors(std::int64_t n);
 
 // Searches the space. Bad input throws InvalidInput; "nothing fits" is a result (best empty) and
 // near_misses say which wall each closest layout hits. A request for which no layout passes the
