@@ -7,7 +7,10 @@
 #   scripts/fuzz.sh 600                10 minutes per reader
 #   scripts/fuzz.sh 3600 checkpoint    one hour on the checkpoint reader alone
 #
-# Readers: safetensors checkpoint hf_config cluster calibration (default: all).
+# Readers: safetensors checkpoint hf_config cluster calibration (default: all), and cli: not a
+# reader but the planner's commands, run by scripts/fuzz_cli.py with random flags and values for
+# the same SECONDS (crashes, sanitizer reports, nan/inf, bad JSON, errors of more than one line,
+# runs past 60 s or 4 GiB); a finding there is printed as the command line to rerun.
 # The corpus each run grows is kept in build-asan/fuzz-corpus/<reader>/, so longer runs build on
 # earlier ones; it starts from the seeds fuzz_make_seeds writes (tally's own writer and the fixtures
 # of tests/io/data) and from tests/fuzz/regressions/<reader>/.
@@ -27,14 +30,16 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-20}
 shift || true
 READERS=("$@")
-[ ${#READERS[@]} -gt 0 ] || READERS=(safetensors checkpoint hf_config cluster calibration)
+[ ${#READERS[@]} -gt 0 ] || READERS=(safetensors checkpoint hf_config cluster calibration cli)
 BUILD_DIR=${BUILD_DIR:-build-asan}
 FUZZ_CXX=${FUZZ_CXX:-clang++-14}
 JOBS=${JOBS:-$(nproc)}
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_CXX_COMPILER="$FUZZ_CXX" -DTALLY_FUZZ=ON >/dev/null
 targets=(fuzz_make_seeds)
-for r in "${READERS[@]}"; do targets+=("fuzz_$r"); done
+for r in "${READERS[@]}"; do
+  if [ "$r" = cli ]; then targets+=(tally); else targets+=("fuzz_$r"); fi
+done
 ninja -C "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
 
 seeds="$BUILD_DIR/fuzz-seeds"
@@ -55,6 +60,14 @@ fuzz_one() {
   local r=$1 corpus="$BUILD_DIR/fuzz-corpus/$1" findings="$BUILD_DIR/fuzz-findings/$1"
   local log="$BUILD_DIR/fuzz-$1.log" result="$BUILD_DIR/fuzz-$1.result" runs cov
   mkdir -p "$corpus" "$findings"
+  if [ "$r" = cli ]; then
+    if python3 scripts/fuzz_cli.py "$BUILD_DIR/cli/tally" "$SECONDS_EACH" >"$log" 2>&1; then
+      echo "fuzz cli: $(tail -n 1 "$log" | sed 's/^fuzz_cli: //')" >"$result"
+    else
+      echo "FINDING" >"$result"
+    fi
+    return
+  fi
   # -timeout: one input may take at most 30 s (a valid one takes milliseconds, even on a loaded CI
   # machine). -malloc_limit_mb: one allocation of 1 GiB or more is a finding, as in the replay tests
   # (replay_main.cpp): the inputs are a few KiB, so a reader asking for that much has trusted a size
@@ -104,5 +117,6 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz: findings in ${failed[*]}: the inputs are in $BUILD_DIR/fuzz-findings/<reader>/;"
   echo "  reproduce: $BUILD_DIR/tests/fuzz/fuzz_<reader> $BUILD_DIR/fuzz-findings/<reader>/<file>"
   echo "  then keep each as tests/fuzz/regressions/<reader>/<what-it-is> (tests/fuzz/regressions/README.md)"
+  echo "  cli: rerun the command line its log prints, and keep it as a test in tests/cli"
   exit 1
 fi
