@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <new>
+#include <string>
 
 #include "format.hpp"
 #include "tally/core/types.hpp"
@@ -29,7 +30,10 @@ CommandOutcome run_command_line(CLI::App& app, int argc, const char* const* argv
   } catch (const std::bad_alloc&) {
     return failed(kRunFailed, "out of memory");
   } catch (const std::exception& e) {
-    return failed(kRunFailed, e.what());
+    // Its first line: libtorch's c10::Error appends a C++ backtrace to what() (tally's own errors
+    // are one line).
+    const std::string what = e.what();
+    return failed(kRunFailed, what.substr(0, what.find('\n')));
   }
   return {};
 }

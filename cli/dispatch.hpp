@@ -16,7 +16,8 @@ struct CommandOutcome {
 
 // Parses argv (argv[0] the program) with `app` and runs the command's callback. --help and
 // --help-all print to `help` and give 0. Catches what a command throws: CLI11's parse errors and
-// tally::InvalidInput are bad input (2), std::bad_alloc and any other exception a failed run (1).
+// tally::InvalidInput are bad input (2), std::bad_alloc and any other exception a failed run (1),
+// whose message is cut to its first line (libtorch appends a backtrace).
 CommandOutcome run_command_line(CLI::App& app, int argc, const char* const* argv,
                                 std::ostream& help);
 

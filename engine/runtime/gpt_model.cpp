@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
+
+#include <unistd.h>
 
 #include "tally/core/types.hpp"
 #include "run_helpers.hpp"
@@ -12,21 +15,22 @@
 namespace tally::engine {
 
 namespace {
-}  // namespace
 
-void GptConfig::validate() const {
-  require(hidden >= 1, "--hidden", hidden, "must be >= 1");
-  require(heads >= 1, "--heads", heads, "must be >= 1");
-  require(hidden % heads == 0, "--hidden", hidden,
-          "must be divisible by --heads = " + std::to_string(heads));
-  require(layers >= 1, "--layers", layers, "must be >= 1");
-  require(vocab >= 2, "--vocab", vocab, "must be >= 2");
-  require(seq >= 1, "--seq", seq, "must be >= 1");
-  require(micro_batch >= 1, "--micro-batch", micro_batch, "must be >= 1");
+double host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page)
+                               : std::numeric_limits<double>::infinity();
 }
 
-ModelSpec gpt_model_spec(const GptConfig& c) {
-  c.validate();
+// The ranks on this host: LOCAL_WORLD_SIZE (torchrun's contract, `tally launch` sets it), else 1.
+int ranks_on_host() {
+  const char* text = std::getenv("LOCAL_WORLD_SIZE");
+  const int n = text != nullptr ? std::atoi(text) : 1;
+  return std::clamp(n, 1, 1 << 20);
+}
+
+// The module as core sees it (gpt_model_spec without the checks).
+ModelSpec spec_of(const GptConfig& c) {
   return ModelSpec{.name = "tally-gpt h" + std::to_string(c.hidden) + " L" +
                            std::to_string(c.layers) + " a" + std::to_string(c.heads) + " V" +
                            std::to_string(c.vocab) + " T" + std::to_string(c.seq),
@@ -42,6 +46,52 @@ ModelSpec gpt_model_spec(const GptConfig& c) {
                    .mlp = MlpKind::gelu,
                    .norm = NormKind::layernorm,
                    .position = PositionKind::learned};
+}
+
+// Note [weights beyond the host]: every rank builds the whole model's fp32 weights first (TP and
+// the stages cut theirs from it); a shape whose weights on the host's ranks exceed its memory
+// failed inside libtorch's allocator (after seconds of paging, or minutes of building a million
+// layers), printing bytes and a C++ backtrace instead of the flags — or the kernel's OOM killer
+// ended a rank. Refused by validate(), before a run makes its data, in one line naming the shape.
+// The count is core's (count_params of gpt_model_spec), which equals the module's exactly; anything
+// else a run needs comes on top.
+void require_weights_fit_host(const GptConfig& c) {
+  const double n = count_params(spec_of(c)).total(), bytes = 4 * n;
+  const double host = host_memory_bytes();
+  const int ranks = ranks_on_host();
+  if (bytes * ranks > host)
+    throw InvalidInput("--hidden " + std::to_string(c.hidden) + ", --layers " +
+                       std::to_string(c.layers) + ", --vocab " + std::to_string(c.vocab) +
+                       ", --seq " + std::to_string(c.seq) + ": " + format_number(n) +
+                       " parameters, whose fp32 weights alone take " +
+                       format_bytes(bytes, SizeUnit::GB) + " per rank, " +
+                       format_bytes(bytes * ranks, SizeUnit::GB) + " on this host's " +
+                       std::to_string(ranks) + " rank(s), more than its memory (" +
+                       format_bytes(host, SizeUnit::GB) + ")");
+}
+
+}  // namespace
+
+void GptConfig::validate() const {
+  require(hidden >= 1, "--hidden", hidden, "must be >= 1");
+  require(heads >= 1, "--heads", heads, "must be >= 1");
+  require(hidden % heads == 0, "--hidden", hidden,
+          "must be divisible by --heads = " + std::to_string(heads));
+  require(layers >= 1, "--layers", layers, "must be >= 1");
+  require(vocab >= 2, "--vocab", vocab, "must be >= 2");
+  require(seq >= 1, "--seq", seq, "must be >= 1");
+  require(micro_batch >= 1, "--micro-batch", micro_batch, "must be >= 1");
+  // Bounds that keep the counts (h², 4h, V·h) exact; the host's memory bounds them far lower.
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  for (const auto& [flag, v] : {std::pair{"--hidden", hidden}, {"--layers", layers},
+                                {"--vocab", vocab}, {"--seq", seq}, {"--micro-batch", micro_batch}})
+    require(v <= kMax, flag, v, "must be <= " + std::to_string(kMax));
+  require_weights_fit_host(*this);
+}
+
+ModelSpec gpt_model_spec(const GptConfig& c) {
+  c.validate();
+  return spec_of(c);
 }
 
 // GPT-2's initialisation: weights N(0, 0.02), biases 0, LayerNorm (1, 0).

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -182,6 +184,55 @@ TEST(GptModel, BadShapesAreInputErrors) {
   EXPECT_THROW(gpt_model_spec({.hidden = 64, .heads = 5}), InvalidInput);
   EXPECT_THROW(gpt_model_spec({.seq = 0}), InvalidInput);
   EXPECT_THROW(run_memory_profile({.precision = Precision::fp16}), InvalidInput);
+}
+
+// Note [weights beyond the host]: a shape whose fp32 weights, on this host's ranks, exceed the
+// host's memory (MemTotal of /proc/meminfo) is refused by validate(), in one line naming the shape
+// and the parameter count — GPT-2's, by hand: V·h + T·h + L·(12h² + 13h) + 2h — before anything
+// is allocated. The shapes sit 2× from the boundary either way.
+double mem_total_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib)
+    if (key == "MemTotal:") return kib * 1024;
+  return 0;
+}
+
+std::string refusal(const GptConfig& c) {
+  try {
+    c.validate();
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(GptModel, WeightsBeyondTheHostAreRefusedInOneLine) {
+  const double host = mem_total_bytes();
+  ASSERT_GT(host, 0);
+  const std::int64_t h = 64, L = 2, T = 32;
+  const auto params = [&](std::int64_t V) {
+    return V * h + T * h + L * (12 * h * h + 13 * h) + 2 * h;
+  };
+  // Twice the host in fp32 weights on one rank.
+  const std::int64_t V = std::int64_t(2 * host / (4.0 * h));
+  unsetenv("LOCAL_WORLD_SIZE");
+  const std::string msg = refusal({.hidden = h, .layers = L, .heads = 4, .vocab = V, .seq = T});
+  EXPECT_NE(msg.find("--vocab " + std::to_string(V)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(params(V)) + " parameters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more than its memory"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  // 0.4 × the host on each rank: one rank fits, four on the host do not (1.6×).
+  const std::int64_t v4 = std::int64_t(0.4 * host / (4.0 * h));
+  const GptConfig c4{.hidden = h, .layers = L, .heads = 4, .vocab = v4, .seq = T};
+  EXPECT_EQ(refusal(c4), "accepted");
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  EXPECT_NE(refusal(c4).find("on this host's 4 rank(s)"), std::string::npos) << refusal(c4);
+  unsetenv("LOCAL_WORLD_SIZE");
+  // Past 2^31 − 1 a count would overflow: refused by the bound, naming it.
+  EXPECT_EQ(refusal({.hidden = std::int64_t(1) << 31, .heads = 1}),
+            "--hidden = 2147483648: must be <= 2147483647");
 }
 
 // ---- the experiment ------------------------------------------------------------------------
