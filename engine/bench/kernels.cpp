@@ -16,6 +16,7 @@
 #include "tally/core/types.hpp"
 #include "tally/engine/comm.hpp"
 #include "tally/engine/gpt.hpp"
+#include "tally/engine/host_memory.hpp"
 
 namespace tally::engine {
 
@@ -113,6 +114,15 @@ void BenchGemmOptions::validate() const {
   const std::int64_t shapes = std::int64_t(m.size() * n.size() * k.size() * batch.size());
   require_int(shapes <= 4096, "--m x --n x --k x --batch", shapes, "must be at most 4096 shapes");
   timing.validate();
+  // The largest product's three fp32 matrices, b·(m·k + k·n + m·n)·4 B.
+  const auto biggest = [](const std::vector<std::int64_t>& v) {
+    return double(*std::max_element(v.begin(), v.end()));
+  };
+  const double mm = biggest(m), nn = biggest(n), kk = biggest(k), bb = biggest(batch);
+  require_fits_host(bb * (mm * kk + kk * nn + mm * nn) * 4,
+                    "--m " + format_number(mm) + " x --n " + format_number(nn) + " x --k " +
+                        format_number(kk) + " x --batch " + format_number(bb) +
+                        ": its three fp32 matrices take");
 }
 
 void BenchMemoryOptions::validate() const {
@@ -122,6 +132,10 @@ void BenchMemoryOptions::validate() const {
     require_real(w >= 4096 && w <= 16.0 * (1LL << 30), "--sizes-mib", w / double(1 << 20),
                  "must be in [0.00390625, 16384] MiB");
   timing.validate();
+  // time_memory's two buffers hold the working set.
+  const double w = *std::max_element(working_set_bytes.begin(), working_set_bytes.end());
+  require_fits_host(w, "--sizes-mib " + format_number(w / double(1 << 20)) +
+                           ": its two buffers take");
 }
 
 double cache_flush_bytes(double llc_bytes) {

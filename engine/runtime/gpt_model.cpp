@@ -3,31 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
-#include <unistd.h>
-
 #include "tally/core/types.hpp"
 #include "run_helpers.hpp"
+#include "tally/engine/host_memory.hpp"
 
 namespace tally::engine {
 
 namespace {
-
-double host_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? double(pages) * double(page)
-                               : std::numeric_limits<double>::infinity();
-}
-
-// The ranks on this host: LOCAL_WORLD_SIZE (torchrun's contract, `tally launch` sets it), else 1.
-int ranks_on_host() {
-  const char* text = std::getenv("LOCAL_WORLD_SIZE");
-  const int n = text != nullptr ? std::atoi(text) : 1;
-  return std::clamp(n, 1, 1 << 20);
-}
 
 // The module as core sees it (gpt_model_spec without the checks).
 ModelSpec spec_of(const GptConfig& c) {
@@ -56,18 +41,11 @@ ModelSpec spec_of(const GptConfig& c) {
 // The count is core's (count_params of gpt_model_spec), which equals the module's exactly; anything
 // else a run needs comes on top.
 void require_weights_fit_host(const GptConfig& c) {
-  const double n = count_params(spec_of(c)).total(), bytes = 4 * n;
-  const double host = host_memory_bytes();
-  const int ranks = ranks_on_host();
-  if (bytes * ranks > host)
-    throw InvalidInput("--hidden " + std::to_string(c.hidden) + ", --layers " +
-                       std::to_string(c.layers) + ", --vocab " + std::to_string(c.vocab) +
-                       ", --seq " + std::to_string(c.seq) + ": " + format_number(n) +
-                       " parameters, whose fp32 weights alone take " +
-                       format_bytes(bytes, SizeUnit::GB) + " per rank, " +
-                       format_bytes(bytes * ranks, SizeUnit::GB) + " on this host's " +
-                       std::to_string(ranks) + " rank(s), more than its memory (" +
-                       format_bytes(host, SizeUnit::GB) + ")");
+  const double n = count_params(spec_of(c)).total();
+  require_fits_host(4 * n, "--hidden " + std::to_string(c.hidden) + ", --layers " +
+                               std::to_string(c.layers) + ", --vocab " + std::to_string(c.vocab) +
+                               ", --seq " + std::to_string(c.seq) + ": " + format_number(n) +
+                               " parameters, whose fp32 weights alone take");
 }
 
 }  // namespace

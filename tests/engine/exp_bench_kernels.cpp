@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "../support/meminfo.hpp"
 #include "../support/subprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "rank_harness.hpp"
@@ -48,6 +50,42 @@ const BenchKernelTiming kQuick{.threads = 1, .warmup = 1, .samples = 3, .min_sam
 // them, so this thread spends about half of the 0.3 s runnable but off it (other load on the host
 // only adds to that); it must read at least a fifth of the 0.3 s, and no more than the wall time
 // that passed.
+// The benchmarks refuse, in one line before allocating, what the host's ranks cannot hold
+// (host_memory.hpp): bench memory's two buffers hold the working set; a GEMM's three fp32
+// matrices b·(mk + kn + mn)·4 B. LOCAL_WORLD_SIZE sets the ranks so that the largest working set,
+// 16 GiB, is twice the host's memory (MemTotal) on them, then a quarter of it.
+TEST(BenchKernels, WhatTheHostCannotHoldIsRefusedInOneLine) {
+  const double host = test_support::mem_total_bytes(), w = 16.0 * (1LL << 30);
+  ASSERT_GT(host, 0);
+  const auto refusal = [](const auto& options) -> std::string {
+    try {
+      options.validate();
+    } catch (const InvalidInput& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const int over = int(std::ceil(2 * host / w));
+  setenv("LOCAL_WORLD_SIZE", std::to_string(over).c_str(), 1);
+  const std::string msg = refusal(BenchMemoryOptions{.working_set_bytes = {1 << 20, w}});
+  EXPECT_NE(msg.find("--sizes-mib 16384: its two buffers take 17.18 GB per rank"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("on this host's " + std::to_string(over) + " rank(s)"), std::string::npos)
+      << msg;
+  setenv("LOCAL_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(refusal(BenchMemoryOptions{.working_set_bytes = {std::min(0.25 * host, w / 16)}}),
+            "accepted");
+  // 4096 × (3 × 16384²) × 4 B = 13,194.14 GB.
+  const std::string gemm = refusal(
+      BenchGemmOptions{.m = {8, 16384}, .n = {16384}, .k = {16384}, .batch = {1, 4096}});
+  EXPECT_NE(gemm.find("--m 16384 x --n 16384 x --k 16384 x --batch 4096: its three fp32 matrices "
+                      "take 13194.14 GB per rank"),
+            std::string::npos)
+      << gemm;
+  unsetenv("LOCAL_WORLD_SIZE");
+}
+
 TEST(BenchKernels, RunQueueWaitIsTheTimeAnotherThreadHeldTheCore) {
   if (!thread_runqueue_wait_s()) GTEST_SKIP() << "no /proc/thread-self/schedstat";
   cpu_set_t before;

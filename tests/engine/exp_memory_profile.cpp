@@ -7,13 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../support/meminfo.hpp"
 #include "../support/subprocess.hpp"
 #include "gpt_model.hpp"
 #include "tally/core/activations.hpp"
@@ -190,15 +190,6 @@ TEST(GptModel, BadShapesAreInputErrors) {
 // host's memory (MemTotal of /proc/meminfo) is refused by validate(), in one line naming the shape
 // and the parameter count — GPT-2's, by hand: V·h + T·h + L·(12h² + 13h) + 2h — before anything
 // is allocated. The shapes sit 2× from the boundary either way.
-double mem_total_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib)
-    if (key == "MemTotal:") return kib * 1024;
-  return 0;
-}
-
 std::string refusal(const GptConfig& c) {
   try {
     c.validate();
@@ -209,7 +200,7 @@ std::string refusal(const GptConfig& c) {
 }
 
 TEST(GptModel, WeightsBeyondTheHostAreRefusedInOneLine) {
-  const double host = mem_total_bytes();
+  const double host = test_support::mem_total_bytes();
   ASSERT_GT(host, 0);
   const std::int64_t h = 64, L = 2, T = 32;
   const auto params = [&](std::int64_t V) {
