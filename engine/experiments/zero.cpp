@@ -92,6 +92,7 @@
 //                      and ZeRO-3 reduces unit by unit, so the ring chunks differ (ZeRO-3 measured
 //                      ≈2e-7).
 #include "tally/engine/experiments/zero.hpp"
+#include "tally/core/mlp_step.hpp"
 #include "tally/core/types.hpp"
 
 #include <ATen/ATen.h>
@@ -109,6 +110,7 @@
 #include "comm_torch.hpp"
 #include "tally/engine/bench/harness.hpp"
 #include "zero_strategy.hpp"
+#include "tally/engine/host_memory.hpp"
 #include "tally/engine/tracking_allocator.hpp"
 
 namespace tally::engine {
@@ -290,6 +292,10 @@ void ZeroOptions::validate() const {
     require(w >= 1 && w <= 100000, "--widths", std::to_string(w),
             "each width must be in [1, 100000]");
   require(batch >= 1 && batch <= 1000000, "--batch", std::to_string(batch), "must be in [1, 1e6]");
+  // Every rank builds the whole MLP in fp32 before sharding (Note [weights beyond the host]).
+  const double n = double(mlp_parameters(widths));
+  require_fits_host(4 * n, "--widths (" + std::to_string(widths.size()) + " values): " +
+                               format_number(n) + " parameters, whose fp32 weights alone take");
   require(steps >= 1 && steps <= 100000, "--steps", std::to_string(steps),
           "must be in [1, 100000]");
   require(lr > 0 && std::isfinite(lr), "--lr", format_number(lr), "must be finite and > 0");

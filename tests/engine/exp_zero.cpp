@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "rank_harness.hpp"
+#include "../support/meminfo.hpp"
 #include "../support/subprocess.hpp"
 #include "tally/core/comm.hpp"
 #include "tally/engine/experiments/zero.hpp"
@@ -145,6 +146,16 @@ TEST(ZeroPieces, BadOptionsNameTheFlag) {
       "--batch = 30: must be divisible by the world size 4 (every rank trains on batch/k rows)");
   EXPECT_EQ(message({.steps = 0}, 1), "--steps = 0: must be in [1, 100000]");
   EXPECT_EQ(message({}, 4), "(accepted)");
+  // An MLP whose fp32 weights exceed twice the host's memory (MemTotal): each 100000 × 100000
+  // layer holds 100000² + 100000 = 10,000,100,000 parameters (Note [weights beyond the host]).
+  const double host = test_support::mem_total_bytes();
+  ASSERT_GT(host, 0);
+  const auto layers = std::size_t(std::ceil(2 * host / (4 * 10000100000.0)));
+  const std::string big = message({.widths = std::vector<std::int64_t>(layers + 1, 100000)}, 1);
+  EXPECT_NE(big.find(std::to_string(10000100000LL * std::int64_t(layers)) + " parameters, whose "
+                     "fp32 weights alone take"),
+            std::string::npos)
+      << big;
 }
 
 // ---- Equivalence: fp32, 20 Adam steps, every stage against DP ----
