@@ -5,7 +5,8 @@
 
 Reads each command's flags and their ranges from its --help, then for SECONDS (default 20) runs
 the commands with random sets of flags: each value a range's end, one past it, a small count, a
-preset or a malformed word. A finding is a command that
+preset or a malformed word — or, in half the runs, each command's required flags and only values
+the flags allow, so that more lines reach the ledgers and the search. A finding is a command that
   - dies on a signal or exits other than 0 (answered), 1 (a run failed) or 2 (bad input),
   - prints a sanitizer report (run it on the ASan + UBSan build: scripts/fuzz.sh does),
   - prints nan or inf in its answer, or answers --json with text that is not JSON,
@@ -30,6 +31,17 @@ PRESETS = ["seed-7b", "llama-2-70b", "llama-3.1-405b", "mixtral-8x7b", "deepseek
 GPUS = ["a100-40g", "a100-80g", "h100-80g", "h200", "b200", "gb200-nvl72", "nosuch"]
 WORDS = ["1", "0", "x", "", "2,2", "1e9", "-1", "nan"]
 QUANTITIES = ["50GB/s", "0GB/s", "1e400GB/s", "-3GB/s", "200Gb/s", "1B/s", "x", "1e-9GB/s", "7GB"]
+REQUIRED = {
+    "memory": lambda r: ["--model", r.choice(PRESETS[:-2])],
+    "comm": lambda r: (["--model", r.choice(PRESETS[:-2])] if r.random() < 0.5 else
+                       ["--collective", r.choice(["all-reduce", "all-gather", "all-to-all"]),
+                        "--size", r.choice(["1GB", "7GB", "1B"]),
+                        "--ranks", r.choice(["2", "64"])]),
+    "bubble": lambda r: ["--pp", r.choice(["1", "4", "8", "64"]),
+                         "--micro-batches", r.choice(["1", "8", "64", "1024"])],
+    "reliability": lambda r: ["--gpus", r.choice(["8", "16384"]), "--state-size",
+                              r.choice(["112GB", "1GB", "10TB"])],
+}
 FLAG = re.compile(r"^\s+(?:-\w,)?(--[\w-]+)\s*(.*)$")
 NAN_INF = re.compile(r"(?<![A-Za-z'])-?(nan|inf)(?![A-Za-z'])")
 NOT_FUZZED = {"--help", "--help-all", "--html", "--output", "--out"}  # they write files
@@ -60,7 +72,7 @@ def parse_flags(tally, command):
     return flags
 
 
-def number(rng, flag):
+def number(rng, flag, valid):
     lo, hi = flag.get("range", [0.0, 1e6])
     whole = flag["kind"] == "INT"
     r = rng.random()
@@ -68,37 +80,39 @@ def number(rng, flag):
         v = lo
     elif r < 0.5:
         v = hi
-    elif r < 0.55:
+    elif r < 0.55 and not valid:
         v = hi + 1
-    elif r < 0.6:
+    elif r < 0.6 and not valid:
         v = lo - 1
     elif r < 0.85:
-        v = rng.choice([1, 2, 3, 4, 7, 8, 16, 64, 128, 1024])
+        v = min(max(rng.choice([1, 2, 3, 4, 7, 8, 16, 64, 128, 1024]), lo), hi)
     else:
         v = lo + (hi - lo) * rng.random() ** 8
     if whole:
         return str(int(v))
-    if rng.random() < 0.05:
+    if rng.random() < 0.05 and not valid:
         return rng.choice(["nan", "inf", "-inf", "1e-320", "0x10", ""])
     return repr(float(v))
 
 
-def value(rng, flag):
+def value(rng, flag, valid):
+    """A value for the flag; `valid`: only in-range values and known words, so that a command line
+    passes parsing more often and reaches the ledgers and the search (half the runs)."""
     name = flag["name"]
     if "choices" in flag:
         if flag.get("many"):
             return ",".join(rng.sample(flag["choices"], rng.randint(1, len(flag["choices"]))))
-        return rng.choice(flag["choices"] + ["nosuch"])
+        return rng.choice(flag["choices"] + ([] if valid else ["nosuch"]))
     if name == "--model":
-        return rng.choice(PRESETS)
+        return rng.choice(PRESETS[:-2] if valid else PRESETS)
     if name == "--gpu":
-        return rng.choice(GPUS)
+        return rng.choice(GPUS[:-1] if valid else GPUS)
     if name == "--params":
-        return rng.choice(["7B", "1", "0", "1e30", "350M", "x", "-5"])
+        return rng.choice(["7B", "350M", "1e12"] if valid else ["7B", "1", "0", "1e30", "x", "-5"])
     if flag["kind"] == "QUANTITY":
-        return rng.choice(QUANTITIES)
+        return rng.choice(QUANTITIES[:1] + QUANTITIES[4:6] if valid else QUANTITIES)
     if flag["kind"] in ("INT", "FLOAT"):
-        return number(rng, flag)
+        return number(rng, flag, valid)
     if name == "--pp-layers":
         return rng.choice(["1,1", "5,6,6", "0,4", "80", "", "a", "40,40"])
     return rng.choice(WORDS)
@@ -163,10 +177,14 @@ def main():
         argv = [command]
         if command == "explain" and rng.random() < 0.7:
             argv.append(rng.choice(["errata", "erratum-1", "erratum-4", "erratum-5", "x"]))
-        for flag in rng.sample(flags[command], min(len(flags[command]), rng.randint(0, 8))):
+        valid = rng.random() < 0.5
+        if valid:  # what each command requires, so that the line reaches its ledger
+            argv += REQUIRED.get(command, lambda r: [])(rng)
+        free = [f for f in flags[command] if f["name"] not in argv]
+        for flag in rng.sample(free, min(len(free), rng.randint(0, 8))):
             argv.append(flag["name"])
             if flag["kind"] != "switch":
-                argv.append(value(rng, flag))
+                argv.append(value(rng, flag, valid))
         if rng.random() < 0.5:
             argv.append("--json")
         runs += 1

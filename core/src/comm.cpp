@@ -188,6 +188,9 @@ void StepTrafficSetup::validate() const {
   require_int(interleave >= 1, "interleave", interleave, "must be >= 1");
   require_int(interleave == 1 || pp > 1, "interleave", interleave, "needs pp > 1");
   require_int(cp >= 1, "cp", cp, "must be >= 1");
+  const std::int64_t gpus = std::int64_t(dp) * tp * pp * cp;  // int products would overflow
+  require_int(gpus <= kMaxGpus, "--dp x --tp x --pp x --cp", gpus,
+              "must be at most " + std::to_string(kMaxGpus) + " GPUs");
   require_int(zero_stage >= 0 && zero_stage <= 3, "zero", zero_stage, "allowed 0, 1, 2, 3");
   require_int(micro_batch >= 1, "micro_batch", micro_batch, "must be >= 1");
   require_int(micro_batches >= 1, "micro_batches", micro_batches, "must be >= 1");

@@ -184,8 +184,9 @@ void PlanRequest::validate() const {
                        "not only --params");
   model.validate();
   cluster.validate();
-  if (gpus < 1 || gpus > (1 << 24))
-    throw InvalidInput("--gpus = " + std::to_string(gpus) + ": must be in [1, 16777216]");
+  if (gpus < 1 || gpus > kMaxGpus)
+    throw InvalidInput("--gpus = " + std::to_string(gpus) + ": must be in [1, " +
+                       std::to_string(kMaxGpus) + "]");
   if (global_batch < 1 || global_batch > kMaxGlobalBatch)
     throw InvalidInput("--global-batch = " + std::to_string(global_batch) + ": must be in [1, " +
                        std::to_string(kMaxGlobalBatch) + "] sequences");

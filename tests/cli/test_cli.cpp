@@ -328,6 +328,10 @@ TEST(Cli, BadInputExitsTwoNamingTheFlag) {
   expect_bad("plan --gpus 0", "--gpus");                                    // zero GPUs
   expect_bad("plan --gpus 67", "--gpus = 67");                              // no layout can use 67
   expect_bad("plan --global-batch 0", "--global-batch");                    // impossible batch
+  // 2^24 × 1024 = 17,179,869,184 GPUs: refused, not an int overflowing into "stride = 0" (found
+  // by scripts/fuzz_cli.py under UBSan).
+  expect_bad("comm --model deepseek-v3 --dp 16777216 --tp 1024 --seq 1",
+             "--dp x --tp x --pp x --cp = 17179869184: must be at most 16777216 GPUs");
   expect_bad("plan --global-batch 3 --gpus 16 --max-pp 1 --max-cp 1", "--global-batch");
   expect_bad("plan --overlap-slowdown 1.5", "--overlap-slowdown");          // outside [0, 1]
   expect_bad("plan --flash-kernel fa3", "--flash-kernel");                  // fa2 | fa1 | cudnn

@@ -21,6 +21,9 @@ inline constexpr double kGB = 1e9;                 // decimal gigabyte
 inline constexpr double kGiB = 1073741824.0;       // 2^30 bytes
 inline constexpr double kMB = 1e6;
 inline constexpr double kMiB = 1048576.0;          // 2^20 bytes
+// The most GPUs a layout may hold (--gpus, and dp·tp·pp·cp of a given layout): 2^24, so that
+// products of parallel degrees stay within an int.
+inline constexpr int kMaxGpus = 1 << 24;
 
 enum class SizeUnit { GB, GiB };
 double unit_bytes(SizeUnit u);
