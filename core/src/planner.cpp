@@ -593,17 +593,6 @@ bool tp_divides(const ModelSpec& m, int tp) {
 
 }  // namespace
 
-std::vector<std::int64_t> divisors(std::int64_t n) {
-  std::vector<std::int64_t> lo, hi;
-  for (std::int64_t d = 1; d * d <= n; ++d)
-    if (n % d == 0) {
-      lo.push_back(d);
-      if (d != n / d) hi.push_back(n / d);
-    }
-  lo.insert(lo.end(), hi.rbegin(), hi.rend());
-  return lo;
-}
-
 PlanEval evaluate_layout(const PlanRequest& r, const Layout& L) {
   r.validate();
   const ModelSpec& m = r.model;

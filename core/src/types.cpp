@@ -1,5 +1,7 @@
 #include "tally/core/types.hpp"
 
+#include "tally/core/divisors.hpp"
+
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -336,6 +338,17 @@ void require_fp8_param_gather(Precision p) {
     throw InvalidInput("--fp8-param-gather: --precision " + std::string(to_string(p)) +
                        " has no fp8 parameters (fp8 and mxfp8 only; Megatron-Bridge's nvfp4 "
                        "recipe keeps bf16 weights)");
+}
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> lo, hi;
+  for (std::int64_t d = 1; d * d <= n; ++d)
+    if (n % d == 0) {
+      lo.push_back(d);
+      if (d != n / d) hi.push_back(n / d);
+    }
+  lo.insert(lo.end(), hi.rbegin(), hi.rend());
+  return lo;
 }
 
 }  // namespace tally

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tally/core/divisors.hpp"
 #include "tally/core/types.hpp"
 
 namespace tally::engine {
@@ -21,11 +22,10 @@ inline double rel_diff(double x, double ref) {
   return ref != 0 ? std::abs(x - ref) / std::abs(ref) : std::abs(x - ref);
 }
 
-// "1, 2, 4, 8": n's divisors, for an error message naming the allowed values.
+// "1, 2, 4, 8": n's divisors (core's, O(√n)), for an error message naming the allowed values.
 inline std::string divisors_of(std::int64_t n) {
   std::string s;
-  for (std::int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  for (const std::int64_t d : divisors(n)) s += (s.empty() ? "" : ", ") + std::to_string(d);
   return s;
 }
 

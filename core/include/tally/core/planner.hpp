@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tally/core/divisors.hpp"
 #include "tally/core/hardware.hpp"
 #include "tally/core/model.hpp"
 #include "tally/core/model_states.hpp"
@@ -405,9 +406,6 @@ struct PlanResult {
   std::size_t indistinguishable = 0;
   bool feasible() const { return !best.empty(); }
 };
-
-// The divisors of n >= 1 in increasing order, found in O(√n).
-std::vector<std::int64_t> divisors(std::int64_t n);
 
 // Searches the space. Bad input throws InvalidInput; "nothing fits" is a result (best empty) and
 // near_misses say which wall each closest layout hits. A request for which no layout passes the
